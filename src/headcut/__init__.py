@@ -1,0 +1,26 @@
+"""headcut: remove attention heads from transformer checkpoints, exactly.
+
+Python API (the CLI is a thin layer over it)::
+
+    import headcut
+    model = headcut.load("model/")                       # safetensors only, unless allow_pickle
+    print(headcut.info(model).total_heads)
+    with headcut.gated(model, {"drop": {"self.0": [1, 2]}}):
+        ...                                             # heads masked, nothing removed
+    headcut.slim(model, {"drop": {"self.0": [1, 2]}})    # heads physically removed
+    headcut.save(model, "slim/", source="model/")       # loads back with headcut.load or transformers
+"""
+
+__version__ = "0.1.0"
+
+from .errors import HeadcutError  # noqa: E402
+from .gating import HeadGates, gated  # noqa: E402
+from .info import ModelInfo, info  # noqa: E402
+from .io import load, save  # noqa: E402
+from .masks import HeadMask, read_mask_file, resolve_mask  # noqa: E402
+from .surgery import SlimResult, count_params, model_blocks, slim  # noqa: E402
+
+__all__ = [
+    "HeadGates", "HeadMask", "HeadcutError", "ModelInfo", "SlimResult", "count_params", "gated", "info",
+    "load", "model_blocks", "read_mask_file", "resolve_mask", "save", "slim", "__version__",
+]

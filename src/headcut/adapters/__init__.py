@@ -1,0 +1,55 @@
+"""Architecture adapters, one module per model family, and the lookup from a model to its adapter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..errors import HeadcutError
+from .base import Adapter, Block, BlockCut, EmptyStyle, Registry
+from .bert import BertAdapter
+from .llama import LlamaAdapter
+
+_REGISTRY = Registry()
+for _adapter in (BertAdapter(), LlamaAdapter()):
+    _REGISTRY.add(_adapter)
+
+
+def supported_model_types() -> list[str]:
+    """Model types (``config.model_type``) headcut can cut."""
+    return sorted(_REGISTRY.adapters)
+
+
+def adapter_for_config(config: Any) -> Adapter:
+    """The adapter of ``config.model_type``, or a one-line error naming the supported types."""
+    model_type = getattr(config, "model_type", None)
+    adapter = _REGISTRY.adapters.get(model_type)
+    if adapter is None:
+        raise HeadcutError(
+            f"unsupported architecture {model_type!r}; supported: {', '.join(supported_model_types())}"
+        )
+    try:
+        adapter.check_config(config)
+    except ValueError as exc:
+        raise HeadcutError(str(exc)) from None
+    return adapter
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    return adapter_for_config(model.config)
+
+
+def runtime_mixins() -> dict[str, type]:
+    """Every adapter's runtime mixins by name."""
+    out: dict[str, type] = {}
+    for adapter in _REGISTRY.adapters.values():
+        for mixin in adapter.runtime_mixins:
+            out[mixin.__name__] = mixin
+    return out
+
+
+__all__ = [
+    "Adapter", "Block", "BlockCut", "EmptyStyle", "adapter_for", "adapter_for_config",
+    "runtime_mixins", "supported_model_types",
+]

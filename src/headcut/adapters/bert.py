@@ -1,0 +1,45 @@
+"""BERT-style encoders: BERT, RoBERTa, XLM-RoBERTa, ELECTRA.
+
+Layer ``i``: ``encoder.layer.{i}.attention.self.{query,key,value}`` and the output projection
+``encoder.layer.{i}.attention.output.dense`` (outside the ``self`` module, so a block without heads
+just returns an empty context and the projection adds its bias). The forward infers the head count
+from the projection width (``view(..., -1, head_size)``); the count attributes are kept in step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .base import Adapter, Block, BlockCut
+
+
+class BertAdapter(Adapter):
+    family = "bert"
+    model_types = ("bert", "roberta", "xlm-roberta", "electra")
+
+    def blocks(self, base: nn.Module) -> list[Block]:
+        out = []
+        for i, layer in enumerate(base.encoder.layer):
+            attn = layer.attention.self
+            d = attn.attention_head_size
+            heads = attn.query.weight.shape[0] // d
+            kv = attn.key.weight.shape[0] // d
+            p = f"encoder.layer.{i}.attention"
+            out.append(
+                Block(
+                    name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=kv, head_dim=d,
+                    attn=f"{p}.self", q=f"{p}.self.query", k=f"{p}.self.key", v=f"{p}.self.value",
+                    o=f"{p}.output.dense",
+                )
+            )
+        return out
+
+    def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
+        n = len(cut.q)
+        return {"num_attention_heads": n, "all_head_size": n * block.head_dim}
+
+    def check_config(self, config: Any) -> None:
+        if getattr(config, "add_cross_attention", False):
+            raise ValueError("BERT-style models with cross-attention are not supported")

@@ -1,0 +1,41 @@
+"""Llama-style decoders with grouped-query attention: Llama, Qwen2, Mistral.
+
+Layer ``i``: ``layers.{i}.self_attn.{q,k,v,o}_proj``; query head ``h`` reads KV head
+``h // num_key_value_groups``. The forward infers head counts from the projection widths; only
+``num_key_value_groups`` (used to repeat KV heads) must follow the cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .base import Adapter, Block, BlockCut, EmptyStyle
+
+
+class LlamaAdapter(Adapter):
+    family = "llama"
+    model_types = ("llama", "qwen2", "mistral")
+    gqa = True
+
+    def blocks(self, base: nn.Module) -> list[Block]:
+        out = []
+        for i, layer in enumerate(base.layers):
+            attn = layer.self_attn
+            d = attn.head_dim
+            p = f"layers.{i}.self_attn"
+            out.append(
+                Block(
+                    name=f"self.{i}", kind="self", layer=i,
+                    heads=attn.q_proj.weight.shape[0] // d, kv_heads=attn.k_proj.weight.shape[0] // d,
+                    head_dim=d, attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.o_proj",
+                )
+            )
+        return out
+
+    def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
+        return {"num_key_value_groups": cut.groups}
+
+    def empty_style(self, block: Block) -> EmptyStyle:
+        return EmptyStyle(o="o_proj", cache=True)

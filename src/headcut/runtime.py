@@ -1,0 +1,180 @@
+"""Apply a recorded head cut to a freshly built model.
+
+This file is copied verbatim next to every model headcut saves (as ``headcut_runtime.py``), so
+that ``transformers`` can load the slimmed model with ``trust_remote_code=True`` and without
+headcut installed. It must therefore import nothing but the standard library and torch.
+
+A cut is a list of *ops*, plain JSON objects computed by headcut's architecture adapters:
+
+* ``{"op": "rows", "path": P, "heads": [...], "head_dim": d, "sections": s}``: keep the output
+  features of the projection at ``P`` that belong to ``heads`` (repeats allowed: that duplicates a
+  head). With ``sections`` > 1 the output is ``s`` equal fused parts (GPT-2's q|k|v) and the same
+  heads are kept in each part.
+* ``{"op": "cols", "path": P, "heads": [...], "head_dim": d}``: keep the input features that
+  belong to ``heads`` (the output projection).
+* ``{"op": "set", "path": P, "attrs": {...}}``: set plain attributes (head counts).
+* ``{"op": "mixin", "path": P, "mixin": NAME, "attrs": {...}}``: put a runtime mixin class in front
+  of the module's class (``__class__`` swap, so hooks on the module survive) and set attributes.
+
+Paths are relative to ``model.base_model``, so one cut serves every task head of a family.
+Projections are ``nn.Linear`` (weight: out x in) or GPT-2's ``Conv1D`` (weight: in x out); the
+difference is read off the module, not from the op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+RUNTIME_FORMAT = 1
+
+
+def _module(root: nn.Module, path: str) -> nn.Module:
+    return root.get_submodule(path) if path else root
+
+
+def head_index(heads: list[int], head_dim: int, sections: int = 1, width: int = 0) -> torch.Tensor:
+    """Feature indices of ``heads`` (each ``head_dim`` wide), repeated in each of ``sections`` parts
+    that are ``width`` features apart."""
+    per = [h * head_dim + i for h in heads for i in range(head_dim)]
+    idx = [s * width + j for s in range(sections) for j in per]
+    return torch.tensor(idx, dtype=torch.long)
+
+
+def _is_transposed(mod: nn.Module) -> bool:
+    # transformers' Conv1D stores (in, out) and has an ``nf`` (= out features) attribute.
+    return hasattr(mod, "nf") and not isinstance(mod, nn.Linear)
+
+
+def _out_features(mod: nn.Module) -> int:
+    return mod.weight.shape[1] if _is_transposed(mod) else mod.weight.shape[0]
+
+
+def _replace_param(mod: nn.Module, name: str, value: torch.Tensor) -> None:
+    old = getattr(mod, name)
+    setattr(mod, name, nn.Parameter(value.contiguous(), requires_grad=old.requires_grad))
+
+
+def slice_rows(mod: nn.Module, heads: list[int], head_dim: int, sections: int = 1) -> None:
+    """Keep the output features of ``heads`` in a Linear or Conv1D projection."""
+    width = _out_features(mod) // sections
+    idx = head_index(heads, head_dim, sections, width).to(mod.weight.device)
+    with torch.no_grad():
+        if _is_transposed(mod):
+            _replace_param(mod, "weight", mod.weight.index_select(1, idx))
+            mod.nf = len(idx)
+        else:
+            _replace_param(mod, "weight", mod.weight.index_select(0, idx))
+            mod.out_features = len(idx)
+        if getattr(mod, "bias", None) is not None:
+            _replace_param(mod, "bias", mod.bias.index_select(0, idx))
+
+
+def slice_cols(mod: nn.Module, heads: list[int], head_dim: int) -> None:
+    """Keep the input features of ``heads`` in a Linear or Conv1D projection."""
+    idx = head_index(heads, head_dim).to(mod.weight.device)
+    with torch.no_grad():
+        if _is_transposed(mod):
+            _replace_param(mod, "weight", mod.weight.index_select(0, idx))
+            if hasattr(mod, "nx"):
+                mod.nx = len(idx)
+        else:
+            _replace_param(mod, "weight", mod.weight.index_select(1, idx))
+            mod.in_features = len(idx)
+
+
+def _first_hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    if args:
+        return args[0]
+    return kwargs["hidden_states"]
+
+
+def write_cache_placeholder(module: nn.Module, cache: Any, length: int, like: torch.Tensor) -> None:
+    """Give an attention layer without heads a one-feature cache entry per new position.
+
+    transformers reads the number of cached positions off the keys of a cache layer; an empty
+    layer would report 0 and shift positions and masks of every later step."""
+    layer_idx = getattr(module, "layer_idx", None)
+    if cache is None or layer_idx is None:
+        return
+    target = getattr(cache, "self_attention_cache", cache)
+    dummy = like.new_zeros(like.shape[0], 1, length, 1)
+    target.update(dummy, dummy.clone(), layer_idx)
+
+
+class HeadcutEmptyAttention:
+    """Mixin for an attention module whose every head was removed.
+
+    The module then contributes only its output projection's bias (a sum over zero heads). Attributes
+    set by the op: ``_hc_o`` (child name of an output projection inside the module, or None when the
+    projection follows outside), ``_hc_norm`` (child name of a norm applied to input + output inside
+    the module, or None), ``_hc_cache`` (whether this is a self-attention that writes a KV cache),
+    ``_hc_outputs`` (how many values the original forward returns: the attention output and weights,
+    with any middle ones passed through as None)."""
+
+    _hc_o: str | None = None
+    _hc_norm: str | None = None
+    _hc_cache: bool = False
+    _hc_outputs: int = 2
+
+    def forward(self, *args: Any, **kwargs: Any) -> tuple:
+        hidden = _first_hidden(args, kwargs)
+        batch, length = hidden.shape[0], hidden.shape[1]
+        out = hidden.new_zeros(batch, length, 0)
+        if self._hc_o is not None:
+            out = getattr(self, self._hc_o)(out)
+        if self._hc_norm is not None:
+            out = getattr(self, self._hc_norm)(out + hidden)
+        if self._hc_cache and kwargs.get("key_value_states") is None:
+            write_cache_placeholder(self, kwargs.get("past_key_values"), length, hidden)
+        weights = hidden.new_zeros(batch, 0, length, length)
+        return (out,) + (None,) * (self._hc_outputs - 2) + (weights,)
+
+
+RUNTIME_MIXINS: dict[str, type] = {"HeadcutEmptyAttention": HeadcutEmptyAttention}
+
+
+def add_mixin(mod: nn.Module, mixin: type, attrs: dict[str, Any]) -> None:
+    """Put ``mixin`` in front of the module's class (once) and set its attributes."""
+    cls = type(mod)
+    if mixin not in cls.__mro__:
+        base = cls
+        mod.__class__ = type(f"{mixin.__name__}_{base.__name__}", (mixin, base), {"__module__": base.__module__})
+    for key, value in attrs.items():
+        setattr(mod, key, value)
+
+
+def apply_ops(root: nn.Module, ops: list[dict[str, Any]], mixins: dict[str, type] | None = None) -> None:
+    """Apply cut ops to ``root`` (the model's ``base_model``)."""
+    known = dict(RUNTIME_MIXINS)
+    known.update(mixins or {})
+    for op in ops:
+        kind = op["op"]
+        mod = _module(root, op["path"])
+        if kind == "rows":
+            slice_rows(mod, op["heads"], op["head_dim"], op.get("sections", 1))
+        elif kind == "cols":
+            slice_cols(mod, op["heads"], op["head_dim"])
+        elif kind == "set":
+            for key, value in op["attrs"].items():
+                setattr(mod, key, value)
+        elif kind == "mixin":
+            if op["mixin"] not in known:
+                raise ValueError(f"headcut runtime: unknown mixin {op['mixin']!r}")
+            add_mixin(mod, known[op["mixin"]], op.get("attrs", {}))
+        else:
+            raise ValueError(f"headcut runtime: unknown op {kind!r}")
+
+
+def apply_cut(model: nn.Module, config: Any, mixins: dict[str, type] | None = None) -> None:
+    """Apply the cut recorded in ``config.headcut`` to a model built from that config."""
+    record = getattr(config, "headcut", None)
+    if not record:
+        return
+    if record.get("runtime_format", RUNTIME_FORMAT) > RUNTIME_FORMAT:
+        raise ValueError("this model was saved by a newer headcut; upgrade headcut_runtime.py")
+    if mixins is None:
+        mixins = {k: v for k, v in globals().items() if isinstance(v, type) and k.startswith("Headcut")}
+    apply_ops(model.base_model, record["ops"], mixins)
