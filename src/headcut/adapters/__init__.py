@@ -11,8 +11,14 @@ from .base import Adapter, Block, BlockCut, EmptyStyle, Registry
 from .bert import BertAdapter
 from .llama import LlamaAdapter
 
+#: one adapter per family (one line each)
+ADAPTERS: tuple[Adapter, ...] = (
+    BertAdapter(),
+    LlamaAdapter(),
+)
+
 _REGISTRY = Registry()
-for _adapter in (BertAdapter(), LlamaAdapter()):
+for _adapter in ADAPTERS:
     _REGISTRY.add(_adapter)
 
 

@@ -1,0 +1,21 @@
+"""The ``headcut`` command line: thin wrappers over the library (see each command's module)."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="headcut",
+    help="Make transformer checkpoints smaller and faster by removing attention heads, exactly.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# each module registers its command(s) on ``app``
+from . import surgery_cmds  # noqa: E402,F401
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,57 @@
+"""Shared CLI plumbing: one-line errors with exit code 2, JSON output, the rich console."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from ..errors import HeadcutError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: the terminal: tables and progress go to stderr, so ``--json -`` keeps stdout clean
+console = Console(stderr=True)
+
+
+def fail(message: str) -> None:
+    """Print a one-line error and exit with code 2."""
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    raise typer.Exit(2)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn HeadcutError (bad user input) into a one-line error and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HeadcutError as exc:
+            fail(str(exc))
+        except KeyboardInterrupt:
+            Console(stderr=True).print("[red]interrupted[/]: nothing was written")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def write_json(data: Any, dest: str | None) -> None:
+    """Write ``data`` as JSON to a file, or to stdout for ``-``."""
+    if dest is None:
+        return
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if dest == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        Path(dest).write_text(text)
+
+
+JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout; the table then goes to stderr)."
