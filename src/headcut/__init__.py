@@ -9,10 +9,12 @@ Python API (the CLI is a thin layer over it)::
         ...                                             # heads masked, nothing removed
     headcut.slim(model, {"drop": {"self.0": [1, 2]}})    # heads physically removed
     headcut.save(model, "slim/", source="model/")       # loads back with headcut.load or transformers
+    headcut.bench(["model/", "slim/"], headcut.BenchConfig(device="cpu"))
 """
 
 __version__ = "0.1.0"
 
+from .bench import BenchConfig, BenchResult, bench, bench_model  # noqa: E402
 from .errors import HeadcutError  # noqa: E402
 from .gating import HeadGates, gated  # noqa: E402
 from .info import ModelInfo, info  # noqa: E402
@@ -21,6 +23,6 @@ from .masks import HeadMask, read_mask_file, resolve_mask  # noqa: E402
 from .surgery import SlimResult, count_params, model_blocks, slim  # noqa: E402
 
 __all__ = [
-    "HeadGates", "HeadMask", "HeadcutError", "ModelInfo", "SlimResult", "count_params", "gated", "info",
+    "BenchConfig", "BenchResult", "bench", "bench_model", "HeadGates", "HeadMask", "HeadcutError", "ModelInfo", "SlimResult", "count_params", "gated", "info",
     "load", "model_blocks", "read_mask_file", "resolve_mask", "save", "slim", "__version__",
 ]

@@ -8,13 +8,27 @@ from torch import nn
 
 from ..errors import HeadcutError
 from .base import Adapter, Block, BlockCut, EmptyStyle, Registry
+from .albert import AlbertAdapter
+from .bart import BartAdapter
 from .bert import BertAdapter
+from .deberta_v2 import DebertaV2Adapter
+from .distilbert import DistilBertAdapter
+from .gpt2 import GPT2Adapter
 from .llama import LlamaAdapter
+from .t5 import T5Adapter
+from .vit import ViTAdapter
 
 #: one adapter per family (one line each)
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),
     LlamaAdapter(),
+    GPT2Adapter(),
+    BartAdapter(),
+    T5Adapter(),
+    DistilBertAdapter(),
+    AlbertAdapter(),
+    DebertaV2Adapter(),
+    ViTAdapter(),
 )
 
 _REGISTRY = Registry()

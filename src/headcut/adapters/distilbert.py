@@ -1,0 +1,45 @@
+"""DistilBERT.
+
+Layer ``i``: ``transformer.layer.{i}.attention.{q_lin,k_lin,v_lin}`` and the output projection
+``transformer.layer.{i}.attention.out_lin``, all inside the attention module. Head size:
+``attention.attention_head_size`` (``dim // n_heads``, fixed at construction). The forward infers
+the head count from the projection width (``view(..., -1, attention_head_size)``); ``n_heads`` is
+kept in step. The residual and ``sa_layer_norm`` follow outside the attention module, so a block
+without heads returns ``out_lin``'s bias (and an empty attention map); no dropout follows
+``out_lin`` inside the module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .base import Adapter, Block, BlockCut, EmptyStyle
+
+
+class DistilBertAdapter(Adapter):
+    family = "distilbert"
+    model_types = ("distilbert",)
+    cached_kinds = ()
+
+    def blocks(self, base: nn.Module) -> list[Block]:
+        out = []
+        for i, layer in enumerate(base.transformer.layer):
+            attn = layer.attention
+            d = attn.attention_head_size
+            heads = attn.q_lin.weight.shape[0] // d
+            p = f"transformer.layer.{i}.attention"
+            out.append(
+                Block(
+                    name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=attn.k_lin.weight.shape[0] // d,
+                    head_dim=d, attn=p, q=f"{p}.q_lin", k=f"{p}.k_lin", v=f"{p}.v_lin", o=f"{p}.out_lin",
+                )
+            )
+        return out
+
+    def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
+        return {"n_heads": len(cut.q)}
+
+    def empty_style(self, block: Block) -> EmptyStyle:
+        return EmptyStyle(o="out_lin")

@@ -1,0 +1,45 @@
+"""ViT (transformers 5 layout).
+
+Layer ``i`` of the ``ViTModel`` (``model.base_model``): ``layers.{i}.attention.{q,k,v}_proj`` and
+the output projection ``layers.{i}.attention.o_proj``, all inside the attention module. Head size:
+``attention.head_dim`` (``config.head_dim`` or ``hidden_size // num_attention_heads``). The forward
+infers the head count from the projection width (``view(..., -1, head_dim)``);
+``num_attention_heads`` is kept in step. q/k/v may have no bias (``qkv_bias=False``). The residual,
+dropout and norms follow outside the attention module (pre-norm), so a block without heads returns
+``o_proj``'s bias and an empty attention map.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .base import Adapter, Block, BlockCut, EmptyStyle
+
+
+class ViTAdapter(Adapter):
+    family = "vit"
+    model_types = ("vit",)
+    cached_kinds = ()
+
+    def blocks(self, base: nn.Module) -> list[Block]:
+        out = []
+        for i, layer in enumerate(base.layers):
+            attn = layer.attention
+            d = attn.head_dim
+            p = f"layers.{i}.attention"
+            out.append(
+                Block(
+                    name=f"self.{i}", kind="self", layer=i, heads=attn.q_proj.weight.shape[0] // d,
+                    kv_heads=attn.k_proj.weight.shape[0] // d, head_dim=d, attn=p,
+                    q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.o_proj",
+                )
+            )
+        return out
+
+    def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
+        return {"num_attention_heads": len(cut.q)}
+
+    def empty_style(self, block: Block) -> EmptyStyle:
+        return EmptyStyle(o="o_proj")

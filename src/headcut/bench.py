@@ -1,0 +1,683 @@
+"""``headcut bench``: measure what removing heads buys, on synthetic inputs.
+
+Every number is measured on the model as it is, none is estimated from its shape:
+
+* **latency**: ``warmup`` untimed forwards, then ``runs`` timed forwards of one batch
+  (``batch_size`` x ``seq_len`` tokens, or ``batch_size`` images) under ``torch.inference_mode``.
+  On CPU each forward is timed with ``time.perf_counter``; on CUDA with a pair of
+  ``torch.cuda.Event(enable_timing=True)`` recorded after ``torch.cuda.synchronize()`` (the device is
+  idle when each run starts; kernel launch time counts). Reported: median and 90th percentile (linear
+  interpolation) in milliseconds, and every run.
+* **throughput**: ``examples_per_s = batch_size / median`` and, for text inputs,
+  ``tokens_per_s = batch_size * seq_len / median`` (encoder tokens for encoder-decoder models).
+* **speed-up** and **FLOP ratio**: the first model's median latency (FLOPs) divided by this model's,
+  so both read the same way and are 1.0 for the first model: a speed-up of 1.25 means 1.25x faster,
+  a FLOP ratio of 1.25 means 20 % fewer FLOPs per forward. Generation speed-up: this model's
+  generation tokens/s divided by the first model's.
+* **FLOPs**: one forward of the whole batch counted by ``torch.utils.flop_counter.FlopCounterMode``:
+  matrix multiplications (linear layers, attention scores and values, the output head) and fused
+  attention kernels, 2 FLOPs per multiply-add; element-wise work (softmax, norms, activations) is not
+  counted. CPU's fused attention kernel, which PyTorch's counter does not know, is counted with
+  PyTorch's own attention formula, so eager and sdpa attention give the same count.
+* **memory**: on CUDA ``torch.cuda.max_memory_allocated`` over the warmup and timed forwards (after
+  ``reset_peak_memory_stats``): weights, inputs and activations (``peak_memory_kind``
+  ``cuda_max_memory_allocated``). On Linux CPUs the peak resident set size (``VmHWM``, reset by
+  writing 5 to ``/proc/self/clear_refs``) during those forwards minus the resident size just before
+  them, after returning freed heap memory to the system: what the forwards add on top of the loaded
+  model (``cpu_peak_rss_increase``; weights are reported apart as ``weights_bytes``). Elsewhere
+  ``null`` (``unavailable``).
+* **generation** (models with ``can_generate()``): cached greedy decoding of exactly ``gen_tokens``
+  new tokens (``min_new_tokens = max_new_tokens``, no sampling, one beam) from the same prompt; one
+  untimed call, then ``gen_runs`` timed calls. ``tokens_per_s = batch_size * new tokens / median``;
+  the time includes the prompt's prefill. The KV cache is the ``past_key_values`` the untimed call
+  returns: the bytes of the distinct tensor storages it holds, divided by ``batch_size`` and the number
+  of cached positions (``get_seq_length()``: prompt plus new tokens minus one for decoders, new tokens
+  for encoder-decoder decoders). Encoder-decoder models report their cross-attention cache apart
+  (per encoder position).
+
+Inputs are synthetic and reproducible from ``seed``: token ids drawn uniformly from the vocabulary
+without the special tokens (pad, bos, eos, decoder start) and a full attention mask; encoder-decoder
+inputs end with the eos token and get ``seq_len`` decoder ids starting with the decoder start token;
+image models get ``pixel_values`` of ``(batch_size, num_channels, image_size, image_size)`` from the
+config, drawn from a standard normal distribution.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+from .errors import HeadcutError
+from .surgery import count_params
+
+#: ``--dtype`` values
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: ``--attn`` values (transformers attention implementations)
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+
+#: a progress callback: (model index, model name, stage, steps done, steps in the stage)
+ProgressFn = Callable[[int, str, str, int, int], None]
+
+
+@dataclass
+class BenchConfig:
+    """How to benchmark. ``dtype``/``attn_implementation`` ``None``: the checkpoint's own."""
+
+    device: str = "cpu"
+    batch_size: int = 8
+    seq_len: int = 128
+    runs: int = 20
+    warmup: int = 3
+    threads: int | None = None
+    dtype: str | None = None
+    attn_implementation: str | None = None
+    gen_tokens: int = 32
+    gen_runs: int = 3
+    seed: int = 0
+
+    def validate(self) -> list[str]:
+        """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
+        for name, low in (("batch_size", 1), ("seq_len", 1), ("runs", 1), ("warmup", 0), ("gen_tokens", 0),
+                          ("gen_runs", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise HeadcutError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise HeadcutError(f"--threads must be an integer >= 1, got {self.threads!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise HeadcutError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise HeadcutError(
+                f"unknown --attn {self.attn_implementation!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}"
+            )
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise HeadcutError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
+        if self.device.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise HeadcutError(f"--device {self.device}: CUDA is not available (torch {torch.__version__})")
+            index = torch.device(self.device).index
+            if index is not None and index >= torch.cuda.device_count():
+                raise HeadcutError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
+        notes = []
+        if self.device == "cpu" and self.dtype == "float16":
+            notes.append("float16 on CPU is often much slower than float32 and some kernels lack it")
+        return notes
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GenerationResult:
+    """Cached greedy generation of one model (see the module docstring)."""
+
+    new_tokens: int
+    runs_ms: list[float]
+    median_ms: float
+    tokens_per_s: float
+    kv_cache_bytes: int
+    kv_cache_positions: int
+    kv_bytes_per_token: float
+    cross_kv_cache_bytes: int | None = None
+    cross_kv_cache_positions: int | None = None
+    cross_kv_bytes_per_token: float | None = None
+    speedup: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BenchResult:
+    """Everything measured for one model; ``speedup``/``flop_ratio`` are filled by :func:`bench`."""
+
+    name: str
+    architecture: str
+    model_type: str
+    dtype: str
+    attn_implementation: str | None
+    device: str
+    threads: int
+    inputs: dict[str, list[int]]
+    heads: int | None
+    kv_heads: int | None
+    params: int
+    weights_bytes: int
+    flops: int
+    flops_by_op: dict[str, int]
+    runs_ms: list[float]
+    median_ms: float
+    p90_ms: float
+    examples_per_s: float
+    tokens_per_s: float | None
+    peak_memory_bytes: int | None
+    peak_memory_kind: str
+    generation: GenerationResult | None = None
+    speedup: float | None = None
+    flop_ratio: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["generation"] = self.generation.to_json() if self.generation is not None else None
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# measurements
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation between order statistics."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
+                **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _custom_flop_formulas() -> dict[Any, Any]:
+    """Fused attention kernels PyTorch's counter has no formula for (CPU flash attention)."""
+    out: dict[Any, Any] = {}
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_fused_attention_overrideable"):
+        op = getattr(torch.ops.aten, name, None)
+        if op is not None:
+            out[op] = _sdpa_flops
+    return out
+
+
+def count_flops(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[int, dict[str, int]]:
+    """FLOPs of one forward of ``model`` on ``inputs``: total and per aten op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False, custom_mapping=_custom_flop_formulas())
+    # the counter's module tracker hooks tensors that require grad, which fails in inference mode
+    # when a model passes a parameter between modules (DeBERTa's relative embeddings)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in trainable:
+            p.requires_grad_(False)
+        with torch.inference_mode(), counter:
+            model(**inputs)
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
+    by_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
+    return int(counter.get_total_flops()), dict(sorted(by_op.items()))
+
+
+class _RssPeak:
+    """Peak resident memory increase of this process on Linux (VmHWM after a reset via clear_refs)."""
+
+    kind = "cpu_peak_rss_increase"
+
+    def __init__(self) -> None:
+        self.before: int | None = None
+
+    @staticmethod
+    def _status(field_name: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+        raise OSError(f"{field_name} not in /proc/self/status")
+
+    def start(self) -> None:
+        gc.collect()
+        try:  # give freed heap memory back to the system so it cannot hide the forwards' peak
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.before = self._status("VmRSS")
+        except OSError:
+            self.before = None
+
+    def stop(self) -> int | None:
+        if self.before is None:
+            return None
+        try:
+            return max(0, self._status("VmHWM") - self.before)
+        except OSError:
+            return None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], Any], runs: int, device: torch.device,
+               step: Callable[[int], None] | None = None) -> list[float]:
+    """Milliseconds of ``runs`` calls of ``fn`` (CUDA events on CUDA, perf_counter on CPU)."""
+    times: list[float] = []
+    for i in range(runs):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(float(start.elapsed_time(end)))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        if step is not None:
+            step(i + 1)
+    return times
+
+
+def _storages_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """The key and value tensors of a transformers cache (or every tensor of a legacy tuple of tuples)."""
+    if cache is None:
+        return []
+    if isinstance(cache, torch.Tensor):
+        return [cache]
+    if isinstance(cache, (tuple, list)):
+        return [t for item in cache for t in _cache_tensors(item)]
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        out = []
+        for layer in layers:
+            out += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                    if isinstance(t, torch.Tensor)]
+        return out
+    raise HeadcutError(f"cannot read a KV cache of type {type(cache).__name__}")
+
+
+def kv_cache_size(cache: Any) -> dict[str, int | None]:
+    """Bytes and cached positions of a ``past_key_values`` (self-attention and cross-attention apart)."""
+    self_cache = getattr(cache, "self_attention_cache", cache)
+    cross_cache = getattr(cache, "cross_attention_cache", None)
+    out: dict[str, int | None] = {
+        "bytes": _storages_bytes(_cache_tensors(self_cache)),
+        "positions": int(self_cache.get_seq_length()),
+        "cross_bytes": None,
+        "cross_positions": None,
+    }
+    if cross_cache is not None:
+        out["cross_bytes"] = _storages_bytes(_cache_tensors(cross_cache))
+        out["cross_positions"] = int(cross_cache.get_seq_length())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# inputs
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+def _special_ids(model: nn.Module) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    sources = [model.config.get_text_config(), getattr(model, "generation_config", None)]
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        ids: list[int] = []
+        for src in sources:
+            if src is not None:
+                ids += [i for i in _ids(getattr(src, key, None)) if i not in ids]
+        out[key] = ids
+    return out
+
+
+def _forward_accepts(model: nn.Module, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def make_inputs(model: nn.Module, config: BenchConfig) -> dict[str, torch.Tensor]:
+    """Synthetic inputs for one forward, reproducible from ``config.seed`` (see the module docstring)."""
+    g = torch.Generator().manual_seed(config.seed)
+    device = torch.device(config.device)
+    cfg = model.config
+    b, n = config.batch_size, config.seq_len
+    main = getattr(model, "main_input_name", "input_ids")
+    if main == "pixel_values":
+        size = getattr(cfg, "image_size", None)
+        if size is None:
+            raise HeadcutError(f"{type(model).__name__} takes images but its config has no image_size")
+        h, w = (size, size) if isinstance(size, int) else tuple(size)[-2:]
+        channels = int(getattr(cfg, "num_channels", 3))
+        dtype = next(model.parameters()).dtype
+        return {"pixel_values": torch.randn(b, channels, h, w, generator=g).to(device=device, dtype=dtype)}
+    if main != "input_ids":
+        raise HeadcutError(f"headcut bench makes token or image inputs; {type(model).__name__} takes {main!r}")
+    embeddings = model.get_input_embeddings()
+    vocab = int(getattr(embeddings, "num_embeddings", 0) or cfg.get_text_config().vocab_size)
+    special = _special_ids(model)
+    banned = {i for ids in special.values() for i in ids}
+    allowed = torch.tensor([i for i in range(vocab) if i not in banned] or list(range(vocab)))
+    ids = allowed[torch.randint(len(allowed), (b, n), generator=g)]
+    encoder_decoder = bool(getattr(cfg, "is_encoder_decoder", False))
+    if encoder_decoder and special["eos_token_id"]:
+        ids[:, -1] = special["eos_token_id"][0]
+    inputs = {"input_ids": ids, "attention_mask": torch.ones(b, n, dtype=torch.long)}
+    if encoder_decoder and _forward_accepts(model, "decoder_input_ids"):
+        dec = allowed[torch.randint(len(allowed), (b, n), generator=g)]
+        if special["decoder_start_token_id"]:
+            dec[:, 0] = special["decoder_start_token_id"][0]
+        inputs["decoder_input_ids"] = dec
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def _check_positions(model: nn.Module, config: BenchConfig, generates: bool) -> None:
+    text = model.config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    if not isinstance(limit, int) or getattr(model, "main_input_name", "input_ids") != "input_ids":
+        return
+    if config.seq_len > limit:
+        raise HeadcutError(f"--seq-len {config.seq_len} is longer than the model's {limit} positions")
+    if not (generates and config.gen_tokens):
+        return
+    if getattr(model.config, "is_encoder_decoder", False):
+        if config.gen_tokens + 1 > limit:  # the decoder starts from its start token
+            raise HeadcutError(f"--gen-tokens {config.gen_tokens} is longer than the model's {limit} positions")
+    elif config.seq_len + config.gen_tokens > limit:
+        raise HeadcutError(
+            f"--seq-len {config.seq_len} plus --gen-tokens {config.gen_tokens} is longer than the model's "
+            f"{limit} positions"
+        )
+
+
+def _describe(inputs: dict[str, torch.Tensor]) -> str:
+    return ", ".join(f"{k} {tuple(v.shape)}" for k, v in inputs.items())
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ----------------------------------------------------------------------------------------------
+# benchmarking
+
+
+def _generate(model: nn.Module, inputs: dict[str, torch.Tensor], tokens: int, **extra: Any) -> Any:
+    special = _special_ids(model)
+    pad = (special["pad_token_id"] or special["eos_token_id"] or [0])[0]
+    with torch.inference_mode():
+        return model.generate(
+            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=tokens,
+            min_new_tokens=tokens, do_sample=False, num_beams=1, use_cache=True, pad_token_id=pad, **extra,
+        )
+
+
+def bench_generation(model: nn.Module, inputs: dict[str, torch.Tensor], config: BenchConfig,
+                     step: Callable[[int], None] | None = None) -> GenerationResult:
+    """Time cached greedy generation of ``config.gen_tokens`` tokens and measure its KV cache."""
+    device = torch.device(config.device)
+    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
+    out = _generate(model, prompt, config.gen_tokens, return_dict_in_generate=True)
+    if getattr(model.config, "is_encoder_decoder", False):
+        new_tokens = out.sequences.shape[1] - 1  # decoder outputs start with the decoder start token
+    else:
+        new_tokens = out.sequences.shape[1] - prompt["input_ids"].shape[1]  # decoder-only outputs repeat the prompt
+    size = kv_cache_size(out.past_key_values)
+    del out
+    times = time_calls(lambda: _generate(model, prompt, config.gen_tokens), config.gen_runs, device, step)
+    median = statistics.median(times)
+    b = config.batch_size
+    positions = int(size["positions"] or 0)
+    result = GenerationResult(
+        new_tokens=int(new_tokens), runs_ms=times, median_ms=median,
+        tokens_per_s=b * new_tokens / (median / 1000.0),
+        kv_cache_bytes=int(size["bytes"] or 0), kv_cache_positions=positions,
+        kv_bytes_per_token=(size["bytes"] or 0) / (b * positions) if positions else 0.0,
+    )
+    if size["cross_bytes"] is not None:
+        cross_positions = int(size["cross_positions"] or 0)
+        result.cross_kv_cache_bytes = int(size["cross_bytes"])
+        result.cross_kv_cache_positions = cross_positions
+        result.cross_kv_bytes_per_token = size["cross_bytes"] / (b * cross_positions) if cross_positions else 0.0
+    return result
+
+
+def _heads(model: nn.Module) -> tuple[int | None, int | None]:
+    from .adapters import adapter_for
+
+    try:
+        blocks = adapter_for(model).blocks(model.base_model)
+    except HeadcutError:
+        return None, None
+    return sum(b.heads for b in blocks), sum(b.kv_heads for b in blocks)
+
+
+def _weights_bytes(model: nn.Module) -> int:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return _storages_bytes(tensors)
+
+
+def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
+                progress: Callable[[str, int, int], None] | None = None) -> BenchResult:
+    """Benchmark a loaded model (moved in place to ``config.device`` / ``config.dtype`` if given).
+
+    ``progress(stage, done, total)`` is called as the stages advance. Bad settings and forwards that
+    fail on the synthetic inputs raise a one-line :class:`HeadcutError`."""
+    config.validate()
+    notes: list[str] = []
+    device = torch.device(config.device)
+    model.to(device=device, dtype=DTYPES[config.dtype] if config.dtype else None)
+    if config.attn_implementation:
+        model.set_attn_implementation(config.attn_implementation)
+    model.eval()
+    label = name or type(model).__name__.removeprefix("Headcut")
+
+    def report(stage: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(stage, done, total)
+
+    generates = bool(config.gen_tokens) and bool(getattr(model, "can_generate", lambda: False)())
+    _check_positions(model, config, generates)
+    inputs = make_inputs(model, config)
+    old_threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        report("flops", 0, 1)
+        try:
+            flops, by_op = count_flops(model, inputs)
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            raise HeadcutError(
+                f"{label}: the forward fails on inputs {_describe(inputs)}: {_first_line(exc)}"
+            ) from None
+        report("flops", 1, 1)
+
+        def forward() -> Any:
+            with torch.inference_mode():
+                return model(**inputs)
+
+        rss = _RssPeak()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            kind = "cuda_max_memory_allocated"
+        else:
+            rss.start()
+            kind = rss.kind if rss.before is not None else "unavailable"
+        time_calls(forward, config.warmup, device, lambda i: report("warmup", i, config.warmup))
+        times = time_calls(forward, config.runs, device, lambda i: report("runs", i, config.runs))
+        if device.type == "cuda":
+            peak: int | None = int(torch.cuda.max_memory_allocated(device))
+        else:
+            peak = rss.stop()
+            if peak is None:
+                kind = "unavailable"
+        generation = None
+        if generates:
+            report("generate", 0, config.gen_runs)
+            try:
+                generation = bench_generation(model, inputs, config,
+                                              lambda i: report("generate", i, config.gen_runs))
+            except (RuntimeError, ValueError, IndexError) as exc:
+                raise HeadcutError(f"{label}: generation fails: {_first_line(exc)}") from None
+            if generation.new_tokens != config.gen_tokens:
+                notes.append(f"generation produced {generation.new_tokens} tokens, not {config.gen_tokens}")
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(old_threads)
+    median = statistics.median(times)
+    b = config.batch_size
+    heads, kv_heads = _heads(model)
+    text = "input_ids" in inputs
+    return BenchResult(
+        name=label,
+        architecture=type(model).__name__.removeprefix("Headcut"),
+        model_type=str(getattr(model.config, "model_type", "")),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        attn_implementation=getattr(model.config, "_attn_implementation", None),
+        device=str(device),
+        threads=threads,
+        inputs={k: list(v.shape) for k, v in inputs.items()},
+        heads=heads,
+        kv_heads=kv_heads,
+        params=count_params(model),
+        weights_bytes=_weights_bytes(model),
+        flops=flops,
+        flops_by_op=by_op,
+        runs_ms=times,
+        median_ms=median,
+        p90_ms=percentile(times, 90),
+        examples_per_s=b / (median / 1000.0),
+        tokens_per_s=b * config.seq_len / (median / 1000.0) if text else None,
+        peak_memory_bytes=peak,
+        peak_memory_kind=kind,
+        generation=generation,
+        notes=notes,
+    )
+
+
+def compare(results: list[BenchResult]) -> list[BenchResult]:
+    """Fill ``speedup`` and ``flop_ratio`` (and generation speed-ups) relative to the first result."""
+    if not results:
+        return results
+    first = results[0]
+    for r in results:
+        r.speedup = first.median_ms / r.median_ms if r.median_ms > 0 else None
+        r.flop_ratio = first.flops / r.flops if r.flops > 0 else None
+        if r.generation is not None and first.generation is not None and first.generation.tokens_per_s > 0:
+            r.generation.speedup = r.generation.tokens_per_s / first.generation.tokens_per_s
+    return results
+
+
+def bench(
+    models: Sequence[str | Path | nn.Module],
+    config: BenchConfig,
+    *,
+    names: Sequence[str] | None = None,
+    task: str | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    progress: ProgressFn | None = None,
+) -> list[BenchResult]:
+    """Benchmark checkpoints (loaded one at a time with :func:`headcut.io.load`) or loaded models.
+
+    Speed-up and FLOP ratio are relative to the first model. ``progress(index, name, stage, done,
+    total)`` reports each stage (``load``, ``flops``, ``warmup``, ``runs``, ``generate``)."""
+    from . import io
+
+    config.validate()
+    if not models:
+        raise HeadcutError("no models to benchmark")
+    if names is not None and len(names) != len(models):
+        raise HeadcutError("names must match models one to one")
+    results: list[BenchResult] = []
+    for i, item in enumerate(models):
+        name = names[i] if names is not None else (
+            str(item) if isinstance(item, (str, Path)) else type(item).__name__.removeprefix("Headcut"))
+
+        def step(stage: str, done: int, total: int, i: int = i, name: str = name) -> None:
+            if progress is not None:
+                progress(i, name, stage, done, total)
+
+        if isinstance(item, nn.Module):
+            model = item
+        else:
+            step("load", 0, 1)
+            model = io.load(item, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                            dtype=config.dtype, device=config.device,
+                            attn_implementation=config.attn_implementation)
+            step("load", 1, 1)
+        results.append(bench_model(model, config, name=name, progress=step))
+        if not isinstance(item, nn.Module):
+            del model
+            gc.collect()
+            if config.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    return compare(results)
+
+
+def device_name(device: str) -> str:
+    """A readable name of the device (GPU model, or the CPU model from /proc/cpuinfo)."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def report_json(results: list[BenchResult], config: BenchConfig) -> dict[str, Any]:
+    """The ``--json`` document: settings, environment and one entry per model."""
+    from . import __version__
+
+    return {
+        "config": config.to_json(),
+        "device": config.device,
+        "device_name": device_name(config.device),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "headcut": __version__,
+        "warnings": config.validate(),
+        "models": [r.to_json() for r in results],
+    }
+
+
+__all__ = [
+    "ATTN_IMPLEMENTATIONS", "DTYPES", "BenchConfig", "BenchResult", "GenerationResult", "bench",
+    "bench_generation", "bench_model", "compare", "count_flops", "device_name", "kv_cache_size",
+    "make_inputs", "percentile", "report_json", "time_calls",
+]

@@ -1,0 +1,266 @@
+"""``headcut bench`` on tiny random checkpoints: what it reports, not how fast anything is.
+
+No timing is asserted (timings belong in benchmarks); FLOPs, parameters, heads and KV-cache bytes
+are deterministic and checked exactly, against analytic values where they are simple."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from tiny_models import make_model
+from typer.testing import CliRunner
+
+import headcut
+from headcut.bench import (
+    BenchConfig, BenchResult, bench, bench_model, count_flops, make_inputs, percentile, report_json,
+)
+from headcut.cli import app
+from headcut.errors import HeadcutError
+
+FAST = dict(batch_size=2, seq_len=8, runs=2, warmup=1, gen_tokens=4, gen_runs=1)
+MODEL_KEYS = {
+    "name", "architecture", "model_type", "dtype", "attn_implementation", "device", "threads", "inputs", "heads",
+    "kv_heads", "params", "weights_bytes", "flops", "flops_by_op", "runs_ms", "median_ms", "p90_ms",
+    "examples_per_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "generation", "speedup",
+    "flop_ratio", "notes",
+}
+GEN_KEYS = {
+    "new_tokens", "runs_ms", "median_ms", "tokens_per_s", "kv_cache_bytes", "kv_cache_positions",
+    "kv_bytes_per_token", "cross_kv_cache_bytes", "cross_kv_cache_positions", "cross_kv_bytes_per_token", "speedup",
+}
+# tiny Llama (tests/tiny_models.py): 3 layers, hidden 48, 6 query heads and 2 KV heads of size 8
+LLAMA = dict(layers=3, hidden=48, heads=6, kv_heads=2, head_dim=8, ffn=37, vocab=99)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> dict[str, str]:
+    """Tiny BERT and Llama checkpoints, each also slimmed (layer 0 keeps a few heads) and emptied."""
+    root = tmp_path_factory.mktemp("bench")
+    out = {}
+    for family, cls, keep in (
+        ("bert", "BertForSequenceClassification", [0]),
+        ("llama", "LlamaForCausalLM", [0, 1, 2]),  # one whole KV group of layer 0
+    ):
+        model = make_model(family, cls)
+        out[family] = str(headcut.save(model, root / family))
+        headcut.slim(model, {"keep": {"self.0": keep}})
+        out[f"{family}-slim"] = str(headcut.save(model, root / f"{family}-slim"))
+        headcut.slim(model, {"keep": {"self.0": []}})
+        out[f"{family}-empty"] = str(headcut.save(model, root / f"{family}-empty"))
+    return out
+
+
+def llama_flops(batch: int, seq: int, heads: list[int], kv_heads: list[int]) -> int:
+    """Analytic matmul FLOPs of one tiny-Llama forward (2 per multiply-add), per layer head counts."""
+    h, d, f, v = LLAMA["hidden"], LLAMA["head_dim"], LLAMA["ffn"], LLAMA["vocab"]
+    tokens = batch * seq
+    total = 2 * tokens * h * v  # lm head
+    for q, kv in zip(heads, kv_heads):
+        total += 2 * tokens * h * q * d * 2  # q and o projections
+        total += 2 * tokens * h * kv * d * 2  # k and v projections
+        total += 2 * 2 * batch * q * seq * seq * d  # scores and weighted values
+        total += 3 * 2 * tokens * h * f  # gate, up, down
+    return total
+
+
+def test_json_structure(ckpts):
+    config = BenchConfig(**FAST)
+    results = bench([ckpts["llama"], ckpts["bert"]], config)
+    data = json.loads(json.dumps(report_json(results, config)))
+    assert set(data) >= {"config", "device", "device_name", "torch", "transformers", "headcut", "warnings", "models"}
+    assert data["config"]["runs"] == 2 and data["device"] == "cpu" and data["torch"] == torch.__version__
+    llama, bert = data["models"]
+    assert set(llama) == MODEL_KEYS and set(bert) == MODEL_KEYS
+    assert set(llama["generation"]) == GEN_KEYS and bert["generation"] is None
+    assert llama["name"] == ckpts["llama"] and llama["architecture"] == "LlamaForCausalLM"
+    assert llama["inputs"] == {"input_ids": [2, 8], "attention_mask": [2, 8]}
+    assert len(llama["runs_ms"]) == 2 and llama["generation"]["new_tokens"] == 4
+    assert llama["peak_memory_kind"] in ("cpu_peak_rss_increase", "unavailable")
+    assert llama["speedup"] == 1.0 and llama["flop_ratio"] == 1.0
+    assert llama["heads"] == LLAMA["layers"] * LLAMA["heads"]
+    assert llama["kv_heads"] == LLAMA["layers"] * LLAMA["kv_heads"]
+    for m in data["models"]:
+        assert m["median_ms"] > 0 and m["p90_ms"] > 0 and m["examples_per_s"] > 0
+        assert m["tokens_per_s"] == pytest.approx(m["examples_per_s"] * 8)
+        assert m["flops"] == sum(m["flops_by_op"].values()) > 0
+
+
+def test_flop_ratio_against_itself_is_one(ckpts):
+    a, b = bench([ckpts["bert"], ckpts["bert"]], BenchConfig(**FAST))
+    assert a.flops == b.flops and a.params == b.params
+    assert a.flop_ratio == b.flop_ratio == 1.0
+    assert a.speedup == 1.0 and b.speedup is not None and b.speedup > 0
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_slimmed_has_fewer_flops_params_heads(ckpts, family):
+    full, slim, empty = bench([ckpts[family], ckpts[f"{family}-slim"], ckpts[f"{family}-empty"]], BenchConfig(**FAST))
+    assert full.flops > slim.flops > empty.flops
+    assert full.params > slim.params > empty.params
+    assert full.heads > slim.heads > empty.heads
+    assert 1.0 < slim.flop_ratio < empty.flop_ratio
+    assert slim.flop_ratio == full.flops / slim.flops
+
+
+def test_llama_flops_are_the_analytic_count(ckpts):
+    full, slim = bench([ckpts["llama"], ckpts["llama-slim"]], BenchConfig(**FAST))
+    assert full.flops == llama_flops(2, 8, [6, 6, 6], [2, 2, 2])
+    assert slim.flops == llama_flops(2, 8, [3, 6, 6], [1, 2, 2])
+
+
+@pytest.mark.parametrize("family,cls", [("bert", "BertModel"), ("llama", "LlamaForCausalLM")])
+def test_flops_same_with_eager_and_sdpa(family, cls):
+    # CPU sdpa runs a fused kernel torch's counter does not know; headcut counts it like eager's matmuls
+    counts = {}
+    for impl in ("eager", "sdpa"):
+        model = make_model(family, cls)
+        model.set_attn_implementation(impl)
+        counts[impl] = count_flops(model, make_inputs(model, BenchConfig(batch_size=2, seq_len=8)))[0]
+    assert counts["eager"] == counts["sdpa"]
+
+
+def test_kv_bytes_per_token_of_llama(ckpts):
+    full, slim, empty = bench([ckpts["llama"], ckpts["llama-slim"], ckpts["llama-empty"]], BenchConfig(**FAST))
+    fp32 = 4
+    expected = LLAMA["layers"] * 2 * LLAMA["kv_heads"] * LLAMA["head_dim"] * fp32
+    gen = full.generation
+    assert gen.kv_bytes_per_token == expected == 384
+    assert gen.kv_cache_positions == 8 + 4 - 1  # prompt + new tokens, the last one never fed back
+    assert gen.kv_cache_bytes == expected * 2 * gen.kv_cache_positions
+    assert gen.cross_kv_cache_bytes is None
+    # layer 0 keeps one KV head
+    assert slim.generation.kv_bytes_per_token == (1 + 2 + 2) * 2 * LLAMA["head_dim"] * fp32
+    # layer 0 has no heads left: only the one-feature placeholder that keeps positions right
+    assert empty.generation.kv_bytes_per_token < slim.generation.kv_bytes_per_token
+    assert slim.generation.speedup is not None
+
+
+def test_dtype_halves_kv_bytes(ckpts):
+    (result,) = bench([ckpts["llama"]], BenchConfig(**FAST, dtype="bfloat16"))
+    assert result.dtype == "bfloat16"
+    assert result.generation.kv_bytes_per_token == 192
+    assert result.flops == llama_flops(2, 8, [6, 6, 6], [2, 2, 2])  # FLOPs do not depend on the dtype
+
+
+def test_encoder_decoder_reports_cross_cache():
+    model = make_model("t5", "T5ForConditionalGeneration")  # 2 layers, 4 heads of size 8
+    result = bench_model(model, BenchConfig(**FAST))
+    assert result.inputs["decoder_input_ids"] == [2, 8]
+    gen = result.generation
+    assert gen.new_tokens == 4
+    assert gen.kv_bytes_per_token == 2 * 2 * 4 * 8 * 4
+    assert gen.cross_kv_cache_positions == 8
+    assert gen.cross_kv_bytes_per_token == 2 * 2 * 4 * 8 * 4
+
+
+def test_image_model_inputs():
+    model = make_model("vit", "ViTForImageClassification")
+    result = bench_model(model, BenchConfig(**FAST))
+    assert result.inputs == {"pixel_values": [2, 3, 16, 16]}
+    assert result.tokens_per_s is None and result.generation is None and result.flops > 0
+
+
+def test_inputs_are_deterministic_and_avoid_special_tokens():
+    model = make_model("llama", "LlamaForCausalLM")
+    a = make_inputs(model, BenchConfig(batch_size=4, seq_len=64, seed=3))
+    b = make_inputs(model, BenchConfig(batch_size=4, seq_len=64, seed=3))
+    c = make_inputs(model, BenchConfig(batch_size=4, seq_len=64, seed=4))
+    assert torch.equal(a["input_ids"], b["input_ids"]) and not torch.equal(a["input_ids"], c["input_ids"])
+    assert not torch.isin(a["input_ids"], torch.tensor([0, 1, 2])).any()
+    assert bool(a["attention_mask"].all())
+
+
+def test_threads_are_restored():
+    before = torch.get_num_threads()
+    result = bench_model(make_model("bert", "BertModel"), BenchConfig(**FAST, threads=1))
+    assert result.threads == 1 and torch.get_num_threads() == before
+
+
+def test_percentile():
+    assert percentile([5.0], 90) == 5.0
+    assert percentile([float(i) for i in range(1, 11)], 90) == pytest.approx(9.1)
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(runs=0), "--runs"), (dict(warmup=-1), "--warmup"), (dict(batch_size=0), "--batch-size"),
+        (dict(seq_len=0), "--seq-len"), (dict(threads=0), "--threads"), (dict(dtype="float64"), "--dtype"),
+        (dict(device="tpu"), "--device"), (dict(attn_implementation="flash"), "--attn"),
+        (dict(gen_tokens=-1), "--gen-tokens"),
+    ],
+)
+def test_bad_config_is_refused(change, message):
+    with pytest.raises(HeadcutError, match=message):
+        BenchConfig(**change).validate()
+
+
+def test_too_long_for_the_model_is_refused():
+    model = make_model("llama", "LlamaForCausalLM")  # 64 positions
+    with pytest.raises(HeadcutError, match="positions"):
+        bench_model(model, BenchConfig(**dict(FAST, seq_len=65, gen_tokens=0)))
+    with pytest.raises(HeadcutError, match="--gen-tokens"):
+        bench_model(model, BenchConfig(**dict(FAST, seq_len=62)))  # 62 + 4 new tokens > 64
+    # the forward alone fits when generation is off
+    assert isinstance(bench_model(model, BenchConfig(**dict(FAST, seq_len=64, gen_tokens=0))), BenchResult)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+runner = CliRunner()
+CLI_FAST = ["--runs", "2", "--warmup", "1", "--batch-size", "2", "--seq-len", "8", "--gen-tokens", "4",
+            "--gen-runs", "1"]
+
+
+def test_cli_json_on_stdout_is_clean(ckpts):
+    # a real process: anything any library prints to stdout would break the JSON
+    proc = subprocess.run(
+        [sys.executable, "-c", "from headcut.cli import main; main()", "bench", ckpts["llama"], ckpts["llama-slim"],
+         *CLI_FAST, "--json", "-"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [m["name"] for m in data["models"]] == [ckpts["llama"], ckpts["llama-slim"]]
+    assert data["models"][1]["flop_ratio"] > 1.0 and data["models"][1]["heads"] == 15
+    assert "KV B/" in proc.stderr and "speed-" in proc.stderr  # the table is on stderr
+
+
+def test_cli_json_file(ckpts, tmp_path):
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", ckpts["bert"], *CLI_FAST, "--json", str(out)])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == ""
+    assert json.loads(out.read_text())["models"][0]["heads"] == 8
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--runs", "0"], ["--warmup", "-1"], ["--batch-size", "0"], ["--dtype", "float64"], ["--device", "tpu"],
+        ["--attn", "flash"], ["--threads", "0"], ["--seq-len", "1000"],
+    ],
+)
+def test_cli_bad_flags_exit_2(ckpts, args):
+    result = runner.invoke(app, ["bench", ckpts["bert"], *args])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
+
+
+def test_cli_missing_model_exit_2(ckpts, tmp_path):
+    result = runner.invoke(app, ["bench", ckpts["bert"], str(tmp_path / "nope"), "--runs", "1"])
+    assert result.exit_code == 2 and "not found" in result.stderr
+    assert len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cli_cuda_unavailable_exit_2(ckpts):
+    result = runner.invoke(app, ["bench", ckpts["bert"], "--device", "cuda"])
+    assert result.exit_code == 2 and "CUDA is not available" in result.stderr
