@@ -109,12 +109,14 @@ class HeadcutEmptyAttention:
 
     The module then contributes only its output projection's bias (a sum over zero heads). Attributes
     set by the op: ``_hc_o`` (child name of an output projection inside the module, or None when the
-    projection follows outside), ``_hc_norm`` (child name of a norm applied to input + output inside
-    the module, or None), ``_hc_cache`` (whether this is a self-attention that writes a KV cache),
+    projection follows outside), ``_hc_dropout`` (child name of a dropout after that projection, or
+    None), ``_hc_norm`` (child name of a norm applied to input + output inside the module, or None),
+    ``_hc_cache`` (whether this is a self-attention that writes a KV cache),
     ``_hc_outputs`` (how many values the original forward returns: the attention output and weights,
     with any middle ones passed through as None)."""
 
     _hc_o: str | None = None
+    _hc_dropout: str | None = None
     _hc_norm: str | None = None
     _hc_cache: bool = False
     _hc_outputs: int = 2
@@ -125,8 +127,10 @@ class HeadcutEmptyAttention:
         out = hidden.new_zeros(batch, length, 0)
         if self._hc_o is not None:
             out = getattr(self, self._hc_o)(out)
+        if self._hc_dropout is not None:
+            out = getattr(self, self._hc_dropout)(out)
         if self._hc_norm is not None:
-            out = getattr(self, self._hc_norm)(out + hidden)
+            out = getattr(self, self._hc_norm)(hidden + out)
         if self._hc_cache and kwargs.get("key_value_states") is None:
             write_cache_placeholder(self, kwargs.get("past_key_values"), length, hidden)
         weights = hidden.new_zeros(batch, 0, length, length)

@@ -21,7 +21,8 @@ Quirks:
   unshared structure natively.
 * The residual and a LayerNorm are inside the attention module:
   ``LayerNorm(hidden + output_dropout(dense(context)))``. A block without heads becomes
-  ``LayerNorm(hidden + output_dropout(dense.bias))`` (:class:`HeadcutEmptyAlbertAttention`).
+  ``LayerNorm(hidden + output_dropout(dense.bias))`` (the generic empty-attention mixin, wired by
+  :meth:`AlbertAdapter.empty_style`).
 """
 
 from __future__ import annotations
@@ -32,24 +33,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedConfig
 
-from ..runtime import HeadcutEmptyAttention, _first_hidden
-from .base import Adapter, Block, BlockCut, EmptyStyle
-
-
-class HeadcutEmptyAlbertAttention(HeadcutEmptyAttention):
-    """An attention without heads whose output projection is followed by a dropout (child
-    ``_hc_dropout``) and ``norm(input + output)`` inside the module (ALBERT)."""
-
-    _hc_dropout: str | None = None
-
-    def forward(self, *args: Any, **kwargs: Any) -> tuple:
-        hidden = _first_hidden(args, kwargs)
-        batch, length = hidden.shape[0], hidden.shape[1]
-        out = getattr(self, self._hc_o)(hidden.new_zeros(batch, length, 0))
-        if self._hc_dropout is not None:
-            out = getattr(self, self._hc_dropout)(out)
-        out = getattr(self, self._hc_norm)(hidden + out)
-        return out, hidden.new_zeros(batch, 0, length, length)
+from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
 
 
 def group_of_layer(layer: int, num_layers: int, num_groups: int) -> int:
@@ -84,7 +68,6 @@ class AlbertAdapter(Adapter):
     family = "albert"
     model_types = ("albert",)
     cached_kinds = ()
-    runtime_mixins = (HeadcutEmptyAlbertAttention,)
 
     def blocks(self, base: nn.Module) -> list[Block]:
         cfg = base.config
@@ -96,20 +79,15 @@ class AlbertAdapter(Adapter):
             g = uses[i]
             inner = groups[g].albert_layers
             for j, layer in enumerate(inner):
-                attn = layer.attention
-                d = attn.attention_head_size
                 n = i * len(inner) + j
                 p = f"encoder.albert_layer_groups.{g}.albert_layers.{j}.attention"
                 shared = None
                 if uses.count(g) > 1:
                     shared = str(g) if len(inner) == 1 else f"{g}.{j}"
-                out.append(
-                    Block(
-                        name=f"self.{n}", kind="self", layer=n, heads=attn.query.weight.shape[0] // d,
-                        kv_heads=attn.key.weight.shape[0] // d, head_dim=d, attn=p,
-                        q=f"{p}.query", k=f"{p}.key", v=f"{p}.value", o=f"{p}.dense", shared=shared,
-                    )
-                )
+                out.append(make_block(
+                    base, f"self.{n}", "self", n, layer.attention.attention_head_size,
+                    attn=p, q=f"{p}.query", k=f"{p}.key", v=f"{p}.value", o=f"{p}.dense", shared=shared,
+                ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
@@ -117,15 +95,7 @@ class AlbertAdapter(Adapter):
         return {"num_attention_heads": n, "all_head_size": n * block.head_dim}
 
     def empty_style(self, block: Block) -> EmptyStyle:
-        return EmptyStyle(o="dense", norm="LayerNorm")
-
-    def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:
-        ops = super().cut_ops(base, block, cut)
-        for op in ops:
-            if op["op"] == "mixin" and op["mixin"] == "HeadcutEmptyAttention":
-                op["mixin"] = HeadcutEmptyAlbertAttention.__name__
-                op["attrs"] = dict(op["attrs"], _hc_dropout="output_dropout")
-        return ops
+        return EmptyStyle(o="dense", dropout="output_dropout", norm="LayerNorm")
 
     def prepare(self, model: nn.Module, cuts: dict[str, BlockCut]) -> dict[str, Any]:
         """Unshare layer groups whose layers get different cuts (see the module docstring)."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle
+from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
 
 #: (block kind, stack attribute, attention attribute, block name prefix), in block order
 _ATTENTIONS = (
@@ -50,15 +50,11 @@ class BartAdapter(Adapter):
                 attn = getattr(layer, attn_name, None)
                 if attn is None:
                     continue
-                d = attn.head_dim
                 p = f"{stack_name}.layers.{i}.{attn_name}"
-                out.append(
-                    Block(
-                        name=f"{prefix}.{i}", kind=kind, layer=i,
-                        heads=attn.q_proj.weight.shape[0] // d, kv_heads=attn.k_proj.weight.shape[0] // d,
-                        head_dim=d, attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.out_proj",
-                    )
-                )
+                out.append(make_block(
+                    base, f"{prefix}.{i}", kind, i, attn.head_dim,
+                    attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.out_proj",
+                ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

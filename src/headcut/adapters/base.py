@@ -72,12 +72,16 @@ class EmptyStyle:
     """How a block without heads is wired (see runtime.HeadcutEmptyAttention)."""
 
     o: str | None = None
+    dropout: str | None = None
     norm: str | None = None
     cache: bool = False
     outputs: int = 2
 
     def attrs(self) -> dict[str, Any]:
-        return {"_hc_o": self.o, "_hc_norm": self.norm, "_hc_cache": self.cache, "_hc_outputs": self.outputs}
+        return {
+            "_hc_o": self.o, "_hc_dropout": self.dropout, "_hc_norm": self.norm,
+            "_hc_cache": self.cache, "_hc_outputs": self.outputs,
+        }
 
 
 def rows_op(path: str, heads: list[int], head_dim: int, sections: int = 1) -> dict[str, Any]:
@@ -101,6 +105,22 @@ def out_features(mod: nn.Module) -> int:
     if isinstance(mod, nn.Linear):
         return mod.weight.shape[0]
     return mod.weight.shape[1]
+
+
+def make_block(
+    base: nn.Module, name: str, kind: str, layer: int, head_dim: int,
+    attn: str, q: str, k: str, v: str, o: str, shared: str | None = None,
+) -> Block:
+    """A Block whose head counts are read off the current widths of its q and k projections
+    (paths relative to ``base``; a fused q|k|v projection, given as q == k == v, is a third each)."""
+    fused = q == k
+    parts = 3 if fused else 1
+    heads = out_features(base.get_submodule(q)) // parts // head_dim
+    kv_heads = out_features(base.get_submodule(k)) // parts // head_dim
+    return Block(
+        name=name, kind=kind, layer=layer, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+        attn=attn, q=q, k=k, v=v, o=o, fused_qkv=fused, shared=shared,
+    )
 
 
 class Adapter:

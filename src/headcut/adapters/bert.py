@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut
+from .base import Adapter, Block, BlockCut, make_block
 
 
 class BertAdapter(Adapter):
@@ -22,18 +22,11 @@ class BertAdapter(Adapter):
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []
         for i, layer in enumerate(base.encoder.layer):
-            attn = layer.attention.self
-            d = attn.attention_head_size
-            heads = attn.query.weight.shape[0] // d
-            kv = attn.key.weight.shape[0] // d
             p = f"encoder.layer.{i}.attention"
-            out.append(
-                Block(
-                    name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=kv, head_dim=d,
-                    attn=f"{p}.self", q=f"{p}.self.query", k=f"{p}.self.key", v=f"{p}.self.value",
-                    o=f"{p}.output.dense",
-                )
-            )
+            out.append(make_block(
+                base, f"self.{i}", "self", i, layer.attention.self.attention_head_size,
+                attn=f"{p}.self", q=f"{p}.self.query", k=f"{p}.self.key", v=f"{p}.self.value", o=f"{p}.output.dense",
+            ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

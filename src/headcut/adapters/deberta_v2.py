@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, rows_op
+from .base import Adapter, Block, BlockCut, make_block, rows_op
 
 
 class DebertaV2Adapter(Adapter):
@@ -36,16 +36,11 @@ class DebertaV2Adapter(Adapter):
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []
         for i, layer in enumerate(base.encoder.layer):
-            attn = layer.attention.self
-            d = attn.attention_head_size
             p = f"encoder.layer.{i}.attention"
-            out.append(
-                Block(
-                    name=f"self.{i}", kind="self", layer=i, heads=attn.query_proj.weight.shape[0] // d,
-                    kv_heads=attn.key_proj.weight.shape[0] // d, head_dim=d, attn=f"{p}.self",
-                    q=f"{p}.self.query_proj", k=f"{p}.self.key_proj", v=f"{p}.self.value_proj", o=f"{p}.output.dense",
-                )
-            )
+            out.append(make_block(
+                base, f"self.{i}", "self", i, layer.attention.self.attention_head_size, attn=f"{p}.self",
+                q=f"{p}.self.query_proj", k=f"{p}.self.key_proj", v=f"{p}.self.value_proj", o=f"{p}.output.dense",
+            ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle
+from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
 
 
 class DistilBertAdapter(Adapter):
@@ -26,16 +26,11 @@ class DistilBertAdapter(Adapter):
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []
         for i, layer in enumerate(base.transformer.layer):
-            attn = layer.attention
-            d = attn.attention_head_size
-            heads = attn.q_lin.weight.shape[0] // d
             p = f"transformer.layer.{i}.attention"
-            out.append(
-                Block(
-                    name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=attn.k_lin.weight.shape[0] // d,
-                    head_dim=d, attn=p, q=f"{p}.q_lin", k=f"{p}.k_lin", v=f"{p}.v_lin", o=f"{p}.out_lin",
-                )
-            )
+            out.append(make_block(
+                base, f"self.{i}", "self", i, layer.attention.attention_head_size,
+                attn=p, q=f"{p}.q_lin", k=f"{p}.k_lin", v=f"{p}.v_lin", o=f"{p}.out_lin",
+            ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

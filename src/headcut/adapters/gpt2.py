@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, mixin_op, out_features, rows_op, set_op
+from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, make_block, mixin_op, rows_op, set_op
 
 
 class HeadcutEmptyConv1D:
@@ -47,16 +47,9 @@ class GPT2Adapter(Adapter):
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []
         for i, layer in enumerate(base.h):
-            attn = layer.attn
-            d = attn.head_dim
-            heads = out_features(attn.c_attn) // 3 // d
             p = f"h.{i}.attn"
-            out.append(
-                Block(
-                    name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=heads, head_dim=d, attn=p,
-                    q=f"{p}.c_attn", k=f"{p}.c_attn", v=f"{p}.c_attn", o=f"{p}.c_proj", fused_qkv=True,
-                )
-            )
+            qkv = f"{p}.c_attn"  # fused: q, k and v are thirds of one projection
+            out.append(make_block(base, f"self.{i}", "self", i, layer.attn.head_dim, attn=p, q=qkv, k=qkv, v=qkv, o=f"{p}.c_proj"))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..runtime import write_cache_placeholder
-from .base import Adapter, Block, BlockCut, cols_op, mixin_op, rows_op, set_op
+from .base import Adapter, Block, BlockCut, cols_op, make_block, mixin_op, rows_op, set_op
 
 #: (block kind, stack attribute, index of the layer in T5Block.layer, attention attribute, name prefix)
 _ATTENTIONS = (
@@ -124,15 +124,11 @@ class T5Adapter(Adapter):
                 if len(layer.layer) <= sub or not hasattr(layer.layer[sub], attn_name):
                     continue
                 attn = getattr(layer.layer[sub], attn_name)
-                d = attn.key_value_proj_dim
                 p = f"{stack_name}.block.{i}.layer.{sub}.{attn_name}"
-                out.append(
-                    Block(
-                        name=f"{prefix}.{i}", kind=kind, layer=i,
-                        heads=attn.q.weight.shape[0] // d, kv_heads=attn.k.weight.shape[0] // d,
-                        head_dim=d, attn=p, q=f"{p}.q", k=f"{p}.k", v=f"{p}.v", o=f"{p}.o",
-                    )
-                )
+                out.append(make_block(
+                    base, f"{prefix}.{i}", kind, i, attn.key_value_proj_dim,
+                    attn=p, q=f"{p}.q", k=f"{p}.k", v=f"{p}.v", o=f"{p}.o",
+                ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

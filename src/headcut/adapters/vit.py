@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle
+from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
 
 
 class ViTAdapter(Adapter):
@@ -26,16 +26,11 @@ class ViTAdapter(Adapter):
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []
         for i, layer in enumerate(base.layers):
-            attn = layer.attention
-            d = attn.head_dim
             p = f"layers.{i}.attention"
-            out.append(
-                Block(
-                    name=f"self.{i}", kind="self", layer=i, heads=attn.q_proj.weight.shape[0] // d,
-                    kv_heads=attn.k_proj.weight.shape[0] // d, head_dim=d, attn=p,
-                    q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.o_proj",
-                )
-            )
+            out.append(make_block(
+                base, f"self.{i}", "self", i, layer.attention.head_dim,
+                attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.o_proj",
+            ))
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

@@ -18,4 +18,8 @@ from . import bench_cmd, surgery_cmds  # noqa: E402,F401
 
 
 def main() -> None:
+    import transformers
+
+    # headcut draws its own progress bars; transformers' per-file loading bars would interleave
+    transformers.utils.logging.disable_progress_bar()
     app()
