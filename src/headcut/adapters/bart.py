@@ -25,13 +25,13 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
+from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
 
-#: (block kind, stack attribute, attention attribute, block name prefix), in block order
+#: (block kind, layer stack, attention inside a layer), in block order
 _ATTENTIONS = (
-    ("encoder", "encoder", "self_attn", "encoder"),
-    ("decoder", "decoder", "self_attn", "decoder"),
-    ("cross", "decoder", "encoder_attn", "cross"),
+    ("encoder", "encoder.layers", "self_attn"),
+    ("decoder", "decoder.layers", "self_attn"),
+    ("cross", "decoder.layers", "encoder_attn"),
 )
 
 
@@ -41,20 +41,12 @@ class BartAdapter(Adapter):
     cached_kinds = ("decoder",)
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for kind, stack_name, attn_name, prefix in _ATTENTIONS:
-            stack = getattr(base, stack_name, None)
-            if stack is None:
-                continue
-            for i, layer in enumerate(stack.layers):
-                attn = getattr(layer, attn_name, None)
-                if attn is None:
-                    continue
-                p = f"{stack_name}.layers.{i}.{attn_name}"
-                out.append(make_block(
-                    base, f"{prefix}.{i}", kind, i, attn.head_dim,
-                    attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.out_proj",
-                ))
+        out: list[Block] = []
+        for kind, stack, attn in _ATTENTIONS:
+            out += stack_blocks(
+                base, stack, attn=attn, q=f"{attn}.q_proj", k=f"{attn}.k_proj", v=f"{attn}.v_proj",
+                o=f"{attn}.out_proj", head_dim="head_dim", kind=kind,
+            )
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

@@ -123,6 +123,31 @@ def make_block(
     )
 
 
+def stack_blocks(
+    base: nn.Module, layers: str, attn: str, q: str, k: str, v: str, o: str, head_dim: str,
+    kind: str = "self",
+) -> list[Block]:
+    """Blocks ``{kind}.{i}`` of one stack of layers (the module list at ``layers``; none if absent).
+
+    ``attn`` (the attention module), ``q``, ``k``, ``v`` and ``o`` are paths inside one layer;
+    ``head_dim`` names the attention module's head-size attribute."""
+    try:
+        stack = base.get_submodule(layers)
+    except AttributeError:
+        return []
+    out = []
+    for i in range(len(stack)):
+        p = f"{layers}.{i}"
+        try:
+            size = getattr(base.get_submodule(f"{p}.{attn}"), head_dim)
+        except AttributeError:
+            continue  # a layer without this attention (e.g. no cross-attention)
+        out.append(make_block(
+            base, f"{kind}.{i}", kind, i, size, attn=f"{p}.{attn}", q=f"{p}.{q}", k=f"{p}.{k}", v=f"{p}.{v}", o=f"{p}.{o}",
+        ))
+    return out
+
+
 class Adapter:
     """Base class of the per-family adapters.
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, make_block
+from .base import Adapter, Block, BlockCut, stack_blocks
 
 
 class BertAdapter(Adapter):
@@ -20,14 +20,10 @@ class BertAdapter(Adapter):
     model_types = ("bert", "roberta", "xlm-roberta", "electra")
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for i, layer in enumerate(base.encoder.layer):
-            p = f"encoder.layer.{i}.attention"
-            out.append(make_block(
-                base, f"self.{i}", "self", i, layer.attention.self.attention_head_size,
-                attn=f"{p}.self", q=f"{p}.self.query", k=f"{p}.self.key", v=f"{p}.self.value", o=f"{p}.output.dense",
-            ))
-        return out
+        return stack_blocks(
+            base, "encoder.layer", attn="attention.self", q="attention.self.query", k="attention.self.key",
+            v="attention.self.value", o="attention.output.dense", head_dim="attention_head_size",
+        )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         n = len(cut.q)

@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, make_block, rows_op
+from .base import Adapter, Block, BlockCut, stack_blocks, rows_op
 
 
 class DebertaV2Adapter(Adapter):
@@ -34,14 +34,10 @@ class DebertaV2Adapter(Adapter):
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for i, layer in enumerate(base.encoder.layer):
-            p = f"encoder.layer.{i}.attention"
-            out.append(make_block(
-                base, f"self.{i}", "self", i, layer.attention.self.attention_head_size, attn=f"{p}.self",
-                q=f"{p}.self.query_proj", k=f"{p}.self.key_proj", v=f"{p}.self.value_proj", o=f"{p}.output.dense",
-            ))
-        return out
+        return stack_blocks(
+            base, "encoder.layer", attn="attention.self", q="attention.self.query_proj", k="attention.self.key_proj",
+            v="attention.self.value_proj", o="attention.output.dense", head_dim="attention_head_size",
+        )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         n = len(cut.q)

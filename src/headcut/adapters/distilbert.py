@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
+from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
 
 
 class DistilBertAdapter(Adapter):
@@ -24,14 +24,10 @@ class DistilBertAdapter(Adapter):
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for i, layer in enumerate(base.transformer.layer):
-            p = f"transformer.layer.{i}.attention"
-            out.append(make_block(
-                base, f"self.{i}", "self", i, layer.attention.attention_head_size,
-                attn=p, q=f"{p}.q_lin", k=f"{p}.k_lin", v=f"{p}.v_lin", o=f"{p}.out_lin",
-            ))
-        return out
+        return stack_blocks(
+            base, "transformer.layer", attn="attention", q="attention.q_lin", k="attention.k_lin", v="attention.v_lin",
+            o="attention.out_lin", head_dim="attention_head_size",
+        )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         return {"n_heads": len(cut.q)}

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, make_block, mixin_op, rows_op, set_op
+from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, stack_blocks, mixin_op, rows_op, set_op
 
 
 class HeadcutEmptyConv1D:
@@ -45,12 +45,8 @@ class GPT2Adapter(Adapter):
     runtime_mixins = (HeadcutEmptyConv1D,)
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for i, layer in enumerate(base.h):
-            p = f"h.{i}.attn"
-            qkv = f"{p}.c_attn"  # fused: q, k and v are thirds of one projection
-            out.append(make_block(base, f"self.{i}", "self", i, layer.attn.head_dim, attn=p, q=qkv, k=qkv, v=qkv, o=f"{p}.c_proj"))
-        return out
+        qkv = "attn.c_attn"  # fused: q, k and v are thirds of one projection
+        return stack_blocks(base, "h", attn="attn", q=qkv, k=qkv, v=qkv, o="attn.c_proj", head_dim="head_dim")
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         n = len(cut.q)

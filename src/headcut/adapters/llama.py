@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
+from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
 
 
 class LlamaAdapter(Adapter):
@@ -20,14 +20,10 @@ class LlamaAdapter(Adapter):
     gqa = True
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for i, layer in enumerate(base.layers):
-            p = f"layers.{i}.self_attn"
-            out.append(make_block(
-                base, f"self.{i}", "self", i, layer.self_attn.head_dim,
-                attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.o_proj",
-            ))
-        return out
+        return stack_blocks(
+            base, "layers", attn="self_attn", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
+            o="self_attn.o_proj", head_dim="head_dim",
+        )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         return {"num_key_value_groups": cut.groups}

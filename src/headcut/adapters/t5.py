@@ -34,13 +34,13 @@ import torch
 from torch import nn
 
 from ..runtime import write_cache_placeholder
-from .base import Adapter, Block, BlockCut, cols_op, make_block, mixin_op, rows_op, set_op
+from .base import Adapter, Block, BlockCut, cols_op, stack_blocks, mixin_op, rows_op, set_op
 
-#: (block kind, stack attribute, index of the layer in T5Block.layer, attention attribute, name prefix)
+#: (block kind, layer stack, attention inside a T5Block), in block order
 _ATTENTIONS = (
-    ("encoder", "encoder", 0, "SelfAttention", "encoder"),
-    ("decoder", "decoder", 0, "SelfAttention", "decoder"),
-    ("cross", "decoder", 1, "EncDecAttention", "cross"),
+    ("encoder", "encoder.block", "layer.0.SelfAttention"),
+    ("decoder", "decoder.block", "layer.0.SelfAttention"),
+    ("cross", "decoder.block", "layer.1.EncDecAttention"),
 )
 
 
@@ -115,20 +115,12 @@ class T5Adapter(Adapter):
     cached_kinds = ("decoder",)
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for kind, stack_name, sub, attn_name, prefix in _ATTENTIONS:
-            stack = getattr(base, stack_name, None)
-            if stack is None:
-                continue
-            for i, layer in enumerate(stack.block):
-                if len(layer.layer) <= sub or not hasattr(layer.layer[sub], attn_name):
-                    continue
-                attn = getattr(layer.layer[sub], attn_name)
-                p = f"{stack_name}.block.{i}.layer.{sub}.{attn_name}"
-                out.append(make_block(
-                    base, f"{prefix}.{i}", kind, i, attn.key_value_proj_dim,
-                    attn=p, q=f"{p}.q", k=f"{p}.k", v=f"{p}.v", o=f"{p}.o",
-                ))
+        out: list[Block] = []
+        for kind, stack, attn in _ATTENTIONS:
+            out += stack_blocks(
+                base, stack, attn=attn, q=f"{attn}.q", k=f"{attn}.k", v=f"{attn}.v", o=f"{attn}.o",
+                head_dim="key_value_proj_dim", kind=kind,
+            )
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
+from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
 
 
 class ViTAdapter(Adapter):
@@ -24,14 +24,10 @@ class ViTAdapter(Adapter):
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:
-        out = []
-        for i, layer in enumerate(base.layers):
-            p = f"layers.{i}.attention"
-            out.append(make_block(
-                base, f"self.{i}", "self", i, layer.attention.head_dim,
-                attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj", v=f"{p}.v_proj", o=f"{p}.o_proj",
-            ))
-        return out
+        return stack_blocks(
+            base, "layers", attn="attention", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj",
+            o="attention.o_proj", head_dim="head_dim",
+        )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         return {"num_attention_heads": len(cut.q)}
