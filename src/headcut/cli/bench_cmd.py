@@ -15,7 +15,7 @@ from .. import io
 from ..bench import ATTN_IMPLEMENTATIONS, DTYPES, BenchConfig, BenchResult, device_name, report_json
 from ..bench import bench as run_bench
 from . import app
-from .common import JSON_HELP, console, handle_errors, write_json
+from .common import AllowPickle, JsonOut, Task, TrustRemote, console, handle_errors, write_json
 
 _D = BenchConfig()
 
@@ -143,19 +143,10 @@ def bench(
     ] = _D.gen_tokens,
     gen_runs: Annotated[int, typer.Option("--gen-runs", help="Timed generations per model.")] = _D.gen_runs,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.")] = _D.seed,
-    json_out: Annotated[Optional[str], typer.Option("--json", help=JSON_HELP, metavar="PATH")] = None,
-    task: Annotated[
-        Optional[str],
-        typer.Option(
-            "--task", help=f"Load with this task head ({', '.join(io.TASKS)}); default: the checkpoint's own."
-        ),
-    ] = None,
-    allow_pickle: Annotated[
-        bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.")
-    ] = False,
-    trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ship their own model code.")
-    ] = False,
+    json_out: JsonOut = None,
+    task: Task = None,
+    allow_pickle: AllowPickle = False,
+    trust_remote_code: TrustRemote = False,
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stderr, the same numbers and more with --json."""
     config = BenchConfig(

@@ -7,12 +7,13 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from rich.console import Console
 
 from ..errors import HeadcutError
+from ..io import TASKS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,3 +56,14 @@ def write_json(data: Any, dest: str | None) -> None:
 
 
 JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout; the table then goes to stderr)."
+
+# options shared by the commands
+JsonOut = Annotated[Optional[str], typer.Option("--json", help=JSON_HELP, metavar="PATH")]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.")]
+TrustRemote = Annotated[
+    bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ship their own model code.")
+]
+Task = Annotated[
+    Optional[str],
+    typer.Option("--task", help=f"Load with this task head ({', '.join(TASKS)}); default: the checkpoint's own."),
+]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -13,24 +13,16 @@ from ..info import info as model_info
 from ..masks import GQA_POLICIES, read_mask_file
 from ..surgery import slim
 from . import app
-from .common import JSON_HELP, console, handle_errors, write_json
+from .common import AllowPickle, JsonOut, Task, TrustRemote, console, handle_errors, write_json
 
 ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", show_default=False)]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.")]
-TrustRemote = Annotated[
-    bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ship their own model code.")
-]
-Task = Annotated[
-    Optional[str],
-    typer.Option("--task", help=f"Load with this task head ({', '.join(io.TASKS)}); default: the checkpoint's own."),
-]
 
 
 @app.command()
 @handle_errors
 def info(
     model: ModelArg,
-    json_out: Annotated[Optional[str], typer.Option("--json", help=JSON_HELP, metavar="PATH")] = None,
+    json_out: JsonOut = None,
     task: Task = None,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
@@ -66,7 +58,7 @@ def export(
         ),
     ] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
-    json_out: Annotated[Optional[str], typer.Option("--json", help=JSON_HELP, metavar="PATH")] = None,
+    json_out: JsonOut = None,
     task: Task = None,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
