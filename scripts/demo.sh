@@ -20,6 +20,7 @@ headcut export "$model" --mask "$work/mask.json" --out "$work/minilm-16" --force
 
 python - "$model" "$work/minilm-16" "$work/mask.json" <<'PY'
 import json, sys, torch, transformers, headcut
+transformers.utils.logging.disable_progress_bar()
 src, out, mask = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
 tok = transformers.AutoTokenizer.from_pretrained(out)
 batch = tok(["headcut removes attention heads.", "The slimmed model loads with plain transformers."],
