@@ -41,6 +41,9 @@ def test_minilm_slim_equals_gated_and_reloads(minilm_batch, tmp_path):
                             padding=True, return_tensors="pt")).last_hidden_state
     assert (again - slimmed).abs().max().item() <= 1e-5
     assert headcut.count_params(plain) == result.params_after < result.params_before
+    pipe = transformers.pipeline("feature-extraction", model=str(tmp_path / "slim"), trust_remote_code=True)
+    features = torch.tensor(pipe("a short sentence"))
+    assert torch.allclose(features[0], slimmed[0, : features.shape[1]], atol=1e-5)
 
 
 def test_smollm_kv_group_removal(tmp_path):

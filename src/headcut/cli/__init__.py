@@ -18,8 +18,10 @@ from . import bench_cmd, surgery_cmds  # noqa: E402,F401
 
 
 def main() -> None:
+    import huggingface_hub
     import transformers
 
     # headcut draws its own progress bars; transformers' per-file loading bars would interleave
     transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
     app()

@@ -78,10 +78,7 @@ def export(
         f"{result.params_before:,} -> {result.params_after:,}; saved to {out}"
     )
     if result.unshared_params:
-        console.print(
-            f"note: the mask differs between layers that shared weights, so they were unshared: "
-            f"+{result.unshared_params:,} parameters before the cut"
-        )
+        console.print(f"note: unsharing weights added {result.unshared_params:,} parameters before the cut")
     for note in result.notes:
         console.print(f"note: {note}")
     write_json(dict(result.to_json(), out=str(out)), json_out)
