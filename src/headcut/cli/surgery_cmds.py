@@ -13,9 +13,8 @@ from ..info import info as model_info
 from ..masks import GQA_POLICIES, read_mask_file
 from ..surgery import slim
 from . import app
-from .common import AllowPickle, JsonOut, Task, TrustRemote, console, handle_errors, write_json
+from .common import AllowPickle, JsonOut, ModelArg, Task, TrustRemote, console, handle_errors, write_json
 
-ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", show_default=False)]
 
 
 @app.command()
