@@ -16,7 +16,14 @@ from typer.testing import CliRunner
 
 import headcut
 from headcut.bench import (
-    BenchConfig, BenchResult, bench, bench_model, count_flops, make_inputs, percentile, report_json,
+    BenchConfig,
+    BenchResult,
+    bench,
+    bench_model,
+    count_flops,
+    make_inputs,
+    percentile,
+    report_json,
 )
 from headcut.cli import app
 from headcut.errors import HeadcutError

@@ -11,12 +11,20 @@ from typing import Any
 import pytest
 import torch
 import transformers as T
+from test_cli import one_line_error
 from tiny_models import V, make_config, make_model
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
 from typer.testing import CliRunner
 
 from headcut.cli import app
-from headcut.data import Calibration, DataConfig, detect_task, load_calibration, load_tokenizer, looks_local
+from headcut.data import (
+    Calibration,
+    DataConfig,
+    detect_task,
+    load_calibration,
+    load_tokenizer,
+    looks_local,
+)
 from headcut.errors import HeadcutError
 
 SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # ids 0..4: pad 0, bos 1, eos 2 as in tiny_models
@@ -103,16 +111,6 @@ def bert_cls():
 
 def calib(model, tok, path, **kw) -> Calibration:
     return load_calibration(model, tok, DataConfig(path=str(path), **kw))
-
-
-def one_line_error(result, *needles: str) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    text = result.stderr.strip()
-    assert len(text.splitlines()) == 1, text
-    assert text.startswith("error:"), text
-    for needle in needles:
-        assert needle in text, text
-    return text
 
 
 # ------------------------------------------------------------------------------------------- task

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as T
-from test_data import cls_rows, make_tokenizer, one_line_error, save_tiny, sentence, write_rows
+from test_data import (
+    cls_rows,
+    make_tokenizer,
+    one_line_error,
+    save_tiny,
+    sentence,
+    write_rows,
+)
 from tiny_models import make_model
 from typer.testing import CliRunner
 

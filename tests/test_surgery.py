@@ -12,7 +12,14 @@ import torch
 import transformers as T
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_models import CLASSES, FAMILIES, GENERATORS, make_inputs, make_model, output_tensor
+from tiny_models import (
+    CLASSES,
+    FAMILIES,
+    GENERATORS,
+    make_inputs,
+    make_model,
+    output_tensor,
+)
 
 import headcut
 

@@ -7,9 +7,9 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadcutError
-from .base import Adapter, Block, BlockCut, EmptyStyle, Registry
 from .albert import AlbertAdapter
 from .bart import BartAdapter
+from .base import Adapter, Block, BlockCut, EmptyStyle, Registry
 from .bert import BertAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter

@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, stack_blocks, rows_op
+from .base import Adapter, Block, BlockCut, rows_op, stack_blocks
 
 
 class DebertaV2Adapter(Adapter):

@@ -25,7 +25,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, stack_blocks, mixin_op, rows_op, set_op
+from .base import (
+    Adapter,
+    Block,
+    BlockCut,
+    EmptyStyle,
+    cols_op,
+    mixin_op,
+    rows_op,
+    set_op,
+    stack_blocks,
+)
 
 
 class HeadcutEmptyConv1D:

@@ -34,7 +34,16 @@ import torch
 from torch import nn
 
 from ..runtime import write_cache_placeholder
-from .base import Adapter, Block, BlockCut, cols_op, stack_blocks, mixin_op, rows_op, set_op
+from .base import (
+    Adapter,
+    Block,
+    BlockCut,
+    cols_op,
+    mixin_op,
+    rows_op,
+    set_op,
+    stack_blocks,
+)
 
 #: (block kind, layer stack, attention inside a T5Block), in block order
 _ATTENTIONS = (

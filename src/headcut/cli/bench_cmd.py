@@ -8,14 +8,35 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from .. import io
-from ..bench import ATTN_IMPLEMENTATIONS, DTYPES, BenchConfig, BenchResult, device_name, report_json
+from ..bench import (
+    ATTN_IMPLEMENTATIONS,
+    DTYPES,
+    BenchConfig,
+    BenchResult,
+    device_name,
+    report_json,
+)
 from ..bench import bench as run_bench
 from . import app
-from .common import AllowPickle, JsonOut, Task, TrustRemote, console, handle_errors, write_json
+from .common import (
+    AllowPickle,
+    JsonOut,
+    Task,
+    TrustRemote,
+    console,
+    handle_errors,
+    write_json,
+)
 
 _D = BenchConfig()
 

@@ -9,12 +9,22 @@ Use the aliases as parameter types and build the library's config with :func:`da
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from ..data import (
-    COMPRESSIONS, LABEL_COLUMNS, PAIR_COLUMNS, SOURCE_COLUMNS, TARGET_COLUMNS, TEXT_COLUMNS, DataConfig, looks_local,
+    COMPRESSIONS,
+    LABEL_COLUMNS,
+    PAIR_COLUMNS,
+    SOURCE_COLUMNS,
+    TARGET_COLUMNS,
+    TEXT_COLUMNS,
+    Calibration,
+    DataConfig,
+    load_calibration,
+    load_tokenizer,
+    looks_local,
 )
 from ..errors import HeadcutError
 
@@ -90,3 +100,12 @@ def data_config(
     if looks_local(data) and not Path(data).expanduser().exists():  # before minutes of model loading
         raise HeadcutError(f"data file not found: {data}")
     return config
+
+
+def read_calibration(model_path: str, model: Any, config: DataConfig, trust_remote_code: bool = False) -> Calibration:
+    """The checkpoint's tokenizer and the data of ``config`` as model-ready batches (with a spinner)."""
+    from .common import console
+
+    tokenizer = load_tokenizer(model_path, trust_remote_code=trust_remote_code)
+    with console.status("reading data", spinner="dots"):
+        return load_calibration(model, tokenizer, config)

@@ -8,15 +8,34 @@ from rich import box
 from rich.table import Table
 
 from .. import io
-from ..data import load_calibration, load_tokenizer
 from ..evaluation import EvalResult, evaluate
 from . import app
 from .common import (
-    AllowPickle, JsonOut, ModelArg, Task, TrustRemote, batch_progress, console, handle_errors, write_json,
+    AllowPickle,
+    JsonOut,
+    ModelArg,
+    Task,
+    TrustRemote,
+    batch_progress,
+    console,
+    handle_errors,
+    write_json,
 )
 from .data_opts import (
-    BatchSize, D, DataRequired, DataSeed, LabelCol, MaxExamples, SeqLen, SourceCol, Split, TargetCol, TextCol,
-    TextPairCol, data_config,
+    BatchSize,
+    D,
+    DataRequired,
+    DataSeed,
+    LabelCol,
+    MaxExamples,
+    SeqLen,
+    SourceCol,
+    Split,
+    TargetCol,
+    TextCol,
+    TextPairCol,
+    data_config,
+    read_calibration,
 )
 
 EVAL_HELP = "\n\n".join([
@@ -83,9 +102,7 @@ def eval_(
         batch_size=batch_size, seed=seed,
     )
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
-    with console.status("reading data", spinner="dots"):
-        calibration = load_calibration(loaded, tokenizer, config)
+    calibration = read_calibration(model, loaded, config, trust_remote_code)
     progress, on_progress = batch_progress(f"evaluating ({calibration.task})", len(calibration.batches))
     with progress:
         result = evaluate(loaded, calibration, progress=on_progress)

@@ -14,18 +14,37 @@ from rich.text import Text
 
 from .. import io
 from ..adapters import Block
-from ..data import load_calibration, load_tokenizer
 from ..errors import HeadcutError
 from ..scoring import SCORERS, HeadScores, ScoreConfig, get_scorer, score
 from ..scoring.base import ABS_PER, NORMALIZE, OBJECTIVES
 from ..surgery import model_blocks
 from . import app
 from .common import (
-    AllowPickle, JsonOut, ModelArg, Task, TrustRemote, batch_progress, console, handle_errors, write_json,
+    AllowPickle,
+    JsonOut,
+    ModelArg,
+    Task,
+    TrustRemote,
+    batch_progress,
+    console,
+    handle_errors,
+    write_json,
 )
 from .data_opts import (
-    BatchSize, D, DataOptional, DataSeed, LabelCol, MaxExamples, SeqLen, SourceCol, Split, TargetCol, TextCol,
-    TextPairCol, data_config,
+    BatchSize,
+    D,
+    DataOptional,
+    DataSeed,
+    LabelCol,
+    MaxExamples,
+    SeqLen,
+    SourceCol,
+    Split,
+    TargetCol,
+    TextCol,
+    TextPairCol,
+    data_config,
+    read_calibration,
 )
 
 SCORE_HELP = "\n\n".join([
@@ -157,9 +176,7 @@ def score_cmd(
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     calibration = None
     if data_cfg is not None:
-        tokenizer = load_tokenizer(model, trust_remote_code=trust_remote_code)
-        with console.status("reading data", spinner="dots"):
-            calibration = load_calibration(loaded, tokenizer, data_cfg)
+        calibration = read_calibration(model, loaded, data_cfg, trust_remote_code)
         progress, on_progress = batch_progress(f"scoring ({scorer})", len(calibration.batches))
         with progress:
             result = score(loaded, calibration.batches, config, progress=on_progress)

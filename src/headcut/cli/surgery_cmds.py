@@ -13,8 +13,16 @@ from ..info import info as model_info
 from ..masks import GQA_POLICIES, read_mask_file
 from ..surgery import slim
 from . import app
-from .common import AllowPickle, JsonOut, ModelArg, Task, TrustRemote, console, handle_errors, write_json
-
+from .common import (
+    AllowPickle,
+    JsonOut,
+    ModelArg,
+    Task,
+    TrustRemote,
+    console,
+    handle_errors,
+    write_json,
+)
 
 
 @app.command()
