@@ -288,3 +288,20 @@ def oriented(importance: dict[str, list[float]], inverse: bool) -> dict[str, lis
     if not inverse:
         return importance
     return {name: [-v for v in values] for name, values in importance.items()}
+
+
+class RescoringRanker:
+    """Scores the masked model again before every step (the iterative methods)."""
+
+    rescoring = True
+
+    def __init__(self, method: Method, config: PruneConfig, batches: Sequence[Batch] | None) -> None:
+        self.inverse = method.inverse
+        self.score_config = method.score_config(config)
+        self.batches = batches
+        self.scorings = 0
+
+    def importance(self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None) -> dict[str, list[float]]:
+        scores = score_masked(model, mask, self.batches, self.score_config, progress)
+        self.scorings += 1
+        return oriented(scores.importance(), self.inverse)

@@ -18,41 +18,17 @@ gradient-active heads first) runs the same loop and removes the argmax instead.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from torch import nn
-
-from ..masks import HeadMask
-from ..scoring.base import Batch
-from .base import Method, PruneConfig, PruneProgress, one_head, oriented, score_masked
-
-
-class GreedyGnormRanker:
-    """Re-computes Gnorm on the masked model before every removal step."""
-
-    rescoring = True
-
-    def __init__(self, method: Method, config: PruneConfig, batches: Sequence[Batch] | None) -> None:
-        self.inverse = method.inverse
-        self.score_config = method.score_config(config)
-        self.batches = batches
-        self.scorings = 0
-
-    def importance(self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None) -> dict[str, list[float]]:
-        scores = score_masked(model, mask, self.batches, self.score_config, progress)
-        self.scorings += 1
-        return oriented(scores.importance(), self.inverse)
-
+from .base import Method, RescoringRanker, one_head
 
 METHODS = [
     Method(
         name="greedy-gnorm", summary="iterative: remove the lowest-Gnorm head, re-compute, repeat (Greedy-Gnorm, "
         "Algorithm 1)", scorer="gnorm", rescoring=True, inverse=False, default_step=one_head,
-        default_normalize="none", make=GreedyGnormRanker,
+        default_normalize="none", make=RescoringRanker,
     ),
     Method(
         name="inverse-gnorm", summary="iterative, reversed: remove the highest-Gnorm head, re-compute, repeat "
         "(diagnostic)", scorer="gnorm", rescoring=True, inverse=True, default_step=one_head,
-        default_normalize="none", make=GreedyGnormRanker,
+        default_normalize="none", make=RescoringRanker,
     ),
 ]

@@ -13,33 +13,11 @@ picks |dL/dg| per example (default, eq. 21) or per batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from torch import nn
-
-from ..masks import HeadMask
-from ..scoring.base import Batch
-from .base import Method, PruneConfig, PruneProgress, score_masked, ten_percent
-
-
-class MichelRanker:
-    """Re-scores the masked model with the gradient scorer before every step."""
-
-    rescoring = True
-
-    def __init__(self, method: Method, config: PruneConfig, batches: Sequence[Batch] | None) -> None:
-        self.score_config = method.score_config(config)
-        self.batches = batches
-        self.scorings = 0
-
-    def importance(self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None) -> dict[str, list[float]]:
-        scores = score_masked(model, mask, self.batches, self.score_config, progress)
-        self.scorings += 1
-        return scores.importance()
+from .base import Method, RescoringRanker, ten_percent
 
 
 METHOD = Method(
     name="michel", summary="iterative: remove the lowest |dL/dg| heads in steps of 10 %, re-scoring each step "
     "(Michel et al.)", scorer="gradient", rescoring=True, inverse=False, default_step=ten_percent,
-    default_normalize="layer", make=MichelRanker,
+    default_normalize="layer", make=RescoringRanker,
 )
