@@ -5,8 +5,8 @@
 # Outputs go to $HEADCUT_DEMO_DIR (default ./headcut-demo).
 set -euo pipefail
 work=${HEADCUT_DEMO_DIR:-headcut-demo}
-method=${HEADCUT_DEMO_METHOD:-greedy-gnorm}
-step=${HEADCUT_DEMO_STEP:-4}
+# michel had the best accuracy at 16 heads in benchmarks/prune_methods.py (see CHANGELOG/notes)
+method=${HEADCUT_DEMO_METHOD:-michel}
 mkdir -p "$work"
 
 echo "== preparing the classifier (fine-tuned once, then cached in ${HEADCUT_CACHE:-~/.cache/headcut})"
@@ -17,8 +17,8 @@ headcut info "$model"
 echo "== which heads matter? (Greedy-Gnorm scores on 512 training snippets)"
 headcut score "$model" --data "$train" --max-examples 512 --scorer gnorm --json "$work/scores.json"
 
-echo "== pruning 72 -> 16 heads with $method (calibration: 512 training snippets; evaluation: 1,000 held-out ones)"
-headcut prune "$model" --method "$method" --step "$step" --keep 16 --data "$train" --eval-data "$test" \
+echo "== pruning 72 -> 16 heads with $method (calibration: 512 training snippets; evaluation: 512 held-out ones)"
+headcut prune "$model" --method "$method" --keep 16 --data "$train" --eval-data "$test" \
   --max-examples 512 --out "$work/minilm-16" --force --json "$work/prune.json"
 headcut eval "$model" --data "$test" --max-examples 1000 --batch-size 64 --json "$work/eval-before.json"
 headcut eval "$work/minilm-16" --data "$test" --max-examples 1000 --batch-size 64 --json "$work/eval-after.json"
