@@ -5,7 +5,7 @@
 # Outputs go to $HEADCUT_DEMO_DIR (default ./headcut-demo).
 set -euo pipefail
 work=${HEADCUT_DEMO_DIR:-headcut-demo}
-# michel had the best accuracy at 16 heads in benchmarks/prune_methods.py (see CHANGELOG/notes)
+# michel had the best accuracy at 16 heads in benchmarks/prune_methods.py (README, "Benchmarks")
 method=${HEADCUT_DEMO_METHOD:-michel}
 mkdir -p "$work"
 
