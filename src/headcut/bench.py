@@ -275,13 +275,14 @@ def time_calls(fn: Callable[[], Any], runs: int, device: torch.device,
     times: list[float] = []
     for i in range(runs):
         if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(device)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(float(start.elapsed_time(end)))
+            with torch.cuda.device(device):  # events record on the current device's stream
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize(device)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(float(start.elapsed_time(end)))
         else:
             t0 = time.perf_counter()
             fn()
