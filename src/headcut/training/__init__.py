@@ -1,0 +1,12 @@
+"""The training engine shared by the learned-gate pruning methods and fine-tuning (library only)."""
+
+from .engine import (
+    CHECKPOINT_NAME,
+    TrainConfig,
+    Trainer,
+    TrainResult,
+    default_loss,
+    lr_factor,
+)
+
+__all__ = ["CHECKPOINT_NAME", "TrainConfig", "TrainResult", "Trainer", "default_loss", "lr_factor"]

@@ -1,0 +1,450 @@
+"""The training loop shared by the learned-gate methods and fine-tuning.
+
+* **Steps.** ``step`` counts optimizer steps. Each step runs ``grad_accum`` micro-batches (one
+  element of ``train_batches`` each); each micro-batch's loss is divided by ``grad_accum`` before
+  ``backward``, so ``grad_accum=2`` with batches of B gives the gradient of one batch of 2B (for a
+  mean-reduced loss and equal batch sizes). Micro-batches form one stream across epochs, so an
+  accumulation may span an epoch boundary. With ``epochs`` the run has
+  ``epochs * len(train_batches) // grad_accum`` steps (a remainder of fewer than ``grad_accum``
+  micro-batches is not run); with ``max_steps`` it has exactly that many.
+* **Order.** Every epoch visits each batch once, in the order ``torch.randperm`` draws from a
+  ``torch.Generator`` seeded with ``seed`` (``shuffle=False``: the given order).
+* **Modes.** ``joint``: model parameters (those with ``requires_grad``) and gates are trained, the
+  model is in train mode (dropout on). ``pipelined``: the model's weights are frozen
+  (``requires_grad`` off, not in the optimizer) and the model is in eval mode (dropout off), only the
+  gates learn. Both flags are restored when :meth:`Trainer.train` returns.
+* **Optimizer.** AdamW with two parameter groups: model parameters at ``lr`` with ``weight_decay``,
+  gate tensors at ``gate_lr`` with no weight decay (decay would pull gates towards closed). The LR
+  schedule (:func:`lr_factor`) scales both groups. Gradients of everything trained are clipped
+  together to ``max_grad_norm``.
+* **Randomness.** The loop runs under ``torch.random.fork_rng``: the torch RNG (dropout, gate
+  sampling in ``loss_fn``) is seeded with ``seed`` at the start and restored from the checkpoint on
+  resume; the caller's RNG state is untouched.
+* **Checkpoints.** Every ``checkpoint_every`` steps, and at the end of the run, ``checkpoint.pt``
+  under ``checkpoint_dir`` is replaced atomically (written to a temporary file in the same folder,
+  then ``os.replace``): a crash never leaves a partial file. It holds the model's ``state_dict``, the
+  gate tensors, optimizer and scheduler state, step, epoch and position in the epoch's order, the
+  order-generator and torch RNG states, the history and the config. :meth:`Trainer.resume` restores
+  all of it, so a resumed run ends exactly where an uninterrupted one ends (bit for bit on CPU).
+  Checkpoints are read with ``torch.load(weights_only=True)``: they only hold tensors and plain
+  Python values (log values are converted to numbers, strings or lists), so no pickle code runs even
+  though these are our own files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import HeadcutError
+
+#: the checkpoint's file name under ``checkpoint_dir``
+CHECKPOINT_NAME = "checkpoint.pt"
+#: version of the checkpoint layout
+CHECKPOINT_FORMAT = 1
+#: config fields that must match between a checkpoint and the run that resumes it
+RESUME_MUST_MATCH = ("seed", "grad_accum", "shuffle", "mode")
+
+LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
+EvalFn = Callable[[int], dict[str, Any]]
+ProgressFn = Callable[[int, "int | None"], None]
+
+
+@dataclass
+class TrainConfig:
+    """How to train. Give exactly one of ``epochs`` and ``max_steps`` (optimizer steps).
+
+    ``lr``: model parameters. ``gate_lr``: gate tensors; 0.1 is a placeholder default, each
+    learned-gate method sets its own from its paper. ``warmup_steps`` or ``warmup_ratio`` (of the total
+    steps; not both). ``schedule``: ``linear`` (warmup, then linear decay towards 0) or ``constant``
+    (warmup, then flat). ``eval_every`` / ``checkpoint_every``: in optimizer steps. ``mode``:
+    ``joint`` (model and gates trained) or ``pipelined`` (model frozen and in eval mode, gates only).
+    """
+
+    epochs: int | None = None
+    max_steps: int | None = None
+    lr: float = 5e-5
+    gate_lr: float = 0.1
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    warmup_ratio: float | None = None
+    schedule: str = "linear"
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    seed: int = 0
+    shuffle: bool = True
+    mode: str = "joint"
+
+    def validate(self) -> None:
+        if (self.epochs is None) == (self.max_steps is None):
+            raise HeadcutError("give exactly one of epochs and max_steps")
+        if self.epochs is not None and self.epochs < 1:
+            raise HeadcutError(f"epochs must be at least 1, not {self.epochs}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise HeadcutError(f"max_steps must be at least 1, not {self.max_steps}")
+        if self.grad_accum < 1:
+            raise HeadcutError(f"grad_accum must be at least 1, not {self.grad_accum}")
+        if self.schedule not in ("linear", "constant"):
+            raise HeadcutError(f"schedule must be 'linear' or 'constant', not {self.schedule!r}")
+        if self.mode not in ("joint", "pipelined"):
+            raise HeadcutError(f"mode must be 'joint' or 'pipelined', not {self.mode!r}")
+        if self.warmup_steps < 0:
+            raise HeadcutError(f"warmup_steps must be >= 0, not {self.warmup_steps}")
+        if self.warmup_ratio is not None:
+            if self.warmup_steps:
+                raise HeadcutError("give warmup_steps or warmup_ratio, not both")
+            if not 0.0 <= self.warmup_ratio < 1.0:
+                raise HeadcutError(f"warmup_ratio must be in [0, 1), not {self.warmup_ratio}")
+        for name in ("eval_every", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise HeadcutError(f"{name} must be at least 1, not {value}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise HeadcutError(f"max_grad_norm must be positive, not {self.max_grad_norm}")
+
+    def total_steps(self, num_batches: int) -> int:
+        """Optimizer steps of the run over ``num_batches`` batches per epoch."""
+        if self.max_steps is not None:
+            return self.max_steps
+        steps = (self.epochs or 0) * num_batches // self.grad_accum
+        if steps < 1:
+            raise HeadcutError(
+                f"{self.epochs} epoch(s) of {num_batches} batch(es) make no optimizer step with grad_accum={self.grad_accum}"
+            )
+        return steps
+
+    def warmup(self, total: int) -> int:
+        if self.warmup_ratio is not None:
+            return math.ceil(self.warmup_ratio * total)
+        return self.warmup_steps
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """The LR multiplier of optimizer step ``step`` (1-based) of ``total``.
+
+    Warmup: ``step / warmup`` for ``step <= warmup`` (the full LR at the warmup's last step). Then
+    ``constant``: 1; ``linear``: ``(total - step + 1) / (total - warmup)``, from 1 at the first step
+    after warmup down to ``1 / (total - warmup)`` at the last step (0 would be the step after it).
+    """
+    if step <= warmup:
+        return step / warmup
+    if schedule == "constant":
+        return 1.0
+    return max(0.0, (total - step + 1) / max(1, total - warmup))
+
+
+@dataclass
+class TrainResult:
+    """``steps``: optimizer steps done (in all, counting those before a resume); ``history``: one dict
+    per step; ``seconds``: wall time of this call to :meth:`Trainer.train`."""
+
+    steps: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def default_loss(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The model's own loss (``model(**batch).loss``; the batch carries ``labels``)."""
+    out = model(**batch)
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        raise HeadcutError("the model returned no loss: the batches need labels, or give a loss_fn")
+    return loss, {}
+
+
+def _plain(value: Any) -> Any:
+    """A log value as something ``torch.load(weights_only=True)`` reads back: numbers, str, lists."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return value.item() if value.numel() == 1 else value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def _merge_logs(logs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Numbers averaged over the micro-batches of a step; anything else: the last micro-batch's value."""
+    merged: dict[str, Any] = {}
+    for key in dict.fromkeys(k for entry in logs for k in entry):
+        values = [entry[key] for entry in logs if key in entry]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            merged[key] = sum(values) / len(values)
+        else:
+            merged[key] = values[-1]
+    return merged
+
+
+class Trainer:
+    """Train ``model`` (and/or the ``gate_params`` tensors) on ``train_batches``; see the module doc.
+
+    ``gate_params``: leaf tensors with ``requires_grad`` (e.g. :meth:`HeadGates.parameters`); they are
+    updated in place. ``loss_fn(model, batch, step) -> (loss, logs)``: ``step`` is the 0-based index of
+    the optimizer step in progress; ``logs`` (numbers, tensors, strings) go into the history.
+    ``eval_fn(step) -> dict``: called with the model in eval mode after every ``eval_every``-th step;
+    its result is the step's ``eval`` entry. ``progress(done, total)``: called after every step.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        gate_params: list[torch.Tensor] | None,
+        train_batches: list[dict[str, Any]],
+        config: TrainConfig,
+        loss_fn: LossFn | None = None,
+        eval_fn: EvalFn | None = None,
+        checkpoint_dir: str | Path | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        config.validate()
+        if not train_batches:
+            raise HeadcutError("no training batches")
+        self.model = model
+        self.gates: list[torch.Tensor] = list(gate_params or [])
+        for g in self.gates:
+            if not g.is_leaf or not g.requires_grad:
+                raise HeadcutError("gate tensors must be leaf tensors with requires_grad=True")
+        self.batches = train_batches
+        self.config = config
+        self.loss_fn: LossFn = loss_fn or default_loss
+        self.eval_fn = eval_fn
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.progress = progress
+        self.total_steps = config.total_steps(len(train_batches))
+        self.warmup_steps = config.warmup(self.total_steps)
+
+        gate_ids = {id(g) for g in self.gates}
+        if config.mode == "joint":
+            self.model_params = [p for p in model.parameters() if p.requires_grad and id(p) not in gate_ids]
+        else:
+            self.model_params = []
+            if not self.gates:
+                raise HeadcutError("pipelined mode trains the gates only, but no gate tensors were given")
+        if not self.model_params and not self.gates:
+            raise HeadcutError("nothing to train: no model parameter requires grad and no gates were given")
+        groups = [
+            {"params": self.model_params, "lr": config.lr, "weight_decay": config.weight_decay, "name": "model"},
+            {"params": self.gates, "lr": config.gate_lr, "weight_decay": 0.0, "name": "gates"},
+        ]
+        self.optimizer = torch.optim.AdamW(groups, lr=config.lr)
+        total, warmup, schedule = self.total_steps, self.warmup_steps, config.schedule
+        # LambdaLR's counter is the number of scheduler.step() calls so far = 0-based index of the next step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda i: lr_factor(i + 1, total, warmup, schedule)
+        )
+
+        self.step = 0
+        self.epoch = 0
+        self.position = 0
+        self.order: torch.Tensor | None = None
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.history: list[dict[str, Any]] = []
+        self._rng_cpu: torch.Tensor | None = None
+        self._rng_cuda: torch.Tensor | None = None
+        self._in_loop = False
+        self._device = next(iter(model.parameters())).device
+
+    # -- data order -------------------------------------------------------------------------------
+    def _draw_order(self) -> torch.Tensor:
+        n = len(self.batches)
+        return torch.randperm(n, generator=self.generator) if self.config.shuffle else torch.arange(n)
+
+    def _next_batch(self) -> dict[str, Any]:
+        if self.order is None:
+            self.order = self._draw_order()
+            self.position = 0
+        elif self.position >= len(self.batches):
+            self.epoch += 1
+            self.order = self._draw_order()
+            self.position = 0
+        batch = self.batches[int(self.order[self.position])]
+        self.position += 1
+        return {k: v.to(self._device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _cuda_devices(self) -> list[int]:
+        return [self._device.index or 0] if self._device.type == "cuda" else []
+
+    def state(self) -> dict[str, Any]:
+        """Everything :meth:`resume` needs (tensors and plain values only)."""
+        state: dict[str, Any] = {
+            "format": CHECKPOINT_FORMAT,
+            "model": self.model.state_dict(),
+            "gates": [g.detach().clone() for g in self.gates],
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+            "order": self.order,
+            "generator": self.generator.get_state(),
+            "rng_cpu": torch.get_rng_state() if self._in_loop else self._rng_cpu,
+            "rng_cuda": (torch.cuda.get_rng_state(self._device) if self._in_loop and self._device.type == "cuda"
+                         else self._rng_cuda),
+            "history": self.history,
+            "config": asdict(self.config),
+            "num_batches": len(self.batches),
+        }
+        return state
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoint.pt`` under ``checkpoint_dir`` atomically; returns its path."""
+        if self.checkpoint_dir is None:
+            raise HeadcutError("no checkpoint_dir was given")
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        dest = self.checkpoint_dir / CHECKPOINT_NAME
+        fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.", suffix=".tmp", dir=self.checkpoint_dir)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(self.state(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        return dest
+
+    def resume(self, path: str | Path | None = None) -> None:
+        """Restore a checkpoint (a file, or a folder holding ``checkpoint.pt``; default: ``checkpoint_dir``)
+        so that :meth:`train` continues where it stopped. The schedule's length comes from this
+        trainer's config, so a run may be resumed with a larger ``max_steps``; ``seed``,
+        ``grad_accum``, ``shuffle``, ``mode``, the number of batches and the gates must match."""
+        if path is None:
+            if self.checkpoint_dir is None:
+                raise HeadcutError("resume needs a path or a checkpoint_dir")
+            path = self.checkpoint_dir
+        path = Path(path)
+        if path.is_dir():
+            path = path / CHECKPOINT_NAME
+        if not path.is_file():
+            raise HeadcutError(f"no checkpoint at {path}")
+        # our own files, but weights_only=True still: they hold only tensors and plain values
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise HeadcutError(f"{path}: unknown checkpoint format {state.get('format')!r}")
+        mine = asdict(self.config)
+        for key in RESUME_MUST_MATCH:
+            if state["config"].get(key) != mine[key]:
+                raise HeadcutError(f"{path}: checkpoint has {key}={state['config'].get(key)!r}, this run {mine[key]!r}")
+        if state["num_batches"] != len(self.batches):
+            raise HeadcutError(f"{path}: checkpoint was trained on {state['num_batches']} batches, this run has {len(self.batches)}")
+        if [tuple(g.shape) for g in state["gates"]] != [tuple(g.shape) for g in self.gates]:
+            raise HeadcutError(f"{path}: the checkpoint's gate tensors do not match this run's")
+        if state["step"] > self.total_steps:
+            raise HeadcutError(f"{path}: checkpoint is at step {state['step']}, past this run's {self.total_steps} steps")
+        self.model.load_state_dict(state["model"])
+        with torch.no_grad():
+            for g, saved in zip(self.gates, state["gates"]):
+                g.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        # the LRs of the next step from this run's schedule (its length may differ from the checkpoint's)
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)
+        self.step = state["step"]
+        self.epoch = state["epoch"]
+        self.position = state["position"]
+        self.order = state["order"]
+        self.generator.set_state(state["generator"])
+        self._rng_cpu = state["rng_cpu"]
+        self._rng_cuda = state["rng_cuda"]
+        self.history = list(state["history"])
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        """Run (or continue) training up to the configured number of steps."""
+        start = time.perf_counter()
+        was_training = self.model.training
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        try:
+            if self.config.mode == "pipelined":
+                gate_ids = {id(g) for g in self.gates}
+                for p, _ in flags:
+                    if id(p) not in gate_ids:
+                        p.requires_grad_(False)
+            with torch.random.fork_rng(devices=self._cuda_devices()):
+                if self._rng_cpu is None:
+                    torch.default_generator.manual_seed(self.config.seed)
+                    if self._device.type == "cuda":
+                        torch.cuda.manual_seed(self.config.seed)
+                else:
+                    torch.set_rng_state(self._rng_cpu)
+                    if self._rng_cuda is not None and self._device.type == "cuda":
+                        torch.cuda.set_rng_state(self._rng_cuda, self._device)
+                self._in_loop = True
+                try:
+                    self._loop()
+                finally:
+                    self._in_loop = False
+                self._rng_cpu = torch.get_rng_state()
+                if self._device.type == "cuda":
+                    self._rng_cuda = torch.cuda.get_rng_state(self._device)
+        finally:
+            for p, flag in flags:
+                p.requires_grad_(flag)
+            self.model.train(was_training)
+            self.optimizer.zero_grad(set_to_none=True)
+        return TrainResult(steps=self.step, history=list(self.history), seconds=time.perf_counter() - start)
+
+    def _train_mode(self) -> None:
+        self.model.train(self.config.mode == "joint")
+
+    def _loop(self) -> None:
+        cfg = self.config
+        trained = self.model_params + self.gates
+        last_saved = self.step if self._rng_cpu is not None else -1
+        self._train_mode()
+        self.optimizer.zero_grad(set_to_none=True)
+        while self.step < self.total_steps:
+            lrs = [group["lr"] for group in self.optimizer.param_groups]
+            loss_sum = 0.0
+            logs: list[dict[str, Any]] = []
+            for _ in range(cfg.grad_accum):
+                batch = self._next_batch()
+                loss, extra = self.loss_fn(self.model, batch, self.step)
+                if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+                    raise HeadcutError("the loss does not depend on anything being trained")
+                (loss / cfg.grad_accum).backward()
+                loss_sum += float(loss.detach())
+                logs.append({k: _plain(v) for k, v in (extra or {}).items()})
+            entry: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch, "loss": loss_sum / cfg.grad_accum}
+            entry["lr"] = lrs[0]
+            if self.gates:
+                entry["gate_lr"] = lrs[1]
+            if cfg.max_grad_norm is not None:
+                norm = torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
+                entry["grad_norm"] = float(norm)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            entry.update(_merge_logs(logs))
+            if cfg.eval_every is not None and self.step % cfg.eval_every == 0 and self.eval_fn is not None:
+                self.model.eval()
+                entry["eval"] = _plain(dict(self.eval_fn(self.step)))
+                self._train_mode()
+            self.history.append(entry)
+            if self.progress is not None:
+                self.progress(self.step, self.total_steps)
+            if self.checkpoint_dir is not None and cfg.checkpoint_every is not None and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+                last_saved = self.step
+        if self.checkpoint_dir is not None and last_saved != self.step:
+            self.save_checkpoint()
