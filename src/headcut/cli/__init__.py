@@ -14,7 +14,7 @@ app = typer.Typer(
 )
 
 # each module registers its command(s) on ``app``
-from . import bench_cmd, eval_cmd, prune_cmd, score_cmd, surgery_cmds  # noqa: E402,F401
+from . import bench_cmd, eval_cmd, finetune_cmd, prune_cmd, score_cmd, surgery_cmds  # noqa: E402,F401
 
 
 def main() -> None:

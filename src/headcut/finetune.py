@@ -1,0 +1,308 @@
+"""Recovery fine-tuning of a (possibly slimmed) model, optionally distilled from a teacher.
+
+The model keeps its structure (heads are neither added nor removed); it is trained with the shared
+engine (:class:`headcut.training.engine.Trainer`, ``joint`` mode, no gates), so steps, gradient
+accumulation, warmup, evaluation every N steps, checkpoints and exact resume work as documented there.
+
+**Loss.** Without a teacher: the model's own task loss (``model(**batch).loss``). With a teacher
+(knowledge distillation, Hinton et al. 2015)::
+
+    loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * task loss
+
+The KL is averaged over the positions that carry labels: for token-level tasks every position whose
+label is not -100 (for a causal LM, the logits that predict those labels, i.e. shifted by one); for
+classification, every example. The ``T^2`` factor keeps the gradient scale of the soft term
+independent of ``T``. ``alpha=0.5`` and ``temperature=2.0`` are the usual distillation defaults.
+The teacher runs in eval mode under ``torch.no_grad`` and must have the same output size (vocabulary
+or labels) as the student.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .data import Calibration
+from .errors import HeadcutError
+from .evaluation import PRIMARY, evaluate
+from .training.engine import ProgressFn, TrainConfig, Trainer
+
+
+@dataclass
+class FinetuneConfig:
+    """How to fine-tune. Give at most one of ``epochs`` and ``max_steps`` (neither: ``epochs=3``).
+
+    ``alpha``: weight of the distillation term (0: task loss only, 1: distillation only);
+    ``temperature``: softmax temperature of the distillation term. ``alpha=0.5`` and
+    ``temperature=2.0`` are the usual distillation defaults; both are ignored without a teacher.
+    The other fields are those of :class:`~headcut.training.engine.TrainConfig`.
+    """
+
+    epochs: int | None = None
+    max_steps: int | None = None
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "linear"
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    seed: int = 0
+    alpha: float = 0.5
+    temperature: float = 2.0
+
+    def validate(self) -> None:
+        """One-line errors for values that cannot work."""
+        if not 0.0 <= self.alpha <= 1.0:
+            raise HeadcutError(f"--alpha must be in [0, 1] (got {self.alpha})")
+        if not self.temperature > 0.0:
+            raise HeadcutError(f"--temperature must be positive (got {self.temperature})")
+        if self.lr <= 0.0:
+            raise HeadcutError(f"--lr must be positive (got {self.lr})")
+        self.train_config().validate()
+
+    def train_config(self) -> TrainConfig:
+        """The engine's config (``joint`` mode: the model's weights are trained, no gates)."""
+        epochs = self.epochs if self.epochs is not None or self.max_steps is not None else 3
+        return TrainConfig(
+            epochs=epochs, max_steps=self.max_steps, lr=self.lr, weight_decay=self.weight_decay,
+            warmup_steps=self.warmup_steps, schedule=self.schedule, grad_accum=self.grad_accum,
+            max_grad_norm=self.max_grad_norm, eval_every=self.eval_every, checkpoint_every=self.checkpoint_every,
+            seed=self.seed, shuffle=True, mode="joint",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FinetuneResult:
+    """``history``: one dict per optimizer step (``loss``, ``task_loss``, ``kl`` with a teacher, ``lr``,
+    ``grad_norm``, ``eval`` every ``eval_every`` steps); ``metric``: the primary metric of the eval data
+    (None without it); ``metric_before`` / ``metric_after``: its value before and after training;
+    ``steps``: optimizer steps in all (a resumed run counts the steps before the resume);
+    ``seconds``: wall time of this call."""
+
+    config: FinetuneConfig
+    task: str
+    steps: int
+    history: list[dict[str, Any]] = field(default_factory=list)
+    distilled: bool = False
+    metric: str | None = None
+    higher_is_better: bool | None = None
+    metric_before: float | None = None
+    metric_after: float | None = None
+    eval_before: dict[str, float] | None = None
+    eval_after: dict[str, float] | None = None
+    resumed_from: int | None = None
+    seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The first and last steps' losses (a short view of the history)."""
+        if not self.history:
+            return {"steps": self.steps}
+        keys = ("loss", "task_loss", "kl")
+        first, last = self.history[0], self.history[-1]
+        return {
+            "steps": self.steps,
+            "first": {k: first[k] for k in keys if k in first},
+            "last": {k: last[k] for k in keys if k in last},
+            "evals": [{"step": e["step"], **e["eval"]} for e in self.history if "eval" in e],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        change = None
+        if self.metric_before is not None and self.metric_after is not None:
+            change = self.metric_after - self.metric_before
+        return {
+            "task": self.task, "steps": self.steps, "distilled": self.distilled, "resumed_from": self.resumed_from,
+            "metric": None if self.metric is None else {
+                "name": self.metric, "higher_is_better": self.higher_is_better, "before": self.metric_before,
+                "after": self.metric_after, "change": change,
+            },
+            "eval_before": self.eval_before, "eval_after": self.eval_after,
+            "config": self.config.to_json(), "summary": self.summary(), "history": self.history,
+            "seconds": self.seconds,
+        }
+
+
+def _scored(task: str, logits: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+    """The logits of the positions that carry labels, as rows ``(N, C)``."""
+    if task == "classification" or logits.dim() == 2:
+        return logits.reshape(-1, logits.shape[-1])
+    if labels is None:
+        return logits.reshape(-1, logits.shape[-1])
+    if task == "causal-lm":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    return logits[labels != -100]
+
+
+def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, task: str,
+                    labels: torch.Tensor | None, temperature: float = 1.0) -> torch.Tensor:
+    """``KL(softmax(teacher / T) || softmax(student / T))`` averaged over the positions that carry
+    labels (classification: examples). Not multiplied by ``T^2``."""
+    if student_logits.shape[-1] != teacher_logits.shape[-1]:
+        raise HeadcutError(
+            f"the teacher's outputs have {teacher_logits.shape[-1]} classes/tokens, the model's {student_logits.shape[-1]}: "
+            "the teacher needs the same vocabulary or labels"
+        )
+    s = _scored(task, student_logits, labels).float() / temperature
+    t = _scored(task, teacher_logits, labels).float() / temperature
+    if s.shape[0] == 0:
+        return student_logits.sum() * 0.0
+    return F.kl_div(F.log_softmax(s, dim=-1), F.log_softmax(t, dim=-1), log_target=True, reduction="batchmean")
+
+
+def _device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _on(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def _teacher_inputs(batch: dict[str, Any], task: str, device: torch.device) -> dict[str, Any]:
+    """The teacher's inputs: the batch without labels (seq2seq keeps them: they give the decoder inputs)."""
+    return _on({k: v for k, v in batch.items() if task == "seq2seq" or k != "labels"}, device)
+
+
+def check_teacher(model: nn.Module, teacher: nn.Module, calibration: Calibration) -> None:
+    """Refuse a teacher whose output size differs from the model's (one forward of the first batch)."""
+    batch = calibration.batches[0]
+    was = model.training, teacher.training
+    model.eval()
+    teacher.eval()
+    try:
+        with torch.no_grad():
+            s = model(**_on(batch, _device(model))).logits
+            t = teacher(**_teacher_inputs(batch, calibration.task, _device(teacher))).logits
+    finally:
+        model.train(was[0])
+        teacher.train(was[1])
+    if s.shape[-1] != t.shape[-1]:
+        what = "labels" if calibration.task == "classification" else "vocabulary entries"
+        raise HeadcutError(
+            f"the teacher has {t.shape[-1]} {what}, the model {s.shape[-1]}: the teacher needs the same "
+            f"{'labels' if calibration.task == 'classification' else 'vocabulary'}"
+        )
+    if s.shape[:-1] != t.shape[:-1]:
+        raise HeadcutError(f"the teacher's outputs have shape {tuple(t.shape)}, the model's {tuple(s.shape)}")
+
+
+def kl_to_teacher(model: nn.Module, teacher: nn.Module, calibration: Calibration, temperature: float = 1.0) -> float:
+    """Mean (over scored positions, token-weighted over the data) of ``KL(teacher || model)`` on
+    ``calibration``'s batches, both models in eval mode under ``torch.no_grad``."""
+    was = model.training, teacher.training
+    model.eval()
+    teacher.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.no_grad():
+            for batch in calibration.batches:
+                s = model(**_on(batch, _device(model))).logits
+                t = teacher(**_teacher_inputs(batch, calibration.task, _device(teacher))).logits.to(s.device)
+                labels = batch.get("labels")
+                labels = labels.to(s.device) if isinstance(labels, torch.Tensor) else None
+                n = _scored(calibration.task, s, labels).shape[0]
+                total += float(distillation_kl(s, t, calibration.task, labels, temperature)) * n
+                count += n
+    finally:
+        model.train(was[0])
+        teacher.train(was[1])
+    return total / max(count, 1)
+
+
+def make_loss(task: str, teacher: nn.Module | None, alpha: float, temperature: float) -> Any:
+    """The Trainer ``loss_fn``: task loss, or the distillation loss of the module's doc."""
+
+    def loss_fn(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        out = model(**batch)
+        task_loss = getattr(out, "loss", None)
+        if task_loss is None:
+            raise HeadcutError("the model returned no loss: the training data needs labels")
+        if teacher is None:
+            return task_loss, {"task_loss": task_loss.detach()}
+        with torch.no_grad():
+            t_logits = teacher(**_teacher_inputs(batch, task, _device(teacher))).logits.to(out.logits.device)
+        kl = distillation_kl(out.logits, t_logits, task, batch.get("labels"), temperature)
+        loss = alpha * temperature**2 * kl + (1.0 - alpha) * task_loss
+        return loss, {"task_loss": task_loss.detach(), "kl": kl.detach()}
+
+    return loss_fn
+
+
+def finetune(
+    model: nn.Module,
+    train: Calibration,
+    config: FinetuneConfig,
+    teacher: nn.Module | None = None,
+    eval_calibration: Calibration | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: ProgressFn | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> FinetuneResult:
+    """Fine-tune ``model`` in place on ``train`` (see the module's doc); returns the history and the
+    eval metric before and after. ``checkpoint_dir``: where the engine writes ``checkpoint.pt`` (every
+    ``checkpoint_every`` steps and at the end); ``resume=True`` continues from it (``model`` must be the
+    model the interrupted run started from, with the same data and config). The model is left in
+    eval mode. ``progress(done, total)`` is called after every step, then ``on_step`` with the step's
+    history entry (its ``loss``, ...)."""
+    start = time.perf_counter()
+    config.validate()
+    if eval_calibration is not None and eval_calibration.task != train.task:
+        raise HeadcutError(f"the eval data is for {eval_calibration.task}, the training data for {train.task}")
+    if not train.batches:
+        raise HeadcutError("no training batches")
+    if resume and checkpoint_dir is None:
+        raise HeadcutError("resume needs a checkpoint_dir")
+    if teacher is not None:
+        check_teacher(model, teacher, train)
+        teacher.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+    result = FinetuneResult(config=config, task=train.task, steps=0, distilled=teacher is not None)
+    if eval_calibration is not None:
+        result.metric, result.higher_is_better = PRIMARY[eval_calibration.task]
+        before = evaluate(model, eval_calibration, bleu=False)
+        result.eval_before, result.metric_before = dict(before.metrics), before.value
+
+    eval_fn = None
+    if eval_calibration is not None and config.eval_every is not None:
+        def eval_fn(step: int) -> dict[str, Any]:
+            return dict(evaluate(model, eval_calibration, bleu=False).metrics)
+
+    trainer: Trainer | None = None
+
+    def step_done(done: int, total: int | None) -> None:
+        if progress is not None:
+            progress(done, total)
+        if on_step is not None and trainer is not None and trainer.history:
+            on_step(trainer.history[-1])
+
+    trainer = Trainer(
+        model, None, train.batches, config.train_config(),
+        loss_fn=make_loss(train.task, teacher, config.alpha, config.temperature),
+        eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=step_done,
+    )
+    if resume:
+        trainer.resume()
+        result.resumed_from = trainer.step
+    trained = trainer.train()
+    model.eval()
+    result.steps, result.history = trained.steps, trained.history
+    if eval_calibration is not None:
+        after = evaluate(model, eval_calibration, bleu=False)
+        result.eval_after, result.metric_after = dict(after.metrics), after.value
+    result.seconds = time.perf_counter() - start
+    return result
