@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from .errors import HeadcutError
+from .io import looks_like_path
 
 #: the tasks :func:`detect_task` returns
 TASK_NAMES = ("classification", "causal-lm", "seq2seq", "masked-lm")
@@ -262,7 +263,7 @@ def looks_local(path: str) -> bool:
     """Whether ``path`` names a local file (existing, path-like, or with a data file suffix) rather
     than a ``datasets`` name."""
     p = Path(path).expanduser()
-    if p.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1 or "\\" in path:
+    if p.exists() or looks_like_path(path):
         return True
     suffixes = [s.lower() for s in Path(path.partition(":")[0]).suffixes]
     return any(s in FILE_FORMATS or s in COMPRESSIONS for s in suffixes)

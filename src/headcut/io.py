@@ -48,16 +48,16 @@ TASKS: dict[str, str] = {
 }
 
 
-def _looks_local(name: str) -> bool:
-    # a hub id is "name" or "org/name"; anything else is meant as a local path
-    return name.startswith((".", "/", "~")) or name.count("/") > 1
+def looks_like_path(name: str) -> bool:
+    """Whether ``name`` is meant as a local path: a Hub id is "name" or "org/name"."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | None:
     """Validate a local checkpoint folder; return None for a hub id. One-line errors."""
     p = Path(path).expanduser()
     if not p.exists():
-        if _looks_local(str(path)):
+        if looks_like_path(str(path)):
             raise HeadcutError(f"checkpoint not found: {path}")
         return None
     if not p.is_dir():

@@ -32,7 +32,15 @@ from .. import __version__, io
 from ..data import DataConfig, looks_local
 from ..errors import HeadcutError
 from ..masks import GQA_POLICIES
-from ..pruning import METHODS, PruneConfig, PruneResult, check_budget, get_method, needs_data, plan_prune
+from ..pruning import (
+    METHODS,
+    PruneConfig,
+    PruneResult,
+    check_budget,
+    get_method,
+    needs_data,
+    plan_prune,
+)
 from ..pruning.base import LEARNED_GATE_METHODS
 from ..scoring.base import ABS_PER, NORMALIZE, OBJECTIVES
 from ..surgery import SlimResult, slim

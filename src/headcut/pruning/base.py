@@ -15,7 +15,14 @@ from ..errors import HeadcutError
 from ..evaluation import evaluate
 from ..gating import gated
 from ..masks import GQA_POLICIES, HeadMask
-from ..scoring.base import ABS_PER, NORMALIZE, OBJECTIVES, Batch, HeadScores, ScoreConfig
+from ..scoring.base import (
+    ABS_PER,
+    NORMALIZE,
+    OBJECTIVES,
+    Batch,
+    HeadScores,
+    ScoreConfig,
+)
 
 #: ``progress(phase, done, total)``: phase ``"prune"`` (heads removed of the most that may go),
 #: ``"score"`` and ``"eval"`` (batches of one scoring or evaluation pass); total None if unknown

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from .base import Method, RescoringRanker, ten_percent
 
-
 METHOD = Method(
     name="michel", summary="iterative: remove the lowest |dL/dg| heads in steps of 10 %, re-scoring each step "
     "(Michel et al.)", scorer="gradient", rescoring=True, inverse=False, default_step=ten_percent,

@@ -19,7 +19,14 @@ from torch import nn
 
 from ..masks import HeadMask
 from ..scoring.base import Batch
-from .base import Method, PruneConfig, PruneProgress, oriented, score_masked, ten_percent
+from .base import (
+    Method,
+    PruneConfig,
+    PruneProgress,
+    oriented,
+    score_masked,
+    ten_percent,
+)
 
 
 class OneShotRanker:

@@ -32,7 +32,15 @@ from torch import nn
 
 from ..adapters import Block
 from ..errors import HeadcutError
-from .base import Metric, PruneConfig, PruneProgress, PruneResult, Ranker, TrajectoryPoint, within_drop
+from .base import (
+    Metric,
+    PruneConfig,
+    PruneProgress,
+    PruneResult,
+    Ranker,
+    TrajectoryPoint,
+    within_drop,
+)
 from .units import (
     BlockSet,
     Move,
