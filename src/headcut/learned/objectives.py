@@ -52,6 +52,36 @@ def r_pass(phi: torch.Tensor, sparsity: float, hc: HardConcrete | None = None) -
     )
 
 
+def r_conc(phi: torch.Tensor, layers: list[torch.Tensor], hc: HardConcrete | None = None) -> torch.Tensor:
+    """PASSCONC's concentrator R_conc(Phi) = sum_l (1 - prod_h q0(phi_{l,h}))   (§3.3, eq. 9).
+
+    ``layers``: the indices into the flat ``phi`` of each layer's gates. A layer's term is 0 only when
+    every one of its gates is closed almost surely (the layer can be skipped).
+    """
+    hc = hc if hc is not None else HardConcrete()
+    q0 = hc.prob_closed(phi.reshape(-1))
+    return sum((1.0 - q0[idx].prod() for idx in layers), start=q0.new_zeros(()))
+
+
+def concentrator_weight(phi: torch.Tensor, sparsity: float, layers: list[torch.Tensor], lam: float,
+                        skip: torch.Tensor | None = None, hc: HardConcrete | None = None) -> float:
+    """The adaptive lambda_c of eq. 17: lam * min_i |dR_pass/dphi_i| / |dR_conc/dphi_i|.
+
+    The minimum runs over the gates not in ``skip`` (PASS's code leaves out the almost-surely closed
+    gates) whose concentrator gradient is not 0; 0.0 when there is none.
+    """
+    with torch.enable_grad():
+        p = phi.detach().reshape(-1).to(torch.float64).requires_grad_(True)
+        (g_pass,) = torch.autograd.grad(r_pass(p, sparsity, hc), p)
+        (g_conc,) = torch.autograd.grad(r_conc(p, layers, hc), p)
+    ok = g_conc.abs() > 0
+    if skip is not None:
+        ok &= ~skip.reshape(-1)
+    if not bool(ok.any()):
+        return 0.0
+    return float(lam * (g_pass.abs()[ok] / g_conc.abs()[ok]).min())
+
+
 def l0_penalty(phi: torch.Tensor, hc: HardConcrete | None = None) -> torch.Tensor:
     """Voita et al.'s relaxed L0 norm L_C(phi) = sum_h (1 - P(g_h = 0 | phi_h))   (DSP paper 000, eq. 22).
 

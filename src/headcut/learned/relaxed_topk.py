@@ -68,18 +68,15 @@ def hard_topk(r: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(r, requires_grad=False).index_fill(0, idx, 1.0)
 
 
-def straight_through_topk(w: torch.Tensor, k: int, tau: float,
-                          generator: torch.Generator | None = None) -> torch.Tensor:
-    """The STE baseline (§4.2.3): the hard top-K of the perturbed logits in the forward pass,
-    the gradient of the soft top-K (eq. 14-19, same noise, temperature ``tau``) in the backward pass.
+def straight_through_topk(w: torch.Tensor, k: int) -> torch.Tensor:
+    """The STE baseline (§4.2.3): the hard top-K of the importance logits ``w`` in the forward pass,
+    "back-propagated through as if it had been the identity function": d mask / d w = I.
 
-    Forward value: exactly 0/1 with K ones (hard + (soft - soft) adds an exact 0).
+    Forward value: exactly 0/1 with K ones (hard + (w - w) adds an exact 0). No Gumbel noise: the
+    paper replaces the Gumbel soft top-K by a hard top-K and its reference code draws none for STE.
     """
-    _check(w, k, tau)
-    r = w + gumbel_noise(w.shape, generator=generator, device=w.device, dtype=w.dtype)
-    soft = soft_topk(r, k, tau)
-    hard = hard_topk(r, k)
-    return hard + (soft - soft.detach())
+    _check(w, k, 1.0)
+    return hard_topk(w, k) + (w - w.detach())
 
 
 @dataclass(frozen=True)

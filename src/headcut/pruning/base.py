@@ -28,8 +28,8 @@ from ..scoring.base import (
 #: ``"score"`` and ``"eval"`` (batches of one scoring or evaluation pass); total None if unknown
 PruneProgress = Callable[[str, int, int | None], None]
 
-#: learned-gate methods of later work: named so that asking for one gets a clear answer
-LEARNED_GATE_METHODS = ("pass", "passconc", "dsp", "ste", "voita", "lag", "auber", "lottery")
+#: methods of later work: named so that asking for one gets a clear answer
+NOT_YET_METHODS = ("auber", "lottery")
 
 #: the fraction of heads one step removes by default (Michel et al.: 10 % of the heads per step)
 DEFAULT_STEP_FRACTION = 0.1
@@ -48,6 +48,8 @@ class PruneConfig:
     grouped-query policy (units and slimming). ``seed``: the random scorer's seed. ``normalize``
     (None = the method's default), ``abs_per`` and ``objective``: the scorer options of
     :class:`headcut.scoring.ScoreConfig`. ``trajectory``: evaluate after every step (needs a metric).
+    ``training``: the :class:`headcut.pruning.gate_training.LearnedOptions` of a learned-gate method
+    (None: its defaults).
     """
 
     method: str = "gradient"
@@ -63,6 +65,7 @@ class PruneConfig:
     abs_per: str = "example"
     objective: str = "loss"
     trajectory: bool = False
+    training: Any = None
 
     def validate(self) -> None:
         """One-line errors for values that cannot work (the method name is checked by the registry)."""
@@ -91,7 +94,10 @@ class PruneConfig:
                 raise HeadcutError(f"unknown --{name} {value!r}; choose one of {', '.join(v for v in valid if v)}")
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.training is not None and not isinstance(out["training"], dict):
+            out["training"] = self.training.to_json()
+        return out
 
 
 @dataclass
@@ -139,6 +145,7 @@ class PruneResult:
     target: int | None = None
     score_config: ScoreConfig | None = None
     slim: Any = None
+    training: Any = None
 
     @property
     def total_before(self) -> int:
@@ -170,6 +177,8 @@ class PruneResult:
         }
         if self.slim is not None:
             out["slim"] = self.slim.to_json()
+        if self.training is not None:
+            out["training"] = self.training.to_json()
         return out
 
 

@@ -15,8 +15,9 @@
   gates learn. Both flags are restored when :meth:`Trainer.train` returns.
 * **Optimizer.** AdamW with two parameter groups: model parameters at ``lr`` with ``weight_decay``,
   gate tensors at ``gate_lr`` with no weight decay (decay would pull gates towards closed). The LR
-  schedule (:func:`lr_factor`) scales both groups. Gradients of everything trained are clipped
-  together to ``max_grad_norm``.
+  schedule (:func:`lr_factor`) scales both groups. The gradients of each group are clipped to
+  ``max_grad_norm`` on their own (the gates' regulariser may be large, e.g. PASS's escalating lambda,
+  and must not shrink the model's step).
 * **Randomness.** The loop runs under ``torch.random.fork_rng``: the torch RNG (dropout, gate
   sampling in ``loss_fn``) is seeded with ``seed`` at the start and restored from the checkpoint on
   resume; the caller's RNG state is untouched.
@@ -29,6 +30,12 @@
   Checkpoints are read with ``torch.load(weights_only=True)``: they only hold tensors and plain
   Python values (log values are converted to numbers, strings or lists), so no pickle code runs even
   though these are our own files.
+* **After each step.** ``after_step(step)`` (1-based, called under ``torch.no_grad`` after the
+  optimizer step, inside the seeded RNG) may change the gates in place (PASS clips and re-opens them)
+  and returns log values for the step's history entry.
+* **Several processes** (``dist``, :mod:`headcut.distributed`): each process trains on its shard of the
+  batches and the gradients are averaged over the processes after every step's backward passes, so
+  all processes stay identical; only the main process writes checkpoints.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..distributed import Dist
 from ..errors import HeadcutError
 
 #: the checkpoint's file name under ``checkpoint_dir``
@@ -58,6 +66,7 @@ RESUME_MUST_MATCH = ("seed", "grad_accum", "shuffle", "mode")
 LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
 EvalFn = Callable[[int], dict[str, Any]]
 ProgressFn = Callable[[int, "int | None"], None]
+AfterStepFn = Callable[[int], "dict[str, Any] | None"]
 
 
 @dataclass
@@ -198,6 +207,9 @@ class Trainer:
     the optimizer step in progress; ``logs`` (numbers, tensors, strings) go into the history.
     ``eval_fn(step) -> dict``: called with the model in eval mode after every ``eval_every``-th step;
     its result is the step's ``eval`` entry. ``progress(done, total)``: called after every step.
+    ``after_step(step)``: see the module's doc. ``dist``: this process's place in a data-parallel run.
+    ``extra_state``: an object with ``state_dict()`` / ``load_state_dict(state)`` (tensors and plain
+    values) saved in and restored from checkpoints with the rest (a method's own state).
     """
 
     def __init__(
@@ -210,10 +222,23 @@ class Trainer:
         eval_fn: EvalFn | None = None,
         checkpoint_dir: str | Path | None = None,
         progress: ProgressFn | None = None,
+        after_step: AfterStepFn | None = None,
+        dist: Dist | None = None,
+        extra_state: Any = None,
     ) -> None:
         config.validate()
         if not train_batches:
             raise HeadcutError("no training batches")
+        self.dist = dist or Dist()
+        if self.dist.active:
+            shard = len(train_batches) // self.dist.world
+            if shard < 1:
+                raise HeadcutError(
+                    f"{len(train_batches)} batch(es) cannot be shared by {self.dist.world} processes"
+                )
+            train_batches = list(train_batches[self.dist.rank::self.dist.world])[:shard]
+        self.after_step = after_step
+        self.extra_state = extra_state
         self.model = model
         self.gates: list[torch.Tensor] = list(gate_params or [])
         for g in self.gates:
@@ -299,6 +324,7 @@ class Trainer:
             "history": self.history,
             "config": asdict(self.config),
             "num_batches": len(self.batches),
+            "extra": self.extra_state.state_dict() if self.extra_state is not None else None,
         }
         return state
 
@@ -306,8 +332,11 @@ class Trainer:
         """Write ``checkpoint.pt`` under ``checkpoint_dir`` atomically; returns its path."""
         if self.checkpoint_dir is None:
             raise HeadcutError("no checkpoint_dir was given")
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         dest = self.checkpoint_dir / CHECKPOINT_NAME
+        if not self.dist.main:
+            self.dist.barrier()
+            return dest
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.", suffix=".tmp", dir=self.checkpoint_dir)
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -319,6 +348,7 @@ class Trainer:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        self.dist.barrier()
         return dest
 
     def resume(self, path: str | Path | None = None) -> None:
@@ -366,6 +396,10 @@ class Trainer:
         self._rng_cpu = state["rng_cpu"]
         self._rng_cuda = state["rng_cuda"]
         self.history = list(state["history"])
+        if self.extra_state is not None:
+            if state.get("extra") is None:
+                raise HeadcutError(f"{path}: the checkpoint holds no state for this run's method")
+            self.extra_state.load_state_dict(state["extra"])
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -424,18 +458,34 @@ class Trainer:
                 (loss / cfg.grad_accum).backward()
                 loss_sum += float(loss.detach())
                 logs.append({k: _plain(v) for k, v in (extra or {}).items()})
+            if self.dist.active:
+                grads = []
+                for p in trained:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    grads.append(p.grad)
+                shared = torch.tensor([loss_sum])
+                self.dist.mean_(grads + [shared])
+                loss_sum = float(shared)
             entry: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch, "loss": loss_sum / cfg.grad_accum}
             entry["lr"] = lrs[0]
             if self.gates:
                 entry["gate_lr"] = lrs[1]
             if cfg.max_grad_norm is not None:
-                norm = torch.nn.utils.clip_grad_norm_(trained, cfg.max_grad_norm)
-                entry["grad_norm"] = float(norm)
+                # each group on its own: a large regulariser on the gates (PASS's escalating lambda) must
+                # not scale the model's gradient down to nothing
+                if self.model_params:
+                    entry["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model_params, cfg.max_grad_norm))
+                if self.gates:
+                    entry["gate_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.gates, cfg.max_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             entry.update(_merge_logs(logs))
+            if self.after_step is not None:
+                with torch.no_grad():
+                    entry.update({k: _plain(v) for k, v in (self.after_step(self.step) or {}).items()})
             if cfg.eval_every is not None and self.step % cfg.eval_every == 0 and self.eval_fn is not None:
                 self.model.eval()
                 entry["eval"] = _plain(dict(self.eval_fn(self.step)))

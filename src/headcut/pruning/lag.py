@@ -1,0 +1,58 @@
+"""``lag``: the Lagrangian-multiplier baseline of PASS (paper 004, §4.1.2; after Wang et al. 2020 and
+Xia et al. 2022).
+
+Hard Concrete gates (as PASS) sampled every step; the expected sparsity of the deterministic gates::
+
+    z_hat_i = min(1, max(0, sigmoid(phi_i) (zeta - gamma) + gamma))
+    s_hat = 1/|H| sum_i (1 - z_hat_i)
+
+is tied to the target s = 1 - K/|H| by::
+
+    R_lag = lambda_1 (s_hat - s) + lambda_2 (s_hat - s)^2
+
+with lambda_1, lambda_2 trainable and "optimized jointly in training": they start at 0 and take
+gradient *ascent* steps (the saddle point of a Lagrangian; their gradients are negated, so the shared
+AdamW step raises the penalty while the target is missed), at the gates' learning rate. The paper
+gives no learning rates for LAG; PASS's (0.5 BERT, 0.2 sequence-to-sequence) are used. Sparsity is
+met only in expectation; the final mask is the top-K heads by opening probability (§4.1.1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .gate_training import ConcreteLearner, Context, LearnedOptions, Slots
+
+
+class LAG(ConcreteLearner):
+    name = "lag"
+    summary = "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)"
+
+    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+        super().__init__(slots, k, options, ctx)
+        self.lambdas = torch.zeros(2, requires_grad=True)
+        self.lambdas.register_hook(lambda g: -g)  # gradient ascent on lambda_1, lambda_2
+
+    @staticmethod
+    def default_gate_lr(task: str) -> float:
+        return 0.2 if task == "seq2seq" else 0.5
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [self.phi, self.lambdas]
+
+    def expected_sparsity(self) -> torch.Tensor:
+        weight = self.slots.weight.to(torch.float32)
+        z_hat = self.hc.deterministic(self.phi)
+        return (weight * (1.0 - z_hat)).sum() / weight.sum()
+
+    def gates(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any]]:
+        gap = self.expected_sparsity() - self.sparsity
+        reg = self.lambdas[0] * gap + self.lambdas[1] * gap**2  # R_lag
+        logs = {"expected_sparsity": float(gap.detach()) + self.sparsity, "lambda_1": float(self.lambdas[0].detach()),
+                "lambda_2": float(self.lambdas[1].detach())}
+        return self.sample(), reg, logs
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {"target_sparsity": self.sparsity, "gate_lr": self.options.gate_lr, "lambda_lr": self.options.gate_lr}
