@@ -1,10 +1,11 @@
 """Benchmark: the learned-gate methods on the MiniLM Rotten Tomatoes classifier (72 heads).
 
     python benchmarks/learned_gates.py [--steps 250] [--ks 16,32] [--out results.json]
-        [--methods pass,passconc,dsp,dsp:pipelined,ste,voita,lag] [--bench-dir DIR]
+        [--methods pass,passconc,dsp,dsp:pipelined,ste,voita,lag]
+        [--baselines michel,gradient,michel+finetune,unpruned+finetune] [--bench-dir DIR]
 
-Every learned method trains for the same number of optimizer steps (default 250 = one epoch of the
-4,000 training snippets at batch 16) on the training rows and is evaluated on 1,000 held-out rows
+Every learned method trains for the same number of optimizer steps (default 250 at batch 8 = 2,000
+of the 4,000 training snippets) on the training rows and is evaluated on 1,000 held-out rows
 (the prune benchmark's). Baselines at the same K: michel and one-shot gradient (512 training rows
 as calibration, as in benchmarks/prune_methods.py; no training), michel followed by ``finetune``
 for the same steps, and the unpruned model fine-tuned for the same steps. With ``--bench-dir`` the

@@ -584,6 +584,11 @@ def prune_cmd(
                                   resume=resume, progress=on_done, on_step=show, dist=dist)
         loaded.to("cpu")
         run = result.training
+        last_open = run.history[-1].get("open") if run.history else None
+        if run.moved is None and last_open is not None and last_open != result.target:
+            notes.append(f"training ended with {last_open:g} heads open, not {result.target}: the gates had not "
+                         "converged, so keeping the top heads changed the trained model; more steps (--epochs, "
+                         "--max-steps) let them settle")
         if run.moved is not None:
             notes.append(f"{method} kept {run.own_kept:g} heads by its own rule (gate > 0.5); the adjustment to "
                          f"--keep {result.target} moved {run.moved} head(s)")
