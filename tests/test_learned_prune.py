@@ -23,6 +23,7 @@ from headcut.pruning.gate_training import Slots
 from headcut.pruning.pass_gates import PASS
 from headcut.pruning.units import block_sets
 
+
 def calibration_for(model: torch.nn.Module, n: int = 3) -> Calibration:
     # image models: headcut reads no image files, but the library trains on any labelled batches
     task = "classification" if "ViT" in type(model).__name__ else detect_task(model)

