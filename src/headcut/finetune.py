@@ -287,18 +287,10 @@ def finetune(
         def eval_fn(step: int) -> dict[str, Any]:
             return dict(evaluate(model, eval_calibration, bleu=False).metrics)
 
-    trainer: Trainer | None = None
-
-    def step_done(done: int, total: int | None) -> None:
-        if progress is not None:
-            progress(done, total)
-        if on_step is not None and trainer is not None and trainer.history:
-            on_step(trainer.history[-1])
-
     trainer = Trainer(
         model, None, train.batches, config.train_config(),
         loss_fn=make_loss(train.task, teacher, config.alpha, config.temperature),
-        eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=step_done, dist=dist,
+        eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
     )
     if resume:
         trainer.resume()

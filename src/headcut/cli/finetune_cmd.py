@@ -147,7 +147,7 @@ def finetune_cmd(
         float, typer.Option("--temperature", help="Distillation temperature (the usual default 2.0).", metavar="T")
     ] = 2.0,
     resume: Resume = False,
-    device: Device = "auto",
+    device: Device = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing non-empty --out (and a stale checkpoint folder).")
     ] = False,
@@ -197,7 +197,7 @@ def finetune_cmd(
             raise HeadcutError(f"--data and --eval-data are the same data ({why}): hold out part of the data for "
                                "--eval-data")
     dist = from_env()
-    torch_device = dist.device(device)
+    torch_device = dist.device(device or "auto")
     io.check_output(out, force)
     ckpt = check_resume(out, resume, force)
     if distill_from is not None:

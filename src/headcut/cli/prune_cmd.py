@@ -80,6 +80,7 @@ from .data_opts import (
 )
 from .train_opts import (
     CheckpointEvery,
+    Device,
     Epochs,
     EvalEvery,
     GradAccum,
@@ -461,10 +462,7 @@ def prune_cmd(
                                     "1,000, or steps/6 for a run under 6,000 steps).", metavar="N")
     ] = None,
     resume: Resume = False,
-    device: Annotated[
-        Optional[str], typer.Option("--device", help="Learned gates: train on auto (CUDA when available), cpu or "
-                                    "cuda; under accelerate launch each process takes its own GPU.")
-    ] = None,
+    device: Device = None,
     force: Annotated[
         bool, typer.Option("--force", help="Replace an existing non-empty --out (and trajectory files).")
     ] = False,

@@ -37,8 +37,8 @@ Resume = Annotated[
     bool, typer.Option("--resume", help="Continue an interrupted run from OUT.headcut-checkpoint/.")
 ]
 Device = Annotated[
-    str, typer.Option("--device", help="Train on auto (CUDA when available), cpu or cuda; under accelerate "
-                      "launch/torchrun each process takes its own GPU.")
+    Optional[str], typer.Option("--device", help="Train on auto (CUDA when available; the default), cpu or "
+                                "cuda; under accelerate launch/torchrun each process takes its own GPU.")
 ]
 
 

@@ -375,17 +375,9 @@ def train_gates(
         logs["open"] = slots.heads(learner.open_slots().cpu())
         return logs
 
-    trainer: Trainer | None = None
-
-    def step_done(done: int, total_now: int | None) -> None:
-        if progress is not None:
-            progress(done, total_now)
-        if on_step is not None and trainer is not None and trainer.history:
-            on_step(trainer.history[-1])
-
     trainer = Trainer(model, learner.parameters(), train.batches, tcfg, loss_fn=loss_fn, eval_fn=eval_fn,
-                      checkpoint_dir=checkpoint_dir, progress=step_done, after_step=after_step, dist=dist,
-                      extra_state=learner)
+                      checkpoint_dir=checkpoint_dir, progress=progress, after_step=after_step, dist=dist,
+                      extra_state=learner, on_step=on_step)
     resumed_from = None
     if resume:
         trainer.resume()

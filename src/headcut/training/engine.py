@@ -67,6 +67,7 @@ LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str
 EvalFn = Callable[[int], dict[str, Any]]
 ProgressFn = Callable[[int, "int | None"], None]
 AfterStepFn = Callable[[int], "dict[str, Any] | None"]
+StepFn = Callable[[dict[str, Any]], None]
 
 
 @dataclass
@@ -210,6 +211,7 @@ class Trainer:
     ``after_step(step)``: see the module's doc. ``dist``: this process's place in a data-parallel run.
     ``extra_state``: an object with ``state_dict()`` / ``load_state_dict(state)`` (tensors and plain
     values) saved in and restored from checkpoints with the rest (a method's own state).
+    ``on_step(entry)``: called after ``progress`` with the step's history entry.
     """
 
     def __init__(
@@ -225,6 +227,7 @@ class Trainer:
         after_step: AfterStepFn | None = None,
         dist: Dist | None = None,
         extra_state: Any = None,
+        on_step: StepFn | None = None,
     ) -> None:
         config.validate()
         if not train_batches:
@@ -250,6 +253,7 @@ class Trainer:
         self.eval_fn = eval_fn
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
         self.progress = progress
+        self.on_step = on_step
         self.total_steps = config.total_steps(len(train_batches))
         self.warmup_steps = config.warmup(self.total_steps)
 
@@ -493,6 +497,8 @@ class Trainer:
             self.history.append(entry)
             if self.progress is not None:
                 self.progress(self.step, self.total_steps)
+            if self.on_step is not None:
+                self.on_step(entry)
             if self.checkpoint_dir is not None and cfg.checkpoint_every is not None and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()
                 last_saved = self.step
