@@ -212,22 +212,22 @@ def test_unknown_gqa_policy(llama_dir, tmp_path):
 
 def test_existing_output_needs_force(bert_dir, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("user data")
     mask = write_mask(tmp_path, {"drop": {"self.0": [0]}})
+    assert run("export", bert_dir, "--mask", mask, "--out", out).exit_code == 0
+    first = digest(out)
     one_line_error(run("export", bert_dir, "--mask", mask, "--out", out), "--force")
-    assert (out / "keep.txt").read_text() == "user data"
-    ok = run("export", bert_dir, "--mask", mask, "--out", out, "--force")
+    assert digest(out) == first
+    mask2 = write_mask(tmp_path, {"drop": {"self.0": [0, 1]}})
+    ok = run("export", bert_dir, "--mask", mask2, "--out", out, "--force")
     assert ok.exit_code == 0, ok.output
-    assert not (out / "keep.txt").exists()
-    assert (out / "model.safetensors").is_file()
+    assert digest(out)["model.safetensors"] != first["model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mask.json", "out"]  # no temporary leftovers
 
 
 def test_interrupted_export_leaves_nothing(bert_dir, tmp_path, monkeypatch):
     real = hio.write_checkpoint
 
-    def interrupted(model, folder, source=None):
+    def interrupted(model, folder, source=None, trust_remote_code=False):
         real(model, folder, source)
         raise KeyboardInterrupt
 

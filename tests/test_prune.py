@@ -526,9 +526,15 @@ def test_cli_existing_output_needs_force(ckpts, data_dir, tmp_path):
     one_line_error(prune_cli(ckpts["bert"], data_dir, tmp_path / "o2", "--method", "gradient", "--keep", "4",
                              "--eval-data", data_dir / "dev.csv", "--trajectory", traj), "already exists")
     assert traj.read_text() == "old" and not (tmp_path / "o2").exists()
-    result = prune_cli(ckpts["bert"], data_dir, out, "--method", "gradient", "--keep", "4", "--force")
+    # --force replaces only what headcut wrote: the user's folder stays
+    one_line_error(prune_cli(ckpts["bert"], data_dir, out, "--method", "gradient", "--keep", "4", "--force"),
+                   "headcut did not write it", "keep.txt")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    out2 = tmp_path / "o3"
+    assert prune_cli(ckpts["bert"], data_dir, out2, "--method", "gradient", "--keep", "4").exit_code == 0
+    result = prune_cli(ckpts["bert"], data_dir, out2, "--method", "gradient", "--keep", "5", "--force")
     assert result.exit_code == 0, result.output
-    assert (out / "headcut-report.json").is_file() and not (out / "keep.txt").exists()
+    assert json.loads((out2 / "headcut-report.json").read_text())["heads"]["after"] == 5
 
 
 def test_cli_interrupt_leaves_no_output_and_no_trajectory(ckpts, data_dir, tmp_path, monkeypatch):

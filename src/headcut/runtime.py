@@ -31,8 +31,57 @@ from torch import nn
 RUNTIME_FORMAT = 1
 
 
+#: attributes a ``set`` op may change (head counts and sizes); a mixin's attributes start with ``_hc_``
+SET_ATTRS = frozenset({
+    "num_attention_heads", "all_head_size", "num_heads", "n_heads", "split_size", "num_key_value_groups",
+    "inner_dim",
+})
+
+
+class CutError(ValueError):
+    """A cut op that this runtime refuses (a damaged or crafted record)."""
+
+
 def _module(root: nn.Module, path: str) -> nn.Module:
-    return root.get_submodule(path) if path else root
+    """The submodule at ``path``, reached through named child modules only."""
+    if not isinstance(path, str):
+        raise CutError(f"headcut runtime: op path {path!r} is not a string")
+    mod = root
+    for part in path.split(".") if path else []:
+        child = mod._modules.get(part) if part and not part.startswith("_") else None
+        if not isinstance(child, nn.Module):
+            raise CutError(f"headcut runtime: {path!r} is not a path of child modules")
+        mod = child
+    return mod
+
+
+def _value_ok(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+
+
+def _check_attrs(attrs: Any, mixin: bool) -> dict[str, Any]:
+    if not isinstance(attrs, dict):
+        raise CutError("headcut runtime: op attrs must be an object")
+    for key, value in attrs.items():
+        allowed = key.startswith("_hc_") and not key.endswith("_") if mixin else key in SET_ATTRS
+        if not isinstance(key, str) or not allowed or not _value_ok(value):
+            raise CutError(f"headcut runtime: attribute {key!r} may not be set by a cut")
+    return attrs
+
+
+def _check_heads(mod: nn.Module, op: dict[str, Any], features: int) -> tuple[list[int], int, int]:
+    """Refuse head lists and sizes that do not fit the projection (before building any index)."""
+    heads, head_dim, sections = op.get("heads"), op.get("head_dim"), op.get("sections", 1)
+    ints = isinstance(heads, list) and all(isinstance(h, int) and not isinstance(h, bool) for h in heads)
+    sizes = all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (head_dim, sections))
+    if not (ints and sizes and hasattr(mod, "weight")):
+        raise CutError(f"headcut runtime: bad {op.get('op')} op at {op.get('path')!r}")
+    if features % sections or any(not 0 <= h < features // sections // head_dim for h in heads):
+        raise CutError(f"headcut runtime: {op.get('op')} op at {op.get('path')!r} names heads outside the "
+                       f"projection ({features} features)")
+    return heads, head_dim, sections
 
 
 def head_index(heads: list[int], head_dim: int, sections: int = 1, width: int = 0) -> torch.Tensor:
@@ -154,31 +203,38 @@ def apply_ops(root: nn.Module, ops: list[dict[str, Any]], mixins: dict[str, type
     """Apply cut ops to ``root`` (the model's ``base_model``)."""
     known = dict(RUNTIME_MIXINS)
     known.update(mixins or {})
+    if not isinstance(ops, list):
+        raise CutError("headcut runtime: ops must be a list")
     for op in ops:
-        kind = op["op"]
-        mod = _module(root, op["path"])
+        kind = op.get("op") if isinstance(op, dict) else None
+        if kind not in ("rows", "cols", "set", "mixin"):
+            raise CutError(f"headcut runtime: unknown op {kind!r}")
+        mod = _module(root, op.get("path"))
         if kind == "rows":
-            slice_rows(mod, op["heads"], op["head_dim"], op.get("sections", 1))
+            heads, head_dim, sections = _check_heads(mod, op, _out_features(mod))
+            slice_rows(mod, heads, head_dim, sections)
         elif kind == "cols":
-            slice_cols(mod, op["heads"], op["head_dim"])
+            in_features = mod.weight.shape[0] if _is_transposed(mod) else mod.weight.shape[1]
+            heads, head_dim, _ = _check_heads(mod, dict(op, sections=1), in_features)
+            slice_cols(mod, heads, head_dim)
         elif kind == "set":
-            for key, value in op["attrs"].items():
+            for key, value in _check_attrs(op.get("attrs"), mixin=False).items():
                 setattr(mod, key, value)
-        elif kind == "mixin":
-            if op["mixin"] not in known:
-                raise ValueError(f"headcut runtime: unknown mixin {op['mixin']!r}")
-            add_mixin(mod, known[op["mixin"]], op.get("attrs", {}))
         else:
-            raise ValueError(f"headcut runtime: unknown op {kind!r}")
+            if op.get("mixin") not in known:
+                raise CutError(f"headcut runtime: unknown mixin {op.get('mixin')!r}")
+            add_mixin(mod, known[op["mixin"]], _check_attrs(op.get("attrs", {}), mixin=True))
 
 
 def apply_cut(model: nn.Module, config: Any, mixins: dict[str, type] | None = None) -> None:
     """Apply the cut recorded in ``config.headcut`` to a model built from that config."""
     record = getattr(config, "headcut", None)
-    if not record:
+    if record is None:
         return
+    if not isinstance(record, dict) or not isinstance(record.get("runtime_format", RUNTIME_FORMAT), int):
+        raise CutError("headcut runtime: the headcut record in config.json is damaged")
     if record.get("runtime_format", RUNTIME_FORMAT) > RUNTIME_FORMAT:
-        raise ValueError("this model was saved by a newer headcut; upgrade headcut_runtime.py")
+        raise CutError("this model was saved by a newer headcut; upgrade headcut_runtime.py")
     if mixins is None:
         mixins = {k: v for k, v in globals().items() if isinstance(v, type) and k.startswith("Headcut")}
-    apply_ops(model.base_model, record["ops"], mixins)
+    apply_ops(model.base_model, record.get("ops"), mixins)

@@ -24,4 +24,7 @@ def main() -> None:
     # headcut draws its own progress bars; transformers' per-file loading bars would interleave
     transformers.utils.logging.disable_progress_bar()
     huggingface_hub.utils.disable_progress_bars()
+    from .common import stop_on_signals
+
+    stop_on_signals()
     app()

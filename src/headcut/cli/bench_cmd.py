@@ -35,6 +35,7 @@ from .common import (
     TrustRemote,
     console,
     handle_errors,
+    plan_outputs,
     write_json,
 )
 
@@ -178,6 +179,7 @@ def bench(
         console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     for model in models:  # refuse a missing folder before spending minutes on the others
         io.check_checkpoint(model, allow_pickle)
+    plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
     progress = Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=True,

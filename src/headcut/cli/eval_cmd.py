@@ -19,6 +19,7 @@ from .common import (
     batch_progress,
     console,
     handle_errors,
+    plan_outputs,
     write_json,
 )
 from .data_opts import (
@@ -101,6 +102,7 @@ def eval_(
         source_col=source_col, target_col=target_col, max_examples=max_examples, seq_len=seq_len,
         batch_size=batch_size, seed=seed,
     )
+    plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out})
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     calibration = read_calibration(model, loaded, config, trust_remote_code)
     progress, on_progress = batch_progress(f"evaluating ({calibration.task})", len(calibration.batches))

@@ -3,6 +3,7 @@ teacher; saves it the same way (``headcut-finetune.json`` inside it, written in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import shutil
@@ -18,9 +19,12 @@ from .. import __version__, io
 from ..distributed import from_env
 from ..errors import HeadcutError
 from ..evaluation import PRIMARY
+from ..data import DataConfig
 from ..finetune import FinetuneConfig, FinetuneResult, finetune
+from ..outputs import OutputDir, real_path
 from . import app
 from .common import (
+    FORCE_HELP,
     AllowPickle,
     JsonOut,
     ModelArg,
@@ -28,6 +32,8 @@ from .common import (
     TrustRemote,
     console,
     handle_errors,
+    local_input,
+    plan_outputs,
     write_json,
 )
 from .data_opts import (
@@ -56,8 +62,10 @@ from .train_opts import (
     Resume,
     WarmupSteps,
     check_resume,
+    checkpoint_dir_for,
     clear_stale,
     move_to,
+    resumable,
     training_progress,
 )
 
@@ -149,7 +157,7 @@ def finetune_cmd(
     resume: Resume = False,
     device: Device = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing non-empty --out (and a stale checkpoint folder).")
+        bool, typer.Option("--force", help=FORCE_HELP + " Also starts over from a stale checkpoint folder.")
     ] = False,
     split: Split = D.split,
     text_col: TextCol = None,
@@ -198,17 +206,36 @@ def finetune_cmd(
                                "--eval-data")
     dist = from_env()
     torch_device = dist.device(device or "auto")
-    io.check_output(out, force)
-    ckpt = check_resume(out, resume, force)
+    ckpt = checkpoint_dir_for(out)
+    target, _ = plan_outputs(
+        reads={"MODEL": model, "--data": data, "--eval-data": eval_data, "--distill-from": distill_from},
+        files={"--json": json_out}, out=out, force=force, checkpoint=ckpt,
+    )
+    assert target is not None
+    check_resume(out, resume, force)
     if distill_from is not None:
         io.check_checkpoint(distill_from, allow_pickle)
-    loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    with target if dist.main else contextlib.nullcontext():
+        _finetune_work(
+            model=model, config=config, data_cfg=data_cfg, eval_cfg=eval_cfg, out=out, target=target, ckpt=ckpt,
+            resume=resume, dist=dist, torch_device=torch_device, distill_from=distill_from, task=task,
+            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, json_out=json_out, arguments=arguments,
+            start=start,
+        )
+
+
+def _finetune_work(*, model: str, config: FinetuneConfig, data_cfg: DataConfig, eval_cfg: DataConfig | None,
+                   out: Path, target: OutputDir, ckpt: Path, resume: bool, dist: Any, torch_device: Any,
+                   distill_from: str | None, task: str | None, allow_pickle: bool, trust_remote_code: bool,
+                   json_out: str | None, arguments: dict[str, Any], start: float) -> None:
+    """The work of ``headcut finetune`` once every refusal has been made (the output is locked)."""
+    notes: list[str] = []
+    loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, notes=notes)
     teacher = None
     if distill_from is not None:
         teacher = io.load(distill_from, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     train = read_calibration(model, loaded, data_cfg, trust_remote_code)
     eval_cal = read_calibration(model, loaded, eval_cfg, trust_remote_code) if eval_cfg is not None else None
-    notes: list[str] = []
     for cal, what in ((train, "data"), (eval_cal, "eval data")):
         if cal is not None:
             notes += [f"{what}: {n}" for n in cal.notes]
@@ -222,14 +249,14 @@ def finetune_cmd(
     total = config.train_config().total_steps(max(shard, 1))
     metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
     progress, on_done, show = training_progress("fine-tuning", total, metric, dist)
-    with progress:
+    identity = {"model": _where(model), "teacher": _where(distill_from)}
+    with progress, resumable(out, ckpt, config.checkpoint_every, show) as on_step:
         result = finetune(loaded, train, config, teacher=teacher, eval_calibration=eval_cal, checkpoint_dir=ckpt,
-                          resume=resume, progress=on_done, on_step=show, dist=dist)
+                          resume=resume, progress=on_done, on_step=on_step, dist=dist, identity=identity)
     loaded.to("cpu")
     if not dist.main:
         return
-    local = Path(model).expanduser()
-    source = local if local.is_dir() else None
+    source = local_input(model)
     report: dict[str, Any] = {}
 
     def write_report(folder: Path) -> None:
@@ -240,7 +267,8 @@ def finetune_cmd(
         ))
         (folder / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
 
-    io.save(loaded, out, source=source, force=force, extra=write_report)
+    saved = io.save(loaded, target, source=source, extra=write_report, trust_remote_code=trust_remote_code)
+    notes += saved.notes
     shutil.rmtree(ckpt, ignore_errors=True)
     summary = result.summary()
     first, last = summary.get("first", {}), summary.get("last", {})
@@ -258,3 +286,11 @@ def finetune_cmd(
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     write_json(report, json_out)
+
+
+def _where(name: str | None) -> str | None:
+    """A model's identity for resume checks: its real path when local, else its name."""
+    if name is None:
+        return None
+    local = local_input(name)
+    return str(real_path(local)) if local is not None else name

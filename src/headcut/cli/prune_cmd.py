@@ -3,6 +3,7 @@ report (``headcut-report.json`` inside it, written in the same atomic save)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import importlib.util
@@ -35,6 +36,7 @@ from ..distributed import from_env
 from ..errors import HeadcutError
 from ..evaluation import PRIMARY
 from ..masks import GQA_POLICIES
+from ..outputs import OutputDir, OutputFile, real_path
 from ..pruning import (
     LEARNED,
     METHODS,
@@ -54,6 +56,7 @@ from ..scoring.base import ABS_PER, NORMALIZE, OBJECTIVES
 from ..surgery import SlimResult, slim
 from . import app
 from .common import (
+    FORCE_HELP,
     AllowPickle,
     JsonOut,
     ModelArg,
@@ -61,6 +64,8 @@ from .common import (
     TrustRemote,
     console,
     handle_errors,
+    local_input,
+    plan_outputs,
     write_json,
 )
 from .data_opts import (
@@ -88,8 +93,10 @@ from .train_opts import (
     Resume,
     WarmupSteps,
     check_resume,
+    checkpoint_dir_for,
     clear_stale,
     move_to,
+    resumable,
     training_progress,
 )
 
@@ -190,19 +197,13 @@ class PruneBars:
         self.progress.update(task, completed=done, total=max(total or done or 1, 1))
 
 
-def _trajectory_paths(trajectory: str | None, force: bool) -> tuple[Path, Path] | None:
+def _trajectory_csv(trajectory: str | None) -> Path | None:
     if trajectory is None:
         return None
     csv_path = Path(trajectory).expanduser()
     if csv_path.suffix.lower() != ".csv":
         raise HeadcutError(f"--trajectory must name a .csv file (a .png is written beside it), got {trajectory}")
-    if not csv_path.parent.is_dir():
-        raise HeadcutError(f"--trajectory folder does not exist: {csv_path.parent}")
-    png_path = csv_path.with_suffix(".png")
-    for p in (csv_path, png_path):
-        if p.exists() and not force:
-            raise HeadcutError(f"{p} already exists; pass --force to replace it")
-    return csv_path, png_path
+    return csv_path
 
 
 def write_trajectory_csv(path: Path, result: PruneResult) -> None:
@@ -244,10 +245,6 @@ def write_trajectory_png(path: Path, result: PruneResult, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
-
-
-def _temp_beside(path: Path) -> Path:
-    return path.with_name(f".{path.stem}.headcut-{os.getpid()}{path.suffix}")
 
 
 def _fmt(value: float | None) -> str:
@@ -464,7 +461,8 @@ def prune_cmd(
     resume: Resume = False,
     device: Device = None,
     force: Annotated[
-        bool, typer.Option("--force", help="Replace an existing non-empty --out (and trajectory files).")
+        bool, typer.Option("--force", help=FORCE_HELP + " Also replaces trajectory files and starts over from a "
+                           "stale checkpoint folder.")
     ] = False,
     split: Split = D.split,
     text_col: TextCol = None,
@@ -540,7 +538,7 @@ def prune_cmd(
         free = [m.name for m in METHODS.values() if not needs_data(m)]
         what = "training data with labels" if learned else "calibration data"
         raise HeadcutError(f"method {method} needs --data ({what}); {', '.join(free)} do not")
-    paths = _trajectory_paths(trajectory, force)
+    traj_csv = _trajectory_csv(trajectory)
     opts: dict[str, Any] = dict(
         text_col=text_col, text_pair_col=text_pair_col, label_col=label_col, source_col=source_col,
         target_col=target_col, max_examples=max_examples, seq_len=seq_len, batch_size=batch_size, seed=seed,
@@ -556,11 +554,37 @@ def prune_cmd(
             )
     dist = from_env()
     torch_device = dist.device(device or "auto") if learned else None
-    io.check_output(out, force)
-    ckpt = check_resume(out, resume, force) if learned else None
-    loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    check_budget(loaded, config)  # refuse an unreachable budget before reading data or scoring
+    ckpt = checkpoint_dir_for(out) if learned else None
+    target, files = plan_outputs(
+        reads={"MODEL": model, "--data": data, "--eval-data": eval_data},
+        files={"--json": json_out, "--trajectory": traj_csv,
+               "--trajectory (its PNG)": traj_csv.with_suffix(".png") if traj_csv is not None else None},
+        file_force={"--trajectory": True, "--trajectory (its PNG)": True},
+        out=out, force=force, checkpoint=ckpt,
+    )
+    assert target is not None
+    if ckpt is not None:
+        check_resume(out, resume, force)
+    with target if dist.main else contextlib.nullcontext():
+        _prune_work(
+            model=model, method=method, chosen=chosen, learned=learned, config=config, options=options,
+            data=data, data_cfg=data_cfg, eval_cfg=eval_cfg, out=out, target=target, files=files, ckpt=ckpt,
+            resume=resume, dist=dist, torch_device=torch_device, gqa=gqa, seed=seed, task=task,
+            allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, json_out=json_out, arguments=arguments,
+            start=start,
+        )
+
+
+def _prune_work(*, model: str, method: str, chosen: Any, learned: bool, config: PruneConfig,
+                options: LearnedOptions | None, data: str | None, data_cfg: DataConfig | None,
+                eval_cfg: DataConfig | None, out: Path, target: OutputDir, files: dict[str, OutputFile],
+                ckpt: Path | None, resume: bool, dist: Any, torch_device: Any, gqa: str, seed: int,
+                task: str | None, allow_pickle: bool, trust_remote_code: bool, json_out: str | None,
+                arguments: dict[str, Any], start: float) -> None:
+    """The work of ``headcut prune`` once every refusal has been made (the output is locked)."""
     notes: list[str] = []
+    loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, notes=notes)
+    check_budget(loaded, config)  # refuse an unreachable budget before reading data or scoring
     if data is not None and data_cfg is None:
         notes.append(f"method {method} reads no data: --data was not used")
     calibration = read_calibration(model, loaded, data_cfg, trust_remote_code) if data_cfg is not None else None
@@ -570,16 +594,17 @@ def prune_cmd(
             notes += [f"{what}: {n}" for n in cal.notes]
 
     # ---- the work
-    if learned and ckpt is not None and calibration is not None and torch_device is not None:
+    if learned and ckpt is not None and calibration is not None and torch_device is not None and options is not None:
         clear_stale(ckpt, resume, dist)
         move_to(loaded, torch_device)
         shard = len(calibration.batches) // dist.world
         total = options.train_config(options.mode or chosen.default_mode, seed).total_steps(max(shard, 1))
         metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
         progress, on_done, show = training_progress(f"training gates ({method})", total, metric, dist)
-        with progress:
+        with progress, resumable(out, ckpt, options.checkpoint_every, show) as on_step:
             result = plan_learned(loaded, calibration, config, eval_calibration=eval_cal, checkpoint_dir=ckpt,
-                                  resume=resume, progress=on_done, on_step=show, dist=dist)
+                                  resume=resume, progress=on_done, on_step=on_step, dist=dist,
+                                  identity={"model": str(real_path(model)) if local_input(model) else model})
         loaded.to("cpu")
         run = result.training
         last_open = run.history[-1].get("open") if run.history else None
@@ -599,16 +624,16 @@ def prune_cmd(
     notes += slimmed.notes
     if not dist.main:
         return
-    local = Path(model).expanduser()
-    source = local if local.is_dir() else None
+    source = local_input(model)
     temps: list[Path] = []
+    csv_file, png_file = files.get("--trajectory"), files.get("--trajectory (its PNG)")
     png_written = False
     try:
-        if paths is not None:
-            temps = [_temp_beside(paths[0])]
+        if csv_file is not None and png_file is not None:
+            temps = [csv_file.temp()]
             write_trajectory_csv(temps[0], result)
             if importlib.util.find_spec("matplotlib") is not None:
-                temps.append(_temp_beside(paths[1]))
+                temps.append(png_file.temp())
                 write_trajectory_png(temps[1], result, f"{Path(model).name}: {method}")
                 png_written = True
             else:
@@ -618,30 +643,31 @@ def prune_cmd(
         def write_report(folder: Path) -> None:
             report.update(build_report(
                 model=model, out=out, arguments=arguments, result=result, slimmed=slimmed,
-                size_before=weights_bytes(source), size_after=weights_bytes(folder),
+                size_before=weights_bytes(source if source is not None and source.is_dir() else None),
+                size_after=weights_bytes(folder),
                 data=calibration.to_json() if calibration is not None else None,
                 eval_data=eval_cal.to_json() if eval_cal is not None else None,
                 seconds=time.perf_counter() - start, notes=notes,
             ))
             (folder / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
 
-        io.save(loaded, out, source=source, force=force, extra=write_report)
+        saved = io.save(loaded, target, source=source, extra=write_report, trust_remote_code=trust_remote_code)
+        notes += saved.notes
         if ckpt is not None:
             shutil.rmtree(ckpt, ignore_errors=True)
-        if paths is not None:
-            for temp, final in zip(temps, paths):
-                os.replace(temp, final)
+        if csv_file is not None and png_file is not None:
+            for temp, final in zip(temps, (csv_file, png_file)):
+                final.commit(temp)
             temps = []
             if not png_written:
-                paths[1].unlink(missing_ok=True)  # a stale PNG of an earlier run (--force)
+                png_file.path.unlink(missing_ok=True)  # a stale PNG of an earlier run (--force)
     finally:
         for temp in temps:
             temp.unlink(missing_ok=True)
     print_summary(report, result)
-    if paths is not None:
-        png = f" and {paths[1]}" if png_written else ""
-        console.print(f"trajectory written to {paths[0]}{png}", highlight=False, markup=False, soft_wrap=True)
+    if csv_file is not None and png_file is not None:
+        png = f" and {png_file.path}" if png_written else ""
+        console.print(f"trajectory written to {csv_file.path}{png}", highlight=False, markup=False, soft_wrap=True)
     for note in notes:
         console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     write_json(report, json_out)
-

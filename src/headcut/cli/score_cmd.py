@@ -28,6 +28,7 @@ from .common import (
     batch_progress,
     console,
     handle_errors,
+    plan_outputs,
     write_json,
 )
 from .data_opts import (
@@ -117,7 +118,7 @@ def write_plot(path: str, blocks: list[Block], scores: HeadScores) -> None:
         ax.set_ylabel("layer")
         fig.colorbar(image, ax=ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
 
 
@@ -173,6 +174,7 @@ def score_cmd(
             source_col=source_col, target_col=target_col, max_examples=max_examples, seq_len=seq_len,
             batch_size=batch_size, seed=seed,
         )
+    _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     calibration = None
     if data_cfg is not None:
@@ -195,7 +197,14 @@ def score_cmd(
         for note in calibration.notes:
             console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     if plot is not None:
-        write_plot(plot, blocks, result)
+        png = files["--plot"]
+        tmp = png.temp()
+        try:
+            write_plot(str(tmp), blocks, result)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        png.commit(tmp)
         console.print(f"heatmap written to {plot}", highlight=False)
     out: dict[str, Any] = {"model": model, **result.to_json(), "config": config.to_json()}
     if calibration is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +15,7 @@ from ..masks import GQA_POLICIES, read_mask_file
 from ..surgery import slim
 from . import app
 from .common import (
+    FORCE_HELP,
     AllowPickle,
     JsonOut,
     ModelArg,
@@ -21,8 +23,13 @@ from .common import (
     TrustRemote,
     console,
     handle_errors,
+    local_input,
+    plan_outputs,
     write_json,
 )
+
+#: the report every output of ``headcut export`` holds (what was cut, and that headcut wrote it)
+EXPORT_REPORT = "headcut-report.json"
 
 
 @app.command()
@@ -35,6 +42,7 @@ def info(
     trust_remote_code: TrustRemote = False,
 ) -> None:
     """Show a model's attention blocks: name, kind, layer, heads, KV heads, head size; and its size."""
+    plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
     loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
     result = model_info(loaded)
     table = Table(title=f"{model}: {result.architecture} ({result.family})")
@@ -64,7 +72,7 @@ def export(
             "group), duplicate (any subset, KV heads copied), auto (group, else uniform).",
         ),
     ] = "auto",
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing non-empty --out.")] = False,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     json_out: JsonOut = None,
     task: Task = None,
     allow_pickle: AllowPickle = False,
@@ -75,17 +83,24 @@ def export(
         from ..errors import HeadcutError
 
         raise HeadcutError(f"unknown --gqa policy {gqa!r}; choose one of {', '.join(GQA_POLICIES)}")
+    target, _ = plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
     raw = read_mask_file(mask)
-    io.check_output(out, force)
-    loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    result = slim(loaded, raw, gqa=gqa)
-    io.save(loaded, out, source=model if Path(model).is_dir() else None, force=force)
+    with target:
+        loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+        result = slim(loaded, raw, gqa=gqa)
+        report = dict(result.to_json(), command="export", model=model, mask=raw, gqa=gqa, out=str(out))
+
+        def write_report(folder: Path) -> None:
+            (folder / EXPORT_REPORT).write_text(json.dumps(report, indent=2) + "\n")
+
+        saved = io.save(loaded, target, source=local_input(model), extra=write_report,
+                        trust_remote_code=trust_remote_code)
     console.print(
         f"kept {result.total_after} of {result.total_before} heads; parameters "
         f"{result.params_before:,} -> {result.params_after:,}; saved to {out}"
     )
     if result.unshared_params:
         console.print(f"note: unsharing weights added {result.unshared_params:,} parameters before the cut")
-    for note in result.notes:
-        console.print(f"note: {note}")
-    write_json(dict(result.to_json(), out=str(out)), json_out)
+    for note in result.notes + saved.notes:
+        console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    write_json(report, json_out)

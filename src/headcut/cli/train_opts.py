@@ -5,7 +5,9 @@ processes, and a progress bar that shows the loss, temperature/lambda, open head
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -15,7 +17,7 @@ from rich.progress import Progress
 
 from ..distributed import Dist
 from ..errors import HeadcutError
-from .common import batch_progress
+from .common import Interrupted, batch_progress
 
 #: suffix of the checkpoint folder beside ``--out``
 CHECKPOINT_SUFFIX = ".headcut-checkpoint"
@@ -65,6 +67,31 @@ def clear_stale(ckpt: Path, resume: bool, dist: Dist) -> None:
     if not resume and ckpt.exists() and dist.main:
         shutil.rmtree(ckpt)
     dist.barrier()
+
+
+@contextmanager
+def resumable(out: Path, ckpt: Path, every: int | None,
+              on_step: Callable[[dict[str, Any]], None]) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """Run a training stage so that an interruption (Ctrl-C, SIGTERM, SIGHUP) says how to resume it:
+    yields an ``on_step`` that also tracks the last checkpointed step."""
+    last: list[int | None] = [None]
+
+    def step(entry: dict[str, Any]) -> None:
+        if every and entry["step"] % every == 0:
+            last[0] = entry["step"]
+        on_step(entry)
+
+    try:
+        yield step
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        if (ckpt / "checkpoint.pt").is_file():
+            at = f"of step {last[0]} " if last[0] else ""
+            hint = (f"nothing was written to {out}; the checkpoint {at}is kept in {ckpt}: run the same command with "
+                    "--resume to continue")
+        else:
+            hint = f"nothing was written to {out}; no checkpoint had been written yet (one every {every} steps)"
+        raise Interrupted(signum, hint) from None
 
 
 def move_to(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -174,7 +174,7 @@ def plan_learned(
     model: nn.Module, calibration: CalibrationLike, config: PruneConfig, eval_calibration: Calibration | None = None,
     checkpoint_dir: str | Path | None = None, resume: bool = False,
     progress: Callable[[int, int | None], None] | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
-    dist: Dist | None = None,
+    dist: Dist | None = None, identity: dict[str, Any] | None = None,
 ) -> PruneResult:
     """Train the gates of the learned-gate method ``config.method`` on ``calibration`` (a Calibration
     with labels) and return the exact-K result; ``result.training`` is the :class:`GateRun` (history,
@@ -182,7 +182,8 @@ def plan_learned(
     are not removed (see :func:`prune`). ``eval_calibration``: metric before and after (with the final
     mask), and every ``training.eval_every`` steps. ``checkpoint_dir`` / ``resume``: the engine's
     checkpoints; ``progress(done, total)`` and ``on_step(history entry)`` after every step;
-    ``dist``: this process's place in a data-parallel run."""
+    ``dist``: this process's place in a data-parallel run; ``identity``: more of the run's identity for
+    its checkpoints (e.g. the model's path), so that a checkpoint of another run is not resumed."""
     sets, budget = check_budget(model, config)
     learner = get_method(config.method)
     if not is_learned(learner):
@@ -200,6 +201,7 @@ def plan_learned(
     result, run = train_gates(
         model, learner, sets, blocks, budget, calibration, config, options, eval_calibration=eval_calibration,
         checkpoint_dir=checkpoint_dir, resume=resume, progress=progress, on_step=on_step, dist=dist,
+        identity=identity,
     )
     plan_cuts(result.mask, blocks, config.gqa)
     result.training = run

@@ -324,7 +324,7 @@ def train_gates(
     train: Calibration, config: PruneConfig, options: LearnedOptions, eval_calibration: Calibration | None = None,
     checkpoint_dir: str | Path | None = None, resume: bool = False,
     progress: Callable[[int, int | None], None] | None = None, on_step: StepLog | None = None,
-    dist: Dist | None = None,
+    dist: Dist | None = None, identity: dict[str, Any] | None = None,
 ) -> tuple[PruneResult, GateRun]:
     """Train ``learner_cls``'s gates on ``model`` (in place: ``joint`` mode changes its weights) and
     return the exact-K result (mask, heads per block) and the run. The model is left in eval mode,
@@ -377,7 +377,11 @@ def train_gates(
 
     trainer = Trainer(model, learner.parameters(), train.batches, tcfg, loss_fn=loss_fn, eval_fn=eval_fn,
                       checkpoint_dir=checkpoint_dir, progress=progress, after_step=after_step, dist=dist,
-                      extra_state=learner, on_step=on_step)
+                      extra_state=learner, on_step=on_step, identity=dict(
+                          identity or {}, method=learner.name, target=k,
+                          prune={key: v for key, v in config.to_json().items() if key not in ("training", "trajectory")},
+                          options={"lam": options.lam, "cooldown": options.cooldown, "lambda_step": options.lambda_step},
+                      ))
     resumed_from = None
     if resume:
         trainer.resume()

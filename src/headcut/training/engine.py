@@ -29,7 +29,12 @@
   all of it, so a resumed run ends exactly where an uninterrupted one ends (bit for bit on CPU).
   Checkpoints are read with ``torch.load(weights_only=True)``: they only hold tensors and plain
   Python values (log values are converted to numbers, strings or lists), so no pickle code runs even
-  though these are our own files.
+  though these are our own files. A checkpoint also holds the run's identity (every config field but
+  the run's length and the eval/checkpoint cadence, a digest of the training batches and of the
+  model's parameter names and shapes, and the caller's ``identity``: method, teacher, model path);
+  :meth:`Trainer.resume` refuses a checkpoint whose identity differs and lists the differences, and a
+  damaged checkpoint file. While :meth:`Trainer.train` runs it holds a lock on ``checkpoint_dir``
+  (:class:`headcut.outputs.RunLock`), so a second trainer on the same folder is refused.
 * **After each step.** ``after_step(step)`` (1-based, called under ``torch.no_grad`` after the
   optimizer step, inside the seeded RNG) may change the gates in place (PASS clips and re-opens them)
   and returns log values for the step's history entry.
@@ -55,13 +60,15 @@ from torch import nn
 
 from ..distributed import Dist
 from ..errors import HeadcutError
+from ..outputs import RunLock, remove_stale
 
 #: the checkpoint's file name under ``checkpoint_dir``
 CHECKPOINT_NAME = "checkpoint.pt"
 #: version of the checkpoint layout
 CHECKPOINT_FORMAT = 1
-#: config fields that must match between a checkpoint and the run that resumes it
-RESUME_MUST_MATCH = ("seed", "grad_accum", "shuffle", "mode")
+#: config fields a resumed run may change (its length and how often it evaluates and checkpoints);
+#: every other field must match the checkpoint's
+RESUME_MAY_CHANGE = ("epochs", "max_steps", "eval_every", "checkpoint_every")
 
 LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
 EvalFn = Callable[[int], dict[str, Any]]
@@ -188,6 +195,42 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+def digest(tensors: Any) -> str:
+    """A SHA-256 digest of (nested dicts/lists of) tensors and plain values, in order."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def feed(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(value, dict):
+            for k in value:
+                h.update(str(k).encode())
+                feed(value[k])
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                feed(v)
+        else:
+            h.update(repr(value).encode())
+
+    feed(tensors)
+    return h.hexdigest()[:16]
+
+
+def _differences(saved: dict[str, Any], mine: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(mine)):
+        a, b = saved.get(key), mine.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {a!r} -> {b!r}")
+    return out
+
+
 def _merge_logs(logs: list[dict[str, Any]]) -> dict[str, Any]:
     """Numbers averaged over the micro-batches of a step; anything else: the last micro-batch's value."""
     merged: dict[str, Any] = {}
@@ -228,11 +271,13 @@ class Trainer:
         dist: Dist | None = None,
         extra_state: Any = None,
         on_step: StepFn | None = None,
+        identity: dict[str, Any] | None = None,
     ) -> None:
         config.validate()
         if not train_batches:
             raise HeadcutError("no training batches")
         self.dist = dist or Dist()
+        data_identity = {"batches": len(train_batches), "digest": digest(train_batches)}
         if self.dist.active:
             shard = len(train_batches) // self.dist.world
             if shard < 1:
@@ -287,6 +332,14 @@ class Trainer:
         self._rng_cuda: torch.Tensor | None = None
         self._in_loop = False
         self._device = next(iter(model.parameters())).device
+        shapes = {k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}
+        self.identity: dict[str, Any] = {
+            "config": {k: v for k, v in asdict(config).items() if k not in RESUME_MAY_CHANGE},
+            "data": data_identity,
+            "model": digest(shapes),
+            "gates": [list(g.shape) for g in self.gates],
+            **_plain(identity or {}),
+        }
 
     # -- data order -------------------------------------------------------------------------------
     def _draw_order(self) -> torch.Tensor:
@@ -328,6 +381,7 @@ class Trainer:
             "history": self.history,
             "config": asdict(self.config),
             "num_batches": len(self.batches),
+            "identity": self.identity,
             "extra": self.extra_state.state_dict() if self.extra_state is not None else None,
         }
         return state
@@ -341,7 +395,7 @@ class Trainer:
             self.dist.barrier()
             return dest
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.", suffix=".tmp", dir=self.checkpoint_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.headcut-tmp-{os.getpid()}-", dir=self.checkpoint_dir)
         try:
             with os.fdopen(fd, "wb") as fh:
                 torch.save(self.state(), fh)
@@ -358,8 +412,9 @@ class Trainer:
     def resume(self, path: str | Path | None = None) -> None:
         """Restore a checkpoint (a file, or a folder holding ``checkpoint.pt``; default: ``checkpoint_dir``)
         so that :meth:`train` continues where it stopped. The schedule's length comes from this
-        trainer's config, so a run may be resumed with a larger ``max_steps``; ``seed``,
-        ``grad_accum``, ``shuffle``, ``mode``, the number of batches and the gates must match."""
+        trainer's config, so a run may be resumed with another ``max_steps``/``epochs`` (and eval and
+        checkpoint cadence); everything else in the run's identity (see the module doc) must match,
+        or a one-line error lists what differs."""
         if path is None:
             if self.checkpoint_dir is None:
                 raise HeadcutError("resume needs a path or a checkpoint_dir")
@@ -370,44 +425,66 @@ class Trainer:
         if not path.is_file():
             raise HeadcutError(f"no checkpoint at {path}")
         # our own files, but weights_only=True still: they hold only tensors and plain values
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise HeadcutError(f"{path}: unknown checkpoint format {state.get('format')!r}")
-        mine = asdict(self.config)
-        for key in RESUME_MUST_MATCH:
-            if state["config"].get(key) != mine[key]:
-                raise HeadcutError(f"{path}: checkpoint has {key}={state['config'].get(key)!r}, this run {mine[key]!r}")
-        if state["num_batches"] != len(self.batches):
-            raise HeadcutError(f"{path}: checkpoint was trained on {state['num_batches']} batches, this run has {len(self.batches)}")
-        if [tuple(g.shape) for g in state["gates"]] != [tuple(g.shape) for g in self.gates]:
-            raise HeadcutError(f"{path}: the checkpoint's gate tensors do not match this run's")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, overwritten, or not a checkpoint at all
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
+                               "--resume (and with --force)") from None
+        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else None
+            raise HeadcutError(f"{path}: unknown checkpoint format {found!r}; start over without --resume")
+        missing = [k for k in ("model", "gates", "optimizer", "scheduler", "step", "identity", "history")
+                   if k not in state]
+        if missing:
+            raise HeadcutError(f"{path} is damaged (no {missing[0]!r}); start over without --resume")
+        changed = _differences(state["identity"], self.identity)
+        if changed:
+            shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
+            raise HeadcutError(f"{path} belongs to a run with other settings or data, so it cannot be resumed "
+                               f"by this one ({shown}); resume with the same settings, or start over without "
+                               "--resume")
         if state["step"] > self.total_steps:
             raise HeadcutError(f"{path}: checkpoint is at step {state['step']}, past this run's {self.total_steps} steps")
-        self.model.load_state_dict(state["model"])
-        with torch.no_grad():
-            for g, saved in zip(self.gates, state["gates"]):
-                g.copy_(saved)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        # the LRs of the next step from this run's schedule (its length may differ from the checkpoint's)
-        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
-            group["lr"] = base * fn(self.scheduler.last_epoch)
-        self.step = state["step"]
-        self.epoch = state["epoch"]
-        self.position = state["position"]
-        self.order = state["order"]
-        self.generator.set_state(state["generator"])
-        self._rng_cpu = state["rng_cpu"]
-        self._rng_cuda = state["rng_cuda"]
-        self.history = list(state["history"])
-        if self.extra_state is not None:
-            if state.get("extra") is None:
-                raise HeadcutError(f"{path}: the checkpoint holds no state for this run's method")
-            self.extra_state.load_state_dict(state["extra"])
+        try:
+            self.model.load_state_dict(state["model"])
+            with torch.no_grad():
+                for g, saved in zip(self.gates, state["gates"]):
+                    g.copy_(saved)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            # the LRs of the next step from this run's schedule (its length may differ from the checkpoint's)
+            for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+                group["lr"] = base * fn(self.scheduler.last_epoch)
+            self.step = state["step"]
+            self.epoch = state["epoch"]
+            self.position = state["position"]
+            self.order = state["order"]
+            self.generator.set_state(state["generator"])
+            self._rng_cpu = state["rng_cpu"]
+            self._rng_cuda = state["rng_cuda"]
+            self.history = list(state["history"])
+            if self.extra_state is not None:
+                if state.get("extra") is None:
+                    raise HeadcutError(f"{path}: the checkpoint holds no state for this run's method")
+                self.extra_state.load_state_dict(state["extra"])
+        except HeadcutError:
+            raise
+        except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
+                               "--resume") from None
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         """Run (or continue) training up to the configured number of steps."""
+        if self.checkpoint_dir is not None and self.dist.main:
+            with RunLock(self.checkpoint_dir, "training into"):
+                remove_stale(self.checkpoint_dir / CHECKPOINT_NAME)
+                return self._train()
+        return self._train()
+
+    def _train(self) -> TrainResult:
         start = time.perf_counter()
         was_training = self.model.training
         flags = [(p, p.requires_grad) for p in self.model.parameters()]
