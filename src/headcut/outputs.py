@@ -141,6 +141,23 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _usual_modes(folder: Path) -> None:
+    """Give a staged folder and its files the modes a plain ``mkdir``/``open`` would (temporary folders
+    and files are private while they are written)."""
+    mask = _umask()
+    with contextlib.suppress(OSError):
+        for p in folder.rglob("*"):
+            if p.is_file() and not p.is_symlink():
+                p.chmod(0o666 & ~mask)
+        folder.chmod(0o777 & ~mask)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -334,6 +351,7 @@ class OutputDir:
             raise
 
     def _commit(self, tmp: Path, final: Path) -> None:
+        _usual_modes(tmp)
         if final.is_dir() and any(final.iterdir()):
             self._existing_ok()
             old = final.with_name(f".{final.name}{OLD_TAG}{os.getpid()}-{os.urandom(4).hex()}")
@@ -387,6 +405,8 @@ class OutputFile:
         return final.with_name(f".{final.name}{TMP_TAG}{os.getpid()}-{os.urandom(4).hex()}{final.suffix}")
 
     def commit(self, tmp: Path) -> None:
+        with contextlib.suppress(OSError):
+            tmp.chmod(0o666 & ~_umask())
         try:
             os.replace(tmp, real_path(self.path))
         except OSError as exc:
