@@ -19,10 +19,11 @@ import json
 import time
 from pathlib import Path
 
+from headcut.finetune import FinetuneConfig, finetune
+
 import headcut
 from headcut import offline
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.finetune import FinetuneConfig, finetune
 from headcut.pruning import LearnedOptions, PruneConfig, plan_learned, plan_prune
 from headcut.pruning.gate_training import metric_of
 

@@ -7,7 +7,7 @@ import tempfile
 import pytest
 import torch
 import transformers as T
-from tiny_models import make_config, make_inputs, make_model, output_tensor
+from helpers import make_config, make_inputs, make_model, output_tensor
 
 import headcut
 

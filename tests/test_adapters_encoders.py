@@ -9,8 +9,7 @@ import tempfile
 import pytest
 import torch
 import transformers as T
-from test_surgery import ATOL, check_reload, forward
-from tiny_models import make_config, make_inputs
+from helpers import ATOL, check_reload, forward, make_config, make_inputs
 
 import headcut
 

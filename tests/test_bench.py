@@ -11,11 +11,11 @@ import sys
 
 import pytest
 import torch
-from tiny_models import make_model
+from helpers import make_model
 from typer.testing import CliRunner
 
 import headcut
-from headcut.bench import (
+from headcut.benchmark import (
     BenchConfig,
     BenchResult,
     bench,
@@ -242,8 +242,12 @@ def test_cli_json_file(ckpts, tmp_path):
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", ckpts["bert"], *CLI_FAST, "--json", str(out)])
     assert result.exit_code == 0, result.stderr
-    assert result.stdout == ""
-    assert json.loads(out.read_text())["models"][0]["heads"] == 8
+    # the result table on stdout (a single model: no speed-up or FLOP ratio, they need a baseline)
+    assert "median" in result.stdout and "speed-" not in result.stdout and "ratio" not in result.stdout
+    assert "{" not in result.stdout
+    data = json.loads(out.read_text())
+    assert data["models"][0]["heads"] == 8
+    assert data["models"][0]["speedup"] is None and data["models"][0]["flop_ratio"] is None
 
 
 @pytest.mark.parametrize(

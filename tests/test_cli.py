@@ -3,39 +3,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as T
-from tiny_models import make_inputs, make_model, output_tensor
-from typer.testing import CliRunner
+from helpers import digest, make_inputs, make_model, one_line_error, output_tensor, run
 
 import headcut
 from headcut import io as hio
-from headcut.cli import app
-
-runner = CliRunner()
-
-
-def run(*args: str):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles: str) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    text = result.stderr.strip()
-    assert len(text.splitlines()) == 1, text
-    assert text.startswith("error:"), text
-    for needle in needles:
-        assert needle in text, text
-    return text
-
-
-def digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bz2
-import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,19 @@ from typing import Any
 import pytest
 import torch
 import transformers as T
-from test_cli import one_line_error
-from tiny_models import V, make_config, make_model
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-from typer.testing import CliRunner
+from helpers import (
+    VOCAB,
+    cls_rows,
+    make_config,
+    make_model,
+    make_tokenizer,
+    one_line_error,
+    run,
+    save_tiny,
+    sentence,
+    write_rows,
+)
 
-from headcut.cli import app
 from headcut.data import (
     Calibration,
     DataConfig,
@@ -26,77 +32,6 @@ from headcut.data import (
     looks_local,
 )
 from headcut.errors import HeadcutError
-
-SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # ids 0..4: pad 0, bos 1, eos 2 as in tiny_models
-_BASE = (
-    "the a an movie film plot actor actress story scene good bad great awful fine dull fun boring love hate is was "
-    "and but not very really quite so too it this that with without of in on to for by from at as be been have has "
-    "had do does did will would can could should may might must i you he she we they me him her us them my your "
-    "his its our their what which who when where why how all any both each few more most other some such"
-).split()
-WORDS = (_BASE + [f"w{i}" for i in range(V)])[: V - len(SPECIALS)]
-VOCAB = {t: i for i, t in enumerate(SPECIALS + WORDS)}
-assert len(VOCAB) == V
-
-runner = CliRunner()
-
-
-def make_tokenizer() -> Any:
-    """A word-level tokenizer over the tiny models' 99 ids: [CLS] text [SEP] (pairs: token types 0/1)."""
-    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
-    )
-    return T.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
-        mask_token="[MASK]", bos_token="[CLS]", eos_token="[SEP]",
-        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
-    )
-
-
-def save_tiny(folder: Path, family: str, cls_name: str, tokenizer: bool = True, seed: int = 0,
-              **config: Any) -> Path:
-    """A tiny checkpoint folder (random weights) with the word-level tokenizer."""
-    model = make_model(family, cls_name, seed=seed)
-    for key, value in config.items():
-        setattr(model.config, key, value)
-    model.save_pretrained(folder)
-    if tokenizer:
-        make_tokenizer().save_pretrained(folder)
-    return folder
-
-
-def sentence(rng: torch.Generator, n: int) -> str:
-    return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (n,), generator=rng))
-
-
-def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
-    """Write records as csv, tsv, json (a list), jsonl or parquet, from the suffix."""
-    suffix = path.suffix
-    if suffix in (".csv", ".tsv"):
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if suffix == ".tsv" else ",")
-            w.writeheader()
-            w.writerows(rows)
-    elif suffix == ".json":
-        path.write_text(json.dumps(rows))
-    elif suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    elif suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    else:
-        raise ValueError(suffix)
-    return path
-
-
-def cls_rows(n: int = 20, seed: int = 0) -> list[dict[str, Any]]:
-    g = torch.Generator().manual_seed(seed)
-    return [{"text": sentence(g, 3 + i % 5), "label": i % 3} for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -522,7 +457,7 @@ def test_datasets_name_offline_is_a_one_line_error(tmp_path, tok, bert_cls, monk
     with pytest.raises(HeadcutError, match="cannot load the datasets dataset 'glue:sst2' \\(split 'validation'\\)"):
         calib(bert_cls, tok, "glue:sst2", split="validation")
     model = save_tiny(tmp_path / "m", "bert", "BertForSequenceClassification")
-    result = runner.invoke(app, ["eval", str(model), "--data", "glue:sst2", "--split", "validation"])
+    result = run("eval", model, "--data", "glue:sst2", "--split", "validation")
     one_line_error(result, "cannot load the datasets dataset 'glue:sst2'")
 
 
@@ -548,3 +483,111 @@ def test_masked_lm_skips_texts_with_nothing_to_mask(tmp_path, tok):
     p.write_text('{"text": ""}\n{"text": "good movie"}\n')
     c = calib(make_model("bert", "BertForMaskedLM"), tok, p)
     assert c.examples == 1 and c.notes == ["skipped 1 example without tokens to score"]
+
+
+# ----------------------------------------------------------------------------- datasets given in memory
+
+
+def same_batches(a: Calibration, b: Calibration) -> bool:
+    return len(a.batches) == len(b.batches) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x) for x, y in zip(a.batches, b.batches)
+    )
+
+
+def test_in_memory_dataset_gives_the_same_batches_as_a_file(tmp_path, tok, bert_cls):
+    import datasets
+
+    rows = cls_rows(20)
+    kw: dict[str, Any] = {"batch_size": 8, "seed": 3, "max_examples": 15}
+    from_file = calib(bert_cls, tok, write_rows(tmp_path / "d.csv", rows), **kw)
+    c = load_calibration(bert_cls, tok, DataConfig(path="", **kw), dataset=datasets.Dataset.from_list(rows))
+    assert same_batches(c, from_file)
+    assert c.source == "<datasets.Dataset of 20 rows>" and c.to_json()["source"] == c.source
+    assert (c.examples, c.columns, c.notes, c.tokens, c.scored_tokens) == (
+        from_file.examples, from_file.columns, from_file.notes, from_file.tokens, from_file.scored_tokens)
+    # config.path is ignored; a dataset formatted for torch is read as plain values
+    torch_ds = datasets.Dataset.from_list(rows).with_format("torch")
+    assert same_batches(load_calibration(bert_cls, tok, DataConfig(path="nope.csv", **kw), dataset=torch_ds), c)
+
+
+def test_in_memory_list_of_rows_and_other_tasks(tmp_path, tok):
+    g = torch.Generator().manual_seed(0)
+    rows = [{"text": sentence(g, 2 + i % 6), "source": sentence(g, 3), "target": sentence(g, 4)} for i in range(12)]
+    for family, cls_name in (("bert", "BertForMaskedLM"), ("gpt2", "GPT2LMHeadModel"),
+                             ("t5", "T5ForConditionalGeneration")):
+        model = make_model(family, cls_name)
+        from_file = calib(model, tok, write_rows(tmp_path / "d.jsonl", rows), batch_size=5, seq_len=16)
+        c = load_calibration(model, tok, DataConfig(path="", batch_size=5, seq_len=16), dataset=rows)
+        assert same_batches(c, from_file), cls_name
+        assert c.source == "<list of 12 rows>" and c.references == from_file.references
+    # a causal LM gets one example per row from memory (blocks are cut from .txt files only)
+    c = load_calibration(make_model("gpt2", "GPT2LMHeadModel"), tok, DataConfig(path="", seq_len=64),
+                         dataset=[{"text": "good movie"}, {"text": "bad plot and dull actor"}])
+    assert c.examples == 2 and sorted(int(m.sum()) for m in c.batches[0]["attention_mask"]) == [4, 7]
+
+
+def test_in_memory_dataset_dict_uses_the_split(tok, bert_cls):
+    import datasets
+
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(cls_rows(20)),
+                               "validation": datasets.Dataset.from_list(cls_rows(6, seed=1))})
+    c = load_calibration(bert_cls, tok, DataConfig(path="", split="validation"), dataset=dd)
+    assert c.examples == 6 and c.source == "<datasets.DatasetDict['validation'] of 6 rows>"
+    assert load_calibration(bert_cls, tok, DataConfig(path=""), dataset=dd).examples == 20
+    with pytest.raises(HeadcutError, match=r"DatasetDict has no split 'test' \(its splits: 'train', 'validation'\)"):
+        load_calibration(bert_cls, tok, DataConfig(path="", split="test"), dataset=dd)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (42, "dataset must be a datasets.Dataset, a datasets.DatasetDict or a list of dict rows, not int"),
+    ("reviews.csv", "a list of dict rows, not str"),
+    ({"text": ["good"], "label": [1]}, "a list of dict rows, not dict"),
+    ([], "the list of rows is empty"),
+    ([{"text": "good", "label": 1}, "bad"], "dataset rows must be dicts \\(column -> value\\); row 2 is str"),
+    ([{"text": "good", "label": 1}, {"text": 5, "label": "x"}], "cannot make a dataset of the list of rows: "),
+    ("empty-dataset", "<datasets.Dataset of 0 rows> has no examples"),
+    ("no-text-column", "<list of 1 row> has no text column"),
+])
+def test_bad_in_memory_datasets_are_one_line_errors(tok, bert_cls, bad, message):
+    import datasets
+
+    if bad == "empty-dataset":
+        bad = datasets.Dataset.from_dict({"text": [], "label": []})
+    elif bad == "no-text-column":
+        bad = [{"words": "good", "label": 1}]
+    with pytest.raises(HeadcutError, match=message) as info:
+        load_calibration(bert_cls, tok, DataConfig(path=""), dataset=bad)
+    assert len(str(info.value).splitlines()) == 1
+    with pytest.raises(HeadcutError, match="no data given"):  # without a dataset the path is still needed
+        load_calibration(bert_cls, tok, DataConfig(path=""))
+
+
+# ------------------------------------------------------------------------------------ package layout
+
+
+def test_light_modules_import_no_heavy_packages():
+    import subprocess
+    import sys
+
+    import headcut.data
+
+    src = Path(headcut.data.__file__).parents[1]  # headcut/ itself imports torch: load only the light modules
+    code = (
+        "import sys, types; pkg = types.ModuleType('headcut'); pkg.__path__ = [%r]; sys.modules['headcut'] = pkg\n"
+        "import headcut.sources, headcut.data.config\n"
+        "from headcut.data import DataConfig, looks_local, TEXT_COLUMNS, COMPRESSIONS, FILE_FORMATS\n"
+        "heavy = [m for m in ('torch', 'transformers', 'datasets', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "from headcut.data import Calibration, load_calibration\n"
+        "assert 'torch' in sys.modules and Calibration.__module__ == 'headcut.data.tasks'\n"
+    ) % str(src)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_file_formats_match_the_suffixes_of_sources():
+    from headcut.data.config import COMPRESSIONS, FILE_FORMATS
+    from headcut.sources import COMPRESSIONS as SOURCE_COMPRESSIONS
+    from headcut.sources import DATA_SUFFIXES
+
+    assert tuple(FILE_FORMATS) == DATA_SUFFIXES and COMPRESSIONS == SOURCE_COMPRESSIONS

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_data import cls_rows, save_tiny, write_rows
+from helpers import cls_rows, save_tiny, write_rows
 
 import headcut
 

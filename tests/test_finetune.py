@@ -9,17 +9,26 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as T
+from helpers import (
+    cls_rows,
+    make_config,
+    make_model,
+    make_tokenizer,
+    one_line_error,
+    run,
+    save_tiny,
+    sentence,
+    write_rows,
+)
 from safetensors.torch import load_file
-from test_cli import one_line_error, run
-from test_data import cls_rows, make_tokenizer, save_tiny, sentence, write_rows
-from tiny_models import make_config, make_model
 
 import headcut
-from headcut.cli.finetune_cmd import REPORT_NAME
-from headcut.cli.train_opts import checkpoint_dir_for
+from headcut.config import FinetuneConfig
 from headcut.data import DataConfig, load_calibration
 from headcut.errors import HeadcutError
-from headcut.finetune import FinetuneConfig, finetune, kl_to_teacher
+from headcut.finetuning import finetune, kl_to_teacher
+from headcut.outputs import checkpoint_dir_for
+from headcut.reports import FINETUNE_REPORT as REPORT_NAME
 from headcut.training import engine
 
 CLS = "BertForSequenceClassification"
@@ -159,4 +168,4 @@ def test_config_validation():
         FinetuneConfig(max_steps=1, alpha=2.0).validate()
     with pytest.raises(HeadcutError, match="temperature"):
         FinetuneConfig(max_steps=1, temperature=0.0).validate()
-    assert FinetuneConfig().train_config().epochs == 3
+    assert FinetuneConfig().resolved().epochs == 3 and FinetuneConfig(max_steps=5).resolved().epochs is None

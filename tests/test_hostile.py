@@ -20,16 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 from safetensors.torch import load_file, save_file
-from test_cli import one_line_error, run
-from test_data import cls_rows, save_tiny, write_rows
 
 import headcut
 from headcut import io as hio
 from headcut import outputs
-from headcut.cli.train_opts import checkpoint_dir_for
 from headcut.errors import HeadcutError
-from headcut.outputs import RunLock
+from headcut.outputs import RunLock, checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"
 REPO = Path(__file__).resolve().parent.parent
@@ -251,8 +249,9 @@ def test_two_finetunes_sharing_a_checkpoint_folder_refused(model_dir, data, tmp_
 
 
 def test_trainer_refuses_a_checkpoint_folder_in_use(model_dir, data, tmp_path):
+    from headcut.config import FinetuneConfig
     from headcut.data import DataConfig, load_calibration, load_tokenizer
-    from headcut.finetune import FinetuneConfig, finetune
+    from headcut.finetuning import finetune
 
     model = headcut.load(model_dir)
     cal = load_calibration(model, load_tokenizer(str(model_dir)), DataConfig(path=str(data["train"]), batch_size=8))
@@ -377,8 +376,9 @@ def test_crafted_config_size_is_refused_before_allocation(model_dir, tmp_path):
 
 def test_runtime_refuses_crafted_ops_on_its_own():
     """The runtime copied beside saved models (run under trust_remote_code) checks what it is given."""
+    from helpers import make_model
+
     from headcut import runtime
-    from tiny_models import make_model
 
     model = make_model("bert", "BertModel")
     for op in ({"op": "set", "path": "encoder", "attrs": {"__class__": int}},
@@ -473,7 +473,7 @@ def _interrupted_finetune(model_dir, data, out, monkeypatch, *extra: str) -> Non
     real = engine.Trainer.save_checkpoint
 
     def stop_after_first(self):
-        path = real(self)
+        real(self)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(engine.Trainer, "save_checkpoint", stop_after_first)
@@ -572,7 +572,7 @@ from pathlib import Path
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 sys.path.insert(0, {tests!r})
-from tiny_models import make_inputs, make_model
+from helpers import make_inputs, make_model
 import headcut
 from headcut.errors import HeadcutError
 

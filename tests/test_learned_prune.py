@@ -9,19 +9,32 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import one_line_error, run
-from test_data import cls_rows, save_tiny, write_rows
-from test_prune import CASES, _check_units
-from test_scoring import loss_class, make_batch
-from tiny_models import FAMILIES, make_model
+from helpers import (
+    CASES,
+    FAMILIES,
+    check_units,
+    cls_rows,
+    loss_class,
+    make_batch,
+    make_model,
+    one_line_error,
+    run,
+    save_tiny,
+    write_rows,
+)
 
 import headcut
-from headcut.cli.train_opts import checkpoint_dir_for
+from headcut.catalog import METHODS
 from headcut.data import Calibration, detect_task
-from headcut.pruning import LEARNED, LearnedOptions, PruneConfig, plan_learned, prune
-from headcut.pruning.gate_training import Slots
-from headcut.pruning.pass_gates import PASS
+from headcut.outputs import checkpoint_dir_for
+from headcut.pruning import PruneConfig, plan_prune, prune
+from headcut.pruning.gate_training import GateOptions, Slots
+from headcut.pruning.pass_gates import PASS, PassOptions
 from headcut.pruning.units import block_sets
+
+LEARNED = [m.name for m in METHODS.values() if m.kind == "learned"]
+#: every family once (with the learned methods in turn), and every method on BERT
+FAMILY_METHOD = sorted({(f, LEARNED[i % len(LEARNED)]) for i, f in enumerate(FAMILIES)} | {("bert", m) for m in LEARNED})
 
 
 def calibration_for(model: torch.nn.Module, n: int = 3) -> Calibration:
@@ -35,8 +48,7 @@ def total_heads(model: torch.nn.Module) -> int:
     return sum(b.heads for b in headcut.model_blocks(model))
 
 
-@pytest.mark.parametrize("method", list(LEARNED))
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family,method", FAMILY_METHOD)
 def test_every_method_ends_with_exactly_k_heads_on_every_family(family, method):
     model = make_model(family, loss_class(family))
     cal = calibration_for(model)
@@ -44,8 +56,8 @@ def test_every_method_ends_with_exactly_k_heads_on_every_family(family, method):
     keep = total // 2 if family != "albert" else 6  # ALBERT: 3 sharing layers lose a head together
     if family in ("llama", "qwen2", "mistral"):
         keep = 9  # whole KV groups of 3 (--gqa auto)
-    options = LearnedOptions(max_steps=4, mode="pipelined" if method == "ste" else None)
-    result = prune(model, cal, PruneConfig(method=method, keep=keep, training=options))
+    options = {"max_steps": 4, "mode": "pipelined" if method == "ste" else None}
+    result = prune(model, cal, PruneConfig(method=method, keep=keep), options)
     assert result.total_after == keep == result.slim.total_after
     assert sum(b.heads for b in headcut.model_blocks(model)) == keep
     assert result.training.steps == 4 and len(result.training.history) == 4
@@ -59,9 +71,9 @@ def test_units_are_honoured(case, method):
     kind, gqa, keep = CASES[case]
     model = make_model(*kind)
     cal = calibration_for(model)
-    result = prune(model, cal, PruneConfig(method=method, keep=keep, gqa=gqa, training=LearnedOptions(max_steps=3)))
+    result = prune(model, cal, PruneConfig(method=method, keep=keep, gqa=gqa), {"max_steps": 3})
     assert result.total_after == keep
-    _check_units(case, model, result.mask, result)
+    check_units(case, model, result.mask, result)
 
 
 def test_slots_share_albert_heads_and_kv_groups():
@@ -81,8 +93,8 @@ def test_slots_share_albert_heads_and_kv_groups():
 def _bert_run(tmp_path: Path, method: str, steps: int):
     model = make_model("bert", "BertForSequenceClassification")
     cal = calibration_for(model, n=4)
-    config = PruneConfig(method=method, keep=3, training=LearnedOptions(max_steps=steps), seed=3)
-    return model, plan_learned(model, cal, config, checkpoint_dir=tmp_path)
+    config = PruneConfig(method=method, keep=3, seed=3)
+    return model, plan_prune(model, cal, config, {"max_steps": steps}, checkpoint_dir=tmp_path)
 
 
 @pytest.mark.parametrize("method", ["pass", "passconc", "dsp", "lag"])
@@ -94,26 +106,22 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, method):
     # and learner resume from it
     partial_model = make_model("bert", "BertForSequenceClassification")
     cal = calibration_for(partial_model, n=4)
-    from headcut.pruning import check_budget
-    from headcut.pruning.gate_training import train_gates
-    config = PruneConfig(method=method, keep=3, seed=3, training=LearnedOptions(max_steps=steps, checkpoint_every=5))
-    sets, budget = check_budget(partial_model, config)
+    config = PruneConfig(method=method, keep=3, seed=3)
 
     class Stop(Exception):
         pass
 
-    def stop_after_five(done: int, total: int | None) -> None:
-        if done == 6:  # before step 6's checkpoint
+    def stop_after_five(phase: str, done: int, total: int | None) -> None:
+        if phase == "train" and done == 6:  # before step 6's checkpoint
             raise Stop
 
     with pytest.raises(Stop):
-        train_gates(partial_model, LEARNED[method], sets, headcut.model_blocks(partial_model), budget, cal, config,
-                    config.training, checkpoint_dir=tmp_path / "part", progress=stop_after_five)
+        plan_prune(partial_model, cal, config, {"max_steps": steps, "checkpoint_every": 5},
+                   checkpoint_dir=tmp_path / "part", progress=stop_after_five)
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["step"] == 5
     resumed_model = make_model("bert", "BertForSequenceClassification")
-    resumed = plan_learned(resumed_model, calibration_for(resumed_model, n=4),
-                           PruneConfig(method=method, keep=3, seed=3, training=LearnedOptions(max_steps=steps)),
-                           checkpoint_dir=tmp_path / "part", resume=True)
+    resumed = plan_prune(resumed_model, calibration_for(resumed_model, n=4), PruneConfig(method=method, keep=3, seed=3),
+                         {"max_steps": steps, "checkpoint_every": 5}, checkpoint_dir=tmp_path / "part", resume=True)
     assert resumed.training.resumed_from == 5 and resumed.training.steps == steps
     assert resumed.mask.keep == full.mask.keep
     assert [h["loss"] for h in resumed.training.history] == [h["loss"] for h in full.training.history]
@@ -124,19 +132,18 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, method):
 def test_pipelined_leaves_the_model_weights_alone():
     model = make_model("bert", "BertForSequenceClassification")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    plan_learned(model, calibration_for(model), PruneConfig(method="dsp", keep=3,
-                 training=LearnedOptions(mode="pipelined", max_steps=5)))
+    plan_prune(model, calibration_for(model), PruneConfig(method="dsp", keep=3), {"mode": "pipelined", "max_steps": 5})
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     joint = make_model("bert", "BertForSequenceClassification")
-    plan_learned(joint, calibration_for(joint), PruneConfig(method="dsp", keep=3,
-                 training=LearnedOptions(mode="joint", max_steps=5, lr=1e-3)))
+    plan_prune(joint, calibration_for(joint), PruneConfig(method="dsp", keep=3),
+               {"mode": "joint", "max_steps": 5, "lr": 1e-3})
     assert any(not torch.equal(before[k], v) for k, v in joint.state_dict().items())
 
 
 def test_dsp_mask_sums_to_k_and_anneals():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_learned(model, calibration_for(model), PruneConfig(method="dsp", keep=3,
-                          training=LearnedOptions(max_steps=20, cooldown=10)))
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="dsp", keep=3),
+                        {"max_steps": 20, "cooldown": 10})
     taus = [h["tau"] for h in result.training.history]
     assert taus[0] == pytest.approx(1000.0) and taus[10] == pytest.approx(1e-8) and taus[-1] == pytest.approx(1e-8)
     assert all(a > b for a, b in zip(taus[:10], taus[1:11]))  # log-linear cooling (eq. 24)
@@ -158,7 +165,7 @@ def _pass_learner(phi: list[float], k: int, lambda_step: int = 2) -> PASS:
     model = make_model("bert", "BertForSequenceClassification")
     slots = Slots.from_sets(block_sets(headcut.model_blocks(model)))
     ctx = Context(model=model, batches=[make_batch(model)], task="classification", total_steps=100, seed=0)
-    learner = PASS(slots, k, LearnedOptions(lambda_step=lambda_step, gate_lr=0.5), ctx)
+    learner = PASS(slots, k, PassOptions(lambda_step=lambda_step, gate_lr=0.5), ctx)
     with torch.no_grad():
         learner.phi.copy_(torch.tensor(phi))
     return learner
@@ -192,8 +199,8 @@ def test_pass_lambda_grows_only_while_the_target_is_missed():
 
 def test_pass_drives_gates_to_almost_sure_sparsity():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_learned(model, calibration_for(model), PruneConfig(method="pass", keep=3,
-                          training=LearnedOptions(mode="pipelined", max_steps=60, lambda_step=4)))
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="pass", keep=3),
+                        {"mode": "pipelined", "max_steps": 60, "lambda_step": 4})
     hist = result.training.history
     assert result.training.hyperparameters["n_step"] == 4
     assert hist[-1]["lambda"] > hist[0]["lambda"]
@@ -223,8 +230,8 @@ def test_passconc_weight_is_eq_17_and_r_conc_vanishes_on_closed_layers():
 
 def test_passconc_concentrates_in_its_window():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_learned(model, calibration_for(model), PruneConfig(method="passconc", keep=3,
-                          training=LearnedOptions(mode="pipelined", max_steps=30, lambda_step=4)))
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="passconc", keep=3),
+                        {"mode": "pipelined", "max_steps": 30, "lambda_step": 4})
     hist = result.training.history
     assert result.training.hyperparameters["conc_window"] == [8, 20]
     active = [h["step"] for h in hist if h["lambda_c"] > 0]
@@ -239,7 +246,7 @@ def test_lag_multipliers_ascend():
     model = make_model("bert", "BertForSequenceClassification")
     slots = Slots.from_sets(block_sets(headcut.model_blocks(model)))
     ctx = Context(model=model, batches=[make_batch(model)], task="classification", total_steps=10, seed=0)
-    learner = LAG(slots, 2, LearnedOptions(), ctx)  # target sparsity 0.75, gates start half open
+    learner = LAG(slots, 2, GateOptions(), ctx)  # target sparsity 0.75, gates start half open
     _, reg, logs = learner.gates(0)
     assert logs["expected_sparsity"] < 0.75
     reg.backward()
@@ -249,16 +256,14 @@ def test_lag_multipliers_ascend():
 
 def test_voita_reports_the_adjustment():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_learned(model, calibration_for(model), PruneConfig(method="voita", keep=2,
-                          training=LearnedOptions(max_steps=5, lam=0.0)))
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=2), {"max_steps": 5, "lam": 0.0})
     run = result.training
     assert run.own_kept is not None and run.moved == abs(run.own_kept - 2)
 
 
 def test_ste_forward_is_exactly_k_heads():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_learned(model, calibration_for(model), PruneConfig(method="ste", keep=3,
-                          training=LearnedOptions(max_steps=6)))
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="ste", keep=3), {"max_steps": 6})
     assert all(h["open"] == 3 for h in result.training.history)
 
 
@@ -267,12 +272,15 @@ def test_learned_methods_refuse_score_flags():
     cal = calibration_for(model)
     from headcut.errors import HeadcutError
 
-    for config in (PruneConfig(method="pass", keep=3, max_drop=0.1), PruneConfig(method="dsp", keep=3, step=2),
-                   PruneConfig(method="voita", keep=3, trajectory=True)):
+    for config in (PruneConfig(method="pass", keep=3, max_drop=0.1), PruneConfig(method="voita", keep=3, trajectory=True)):
         with pytest.raises(HeadcutError, match="score-based"):
-            plan_learned(model, cal, config)
+            plan_prune(model, cal, config)
+    with pytest.raises(HeadcutError, match="--step does not apply to dsp"):
+        plan_prune(model, cal, PruneConfig(method="dsp", keep=3), {"step": 2})
     with pytest.raises(HeadcutError, match="keeps every head"):
-        plan_learned(model, cal, PruneConfig(method="pass", keep=8))
+        plan_prune(model, cal, PruneConfig(method="pass", keep=8))
+    with pytest.raises(HeadcutError, match="trains on a Calibration"):
+        plan_prune(model, None, PruneConfig(method="pass", keep=3))
 
 
 # ------------------------------------------------------------------------------------- the CLI
@@ -342,11 +350,12 @@ def test_cli_resume_finishes_an_interrupted_prune(tiny_dir, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("extra,needle", [
     (["--method", "pass", "--keep", "3", "--max-drop", "0.1", "--eval-data", "DEV"], "score-based"),
-    (["--method", "pass", "--keep", "3", "--lambda", "0.1"], "--lambda applies to voita"),
-    (["--method", "dsp", "--keep", "3", "--lambda-step", "5"], "--lambda-step applies to pass"),
-    (["--method", "michel", "--keep", "3", "--max-steps", "5"], "--max-steps applies to the learned-gate"),
-    (["--method", "pass", "--keep", "3", "--normalize", "layer"], "--normalize applies to the score-based"),
-    (["--method", "pass", "--keep", "3", "--mode", "both"], "--mode must be joint or pipelined"),
+    (["--method", "pass", "--keep", "3", "--lambda", "0.1"], "--lambda does not apply to pass"),
+    (["--method", "dsp", "--keep", "3", "--lambda-step", "5"], "--lambda-step does not apply to dsp"),
+    (["--method", "michel", "--keep", "3", "--max-steps", "5"], "--max-steps does not apply to michel"),
+    (["--method", "pass", "--keep", "3", "--normalize", "layer"], "--normalize does not apply to pass"),
+    (["--method", "pass", "--keep", "3", "--mode", "both"], "unknown --mode 'both'"),
+    (["--method", "michel", "--keep", "3", "--resume"], "--resume applies to the learned-gate methods"),
     (["--method", "pass", "--keep", "3", "--resume"], "no checkpoint"),
     (["--method", "pass", "--keep", "3", "--epochs", "1", "--max-steps", "3"], "not both"),
     (["--method", "pass", "--keep", "3", "--eval-every", "2"], "--eval-every needs --eval-data"),

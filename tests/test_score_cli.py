@@ -6,8 +6,7 @@ import importlib.util
 import json
 
 import pytest
-from test_cli import one_line_error, run
-from test_data import save_tiny, write_rows
+from helpers import one_line_error, run, save_tiny, write_rows
 
 import headcut
 
@@ -62,7 +61,7 @@ def test_data_scorer_without_data(classifier):
 
 def test_bad_option_values(classifier, cal):
     one_line_error(run("score", classifier, "--data", cal, "--normalize", "x"), "normalize")
-    one_line_error(run("score", classifier, "--data", cal, "--abs-per", "x"), "abs_per")
+    one_line_error(run("score", classifier, "--data", cal, "--abs-per", "x"), "--abs-per")
 
 
 def test_plot(classifier, tmp_path):

@@ -7,68 +7,14 @@ import math
 
 import pytest
 import torch
-from tiny_models import CLASSES, FAMILIES, V, make_model
+from helpers import CLASSES, FAMILIES, V, loss_class, make_batch, make_model
 
 import headcut
 from headcut.gating import HeadGates
-from headcut.scoring import SCORERS, HeadScores, ScoreConfig, score
+from headcut.scoring import SCORERS, HeadScores, ScoreConfig, get_scorer, score
 from headcut.scoring.attention_maps import eager_attention, maps_by_block
 from headcut.scoring.entropy import rectified_entropy
 from headcut.scoring.gradient import per_example_gate_grads
-
-
-def is_base_model(name: str) -> bool:
-    """A bare model class without a task head (and so without a loss)."""
-    return name.endswith("Model") and not name.endswith(("LMHeadModel", "MTModel"))
-
-
-def loss_class(family: str) -> str:
-    """The first class of the family that has a loss."""
-    return next(name for name in CLASSES[family] if not is_base_model(name))
-
-
-def make_batch(model: torch.nn.Module, batch: int = 3, length: int = 8, seed: int = 0, pad: int = 0,
-               dec_length: int = 5) -> dict[str, torch.Tensor]:
-    """Random inputs with right padding (example i loses i tokens) and labels for the model's task;
-    ``pad`` extra padding columns (and extra ignored label columns) at the end."""
-    g = torch.Generator().manual_seed(seed)
-    name = type(model).__name__
-    base_model = is_base_model(name)
-    if "ViT" in name:
-        pixels = {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
-        return pixels if base_model else dict(pixels, labels=torch.randint(0, 3, (batch,), generator=g))
-    ids = torch.randint(3, V, (batch, length), generator=g)
-    mask = torch.ones(batch, length, dtype=torch.long)
-    for i in range(1, batch):
-        mask[i, length - i:] = 0
-    ids = ids.masked_fill(mask == 0, 0)
-    if model.config.is_encoder_decoder and name.endswith("ForSequenceClassification"):
-        ids[torch.arange(batch), mask.sum(dim=1) - 1] = model.config.eos_token_id  # BART reads the eos state
-    out: dict[str, torch.Tensor] = {}
-    labels = None
-    if base_model:
-        pass
-    elif name.endswith("ForSequenceClassification"):
-        labels = torch.randint(0, 3, (batch,), generator=g)
-    elif name.endswith(("ForCausalLM", "LMHeadModel")):
-        labels = ids.masked_fill(mask == 0, -100)
-    elif name.endswith("ForMaskedLM"):
-        labels = torch.full_like(ids, -100)
-        labels[:, 1:3] = ids[:, 1:3]
-    else:  # seq2seq: target ids with -100 padding
-        labels = torch.randint(3, V, (batch, dec_length), generator=g)
-        for i in range(1, batch):
-            labels[i, dec_length - i:] = -100
-        labels = torch.cat([labels, torch.full((batch, pad), -100)], dim=1)
-    if pad:
-        ids = torch.cat([ids, torch.zeros(batch, pad, dtype=ids.dtype)], dim=1)
-        mask = torch.cat([mask, torch.zeros(batch, pad, dtype=mask.dtype)], dim=1)
-        if labels is not None and labels.dim() == 2 and labels.shape[1] == length:
-            labels = torch.cat([labels, torch.full((batch, pad), -100)], dim=1)
-    out.update(input_ids=ids, attention_mask=mask)
-    if labels is not None:
-        out["labels"] = labels
-    return out
 
 
 def finite(scores: HeadScores) -> bool:
@@ -471,7 +417,7 @@ def test_normalize_layer_gives_unit_norm_per_block(name):
         factor = math.sqrt(sum(v * v for v in raw.blocks[block]))
         assert values == pytest.approx([v / factor for v in raw.blocks[block]], rel=1e-6)
         assert result.kv_groups[block] == pytest.approx([v / factor for v in raw.kv_groups[block]], rel=1e-6)
-    sign = 1 if SCORERS[name].higher_is_important else -1
+    sign = 1 if get_scorer(name).higher_is_important else -1
     assert result.importance() == {k: [sign * v for v in vs] for k, vs in result.blocks.items()}
 
 
@@ -488,11 +434,12 @@ def test_errors_name_the_choices():
         score(model, [], "gradient")
     classifier = make_model("bert", "BertForSequenceClassification")
     unlabelled = {k: v for k, v in make_batch(classifier).items() if k != "labels"}
-    for name in ("gradient", "gnorm"):
+    for config in (ScoreConfig(scorer="gradient"), ScoreConfig(scorer="gnorm", objective="loss")):
         with pytest.raises(headcut.HeadcutError, match="loss"):
-            score(classifier, [unlabelled], name)
-    assert finite(score(classifier, [unlabelled], ScoreConfig(scorer="gnorm", objective="logits-norm")))
-    with pytest.raises(headcut.HeadcutError, match="abs_per"):
+            score(classifier, [unlabelled], config)
+    # Greedy-Gnorm's own objective, the logits' norm, needs no labels (the default)
+    assert finite(score(classifier, [unlabelled], "gnorm"))
+    with pytest.raises(headcut.HeadcutError, match="abs-per"):
         score(model, None, ScoreConfig(scorer="magnitude", abs_per="token"))
     with pytest.raises(headcut.HeadcutError, match="objective"):
         score(model, None, ScoreConfig(scorer="gnorm", objective="accuracy"))

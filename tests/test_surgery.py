@@ -9,27 +9,13 @@ import tempfile
 
 import pytest
 import torch
-import transformers as T
+from helpers import ATOL, CLASSES, FAMILIES, GENERATORS, check_reload, forward, make_inputs, make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tiny_models import (
-    CLASSES,
-    FAMILIES,
-    GENERATORS,
-    make_inputs,
-    make_model,
-    output_tensor,
-)
 
 import headcut
 
-ATOL = 1e-5
 CASES = [(f, c) for f in FAMILIES for c in CLASSES[f]]
-
-
-def forward(model, inputs):
-    with torch.no_grad():
-        return output_tensor(model(**inputs))
 
 
 def draw_mask(data, blocks) -> dict:
@@ -42,28 +28,6 @@ def draw_mask(data, blocks) -> dict:
     full = (empty + 1 + data.draw(st.integers(0, len(blocks) - 2), label="full block")) % len(blocks)
     keep[blocks[full].name] = list(range(blocks[full].heads))
     return {"keep": keep}
-
-
-def auto_class_for(model) -> type:
-    name = type(model).__name__.removeprefix("Headcut")
-    for auto_name in dir(T):
-        auto = getattr(T, auto_name)
-        names = getattr(getattr(auto, "_model_mapping", None), "_model_mapping", None)
-        if auto_name.startswith("AutoModel") and isinstance(names, dict) and names.get(model.config.model_type) == name:
-            return auto
-    raise AssertionError(f"no Auto class loads {name}")
-
-
-def check_reload(model, inputs, expected):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = f"{tmp}/slim"
-        headcut.save(model, out)
-        again = headcut.load(out)
-        assert type(again).__name__.removeprefix("Headcut") == type(model).__name__.removeprefix("Headcut")
-        assert torch.allclose(forward(again, inputs), expected, atol=ATOL, rtol=0)
-        remote = auto_class_for(model).from_pretrained(out, trust_remote_code=True).eval()
-        assert torch.allclose(forward(remote, inputs), expected, atol=ATOL, rtol=0)
-        assert headcut.info(remote).total_heads == headcut.info(model).total_heads
 
 
 @pytest.mark.parametrize("family,cls_name", CASES)

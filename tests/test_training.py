@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 import transformers as T
-from tiny_models import V, make_config
+from helpers import V, make_config
 
 from headcut.errors import HeadcutError
 from headcut.gating import HeadGates
@@ -132,7 +132,7 @@ def test_parameter_groups_learning_rates() -> None:
 
     with pytest.raises(HeadcutError, match="pipelined"):
         Trainer(model, None, batches, TrainConfig(max_steps=1, mode="pipelined"))
-    with pytest.raises(HeadcutError, match="exactly one"):
+    with pytest.raises(HeadcutError, match="not both"):
         Trainer(model, None, batches, TrainConfig(max_steps=1, epochs=1))
 
 

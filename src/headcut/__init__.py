@@ -1,31 +1,67 @@
 """headcut: remove attention heads from transformer checkpoints, exactly.
 
-Python API (the CLI is a thin layer over it)::
+The Python API mirrors the command line (:mod:`headcut.api`)::
 
     import headcut
+    res = headcut.prune("model/", method="pass", keep=16, data="train.csv", eval_data="dev.csv", seed=0)
+    res.model, res.mask, res.report     # slimmed model, kept heads, the report `--json` writes
+    res.save("slim/")                    # what `headcut prune --out slim/` writes
+    scores = headcut.score("model/", scorer="gnorm", data="cal.csv")
+    headcut.finetune("slim/", data="train.csv", teacher="model/", max_steps=500).save("slim-ft/")
+    headcut.evaluate("slim/", data="dev.csv").value
+    headcut.export("model/", {"drop": {"self.0": [1, 2]}}).save("cut/")
+    headcut.bench(["model/", "slim/"], device="cpu").results
+
+and the building blocks::
+
     model = headcut.load("model/")                       # safetensors only, unless allow_pickle
-    print(headcut.info(model).total_heads)
     with headcut.gated(model, {"drop": {"self.0": [1, 2]}}):
         ...                                             # heads masked, nothing removed
     headcut.slim(model, {"drop": {"self.0": [1, 2]}})    # heads physically removed
-    headcut.prune(model, calibration, headcut.PruneConfig(method="greedy-gnorm", keep=48))  # choose + slim
     headcut.save(model, "slim/", source="model/")       # loads back with headcut.load or transformers
-    headcut.bench(["model/", "slim/"], headcut.BenchConfig(device="cpu"))
+
+Names are imported on first use, so ``import headcut`` (and the command line's ``--help`` and shell
+completion) does not load torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .bench import BenchConfig, BenchResult, bench, bench_model  # noqa: E402
-from .errors import HeadcutError  # noqa: E402
-from .gating import HeadGates, gated  # noqa: E402
-from .info import ModelInfo, info  # noqa: E402
-from .io import load, save  # noqa: E402
-from .masks import HeadMask, read_mask_file, resolve_mask  # noqa: E402
-from .pruning import PruneConfig, PruneResult, plan_prune, prune  # noqa: E402
-from .surgery import SlimResult, count_params, model_blocks, slim  # noqa: E402
+#: public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    # the commands
+    "prune": "headcut.api", "score": "headcut.api", "finetune": "headcut.api", "evaluate": "headcut.api",
+    "export": "headcut.api", "bench": "headcut.api", "info": "headcut.api",
+    "Pruned": "headcut.api", "Scores": "headcut.api", "Finetuned": "headcut.api", "Evaluation": "headcut.api",
+    "Exported": "headcut.api", "Benchmark": "headcut.api",
+    # building blocks
+    "load": "headcut.io", "save": "headcut.io", "SavedModel": "headcut.io",
+    "gated": "headcut.gating", "HeadGates": "headcut.gating",
+    "slim": "headcut.surgery", "SlimResult": "headcut.surgery", "count_params": "headcut.surgery",
+    "model_blocks": "headcut.surgery",
+    "HeadMask": "headcut.masks", "read_mask_file": "headcut.masks", "resolve_mask": "headcut.masks",
+    "ModelInfo": "headcut.modelinfo", "BenchResult": "headcut.benchmark", "PruneResult": "headcut.pruning",
+    # configurations
+    "PruneConfig": "headcut.config", "ScoreConfig": "headcut.config", "TrainConfig": "headcut.config",
+    "FinetuneConfig": "headcut.config", "BenchConfig": "headcut.config", "DataConfig": "headcut.data",
+    "HeadcutError": "headcut.errors",
+}
 
-__all__ = [
-    "BenchConfig", "BenchResult", "bench", "bench_model", "HeadGates", "HeadMask", "HeadcutError", "ModelInfo", "SlimResult", "count_params", "gated", "info",
-    "load", "model_blocks", "plan_prune", "prune", "PruneConfig", "PruneResult", "read_mask_file", "resolve_mask",
-    "save", "slim", "__version__",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'headcut' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import inspect
 import json
-import pickle
 import os
+import pickle
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,11 @@ from torch import nn
 
 from . import runtime
 from .adapters import adapter_for, adapter_for_config, runtime_mixins
+from .catalog import TASKS
 from .errors import HeadcutError
 from .outputs import OutputDir, check_paths, inside
 from .record import check_record, expected_values
+from .sources import looks_like_path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".pkl")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -42,16 +45,6 @@ HEADCUT_FILES = ("modeling_headcut.py", "headcut_runtime.py")
 #: new task head) is refused before anything is allocated
 SIZE_SLACK = 2
 SIZE_MARGIN = 1 << 24
-
-#: ``--task`` values and the Auto class each one loads with
-TASKS: dict[str, str] = {
-    "base": "AutoModel",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "masked-lm": "AutoModelForMaskedLM",
-    "causal-lm": "AutoModelForCausalLM",
-    "seq2seq-lm": "AutoModelForSeq2SeqLM",
-    "image-classification": "AutoModelForImageClassification",
-}
 
 #: files of a source checkpoint that a saved model takes along (tokenizer, processor, generation and
 #: special-token files, licences); nothing else is copied, never code
@@ -63,11 +56,6 @@ SIDE_FILES = frozenset({
     "video_preprocessor_config.json", "generation_config.json", "LICENSE", "LICENSE.txt", "LICENSE.md", "NOTICE",
     "NOTICE.txt",
 })
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether ``name`` is meant as a local path: a Hub id is "name" or "org/name"."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or "\\" in name
 
 
 def link_root(folder: Path) -> Path:
@@ -188,6 +176,28 @@ def cut_class(cls: type) -> type:
     return type(f"Headcut{cls.__name__}", (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' and the Hub's own loading bars and LOAD REPORT tables off for the block (headcut
+    reports what it loads in its own words); their settings are restored afterwards."""
+    import huggingface_hub
+
+    logging = transformers.utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    hub_bars = not huggingface_hub.utils.are_progress_bars_disabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+        if hub_bars:
+            huggingface_hub.utils.enable_progress_bars()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -225,6 +235,23 @@ def _check_loading(model: nn.Module, config: Any, info: dict[str, Any], path: st
             notes.append(f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({shown(unexpected)})")
 
 
+def set_labels(config: Any, cls: type, labels: list[str], path: str | Path) -> None:
+    """Give a new sequence-classification head of ``cls`` the label names ``labels``."""
+    own = getattr(config, "architectures", None) or []
+    if not cls.__name__.endswith("ForSequenceClassification"):
+        raise HeadcutError(f"--labels names the classes of a new classification head: load {path} with --task "
+                           "sequence-classification")
+    if any(name.endswith("ForSequenceClassification") for name in own):
+        raise HeadcutError(f"--labels is for a new classification head, and {path} has one already (labels: "
+                           f"{', '.join(map(str, config.id2label.values()))})")
+    names = [str(label).strip() for label in labels]
+    if len(names) < 2 or len(set(names)) != len(names) or not all(names):
+        raise HeadcutError(f"--labels needs two or more distinct names, got {','.join(names)!r}")
+    config.num_labels = len(names)
+    config.id2label = dict(enumerate(names))
+    config.label2id = {name: i for i, name in enumerate(names)}
+
+
 def load(
     path: str | Path,
     task: str | None = None,
@@ -235,6 +262,7 @@ def load(
     device: str | None = None,
     attn_implementation: str | None = None,
     notes: list[str] | None = None,
+    labels: list[str] | None = None,
 ) -> nn.Module:
     """Load a checkpoint (original or slimmed by headcut) for a supported family, in eval mode.
 
@@ -247,11 +275,14 @@ def load(
     :mod:`headcut.record`) and the size its config describes is compared with its weights' headers.
     Missing, unexpected or mis-shaped tensors are refused (a different ``task`` than the checkpoint's
     own may add a new head: ``notes`` then says which tensors were initialised at random).
+    ``labels``: the label names of a new sequence-classification head (``task`` sequence-classification
+    on a checkpoint without one), so data with string labels maps onto it.
     """
     local = check_checkpoint(path, allow_pickle)
     source = str(local) if local is not None else str(path)
     try:
-        config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        with quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as exc:  # a damaged or crafted config.json: any parse error is the user's input
         raise HeadcutError(f"cannot read the config of {path}: {_first_line(exc)}") from None
     has_cut = getattr(config, "headcut", None) is not None
@@ -259,6 +290,8 @@ def load(
         raise HeadcutError(f"{path} ships its own model code; pass --trust-remote-code to run it")
     adapter_for_config(config)
     cls = model_class(config, task)
+    if labels is not None:
+        set_labels(config, cls, labels, path)
     skeleton = check_record(config, cls, str(path))
     if local is not None and any(f.name.endswith(".safetensors") for f in local.iterdir()):
         stored, described = stored_values(local), expected_values(skeleton)
@@ -274,7 +307,8 @@ def load(
         kwargs["attn_implementation"] = attn_implementation
     kwargs["use_safetensors"] = None if allow_pickle else True
     try:
-        model, info = cls.from_pretrained(source, **kwargs)
+        with quiet_transformers():
+            model, info = cls.from_pretrained(source, **kwargs)
     except pickle.UnpicklingError:
         raise HeadcutError(f"refused {path}: its pickle weights hold more than tensors (torch's weights-only "
                            "loader stopped them; they could run code)") from None
@@ -407,7 +441,8 @@ def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None =
     original = type(model)
     while original.__name__.startswith("Headcut") and original.__bases__:
         original = original.__bases__[0]
-    model.save_pretrained(folder, save_original_format=False)
+    with quiet_transformers():
+        model.save_pretrained(folder, save_original_format=False)
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["architectures"] = [original.__name__]

@@ -42,6 +42,14 @@ REPORT_FILES = ("headcut-report.json", "headcut-finetune.json")
 TMP_TAG = ".headcut-tmp-"
 OLD_TAG = ".headcut-old-"
 LOCK_TAG = ".headcut-lock"
+#: the suffix of the resume-checkpoint folder a training command keeps beside ``--out``
+CHECKPOINT_SUFFIX = ".headcut-checkpoint"
+
+
+def checkpoint_dir_for(out: str | os.PathLike[str]) -> Path:
+    """The checkpoint folder of a run writing ``out``: ``<out>.headcut-checkpoint`` beside it."""
+    path = Path(out).expanduser()
+    return path.with_name(path.name + CHECKPOINT_SUFFIX)
 
 
 def real_path(path: str | os.PathLike[str]) -> Path:

@@ -1,37 +1,92 @@
-"""Shared CLI plumbing: one-line errors with exit code 2, JSON output, the rich console."""
+"""What the commands share: output routing, one-line errors and signals, output checks, the option groups
+(declared once, added to each command by a decorator) and shell completions.
+
+Conventions: a command's result (its table, or the JSON of ``--json -``) goes to stdout; progress, notes
+and logs go to stderr; with ``--json -`` stdout holds the JSON alone and the tables go to stderr. This
+module imports no torch: ``--help`` and completion stay fast.
+"""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
+from ..catalog import DEVICES, GQA_POLICIES, METHODS, SCORERS, TASKS
 from ..errors import HeadcutError
-from ..io import TASKS
 from ..outputs import OutputDir, OutputFile, check_paths
+from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: the terminal: tables and progress go to stderr, so ``--json -`` keeps stdout clean
-console = Console(stderr=True)
 
+# ---- output ---------------------------------------------------------------------------------------------
+
+def _console(stream: Any) -> Console:
+    # outside a terminal (a pipe, a file, CI) rich would wrap at 80 columns: give tables the room they need
+    console = Console(file=stream, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(file=stream, width=max(console.width, 160))
+    return console
+
+
+class Out:
+    """Where one command invocation writes: ``result`` (stdout, or stderr under ``--json -``), ``log``
+    (stderr) and ``progress`` (a :class:`headcut.progress.Reporter` on stderr, silent with ``--quiet``)."""
+
+    def __init__(self, json_out: str | None = None, quiet: bool = False) -> None:
+        self.json_out = json_out
+        self.quiet = quiet
+        self.result = _console(sys.stderr if json_out == "-" else sys.stdout)
+        self.log = _console(sys.stderr)
+        self.progress = Reporter("quiet" if quiet else "auto")
+
+    def show(self, renderable: Any) -> None:
+        """A result table or line."""
+        if isinstance(renderable, str):
+            self.result.print(renderable, highlight=False, markup=False, soft_wrap=True)
+        else:
+            self.result.print(renderable)
+
+    def note(self, message: str) -> None:
+        if not self.quiet:
+            self.log.print(f"note: {message}", highlight=False, markup=False, soft_wrap=True)
+
+    def notes(self, messages: list[str]) -> None:
+        for message in dict.fromkeys(messages):
+            self.note(message)
+
+    def json(self, data: Any) -> None:
+        write_json(data, self.json_out)
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+def write_json(data: Any, dest: str | None) -> None:
+    """Write ``data`` as JSON to a file (atomically), or to stdout for ``-``."""
+    if dest is None:
+        return
+    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
+    if dest == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        OutputFile(dest, "--json").write_text(text)
+
+
+# ---- errors and signals -----------------------------------------------------------------------------------
 
 def fail(message: str) -> None:
     """Print a one-line error and exit with code 2."""
@@ -80,7 +135,24 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def local_input(value: str | os.PathLike[str] | None) -> Path | None:
+def resume_hint(out: Path, checkpoint: Path) -> Callable[[KeyboardInterrupt], Interrupted]:
+    """What an interrupted training command says: where its checkpoint is and how to resume."""
+
+    def hint(exc: KeyboardInterrupt) -> Interrupted:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        if (checkpoint / "checkpoint.pt").is_file():
+            text = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same command "
+                    "with --resume to continue")
+        else:
+            text = f"nothing was written to {out}; no checkpoint had been written yet"
+        return Interrupted(signum, text)
+
+    return hint
+
+
+# ---- outputs ----------------------------------------------------------------------------------------------
+
+def local_input(value: Any) -> Path | None:
     """The local path of an input given as a path or a Hub/datasets name (None when not local)."""
     if value is None:
         return None
@@ -117,44 +189,204 @@ def plan_outputs(
     return target, checked
 
 
-def batch_progress(description: str, total: int) -> tuple[Progress, Callable[[int, int | None], None]]:
-    """A transient progress bar on stderr and a ``(done, total)`` callback that advances it."""
-    progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TimeRemainingColumn(), console=console, transient=True,
-    )
-    task_id = progress.add_task(description, total=max(total, 1))
+# ---- completion -------------------------------------------------------------------------------------------
 
-    def update(done: int, total_now: int | None) -> None:
-        progress.update(task_id, completed=done, total=max(total_now or total, 1))
-
-    return progress, update
-
-
-def write_json(data: Any, dest: str | None) -> None:
-    """Write ``data`` as JSON to a file (atomically), or to stdout for ``-``."""
-    if dest is None:
-        return
-    text = json.dumps(data, indent=2, sort_keys=False) + "\n"
-    if dest == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        OutputFile(dest, "--json").write_text(text)
+def complete_folders(incomplete: str) -> list[str]:
+    """Folders whose path starts with ``incomplete`` (checkpoint folders for MODEL)."""
+    typed_dir, prefix = os.path.split(incomplete)
+    try:
+        entries = list(os.scandir(os.path.expanduser(typed_dir) or "."))
+    except OSError:
+        return []
+    names = sorted(e.name for e in entries if e.is_dir() and e.name.startswith(prefix)
+                   and (prefix.startswith(".") or not e.name.startswith(".")))
+    return [os.path.join(typed_dir, n) + "/" for n in names]
 
 
+def _choices(values: Any) -> Callable[[str], list[str]]:
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return complete
+
+
+# ---- shared options ---------------------------------------------------------------------------------------
+
+DATA_HELP = (
+    "Data file: .csv, .tsv, .json, .jsonl, .parquet or .txt (one example per line; for causal LMs one text cut "
+    "into --seq-len blocks); text formats may be compressed (.gz, .bz2, .xz, .zst). Any other name is a datasets "
+    "name NAME[:CONFIG] read with --split (needs the Hub or its cache)."
+)
+JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout alone; the tables then go to stderr)."
 FORCE_HELP = ("Replace an existing non-empty --out, but only a folder headcut wrote (it holds a headcut report or "
               "record); any other folder is refused, and so is an --out that is, holds or lies inside an input.")
-JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout; the table then goes to stderr)."
 
-# options shared by the commands
-ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", show_default=False)]
+ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", metavar="MODEL",
+                                         show_default=False, autocompletion=complete_folders)]
 JsonOut = Annotated[Optional[str], typer.Option("--json", help=JSON_HELP, metavar="PATH")]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.")]
-TrustRemote = Annotated[
-    bool, typer.Option("--trust-remote-code", help="Allow checkpoints that ship their own model code.")
-]
-Task = Annotated[
-    Optional[str],
-    typer.Option("--task", help=f"Load with this task head ({', '.join(TASKS)}); default: the checkpoint's own."),
-]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or lines, no notes.", metavar="")]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.",
+                                           metavar="")]
+TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", metavar="",
+                                           help="Allow checkpoints that ship their own model code.")]
+Task = Annotated[Optional[str], typer.Option(
+    "--task", help=f"Load with this task head ({', '.join(TASKS)}); default: the checkpoint's own.", metavar="TASK",
+    autocompletion=_choices(TASKS))]
+Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
+Gqa = Annotated[str, typer.Option(
+    "--gqa", metavar="POLICY", autocompletion=_choices(GQA_POLICIES),
+    help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
+         "remaining group), duplicate (any query head; KV heads copied).")]
+Out_ = Annotated[Optional[Path], typer.Option("--out", help="Output folder (written atomically).", metavar="DIR",
+                                              show_default=False)]
+MethodOpt = Annotated[Optional[str], typer.Option(
+    "--method", help=f"Pruning method: {', '.join(METHODS)} (see below).", metavar="METHOD", show_default=False,
+    autocompletion=_choices(METHODS))]
+ScorerOpt = Annotated[str, typer.Option(
+    "--scorer", help=f"Scorer: {', '.join(SCORERS)} (see above).", metavar="SCORER",
+    autocompletion=_choices(SCORERS))]
+
+@dataclass
+class DataOptions:
+    """The data options of the commands that read data (one declaration, see :func:`with_data_options`)."""
+
+    split: str = "train"
+    text_col: Optional[str] = None
+    text_pair_col: Optional[str] = None
+    label_col: Optional[str] = None
+    source_col: Optional[str] = None
+    target_col: Optional[str] = None
+    max_examples: Optional[int] = None
+    seq_len: int = 128
+    batch_size: int = 16
+
+    def for_api(self) -> dict[str, Any]:
+        """The options :func:`headcut.api` functions take as ``data_options`` (``split`` apart)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "split"
+                and getattr(self, f.name) is not None}
+
+
+def _data_option_params() -> list[inspect.Parameter]:
+    from ..data.config import LABEL_COLUMNS, PAIR_COLUMNS, SOURCE_COLUMNS, TARGET_COLUMNS, TEXT_COLUMNS
+
+    def opt(name: str, annotation: Any, default: Any, *flags: str, help: str, metavar: str) -> inspect.Parameter:
+        info = typer.Option(*flags, help=help, metavar=metavar, rich_help_panel="Data options")
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                 annotation=Annotated[annotation, info])
+
+    d = DataOptions()
+    return [
+        opt("split", str, d.split, "--split", help="Split of a datasets name (a local file is one split).",
+            metavar="SPLIT"),
+        opt("text_col", Optional[str], None, "--text-col", metavar="COLUMN",
+            help=f"Text column; default: the first of {', '.join(TEXT_COLUMNS)}."),
+        opt("text_pair_col", Optional[str], None, "--text-pair-col", metavar="COLUMN",
+            help=f"Second text of sentence pairs; default: {', '.join(PAIR_COLUMNS)} if any."),
+        opt("label_col", Optional[str], None, "--label-col", metavar="COLUMN",
+            help=f"Label column (ids, or names from the model's label2id); default: the first of "
+                 f"{', '.join(LABEL_COLUMNS)}."),
+        opt("source_col", Optional[str], None, "--source-col", metavar="COLUMN",
+            help=f"Seq2seq source column; default: the first of {', '.join(SOURCE_COLUMNS)} (then the text columns)."),
+        opt("target_col", Optional[str], None, "--target-col", metavar="COLUMN",
+            help=f"Seq2seq target column; default: the first of {', '.join(TARGET_COLUMNS)}."),
+        opt("max_examples", Optional[int], None, "--max-examples", metavar="N",
+            help="Use at most this many examples (after shuffling with --seed); default: all."),
+        opt("seq_len", int, d.seq_len, "--seq-len", metavar="N",
+            help="Tokens per example: truncation length, or causal-LM block size."),
+        opt("batch_size", int, d.batch_size, "--batch-size", metavar="N", help="Examples per forward."),
+    ]
+
+
+def with_options(builder: Callable[[], list[inspect.Parameter]], cls: type, name: str) -> Callable[[F], F]:
+    """Add the parameters ``builder()`` makes to a command's signature, and hand the command one ``cls``
+    object (as keyword ``name``) holding their values: the option group is declared once."""
+
+    def decorate(fn: F) -> F:
+        params = builder()
+        names = [p.name for p in params]
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != name]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = cls(**{n: kwargs.pop(n) for n in names if n in kwargs})
+            return fn(*args, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=own + params)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def with_data_options(fn: F) -> F:
+    """Give a command the data options (``--split``, ``--text-col``, ..., ``--batch-size``) as ``data_options``."""
+    return with_options(_data_option_params, DataOptions, "data_options")(fn)
+
+
+@dataclass
+class TrainOptions:
+    """The training options of ``prune`` (learned-gate methods) and ``finetune`` (declared once, see
+    :func:`with_training_options`); None: the command's or method's default."""
+
+    epochs: Optional[int] = None
+    max_steps: Optional[int] = None
+    lr: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    grad_accum: Optional[int] = None
+    eval_every: Optional[int] = None
+    checkpoint_every: Optional[int] = None
+    resume: bool = False
+    device: Optional[str] = None
+
+    def given(self) -> dict[str, Any]:
+        """The training settings given on the command line (not --resume or --device)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ("resume", "device") and getattr(self, f.name) is not None}
+
+
+def _training_option_params() -> list[inspect.Parameter]:
+    def opt(name: str, annotation: Any, default: Any, *flags: str, help: str, metavar: str = "N",
+            autocompletion: Any = None) -> inspect.Parameter:
+        info = typer.Option(*flags, help=help, metavar=metavar, rich_help_panel="Training options",
+                            autocompletion=autocompletion)
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                 annotation=Annotated[annotation, info])
+
+    return [
+        opt("epochs", Optional[int], None, "--epochs",
+            help="Passes over --data (default: finetune 3; learned gates 3 joint, 1 pipelined)."),
+        opt("max_steps", Optional[int], None, "--max-steps", help="Optimizer steps in all (instead of --epochs)."),
+        opt("lr", Optional[float], None, "--lr", metavar="LR",
+            help="Peak learning rate of the model's weights (AdamW, linear decay; default: finetune 5e-5, learned "
+                 "gates 2e-5)."),
+        opt("warmup_steps", Optional[int], None, "--warmup-steps", help="Linear warmup steps (default 0)."),
+        opt("grad_accum", Optional[int], None, "--grad-accum", help="Batches per optimizer step (default 1)."),
+        opt("eval_every", Optional[int], None, "--eval-every", help="Evaluate --eval-data every N steps."),
+        opt("checkpoint_every", Optional[int], None, "--checkpoint-every",
+            help="Write the resume checkpoint every N steps (default 100)."),
+        opt("resume", bool, False, "--resume", metavar="",
+            help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps "
+                 "may grow)."),
+        opt("device", Optional[str], None, "--device", metavar="DEVICE", autocompletion=_choices(DEVICES),
+            help="auto (CUDA when available; the default), cpu or cuda; under accelerate launch/torchrun each "
+                 "process takes its own GPU."),
+    ]
+
+
+def with_training_options(fn: F) -> F:
+    """Give a command the training options (``--epochs`` ... ``--device``) as ``training``."""
+    return with_options(_training_option_params, TrainOptions, "training")(fn)
+
+
+def data_spec(path: str, split: str, options: DataOptions, seed: int) -> Any:
+    """A :class:`headcut.data.DataConfig` for ``path`` with the shared options, validated."""
+    from ..data.config import DataConfig
+
+    config = DataConfig(path=path, split=split, seed=seed, **options.for_api())
+    config.validate()
+    return config
+
+
+def examples(*lines: str) -> str:
+    """An Examples section for a command's help (its epilog)."""
+    return "Examples:\n\n" + "\n\n".join(f"  {escape(line)}" for line in lines)

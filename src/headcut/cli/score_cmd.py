@@ -3,49 +3,29 @@
 from __future__ import annotations
 
 import importlib.util
-import math
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from .. import io
-from ..adapters import Block
+from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, SCORERS
 from ..errors import HeadcutError
-from ..scoring import SCORERS, HeadScores, ScoreConfig, get_scorer, score
-from ..scoring.base import ABS_PER, NORMALIZE, OBJECTIVES
-from ..surgery import model_blocks
 from . import app
 from .common import (
+    DATA_HELP,
     AllowPickle,
+    DataOptions,
     JsonOut,
     ModelArg,
+    Out,
+    Quiet,
+    ScorerOpt,
     Task,
     TrustRemote,
-    batch_progress,
-    console,
+    data_spec,
+    examples,
     handle_errors,
     plan_outputs,
-    write_json,
-)
-from .data_opts import (
-    BatchSize,
-    D,
-    DataOptional,
-    DataSeed,
-    LabelCol,
-    MaxExamples,
-    SeqLen,
-    SourceCol,
-    Split,
-    TargetCol,
-    TextCol,
-    TextPairCol,
-    data_config,
-    read_calibration,
+    with_data_options,
 )
 
 SCORE_HELP = "\n\n".join([
@@ -53,160 +33,79 @@ SCORE_HELP = "\n\n".join([
     "\n".join(["Scorers:"] + [f"{s.name}: {s.summary}" for s in SCORERS.values()]),
     "One pass over the data: a forward and a backward per batch for gradient and gnorm, a forward for "
     "confidence and entropy; value-l1, magnitude and random need no --data. The heatmap (one table per "
-    "attention kind, layers x heads, darker = more important) goes to stderr; --json writes the scores "
-    "in the order of `headcut info`.",
+    "attention kind, layers x heads, darker = more important) goes to stdout (stderr with --json -); --json "
+    "writes the scores in the order of `headcut info`.",
 ])
 
-_C = ScoreConfig()
 
-
-def _importance_colour(value: float, low: float, high: float) -> str:
-    share = 0.0 if high <= low else (value - low) / (high - low)
-    level = int(40 + 180 * share)
-    return f"on rgb({level // 3},{level // 2},{level})"
-
-
-def heatmap_tables(blocks: list[Block], scores: HeadScores) -> list[Table]:
-    """One table per attention kind: a row per layer, a cell per head, shaded by importance."""
-    importance = scores.importance()
-    tables = []
-    for kind in dict.fromkeys(b.kind for b in blocks):
-        of_kind = [b for b in blocks if b.kind == kind]
-        values = [v for b in of_kind for v in importance[b.name]]
-        low, high = (min(values), max(values)) if values else (0.0, 0.0)
-        width = max((b.heads for b in of_kind), default=0)
-        # one power of ten per table keeps the cells short: a cell shows score / 10**exp
-        biggest = max((abs(v) for b in of_kind for v in scores.blocks[b.name]), default=0.0)
-        exp = math.floor(math.log10(biggest)) if biggest > 0 and math.isfinite(biggest) else 0
-        unit = f" (x 1e{exp})" if exp else ""
-        table = Table(title=f"{scores.scorer} scores{unit}: {kind} attention", box=box.SIMPLE_HEAD, padding=(0, 1))
-        table.add_column("layer", justify="right", no_wrap=True)
-        for h in range(width):
-            table.add_column(str(h), justify="right", no_wrap=True)
-        for b in of_kind:
-            cells: list[Any] = []
-            for h, raw in enumerate(scores.blocks[b.name]):
-                shade = _importance_colour(importance[b.name][h], low, high)
-                cells.append(Text(f"{raw / 10 ** exp:.2f}", style=shade))
-            cells += ["-"] * (width - b.heads)
-            table.add_row(str(b.layer), *cells)
-        tables.append(table)
-    return tables
-
-
-def write_plot(path: str, blocks: list[Block], scores: HeadScores) -> None:
-    """A PNG heatmap per attention kind (matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    kinds = list(dict.fromkeys(b.kind for b in blocks))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
-    for ax, kind in zip(axes[0], kinds):
-        of_kind = [b for b in blocks if b.kind == kind]
-        width = max((b.heads for b in of_kind), default=0)
-        grid = np.full((len(of_kind), max(width, 1)), np.nan)
-        for i, b in enumerate(of_kind):
-            grid[i, : b.heads] = scores.blocks[b.name]
-        image = ax.imshow(grid, aspect="auto", cmap="viridis" if scores.higher_is_important else "viridis_r")
-        ax.set_xticks(range(width))
-        ax.set_yticks(range(len(of_kind)), [str(b.layer) for b in of_kind])
-        ax.set_title(f"{scores.scorer}: {kind}")
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        fig.colorbar(image, ax=ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
-
-
-@app.command(name="score", help=SCORE_HELP)
+@app.command(name="score", help=SCORE_HELP, epilog=examples(
+    "headcut score model/ --data cal.csv --scorer gnorm",
+    "headcut score model/ --data cal.csv --scorer gradient --normalize layer --json scores.json --plot scores.png",
+    "headcut score model/ --scorer value-l1"))
 @handle_errors
+@with_data_options
 def score_cmd(
     model: ModelArg,
-    scorer: Annotated[str, typer.Option("--scorer", help=f"One of: {', '.join(SCORERS)}.")] = _C.scorer,
-    data: DataOptional = None,
-    normalize: Annotated[
-        str, typer.Option("--normalize", help=f"{' | '.join(NORMALIZE)}: layer divides each block's scores by their "
-                          "L2 norm (Michel et al.).")
-    ] = _C.normalize,
-    abs_per: Annotated[
-        str, typer.Option("--abs-per", help=f"gradient: {' | '.join(ABS_PER)}: |dL/dg| per example (Michel et al.) "
-                          "or of each batch's mean loss (TextPruner).")
-    ] = _C.abs_per,
-    objective: Annotated[
-        str, typer.Option("--objective", help=f"gnorm: {' | '.join(OBJECTIVES)}: the task loss, or the label-free "
-                          "norm of the logits (the Greedy-Gnorm paper's).")
-    ] = _C.objective,
-    plot: Annotated[
-        Optional[str], typer.Option("--plot", help="Also write a PNG heatmap (needs matplotlib: pip install "
-                                    "'headcut[plots]').", metavar="FILE.png")
-    ] = None,
-    split: Split = D.split,
-    text_col: TextCol = None,
-    text_pair_col: TextPairCol = None,
-    label_col: LabelCol = None,
-    source_col: SourceCol = None,
-    target_col: TargetCol = None,
-    max_examples: MaxExamples = None,
-    seq_len: SeqLen = D.seq_len,
-    batch_size: BatchSize = D.batch_size,
-    seed: DataSeed = D.seed,
+    data: Annotated[Optional[str], typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
+                                                show_default=False)] = None,
+    scorer: ScorerOpt = "gradient",
+    normalize: Annotated[str, typer.Option(
+        "--normalize", metavar="|".join(NORMALIZE),
+        help="layer divides each block's scores by their L2 norm (Michel et al.).")] = "none",
+    abs_per: Annotated[str, typer.Option(
+        "--abs-per", metavar="|".join(ABS_PER),
+        help="gradient: |dL/dg| per example (Michel et al.) or of each batch's mean loss (TextPruner).")] = "example",
+    objective: Annotated[str, typer.Option(
+        "--objective", metavar="|".join(OBJECTIVES),
+        help="gnorm: the gradient of the L2 norm of the logits (label-free; Greedy-Gnorm's) or of the task "
+             "loss.")] = "logits-norm",
+    per: Annotated[str, typer.Option(
+        "--per", metavar="|".join(GNORM_PER),
+        help="gnorm: the gradient norms of every batch (the authors' code) or of every example (the paper's "
+             "per-sentence description), averaged.")] = "batch",
+    plot: Annotated[Optional[str], typer.Option(
+        "--plot", metavar="FILE.png",
+        help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut[plots]').")] = None,
+    seed: Annotated[int, typer.Option("--seed", metavar="N",
+                                      help="Seed: shuffling, masking, and the random scorer.")] = 0,
     json_out: JsonOut = None,
     task: Task = None,
+    quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
+    data_options: DataOptions = DataOptions(),
 ) -> None:
     """Score heads (see SCORE_HELP)."""
-    chosen = get_scorer(scorer)
-    config = ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, seed=seed)
-    config.validate()
+    from .. import api
+    from ..config import ScoreConfig
+    from .render import heatmap_tables, write_plot
+
+    ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per).validate()
     if plot is not None and importlib.util.find_spec("matplotlib") is None:
         raise HeadcutError("--plot needs matplotlib: pip install 'headcut[plots]' (or pip install matplotlib)")
-    if chosen.needs_data and data is None:
-        raise HeadcutError(f"scorer {scorer} needs --data (value-l1, magnitude and random do not)")
-    data_cfg = None
-    if data is not None and chosen.needs_data:
-        data_cfg = data_config(
-            data, split=split, text_col=text_col, text_pair_col=text_pair_col, label_col=label_col,
-            source_col=source_col, target_col=target_col, max_examples=max_examples, seq_len=seq_len,
-            batch_size=batch_size, seed=seed,
-        )
+    spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
     _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
-    loaded = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    calibration = None
-    if data_cfg is not None:
-        calibration = read_calibration(model, loaded, data_cfg, trust_remote_code)
-        progress, on_progress = batch_progress(f"scoring ({scorer})", len(calibration.batches))
-        with progress:
-            result = score(loaded, calibration.batches, config, progress=on_progress)
-    else:
-        result = score(loaded, None, config)
-    blocks = model_blocks(loaded)
-    out_console = console if console.is_terminal else Console(stderr=True, width=200)
-    for table in heatmap_tables(blocks, result):
-        out_console.print(table)
+    out = Out(json_out, quiet)
+    try:
+        scored = api.score(model, scorer, data=spec, normalize=normalize, abs_per=abs_per, objective=objective,
+                           per=per, seed=seed, task=task, progress=out.progress, allow_pickle=allow_pickle,
+                           trust_remote_code=trust_remote_code)
+    finally:
+        out.close()
+    result = scored.scores
+    for table in heatmap_tables(scored.blocks, result):
+        out.show(table)
     direction = "higher" if result.higher_is_important else "lower"
-    console.print(
-        f"{result.scorer}: {direction} = more important; {result.examples:,} examples, {result.seconds:.2f} s",
-        highlight=False,
-    )
-    if calibration is not None:
-        for note in calibration.notes:
-            console.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    out.show(f"{result.scorer}: {direction} = more important; {result.examples:,} examples, {result.seconds:.2f} s")
+    out.notes(scored.notes)
     if plot is not None:
         png = files["--plot"]
         tmp = png.temp()
         try:
-            write_plot(str(tmp), blocks, result)
+            write_plot(str(tmp), scored.blocks, result)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         png.commit(tmp)
-        console.print(f"heatmap written to {plot}", highlight=False)
-    out: dict[str, Any] = {"model": model, **result.to_json(), "config": config.to_json()}
-    if calibration is not None:
-        out["data"] = calibration.to_json()
-    write_json(out, json_out)
+        out.log.print(f"heatmap written to {plot}", highlight=False, markup=False, soft_wrap=True)
+    out.json(scored.report)

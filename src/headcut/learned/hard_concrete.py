@@ -1,4 +1,4 @@
-"""The Hard Concrete distribution (Louizos et al., 2018) as PASS (paper 004, §3.2, App. A.2) uses it.
+"""The Hard Concrete distribution (Louizos et al., 2018) as PASS (PASS, TMLR 2024, §3.2, App. A.2) uses it.
 
 A gate ``z`` is a binary Concrete variable with location ``phi`` (log alpha) and temperature
 ``beta``, stretched to ``(gamma, zeta)`` and clamped to ``[0, 1]``, so it has point masses at 0 and
@@ -76,7 +76,7 @@ class HardConcrete:
     def prob_nonzero(self, phi: torch.Tensor) -> torch.Tensor:
         """1 - q0(phi) = P(z != 0) = sigmoid(phi - beta * log(-gamma / zeta)).
 
-        The per-gate term of Voita et al.'s relaxed L0 norm (DSP paper 000, eq. 22).
+        The per-gate term of Voita et al.'s relaxed L0 norm (DSP, arXiv:2108.04657, eq. 22).
         """
         return torch.sigmoid(phi - self.closed_shift)
 

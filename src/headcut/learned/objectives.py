@@ -1,4 +1,4 @@
-"""PASS's sparsity objectives and lambda schedule (paper 004, §3.2 and App. B), and Voita's L0 term.
+"""PASS's sparsity objectives and lambda schedule (PASS, TMLR 2024, §3.2 and App. B), and Voita's L0 term.
 
 ``phi`` holds the log-alpha of every gate in the model (all heads of all layers, any shape; it is
 flattened), so ``|theta|`` in the paper is ``phi.numel()``. ``sparsity`` is the target ``s``: the
@@ -83,7 +83,7 @@ def concentrator_weight(phi: torch.Tensor, sparsity: float, layers: list[torch.T
 
 
 def l0_penalty(phi: torch.Tensor, hc: HardConcrete | None = None) -> torch.Tensor:
-    """Voita et al.'s relaxed L0 norm L_C(phi) = sum_h (1 - P(g_h = 0 | phi_h))   (DSP paper 000, eq. 22).
+    """Voita et al.'s relaxed L0 norm L_C(phi) = sum_h (1 - P(g_h = 0 | phi_h))   (DSP, arXiv:2108.04657, eq. 22).
 
     The expected number of non-zero gates; the loss is L + lambda * L_C (eq. 23).
     """

@@ -1,4 +1,4 @@
-"""DSP's differentiable subset selection (paper 000, §3.2, §4.2.3, §4.3).
+"""DSP's differentiable subset selection (DSP, arXiv:2108.04657, §3.2, §4.2.3, §4.3).
 
 Head importance ``iota_h = exp(w_h)`` (eq. 20), so the Gumbel-perturbed logits are
 ``r_h = w_h + n_h``, ``n_h ~ Gumbel(0, 1)`` (§3.1.1). The soft top-K (eq. 14-19) relaxes the

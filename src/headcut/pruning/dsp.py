@@ -1,4 +1,4 @@
-"""``dsp``: Differentiable Subset Pruning (Li, Cotterell, Sachan; paper 000, §3.2-3.3, §4.3).
+"""``dsp``: Differentiable Subset Pruning (Li, Cotterell, Sachan; DSP, arXiv:2108.04657, §3.2-3.3, §4.3).
 
 Head importance iota_h = exp(w_h) (eq. 20) with learned logits w. Every step draws Gumbel noise
 n_h ~ Gumbel(0, 1) and relaxes the Gumbel-top-K of r = w + n (eq. 9-13) into a soft K-hot mask::
@@ -25,12 +25,23 @@ epoch by default, §4.3). Final mask: the top-K heads by w_h (PASS §4.1.1).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..errors import HeadcutError
 from ..learned import TemperatureSchedule, gumbel_soft_topk, soft_topk
-from .gate_training import Context, GateLearner, LearnedOptions, Slots, fitted, uniform_init, xavier_bound
+from .gate_training import (
+    Context,
+    GateLearner,
+    GateMethod,
+    GateOptions,
+    Slots,
+    fitted,
+    uniform_init,
+    xavier_bound,
+)
 
 #: Table 2's N_cooldown as a share of the paper's run (25,000 / 36,816)
 COOLDOWN_SHARE = 25000 / 36816
@@ -50,15 +61,27 @@ def init_logits(slots: Slots, seed: int) -> torch.Tensor:
     return uniform_init(slots.n, xavier_bound(heads, layers), seed)
 
 
+@dataclass
+class DSPOptions(GateOptions):
+    """DSP: the gate-training options plus ``cooldown``, eq. 24's N_cooldown (None: 25,000, or 68 % of a
+    shorter run)."""
+
+    cooldown: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.cooldown is not None and self.cooldown < 1:
+            raise HeadcutError(f"--cooldown must be at least 1 step (got {self.cooldown})")
+
+
 class DSP(GateLearner):
     name = "dsp"
-    summary = "learned: Gumbel soft top-K gates with an annealed temperature, exactly K heads (DSP)"
     ranking = "w_h (importance logit)"
 
-    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+    def __init__(self, slots: Slots, k: int, options: GateOptions, ctx: Context) -> None:
         super().__init__(slots, k, options, ctx)
         self.w = init_logits(slots, ctx.seed)
-        self.schedule = temperature_schedule(ctx.task, ctx.total_steps, options.cooldown)
+        self.schedule = temperature_schedule(ctx.task, ctx.total_steps, getattr(options, "cooldown", None))
         self._tau = self.schedule.tau_ini
 
     @staticmethod
@@ -84,3 +107,6 @@ class DSP(GateLearner):
         s = self.schedule
         return {"tau_ini": s.tau_ini, "tau_end": s.tau_end, "n_cooldown": s.n_cooldown, "k_slots": self.k,
                 "gate_lr": self.options.gate_lr}
+
+
+METHOD = GateMethod(DSP, DSPOptions)

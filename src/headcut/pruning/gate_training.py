@@ -30,83 +30,49 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..adapters import Block
+from ..config import PruneConfig, TrainConfig
 from ..data import Calibration
 from ..distributed import Dist
 from ..errors import HeadcutError
 from ..evaluation import evaluate
 from ..gating import HeadGates
 from ..masks import HeadMask
-from ..surgery import model_blocks
-from ..training.engine import TrainConfig, Trainer
-from .base import PruneConfig, PruneProgress, PruneResult
+from ..training.engine import Trainer
+from .base import PruneProgress, PruneResult
+from .method import MethodBase, Problem
 from .search import Budget, run_search
 from .units import BlockSet
 
-MODES = ("joint", "pipelined")
-
 
 @dataclass
-class LearnedOptions:
-    """Training options of the learned-gate methods (``headcut prune --method pass ...``).
+class GateOptions(TrainConfig):
+    """Options of the learned-gate methods: the shared :class:`headcut.config.TrainConfig` with the
+    papers' defaults for gate training. ``mode`` None: the method's default (joint); ``epochs`` and
+    ``max_steps`` both None: 3 epochs joint, 1 epoch pipelined (DSP §4.3, PASS §4.1.1); ``lr``: the
+    model's learning rate (2e-5, the papers' BERT runs); ``gate_lr`` None: the method's paper value.
+    Each method's options extend these with its own fields. ``seed`` is the prune run's seed."""
 
-    ``mode``: ``joint`` or ``pipelined`` (None: the method's default). ``epochs`` / ``max_steps``: at
-    most one (neither: 3 epochs joint, 1 epoch pipelined, as DSP §4.3 and PASS §4.1.1). ``lr``: the
-    model's learning rate (2e-5, the papers' BERT runs); ``gate_lr``: the gates' (None: the method's
-    paper value). Both follow the same linear decay after ``warmup_steps``. ``lam``: Voita's lambda
-    (eq. 23). ``cooldown``: DSP/STE's N_cooldown (eq. 24). ``lambda_step``: PASS's n_step (eq. 16).
-    None = the paper's value, fitted to short runs as each method's doc says.
-    """
-
-    mode: str | None = None
-    epochs: int | None = None
-    max_steps: int | None = None
     lr: float = 2e-5
-    gate_lr: float | None = None
-    warmup_steps: int = 0
-    grad_accum: int = 1
-    max_grad_norm: float | None = 1.0
-    eval_every: int | None = None
-    checkpoint_every: int | None = None
-    lam: float | None = None
-    cooldown: int | None = None
-    lambda_step: int | None = None
+    mode: str | None = None
 
-    def validate(self) -> None:
-        if self.mode is not None and self.mode not in MODES:
-            raise HeadcutError(f"--mode must be joint or pipelined (got {self.mode!r})")
-        if self.epochs is not None and self.max_steps is not None:
-            raise HeadcutError("give --epochs or --max-steps, not both")
-        if not self.lr > 0:
-            raise HeadcutError(f"--lr must be positive (got {self.lr})")
-        if self.gate_lr is not None and not self.gate_lr > 0:
-            raise HeadcutError(f"--gate-lr must be positive (got {self.gate_lr})")
-        if self.lam is not None and not (self.lam >= 0 and math.isfinite(self.lam)):
-            raise HeadcutError(f"--lambda must be a number >= 0 (got {self.lam})")
-        for name, value in (("--cooldown", self.cooldown), ("--lambda-step", self.lambda_step)):
-            if value is not None and value < 1:
-                raise HeadcutError(f"{name} must be at least 1 step (got {value})")
+    #: fields the prune run sets itself (not an option a user passes to the method)
+    HIDDEN = ("seed", "shuffle")
 
-    def train_config(self, mode: str, seed: int) -> TrainConfig:
+    def resolved(self, learner: type[GateLearner], task: str, seed: int) -> GateOptions:
+        """These options with the method's defaults filled in (mode, epochs, gate learning rate, seed)."""
+        mode = self.mode or learner.default_mode
         epochs = self.epochs
         if epochs is None and self.max_steps is None:
             epochs = 3 if mode == "joint" else 1
-        return TrainConfig(
-            epochs=epochs, max_steps=self.max_steps, lr=self.lr, gate_lr=self.gate_lr or 0.1,
-            warmup_steps=self.warmup_steps, schedule="linear", grad_accum=self.grad_accum,
-            max_grad_norm=self.max_grad_norm, eval_every=self.eval_every, checkpoint_every=self.checkpoint_every,
-            seed=seed, shuffle=True, mode=mode,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        gate_lr = self.gate_lr if self.gate_lr is not None else learner.default_gate_lr(task)
+        return replace(self, mode=mode, epochs=epochs, gate_lr=gate_lr, seed=seed, shuffle=True)
 
 
 @dataclass
@@ -186,12 +152,11 @@ class GateLearner:
     ``options``: the run's options; ``ctx``: see :class:`Context`."""
 
     name = ""
-    summary = ""
     default_mode = "joint"
     #: what the final top-K ranks by (for reports)
     ranking = ""
 
-    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+    def __init__(self, slots: Slots, k: int, options: GateOptions, ctx: Context) -> None:
         self.slots = slots
         self.k = k
         self.options = options
@@ -291,7 +256,7 @@ class GateRun:
     steps: int
     history: list[dict[str, Any]]
     hyperparameters: dict[str, Any]
-    options: LearnedOptions
+    options: GateOptions
     slots: int
     target_slots: int
     ranking: str
@@ -319,30 +284,27 @@ class GateRun:
 StepLog = Callable[[dict[str, Any]], None]
 
 
-def train_gates(
-    model: nn.Module, learner_cls: type[GateLearner], sets: list[BlockSet], blocks: list[Block], budget: Budget,
-    train: Calibration, config: PruneConfig, options: LearnedOptions, eval_calibration: Calibration | None = None,
-    checkpoint_dir: str | Path | None = None, resume: bool = False,
-    progress: Callable[[int, int | None], None] | None = None, on_step: StepLog | None = None,
-    dist: Dist | None = None, identity: dict[str, Any] | None = None,
-) -> tuple[PruneResult, GateRun]:
-    """Train ``learner_cls``'s gates on ``model`` (in place: ``joint`` mode changes its weights) and
-    return the exact-K result (mask, heads per block) and the run. The model is left in eval mode,
-    without hooks."""
-    dist = dist or Dist()
-    options.validate()
-    mode = options.mode or learner_cls.default_mode
+def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateOptions) -> tuple[PruneResult, GateRun]:
+    """Train ``learner_cls``'s gates on ``problem.model`` (in place: ``joint`` mode changes its weights)
+    with ``problem.data`` and return the exact-K result (mask, heads per block) and the run. The model
+    is left in eval mode, without hooks. ``options`` must be resolved (:meth:`GateOptions.resolved`)."""
+    model, blocks, sets, budget, config = problem.model, problem.blocks, problem.sets, problem.budget, problem.config
+    train, eval_calibration = problem.data, problem.eval_data
+    dist = problem.dist or Dist()
+    if not isinstance(train, Calibration):
+        raise HeadcutError(f"{learner_cls.name} trains on a Calibration (training data with labels)")
     if not train.batches:
         raise HeadcutError("no training batches in --data")
+    if eval_calibration is not None and eval_calibration.task != train.task:
+        raise HeadcutError(f"the eval data is for {eval_calibration.task}, the training data for {train.task}")
+    options.validate()
+    mode = options.mode or learner_cls.default_mode
     slots = Slots.from_sets(sets)
     k = slots.target(budget.target)
     if k >= slots.n:
         raise HeadcutError(f"--keep {budget.target} keeps every head: nothing to learn")
-    if options.gate_lr is None:
-        options = replace(options, gate_lr=learner_cls.default_gate_lr(train.task))
-    tcfg = options.train_config(mode, config.seed)
     shard = len(train.batches) // dist.world if dist.active else len(train.batches)
-    total = tcfg.total_steps(max(shard, 1))
+    total = options.total_steps(max(shard, 1))
     ctx = Context(model=model, batches=train.batches, task=train.task, total_steps=total, seed=config.seed)
     learner = learner_cls(slots, k, options, ctx)
     device = next(model.parameters()).device
@@ -375,15 +337,14 @@ def train_gates(
         logs["open"] = slots.heads(learner.open_slots().cpu())
         return logs
 
-    trainer = Trainer(model, learner.parameters(), train.batches, tcfg, loss_fn=loss_fn, eval_fn=eval_fn,
-                      checkpoint_dir=checkpoint_dir, progress=progress, after_step=after_step, dist=dist,
-                      extra_state=learner, on_step=on_step, identity=dict(
-                          identity or {}, method=learner.name, target=k,
-                          prune={key: v for key, v in config.to_json().items() if key not in ("training", "trajectory")},
-                          options={"lam": options.lam, "cooldown": options.cooldown, "lambda_step": options.lambda_step},
+    progress = None if problem.progress is None else (lambda d, t: problem.progress("train", d, t))
+    trainer = Trainer(model, learner.parameters(), train.batches, options, loss_fn=loss_fn, eval_fn=eval_fn,
+                      checkpoint_dir=problem.checkpoint_dir, progress=progress, after_step=after_step, dist=dist,
+                      extra_state=learner, on_step=problem.on_step, identity=dict(
+                          problem.identity or {}, method=learner.name, target=k, prune=config.to_json(),
                       ))
     resumed_from = None
-    if resume:
+    if problem.resume:
         trainer.resume()
         resumed_from = trainer.step
     start = time.perf_counter()
@@ -412,12 +373,47 @@ def train_gates(
     return result, run
 
 
-def metric_of(model: nn.Module, calibration: Calibration, mask: HeadMask | None = None) -> float:
-    """The primary metric of ``calibration`` on ``model`` (with the heads outside ``mask`` gated off)."""
-    from .base import eval_metric
+class GateMethod(MethodBase):
+    """A learned-gate method: trains ``learner``'s gates (and, jointly, the model) on the training data,
+    then keeps exactly K heads by the learned ranking. The metric (if any) is measured before training
+    and with the final mask after it; ``result.training`` is the :class:`GateRun`."""
 
-    measure = eval_metric(model, calibration).measure
-    return measure(mask) if mask is not None else measure(HeadMask.full(model_blocks(model)))
+    def __init__(self, learner: type[GateLearner], options: type[GateOptions] = GateOptions) -> None:
+        self.learner = learner
+        self.name = learner.name
+        self.Options = options
+
+    def __repr__(self) -> str:
+        return f"GateMethod({self.name!r})"
+
+    def check(self, config: PruneConfig, options: GateOptions) -> None:
+        for flag, given in (("--max-drop", config.max_drop is not None), ("--trajectory", config.trajectory)):
+            if given:
+                raise HeadcutError(
+                    f"{flag} applies to the score-based methods; {config.method} learns gates for exactly "
+                    "--keep/--sparsity heads (its training curve is in the report)"
+                )
+        if config.keep is None and config.sparsity is None:
+            raise HeadcutError(f"{config.method} needs --keep K or --sparsity S")
+
+    def step(self, total: int, config: PruneConfig, options: GateOptions) -> tuple[int, bool]:
+        return 1, False
+
+    def run(self, problem: Problem, options: GateOptions) -> PruneResult:
+        task = problem.data.task if isinstance(problem.data, Calibration) else ""
+        options = options.resolved(self.learner, task, problem.config.seed)
+        full = HeadMask.full(problem.blocks)
+        before = problem.metric.measure(full) if problem.metric is not None else None
+        start = time.perf_counter()
+        result, run = train_gates(problem, self.learner, options)
+        result.training = run
+        result.scorings = 0
+        result.seconds = time.perf_counter() - start
+        if problem.metric is not None:
+            result.metric, result.higher_is_better = problem.metric.name, problem.metric.higher_is_better
+            result.metric_before = before
+            result.metric_after = problem.metric.measure(result.mask)
+        return result
 
 
 class ConcreteLearner(GateLearner):
@@ -431,7 +427,7 @@ class ConcreteLearner(GateLearner):
 
     ranking = "q1 (gate opening probability)"
 
-    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+    def __init__(self, slots: Slots, k: int, options: GateOptions, ctx: Context) -> None:
         super().__init__(slots, k, options, ctx)
         from ..learned import HardConcrete
 

@@ -1,4 +1,4 @@
-"""``lag``: the Lagrangian-multiplier baseline of PASS (paper 004, §4.1.2; after Wang et al. 2020 and
+"""``lag``: the Lagrangian-multiplier baseline of PASS (PASS, TMLR 2024, §4.1.2; after Wang et al. 2020 and
 Xia et al. 2022).
 
 Hard Concrete gates (as PASS) sampled every step; the expected sparsity of the deterministic gates::
@@ -23,14 +23,13 @@ from typing import Any
 
 import torch
 
-from .gate_training import ConcreteLearner, Context, LearnedOptions, Slots
+from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots
 
 
 class LAG(ConcreteLearner):
     name = "lag"
-    summary = "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)"
 
-    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+    def __init__(self, slots: Slots, k: int, options: GateOptions, ctx: Context) -> None:
         super().__init__(slots, k, options, ctx)
         self.lambdas = torch.zeros(2, requires_grad=True)
         self.lambdas.register_hook(lambda g: -g)  # gradient ascent on lambda_1, lambda_2
@@ -56,3 +55,6 @@ class LAG(ConcreteLearner):
 
     def hyperparameters(self) -> dict[str, Any]:
         return {"target_sparsity": self.sparsity, "gate_lr": self.options.gate_lr, "lambda_lr": self.options.gate_lr}
+
+
+METHOD = GateMethod(LAG)

@@ -1,4 +1,4 @@
-"""``pass``: Pruning with Almost-Sure Sparsity targets (Ding, Jawahar, Lakshmanan; paper 004, §3.2, §3.4,
+"""``pass``: Pruning with Almost-Sure Sparsity targets (Ding, Jawahar & Lakshmanan, TMLR 2024, §3.2, §3.4,
 App. B). (The module is not called ``pass``: that is a Python keyword.)
 
 Hard Concrete gates z_i (beta 0.33, gamma -0.1, zeta 1.1) with log-alpha phi_i, sampled every step;
@@ -14,34 +14,45 @@ is 0 exactly at almost-sure sparsity s = 1 - K/|H|. lambda escalates exponential
     lambda = lambda_base * lambda_0 ** (train_itr / n_step)                                             (eq. 16)
 
 Table 6: lambda_base 1e-5, lambda_0 1000, gate learning rate 0.5 (BERT); 1, 2, 0.2 for
-sequence-to-sequence models (the ED Transformer column); n_step 1,000 "in all experiments". As in
-the reference code, train_itr counts the steps at which the target is not met yet (the gates with
-phi <= -5 are not exactly |H| - K, or those with phi >= 5 not exactly K), so lambda stops growing
-once it is; it also stops at 1e10, where the sparsity term already outweighs the task loss beyond
-float32 resolution (larger values would overflow the gradients).
+sequence-to-sequence models (the ED Transformer column); n_step 1,000 "in all experiments".
 
-**Clipping and re-opening** (§3.4): at steps 2, 3 and 4 x n_step (the reference code's schedule:
-every n_step steps strictly between n_step and 5 n_step) every phi is clipped to [-5, 5], and each
-almost-surely closed gate (phi at -5) is re-opened (phi set to +5) with probability equal to its
-head's confidence (Voita et al.: the mean over real query tokens of the largest attention weight,
-measured on the first 8 training batches) divided by the largest confidence of all heads. The draws
-come from a generator seeded with the run's seed and the step.
+**Clipping and re-opening** (§3.4): every phi is clipped to [-5, 5], and each almost-surely closed
+gate (phi at -5) is re-opened (phi set to +5) with probability equal to its head's confidence (Voita
+et al.: the mean over real query tokens of the largest attention weight, measured on the first 8
+training batches) divided by the largest confidence of all heads. The draws come from a generator
+seeded with the run's seed and the step. Final mask: the top-K heads by opening probability q1
+(§4.1.1).
 
-**Short runs.** The reference schedule fits runs of 6,000 steps or more (SST-2's 3 epochs at batch 32
-take about 6,300); for a shorter run n_step is scaled to steps / 6 so lambda and the clip/re-open
-events go through the same course (``--lambda-step`` sets n_step). Final mask: the top-K heads by
-opening probability q1 (§4.1.1).
+**Where headcut departs from the paper's text, and why** (each recorded in the report's
+``hyperparameters``; the README's method table lists them too):
+
+1. *When to clip and re-open.* The paper gives no schedule; headcut follows the authors' reference
+   code: at steps 2, 3 and 4 x n_step (every n_step steps strictly between n_step and 5 n_step).
+2. *train_itr.* As in the reference code, eq. 16's train_itr counts only the steps at which the target
+   is not met yet (the gates with phi <= -5 are not exactly |H| - K, or those with phi >= 5 not exactly
+   K), so lambda stops growing once almost-sure sparsity is reached.
+3. *n_step for short runs.* The paper's n_step = 1,000 fits runs of 6,000 steps or more (SST-2's 3
+   epochs at batch 32 take about 6,300), whose lambda ramp and clip/re-open events end by 5,000. A
+   shorter run with n_step = 1,000 would end before its gates close, so n_step is scaled to steps / 6,
+   and lambda and the events go through the same course (``--lambda-step`` sets n_step).
+4. *A cap on lambda.* lambda stops growing at 1e10, where the sparsity term already outweighs the task
+   loss's gradient on the gates by more than float32 resolves (a larger lambda changes nothing) and
+   lambda * dR/dphi would overflow float32 a few n_step later; the paper sets no bound because its runs
+   meet the target first.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..config import ScoreConfig
+from ..errors import HeadcutError
 from ..learned import LambdaSchedule, r_pass
-from ..scoring import ScoreConfig, score
-from .gate_training import ConcreteLearner, Context, LearnedOptions, Slots, fitted
+from ..scoring import score
+from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots, fitted
 
 #: phi is clipped to [-CLIP, CLIP] (§3.4); |phi| >= CLIP counts as almost surely closed / open
 CLIP = 5.0
@@ -55,14 +66,26 @@ PAPER_RUN = 6000
 MAX_LAMBDA = 1e10
 
 
+@dataclass
+class PassOptions(GateOptions):
+    """PASS and PASSCONC: the gate-training options plus ``lambda_step``, eq. 16's n_step (None: 1,000,
+    or steps / 6 for a run under 6,000 steps)."""
+
+    lambda_step: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        if self.lambda_step is not None and self.lambda_step < 1:
+            raise HeadcutError(f"--lambda-step must be at least 1 step (got {self.lambda_step})")
+
+
 class PASS(ConcreteLearner):
     name = "pass"
-    summary = ("learned: Hard Concrete gates driven to almost-sure sparsity by R_pass, with clipping and "
-               "re-opening (PASS)")
 
-    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+    def __init__(self, slots: Slots, k: int, options: PassOptions, ctx: Context) -> None:
         super().__init__(slots, k, options, ctx)
         column = LambdaSchedule.ed_transformer() if ctx.task == "seq2seq" else LambdaSchedule.bert_base()
+        self.paper_n_step = column.n_step
         n_step = options.lambda_step or fitted(column.n_step, PAPER_RUN, ctx.total_steps)
         self.schedule = LambdaSchedule(lambda_base=column.lambda_base, lambda_0=column.lambda_0, n_step=n_step)
         #: eq. 16's train_itr: steps at which the target was not met yet
@@ -136,6 +159,11 @@ class PASS(ConcreteLearner):
 
     def hyperparameters(self) -> dict[str, Any]:
         s = self.schedule
-        return {"lambda_base": s.lambda_base, "lambda_0": s.lambda_0, "n_step": s.n_step, "clip": CLIP,
+        return {"lambda_base": s.lambda_base, "lambda_0": s.lambda_0, "n_step": s.n_step,
+                "n_step_scaled": self.options.lambda_step is None and s.n_step != self.paper_n_step,
+                "reopen_steps": [k * s.n_step for k in (2, 3, 4)], "max_lambda": MAX_LAMBDA, "clip": CLIP,
                 "target_sparsity": self.sparsity, "k_slots": self.k, "gate_lr": self.options.gate_lr,
                 "beta": self.hc.beta, "gamma": self.hc.gamma, "zeta": self.hc.zeta}
+
+
+METHOD = GateMethod(PASS, PassOptions)

@@ -1,4 +1,4 @@
-"""``passconc``: PASS with the concentrator (paper 004, §3.3, App. B).
+"""``passconc``: PASS with the concentrator (PASS, TMLR 2024, §3.3, App. B).
 
 PASS (``pass_gates.py``) plus a term that gathers the kept heads in few layers, so whole attention
 layers can be skipped::
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from ..learned.objectives import concentrator_weight, r_conc
-from .gate_training import Context, LearnedOptions, Slots, fitted
-from .pass_gates import CLIP, PASS
+from .gate_training import Context, GateMethod, Slots, fitted
+from .pass_gates import CLIP, PASS, PassOptions
 
 #: the reference code's cap on lambda_c / lambda
 MAX_RATIO = 3000.0
@@ -34,9 +34,8 @@ MAX_RATIO = 3000.0
 
 class PASSCONC(PASS):
     name = "passconc"
-    summary = "learned: PASS plus the concentrator that empties whole layers (PASSCONC)"
 
-    def __init__(self, slots: Slots, k: int, options: LearnedOptions, ctx: Context) -> None:
+    def __init__(self, slots: Slots, k: int, options: PassOptions, ctx: Context) -> None:
         super().__init__(slots, k, options, ctx)
         self.ratio = 0.0  # lambda_c / lambda
         n = self.schedule.n_step
@@ -85,3 +84,6 @@ class PASSCONC(PASS):
 
     def hyperparameters(self) -> dict[str, Any]:
         return {**super().hyperparameters(), "conc_window": list(self.window), "max_ratio": MAX_RATIO}
+
+
+METHOD = GateMethod(PASSCONC, PassOptions)

@@ -14,7 +14,7 @@ unreachable (only units of different sizes can do that). With ``--uniform`` a st
 to the next per-block count instead (each block keeps its top units). One-shot methods without
 ``--max-drop`` or ``--trajectory`` go to K in one step (the same mask: their ranking is fixed).
 
-**Quality stop** (``--max-drop D``; Greedy-Gnorm's accuracy rule, 001_*.txt sec. 3.1.2): after each
+**Quality stop** (``--max-drop D``; Greedy-Gnorm's accuracy rule, arXiv:2602.04491 sec. 3.1.2): after each
 step the metric is measured; the first step that takes it more than D from the input model's (in the
 metric's own units; a lower-is-better metric may rise by at most D) ends the search, and the result is
 the step before it.
@@ -31,10 +31,10 @@ from fractions import Fraction
 from torch import nn
 
 from ..adapters import Block
+from ..config import PruneConfig
 from ..errors import HeadcutError
 from .base import (
     Metric,
-    PruneConfig,
     PruneProgress,
     PruneResult,
     Ranker,
@@ -100,8 +100,9 @@ def _fmt_valid(options: list[int], total: int, sparsity: bool) -> str:
     return " or ".join(parts)
 
 
-def resolve_budget(sets: list[BlockSet], config: PruneConfig, default_step: int, stepwise: bool) -> Budget:
-    """Check the budget against the units (HeadcutError naming the nearest valid budgets)."""
+def resolve_budget(sets: list[BlockSet], config: PruneConfig, step: int, stepwise: bool) -> Budget:
+    """Check the budget against the units (HeadcutError naming the nearest valid budgets). ``step``:
+    heads per step; ``stepwise``: whether the search goes step by step (else to K at once)."""
     state = UnitState.full(sets)
     total = state.total()
     n_blocks = sum(s.width for s in sets)
@@ -138,7 +139,6 @@ def resolve_budget(sets: list[BlockSet], config: PruneConfig, default_step: int,
     else:
         target = valid[0] if valid else total
     exact = config.max_drop is None
-    step = config.step if config.step is not None else default_step
     if not stepwise:
         step = max(total, 1)
     return Budget(total=total, target=target, exact=exact, step=step, floor=floor, levels=levels, valid=valid)

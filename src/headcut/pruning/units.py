@@ -2,7 +2,7 @@
 
 * **Block sets.** Blocks that share weights (``Block.shared``: ALBERT's layers) form one set; a
   removal takes the same head index from every block of the set, so the sharing survives. Greedy-Gnorm
-  (001_*.txt, sec. 4.1) prunes ALBERT this way: "one mask position simultaneously affects 12 heads".
+  (arXiv:2602.04491 sec. 4.1) prunes ALBERT this way: "one mask position simultaneously affects 12 heads".
   Every other block is a set of its own.
 * **Granularity in a set** (``mode``), from the block's KV groups and the ``--gqa`` policy of
   :mod:`headcut.masks`:

@@ -23,35 +23,23 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..errors import HeadcutError
+from ..catalog import SCORERS, resolve, scorer_entry
+from ..config import ScoreConfig
 from ..surgery import model_blocks
-from . import confidence, entropy, gnorm, gradient, magnitude, random_baseline, value_l1
 from .base import (
     Batch,
     HeadScores,
     Progress,
-    ScoreConfig,
     Scorer,
     kv_group_scores,
     layer_norm_factor,
 )
 
-#: name -> scorer, in the order ``headcut score --help`` lists them
-SCORERS: dict[str, Scorer] = {
-    s.name: s
-    for s in (
-        gradient.SCORER, gnorm.SCORER, confidence.SCORER, entropy.SCORER, value_l1.SCORER, magnitude.SCORER,
-        random_baseline.SCORER,
-    )
-}
-
 
 def get_scorer(name: str) -> Scorer:
-    """The registered scorer ``name``, or a HeadcutError listing the real ones."""
-    scorer = SCORERS.get(name)
-    if scorer is None:
-        raise HeadcutError(f"unknown scorer {name!r}; choose one of: {', '.join(SCORERS)}")
-    return scorer
+    """The scorer registered as ``name`` in :data:`headcut.catalog.SCORERS` (a one-line error lists the
+    real ones)."""
+    return resolve(scorer_entry(name).target)  # type: ignore[return-value]
 
 
 def score(

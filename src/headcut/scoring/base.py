@@ -11,61 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..adapters import Block
+from ..config import ScoreConfig
 from ..errors import HeadcutError
 
 #: ``progress(done, total)`` after every calibration batch; ``total`` is None for an iterable of
 #: unknown length
 Progress = Callable[[int, int | None], None]
 Batch = Mapping[str, Any]
-
-NORMALIZE = ("none", "layer")
-ABS_PER = ("example", "batch")
-OBJECTIVES = ("loss", "logits-norm")
-#: the epsilon of Greedy-Gnorm's rectified attention entropy (reference code: ``e = 0.0000001``)
-DEFAULT_EPSILON = 1e-7
-
-
-@dataclass
-class ScoreConfig:
-    """How to score heads.
-
-    ``scorer``: a name in :data:`headcut.scoring.SCORERS`. ``normalize``: ``"none"`` or ``"layer"``
-    (Michel et al.: divide each block's scores by their L2 norm). ``abs_per`` (gradient):
-    ``"example"`` (Michel et al.: mean over examples of |dL_i/dg|) or ``"batch"`` (TextPruner: mean
-    over batches of |dL_batch/dg|). ``objective`` (gnorm): ``"loss"`` (the task loss) or
-    ``"logits-norm"`` (label-free: the L2 norm of the output logits). ``seed`` (random).
-    ``epsilon`` (entropy): the rectification constant.
-    """
-
-    scorer: str = "gradient"
-    normalize: str = "none"
-    abs_per: str = "example"
-    objective: str = "loss"
-    seed: int = 0
-    epsilon: float = DEFAULT_EPSILON
-
-    def validate(self) -> None:
-        """Refuse option values no scorer knows (HeadcutError with the valid ones)."""
-        for name, value, valid in (
-            ("normalize", self.normalize, NORMALIZE),
-            ("abs_per", self.abs_per, ABS_PER),
-            ("objective", self.objective, OBJECTIVES),
-        ):
-            if value not in valid:
-                raise HeadcutError(f"unknown {name} {value!r}; choose one of {', '.join(valid)}")
-        if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon < 1):
-            raise HeadcutError(f"epsilon must be a number in (0, 1), got {self.epsilon!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
 class HeadScores:
@@ -120,14 +79,13 @@ ScorerFn = Callable[[nn.Module, list[Block], Iterable[Batch] | None, ScoreConfig
 
 @dataclass(frozen=True)
 class Scorer:
-    """A registered scorer: its function, whether it needs calibration data, its orientation and
-    a one-line summary (for ``--help``)."""
+    """A scorer: its function, whether it needs calibration data and its orientation (its summary for
+    ``--help`` is in :data:`headcut.catalog.SCORERS`)."""
 
     name: str
     fn: ScorerFn
     needs_data: bool
     higher_is_important: bool
-    summary: str
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""``confidence``: attention confidence (Voita et al. 2019; Behnke & Heafield, 003_*.txt sec. 4
+"""``confidence``: attention confidence (Voita et al. 2019; Behnke & Heafield, EMNLP 2020, sec. 4
 "Attention confidence").
 
     confidence = max_s attention(s)
@@ -44,5 +44,4 @@ SCORER = Scorer(
     fn=confidence,
     needs_data=True,
     higher_is_important=True,
-    summary="mean of each head's maximum attention weight over real query tokens (Voita et al.)",
 )

@@ -1,4 +1,4 @@
-"""``entropy``: epsilon-rectified attention entropy (Greedy-Gnorm, 001_*.txt sec. 2.2.1, 3.3 and
+"""``entropy``: epsilon-rectified attention entropy (Greedy-Gnorm, arXiv:2602.04491 sec. 2.2.1, 3.3 and
 appendix C; the plain text lost the formulas, these follow the authors' reference code).
 
 For one query row p (a probability vector over the keys), eq. 18 is the entropy
@@ -64,5 +64,4 @@ SCORER = Scorer(
     fn=entropy,
     needs_data=True,
     higher_is_important=False,
-    summary="epsilon-rectified attention entropy over real query tokens (Greedy-Gnorm's AE); low = important",
 )

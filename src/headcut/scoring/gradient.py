@@ -1,4 +1,4 @@
-"""``gradient``: Michel et al.'s head importance, as Li, Cotterell & Sachan state it (000_*.txt,
+"""``gradient``: Michel et al.'s head importance, as Li, Cotterell & Sachan state it (arXiv:2108.04657,
 sec. 4.2.1, eq. 21):
 
     iota_h = 1/M * sum_{m=1..M} | dL(y_m, x_m) / dg_h |    at g = 1
@@ -154,5 +154,4 @@ SCORER = Scorer(
     fn=gradient,
     needs_data=True,
     higher_is_important=True,
-    summary="mean |dL/dg| of each head's gate (Michel et al.); --abs-per example|batch",
 )

@@ -40,5 +40,4 @@ SCORER = Scorer(
     fn=magnitude,
     needs_data=False,
     higher_is_important=True,
-    summary="L2 norm of each head's q, k, v and output-projection weights; data-free baseline",
 )

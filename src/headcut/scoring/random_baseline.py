@@ -1,4 +1,4 @@
-"""``random``: the random-pruning baseline (Greedy-Gnorm's "Random pruning", 001_*.txt sec. 4.1).
+"""``random``: the random-pruning baseline (Greedy-Gnorm's "Random pruning", arXiv:2602.04491 sec. 4.1).
 
 Score of every head: an independent uniform draw in [0, 1) from a ``torch.Generator`` seeded with
 ``config.seed``, drawn block by block in the order of :func:`headcut.model_blocks` (so the same
@@ -29,5 +29,4 @@ SCORER = Scorer(
     fn=random_scores,
     needs_data=False,
     higher_is_important=True,
-    summary="uniform random scores from a seeded generator (--seed); baseline",
 )

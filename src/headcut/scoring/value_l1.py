@@ -1,4 +1,4 @@
-"""``value-l1``: AUBER's state feature (Lee, Lee & Kang; 002_*.txt, "State representation").
+"""``value-l1``: AUBER's state feature (Lee, Lee & Kang; AUBER, PLOS ONE 2021, "State representation").
 
 Score of head h = ||W_V^h||_1 = sum_jk |W_V^h[j, k]|, the entry-wise L1 norm of the head's value
 matrix (the head_dim rows of the v projection weight that belong to it; bias excluded). Theorem 1
@@ -41,5 +41,4 @@ SCORER = Scorer(
     fn=value_l1,
     needs_data=False,
     higher_is_important=True,
-    summary="L1 norm of each head's value matrix (AUBER); data-free",
 )

@@ -14,7 +14,7 @@
   (``requires_grad`` off, not in the optimizer) and the model is in eval mode (dropout off), only the
   gates learn. Both flags are restored when :meth:`Trainer.train` returns.
 * **Optimizer.** AdamW with two parameter groups: model parameters at ``lr`` with ``weight_decay``,
-  gate tensors at ``gate_lr`` with no weight decay (decay would pull gates towards closed). The LR
+  gate tensors at ``gate_lr`` (None: ``lr``) with no weight decay (decay would pull gates towards closed). The LR
   schedule (:func:`lr_factor`) scales both groups. The gradients of each group are clipped to
   ``max_grad_norm`` on their own (the gates' regulariser may be large, e.g. PASS's escalating lambda,
   and must not shrink the model's step).
@@ -46,18 +46,18 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..config import TrainConfig
 from ..distributed import Dist
 from ..errors import HeadcutError
 from ..outputs import RunLock, remove_stale
@@ -77,75 +77,24 @@ AfterStepFn = Callable[[int], "dict[str, Any] | None"]
 StepFn = Callable[[dict[str, Any]], None]
 
 
-@dataclass
-class TrainConfig:
-    """How to train. Give exactly one of ``epochs`` and ``max_steps`` (optimizer steps).
+def prepare_checkpoint_dir(checkpoint_dir: str | Path, resume: bool, restart: bool) -> None:
+    """Refuse ``resume`` without a checkpoint, and a fresh run over the checkpoint of another run unless
+    ``restart`` (which then discards it: see :func:`clear_checkpoint_dir`). Before any work."""
+    ckpt = Path(checkpoint_dir).expanduser()
+    if resume and not (ckpt / CHECKPOINT_NAME).is_file():
+        raise HeadcutError(f"--resume: no checkpoint at {ckpt}; run without --resume to start")
+    if not resume and ckpt.exists() and not restart:
+        raise HeadcutError(f"{ckpt} holds the checkpoint of an interrupted run: pass --resume to continue it "
+                           "or --force to start over")
 
-    ``lr``: model parameters. ``gate_lr``: gate tensors; 0.1 is a placeholder default, each
-    learned-gate method sets its own from its paper. ``warmup_steps`` or ``warmup_ratio`` (of the total
-    steps; not both). ``schedule``: ``linear`` (warmup, then linear decay towards 0) or ``constant``
-    (warmup, then flat). ``eval_every`` / ``checkpoint_every``: in optimizer steps. ``mode``:
-    ``joint`` (model and gates trained) or ``pipelined`` (model frozen and in eval mode, gates only).
-    """
 
-    epochs: int | None = None
-    max_steps: int | None = None
-    lr: float = 5e-5
-    gate_lr: float = 0.1
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    warmup_ratio: float | None = None
-    schedule: str = "linear"
-    grad_accum: int = 1
-    max_grad_norm: float | None = 1.0
-    eval_every: int | None = None
-    checkpoint_every: int | None = None
-    seed: int = 0
-    shuffle: bool = True
-    mode: str = "joint"
+def clear_checkpoint_dir(checkpoint_dir: str | Path) -> None:
+    """Discard the checkpoint folder of an earlier run (a fresh run that was allowed to restart)."""
+    import shutil
 
-    def validate(self) -> None:
-        if (self.epochs is None) == (self.max_steps is None):
-            raise HeadcutError("give exactly one of epochs and max_steps")
-        if self.epochs is not None and self.epochs < 1:
-            raise HeadcutError(f"epochs must be at least 1, not {self.epochs}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise HeadcutError(f"max_steps must be at least 1, not {self.max_steps}")
-        if self.grad_accum < 1:
-            raise HeadcutError(f"grad_accum must be at least 1, not {self.grad_accum}")
-        if self.schedule not in ("linear", "constant"):
-            raise HeadcutError(f"schedule must be 'linear' or 'constant', not {self.schedule!r}")
-        if self.mode not in ("joint", "pipelined"):
-            raise HeadcutError(f"mode must be 'joint' or 'pipelined', not {self.mode!r}")
-        if self.warmup_steps < 0:
-            raise HeadcutError(f"warmup_steps must be >= 0, not {self.warmup_steps}")
-        if self.warmup_ratio is not None:
-            if self.warmup_steps:
-                raise HeadcutError("give warmup_steps or warmup_ratio, not both")
-            if not 0.0 <= self.warmup_ratio < 1.0:
-                raise HeadcutError(f"warmup_ratio must be in [0, 1), not {self.warmup_ratio}")
-        for name in ("eval_every", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise HeadcutError(f"{name} must be at least 1, not {value}")
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise HeadcutError(f"max_grad_norm must be positive, not {self.max_grad_norm}")
-
-    def total_steps(self, num_batches: int) -> int:
-        """Optimizer steps of the run over ``num_batches`` batches per epoch."""
-        if self.max_steps is not None:
-            return self.max_steps
-        steps = (self.epochs or 0) * num_batches // self.grad_accum
-        if steps < 1:
-            raise HeadcutError(
-                f"{self.epochs} epoch(s) of {num_batches} batch(es) make no optimizer step with grad_accum={self.grad_accum}"
-            )
-        return steps
-
-    def warmup(self, total: int) -> int:
-        if self.warmup_ratio is not None:
-            return math.ceil(self.warmup_ratio * total)
-        return self.warmup_steps
+    ckpt = Path(checkpoint_dir).expanduser()
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -274,6 +223,12 @@ class Trainer:
         identity: dict[str, Any] | None = None,
     ) -> None:
         config.validate()
+        if config.epochs is None and config.max_steps is None:
+            raise HeadcutError("give epochs or max_steps")
+        if config.mode is None:
+            config = replace(config, mode="joint")
+        if config.gate_lr is None:
+            config = replace(config, gate_lr=config.lr)
         if not train_batches:
             raise HeadcutError("no training batches")
         self.dist = dist or Dist()

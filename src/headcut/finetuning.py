@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,59 +29,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .config import FinetuneConfig
 from .data import Calibration
 from .distributed import Dist
 from .errors import HeadcutError
 from .evaluation import PRIMARY, evaluate
-from .training.engine import ProgressFn, TrainConfig, Trainer
-
-
-@dataclass
-class FinetuneConfig:
-    """How to fine-tune. Give at most one of ``epochs`` and ``max_steps`` (neither: ``epochs=3``).
-
-    ``alpha``: weight of the distillation term (0: task loss only, 1: distillation only);
-    ``temperature``: softmax temperature of the distillation term. ``alpha=0.5`` and
-    ``temperature=2.0`` are the usual distillation defaults; both are ignored without a teacher.
-    The other fields are those of :class:`~headcut.training.engine.TrainConfig`.
-    """
-
-    epochs: int | None = None
-    max_steps: int | None = None
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "linear"
-    grad_accum: int = 1
-    max_grad_norm: float | None = 1.0
-    eval_every: int | None = None
-    checkpoint_every: int | None = None
-    seed: int = 0
-    alpha: float = 0.5
-    temperature: float = 2.0
-
-    def validate(self) -> None:
-        """One-line errors for values that cannot work."""
-        if not 0.0 <= self.alpha <= 1.0:
-            raise HeadcutError(f"--alpha must be in [0, 1] (got {self.alpha})")
-        if not self.temperature > 0.0:
-            raise HeadcutError(f"--temperature must be positive (got {self.temperature})")
-        if self.lr <= 0.0:
-            raise HeadcutError(f"--lr must be positive (got {self.lr})")
-        self.train_config().validate()
-
-    def train_config(self) -> TrainConfig:
-        """The engine's config (``joint`` mode: the model's weights are trained, no gates)."""
-        epochs = self.epochs if self.epochs is not None or self.max_steps is not None else 3
-        return TrainConfig(
-            epochs=epochs, max_steps=self.max_steps, lr=self.lr, weight_decay=self.weight_decay,
-            warmup_steps=self.warmup_steps, schedule=self.schedule, grad_accum=self.grad_accum,
-            max_grad_norm=self.max_grad_norm, eval_every=self.eval_every, checkpoint_every=self.checkpoint_every,
-            seed=self.seed, shuffle=True, mode="joint",
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+from .training.engine import ProgressFn, Trainer
 
 
 @dataclass
@@ -267,6 +220,7 @@ def finetune(
     (e.g. the model's and teacher's paths): a checkpoint whose identity or settings differ is refused."""
     start = time.perf_counter()
     config.validate()
+    config = config.resolved()
     if eval_calibration is not None and eval_calibration.task != train.task:
         raise HeadcutError(f"the eval data is for {eval_calibration.task}, the training data for {train.task}")
     if not train.batches:
@@ -290,11 +244,10 @@ def finetune(
             return dict(evaluate(model, eval_calibration, bleu=False).metrics)
 
     trainer = Trainer(
-        model, None, train.batches, config.train_config(),
+        model, None, train.batches, config,
         loss_fn=make_loss(train.task, teacher, config.alpha, config.temperature),
         eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
-        identity=dict(identity or {}, alpha=config.alpha, temperature=config.temperature,
-                      distilled=teacher is not None),
+        identity=dict(identity or {}, distilled=teacher is not None),
     )
     if resume:
         trainer.resume()

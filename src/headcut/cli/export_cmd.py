@@ -1,0 +1,68 @@
+"""``headcut export``: remove the heads a mask file drops and save the slimmed model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import app
+from .common import (
+    AllowPickle,
+    Force,
+    Gqa,
+    JsonOut,
+    ModelArg,
+    Out,
+    Quiet,
+    Task,
+    TrustRemote,
+    examples,
+    handle_errors,
+    local_input,
+    plan_outputs,
+)
+
+
+@app.command(epilog=examples(
+    'echo \'{"drop": {"self.0": [0, 3], "self.5": [1]}}\' > mask.json',
+    "headcut export model/ --mask mask.json --out slim/",
+    "headcut export model/ --mask prune-report-mask.json --out slim/ --force --json -",
+))
+@handle_errors
+def export(
+    model: ModelArg,
+    mask: Annotated[Path, typer.Option("--mask", metavar="MASK.json", show_default=False,
+                                       help='Mask JSON: {"keep": {block: [heads]}} or {"drop": ...} (a prune '
+                                            'report\'s "mask" entry works too).')],
+    out: Annotated[Path, typer.Option("--out", metavar="DIR", show_default=False,
+                                      help="Output folder (written atomically).")],
+    gqa: Gqa = "auto",
+    force: Force = False,
+    json_out: JsonOut = None,
+    task: Task = None,
+    quiet: Quiet = False,
+    allow_pickle: AllowPickle = False,
+    trust_remote_code: TrustRemote = False,
+) -> None:
+    """Remove the heads a mask file drops and save a slimmed model that loads back."""
+    from .. import api
+
+    target, _ = plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
+    assert target is not None
+    log = Out(json_out, quiet)
+    arguments = {"model": model, "mask": str(mask), "out": str(out), "gqa": gqa, "force": force, "task": task}
+    with target:
+        exported = api.export(model, mask, gqa=gqa, task=task, allow_pickle=allow_pickle,
+                              trust_remote_code=trust_remote_code, arguments=arguments)
+        if local_input(model) is None:
+            exported.source = None
+        exported.save(target)
+    s = exported.slim
+    log.show(f"kept {s.total_after} of {s.total_before} heads; parameters {s.params_before:,} -> {s.params_after:,}; "
+             f"saved to {out}")
+    if s.unshared_params:
+        log.note(f"unsharing weights added {s.unshared_params:,} parameters before the cut")
+    log.notes(exported.report.get("notes", []))
+    log.json(exported.report)

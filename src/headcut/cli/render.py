@@ -1,0 +1,260 @@
+"""The tables the commands show (rich renderables built from the API's results and reports)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from ..reports import STOPPED
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.2f} MiB"
+
+
+# ---- info ---------------------------------------------------------------------------------------------
+
+def info_table(model: str, result: Any) -> list[Any]:
+    table = Table(title=f"{model}: {result.architecture} ({result.family})", box=box.SIMPLE_HEAD)
+    for col in ("block", "kind", "layer", "heads", "kv heads", "head dim"):
+        table.add_column(col, justify="left" if col in ("block", "kind") else "right")
+    for b in result.blocks:
+        table.add_row(b.name, b.kind, str(b.layer), str(b.heads), str(b.kv_heads), str(b.head_dim))
+    total = (f"{result.total_heads} heads in {len(result.blocks)} blocks, {result.params:,} parameters"
+             + (" (slimmed by headcut)" if result.cut else ""))
+    return [table, total]
+
+
+# ---- eval ---------------------------------------------------------------------------------------------
+
+def _metric(name: str, value: float) -> str:
+    if name == "tokens":
+        return f"{value:,.0f}"
+    if name in ("accuracy", "macro_f1"):
+        return f"{value:.4f}"
+    return f"{value:,.4f}"
+
+
+def metrics_table(title: str, result: Any) -> Table:
+    """The metrics of one evaluation, primary metric first."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    arrow = "higher is better" if result.higher_is_better else "lower is better"
+    table.add_row(f"{result.primary} ({arrow})", _metric(result.primary, result.value))
+    for name, value in result.metrics.items():
+        if name != result.primary:
+            table.add_row(name, _metric(name, value))
+    table.add_row("examples", f"{result.examples:,}")
+    table.add_row("examples/s", f"{result.examples_per_s:,.1f}")
+    table.add_row("seconds", f"{result.seconds:,.2f}")
+    return table
+
+
+# ---- score --------------------------------------------------------------------------------------------
+
+def _importance_colour(value: float, low: float, high: float) -> str:
+    share = 0.0 if high <= low else (value - low) / (high - low)
+    level = int(40 + 180 * share)
+    return f"on rgb({level // 3},{level // 2},{level})"
+
+
+def heatmap_tables(blocks: list[Any], scores: Any) -> list[Table]:
+    """One table per attention kind: a row per layer, a cell per head, shaded by importance."""
+    importance = scores.importance()
+    tables = []
+    for kind in dict.fromkeys(b.kind for b in blocks):
+        of_kind = [b for b in blocks if b.kind == kind]
+        values = [v for b in of_kind for v in importance[b.name]]
+        low, high = (min(values), max(values)) if values else (0.0, 0.0)
+        width = max((b.heads for b in of_kind), default=0)
+        # one power of ten per table keeps the cells short: a cell shows score / 10**exp
+        biggest = max((abs(v) for b in of_kind for v in scores.blocks[b.name]), default=0.0)
+        exp = math.floor(math.log10(biggest)) if biggest > 0 and math.isfinite(biggest) else 0
+        unit = f" (x 1e{exp})" if exp else ""
+        table = Table(title=f"{scores.scorer} scores{unit}: {kind} attention", box=box.SIMPLE_HEAD, padding=(0, 1))
+        table.add_column("layer", justify="right", no_wrap=True)
+        for h in range(width):
+            table.add_column(str(h), justify="right", no_wrap=True)
+        for b in of_kind:
+            cells: list[Any] = []
+            for h, raw in enumerate(scores.blocks[b.name]):
+                shade = _importance_colour(importance[b.name][h], low, high)
+                cells.append(Text(f"{raw / 10 ** exp:.2f}", style=shade))
+            cells += ["-"] * (width - b.heads)
+            table.add_row(str(b.layer), *cells)
+        tables.append(table)
+    return tables
+
+
+def write_plot(path: str, blocks: list[Any], scores: Any) -> None:
+    """A PNG heatmap per attention kind (matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kinds = list(dict.fromkeys(b.kind for b in blocks))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 4), squeeze=False)
+    for ax, kind in zip(axes[0], kinds):
+        of_kind = [b for b in blocks if b.kind == kind]
+        width = max((b.heads for b in of_kind), default=0)
+        grid = np.full((len(of_kind), max(width, 1)), np.nan)
+        for i, b in enumerate(of_kind):
+            grid[i, : b.heads] = scores.blocks[b.name]
+        image = ax.imshow(grid, aspect="auto", cmap="viridis" if scores.higher_is_important else "viridis_r")
+        ax.set_xticks(range(width))
+        ax.set_yticks(range(len(of_kind)), [str(b.layer) for b in of_kind])
+        ax.set_title(f"{scores.scorer}: {kind}")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, format="png")
+    plt.close(fig)
+
+
+# ---- prune --------------------------------------------------------------------------------------------
+
+def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list[Any]:
+    """What ``headcut prune`` shows: the stop reason, heads per block, before/after, the trajectory and the
+    training curve."""
+    out: list[Any] = []
+    heads, params, size, metric = report["heads"], report["params"], report["size_bytes"], report["metric"]
+    out.append(f"{report['model']}: {report['method']} kept {heads['after']} of {heads['before']} heads "
+               f"({STOPPED.get(report['stopped'], report['stopped'])})")
+    blocks = Table(title="heads per block", box=box.SIMPLE_HEAD)
+    for col in ("block", "before", "after", "kept heads"):
+        blocks.add_column(col, justify="left" if col in ("block", "kept heads") else "right")
+    for name, n in heads["per_block_before"].items():
+        kept = report["mask"]["keep"][name]
+        shown = ",".join(map(str, kept)) if len(kept) < n else "all"
+        blocks.add_row(name, str(n), str(heads["per_block_after"][name]), shown or "none")
+    out.append(blocks)
+    summary = Table(title="summary", box=box.SIMPLE_HEAD)
+    for col in ("", "before", "after"):
+        summary.add_column(col, justify="left" if not col else "right")
+    summary.add_row("heads", f"{heads['before']:,}", f"{heads['after']:,}")
+    summary.add_row("parameters", f"{params['before']:,}", f"{params['after']:,}")
+    summary.add_row("weights", _mib(size["before"]), _mib(size["after"]))
+    if metric is not None:
+        arrow = "higher is better" if metric["higher_is_better"] else "lower is better"
+        summary.add_row(f"{metric['name']} ({arrow})", _fmt(metric["before"]), _fmt(metric["after"]))
+    out.append(summary)
+    if metric is not None and any(p.metric is not None and p.step > 0 for p in result.trajectory):
+        curve = Table(title="trajectory", box=box.SIMPLE_HEAD)
+        for col in ("step", "heads", metric["name"], "within"):
+            curve.add_column(col, justify="right")
+        for p in result.trajectory:
+            mark = "" if p.within is None else ("yes" if p.within else "no")
+            curve.add_row(str(p.step), str(p.heads), _fmt(p.metric), mark)
+        out.append(curve)
+    if params["unshared"]:
+        out.append(f"unsharing weights added {params['unshared']:,} parameters before the cut")
+    run = result.training
+    if run is not None:
+        evals = [e for e in run.history if isinstance(e.get("eval"), dict)]
+        if evals and metric is not None:
+            curve = Table(title=f"training ({run.mode}): {metric['name']} with the top-K mask of the moment",
+                          box=box.SIMPLE_HEAD)
+            for col in ("step", "task loss", "open heads", metric["name"]):
+                curve.add_column(col, justify="right")
+            for e in evals:
+                curve.add_row(str(e["step"]), f"{e.get('task_loss', e['loss']):.4f}", f"{e.get('open', 0):g}",
+                              _fmt(e["eval"].get(metric["name"])))
+            out.append(curve)
+        first, last = run.history[0], run.history[-1]
+        resumed = f", resumed at step {run.resumed_from}" if run.resumed_from is not None else ""
+        loss = "task_loss" if "task_loss" in last else "loss"
+        out.append(f"trained {run.steps} steps ({run.mode}{resumed}), task loss {first[loss]:.4f} -> "
+                   f"{last[loss]:.4f}, {run.seconds:.1f} s; kept the top {result.target} heads by {run.ranking}; "
+                   f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
+    else:
+        out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
+                   f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
+    return out
+
+
+# ---- finetune -----------------------------------------------------------------------------------------
+
+def finetune_summary(report: dict[str, Any], result: Any, report_name: str) -> list[str]:
+    summary = result.summary()
+    first, last = summary.get("first", {}), summary.get("last", {})
+    resumed = f" (resumed at step {result.resumed_from})" if result.resumed_from is not None else ""
+    lines = [f"{report['model']}: {result.steps} steps{resumed}, loss {_fmt(first.get('loss'))} -> "
+             f"{_fmt(last.get('loss'))}" + (f", KL {_fmt(first.get('kl'))} -> {_fmt(last.get('kl'))}"
+                                           if "kl" in last else "")]
+    if result.metric is not None:
+        arrow = "higher is better" if result.higher_is_better else "lower is better"
+        lines.append(f"{result.metric} ({arrow}): {_fmt(result.metric_before)} -> {_fmt(result.metric_after)}")
+    lines.append(f"saved to {report['out']} (with {report_name})")
+    return lines
+
+
+# ---- bench --------------------------------------------------------------------------------------------
+
+def _mib1(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:,.1f}"
+
+
+def _count(n: int) -> str:
+    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= size:
+            return f"{n / size:.1f}{suffix}"
+    return str(n)
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
+    """One row per model with the numbers of ``headcut bench`` (see its help). The relative columns
+    (FLOP ratio, speed-up) appear only against a baseline: with two models or more."""
+    first = results[0] if results else None
+    relative = len(results) > 1
+    kind = first.peak_memory_kind if first is not None else ""
+    memory_note = {
+        "cuda_max_memory_allocated": "peak MiB: max CUDA memory allocated during the forwards (weights included)",
+        "cpu_peak_rss_increase": "peak MiB: resident memory the forwards add on top of the loaded model",
+    }.get(kind, "peak MiB: not measurable here")
+    threads = first.threads if first is not None else 0
+    dtypes = sorted({r.dtype for r in results})
+    dtype = dtypes[0] if len(dtypes) == 1 else "dtypes " + "/".join(dtypes)
+    table = Table(
+        title=f"{config.device} ({device_name}, {threads} thread{'s' if threads != 1 else ''}), "
+              f"{dtype}, batch {config.batch_size} x {config.seq_len}",
+        caption=memory_note, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+    )
+    columns = ["model", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p90\nms", "examples\n/s",
+               "speed-\nup", "peak\nMiB", "gen\ntok/s", "KV B/\ntoken"]
+    if not relative:
+        columns = [c for c in columns if c not in ("FLOP\nratio", "speed-\nup")]
+    for col in columns:
+        if col == "model":
+            table.add_column(col, overflow="fold")
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
+    for r in results:
+        gen = r.generation
+        cells = {
+            "model": r.name, "heads": "-" if r.heads is None else str(r.heads), "params": _count(r.params),
+            "GFLOPs": f"{r.flops / 1e9:,.3f}", "FLOP\nratio": _num(r.flop_ratio, ".3f"),
+            "median\nms": f"{r.median_ms:,.2f}", "p90\nms": f"{r.p90_ms:,.2f}",
+            "examples\n/s": f"{r.examples_per_s:,.1f}",
+            "speed-\nup": _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
+            "peak\nMiB": _mib1(r.peak_memory_bytes),
+            "gen\ntok/s": "-" if gen is None else f"{gen.tokens_per_s:,.1f}",
+            "KV B/\ntoken": "-" if gen is None else f"{gen.kv_bytes_per_token:,.0f}",
+        }
+        table.add_row(*(cells[c] for c in columns))
+    return table

@@ -1,0 +1,279 @@
+"""The configurations of headcut's jobs, as plain dataclasses with defaults and validation.
+
+They import nothing heavy (torch is imported only inside the checks that need it), so the command
+line reads its defaults from here without loading torch. Every ``validate`` raises a one-line
+:class:`~headcut.errors.HeadcutError` naming the flag and the valid values.
+
+* :class:`ScoreConfig`: how ``headcut score`` (and the score-based methods) score heads.
+* :class:`PruneConfig`: what every pruning method shares: the budget, units, GQA policy and seed.
+  Each method's own options are a dataclass in its module (``headcut.pruning.<method>``).
+* :class:`TrainConfig`: the one training configuration of ``finetune``, the learned-gate methods and
+  every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it).
+* :class:`BenchConfig`: how ``headcut bench`` times models.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .catalog import (
+    ABS_PER,
+    ATTN_IMPLEMENTATIONS,
+    DTYPE_NAMES,
+    GNORM_PER,
+    GQA_POLICIES,
+    MODES,
+    NORMALIZE,
+    OBJECTIVES,
+)
+from .errors import HeadcutError
+
+#: the epsilon of Greedy-Gnorm's rectified attention entropy (reference code: ``e = 0.0000001``)
+DEFAULT_EPSILON = 1e-7
+
+
+def _choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
+    if value not in valid:
+        raise HeadcutError(f"unknown {flag} {value!r}; choose one of {', '.join(str(v) for v in valid)}")
+
+
+def _count(flag: str, value: Any, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise HeadcutError(f"{flag} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass
+class ScoreConfig:
+    """How to score heads.
+
+    ``scorer``: a name in :data:`headcut.catalog.SCORERS`. ``normalize``: ``none`` or ``layer``
+    (Michel et al. §4.1: divide each block's scores by their L2 norm). ``abs_per`` (gradient):
+    ``example`` (Michel et al.: mean over examples of |dL_i/dg|) or ``batch`` (TextPruner: mean over
+    batches of |dL_batch/dg|). ``objective`` (gnorm): ``logits-norm`` (Greedy-Gnorm's: the gradient of
+    the L2 norm of the output logits, label-free) or ``loss`` (the task loss). ``per`` (gnorm): the
+    gradient norms of every ``batch`` (the authors' code) or of every ``example`` (the paper's
+    per-sentence description, eq. 9-16), averaged. ``seed`` (random). ``epsilon`` (entropy): the
+    rectification constant."""
+
+    scorer: str = "gradient"
+    normalize: str = "none"
+    abs_per: str = "example"
+    objective: str = "logits-norm"
+    per: str = "batch"
+    seed: int = 0
+    epsilon: float = DEFAULT_EPSILON
+
+    def validate(self) -> None:
+        from .catalog import scorer_entry
+
+        scorer_entry(self.scorer)
+        _choice("--normalize", self.normalize, NORMALIZE)
+        _choice("--abs-per", self.abs_per, ABS_PER)
+        _choice("--objective", self.objective, OBJECTIVES)
+        _choice("--per", self.per, GNORM_PER)
+        if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon < 1):
+            raise HeadcutError(f"epsilon must be a number in (0, 1), got {self.epsilon!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class PruneConfig:
+    """What every pruning method shares.
+
+    ``method``: a name in :data:`headcut.catalog.METHODS`. Budget: exactly one of ``keep`` (heads
+    left) and ``sparsity`` (fraction removed: keep = floor((1 - s) * heads)), or ``max_drop`` (stop
+    before the metric drops by more than this, in the metric's own units; score-based methods) with
+    ``keep``/``sparsity`` optional as a floor. ``uniform``: the same number of heads in every block.
+    ``min_heads_per_block``: never take a block below this. ``gqa``: the grouped-query policy (units
+    and slimming). ``seed``: every random choice of the method. ``trajectory``: measure the metric
+    after every step (score-based methods; needs evaluation data)."""
+
+    method: str = "gradient"
+    keep: int | None = None
+    sparsity: float | None = None
+    max_drop: float | None = None
+    uniform: bool = False
+    min_heads_per_block: int = 0
+    gqa: str = "auto"
+    seed: int = 0
+    trajectory: bool = False
+
+    def validate(self) -> None:
+        """One-line errors for values that cannot work (the method name is checked by the registry)."""
+        from .catalog import method_entry
+
+        method_entry(self.method)
+        if self.keep is not None and self.sparsity is not None:
+            raise HeadcutError("give one budget: --keep or --sparsity, not both")
+        if self.keep is None and self.sparsity is None and self.max_drop is None:
+            raise HeadcutError("no budget: pass --keep K, --sparsity S or --max-drop D")
+        if self.keep is not None and (not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 0):
+            raise HeadcutError(f"--keep must be a head count >= 0 (got {self.keep})")
+        if self.sparsity is not None and not (0.0 <= self.sparsity <= 1.0 and math.isfinite(self.sparsity)):
+            raise HeadcutError(f"--sparsity must be a fraction in [0, 1] (got {self.sparsity})")
+        if self.max_drop is not None and not (self.max_drop >= 0 and math.isfinite(self.max_drop)):
+            raise HeadcutError(f"--max-drop must be a number >= 0 in the metric's units (got {self.max_drop})")
+        _count("--min-heads-per-block", self.min_heads_per_block, 0)
+        _choice("--gqa policy", self.gqa, GQA_POLICIES)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TrainConfig:
+    """How to train: the one training configuration of ``finetune``, the learned-gate methods and the
+    later training loops (each extends it with its own fields and resolves its own defaults).
+
+    ``epochs`` / ``max_steps``: at most one (optimizer steps; neither: the caller's default, e.g.
+    ``finetune``'s 3 epochs). ``lr``: model parameters (AdamW); ``gate_lr``: gate tensors (None: the
+    method's paper value). ``warmup_steps`` or ``warmup_ratio`` (of the total steps; not both).
+    ``schedule``: ``linear`` (warmup, then linear decay towards 0) or ``constant``. ``grad_accum``:
+    batches per optimizer step. ``max_grad_norm``: clipping per parameter group (None: off).
+    ``eval_every`` / ``checkpoint_every``: in optimizer steps. ``seed``: batch order, dropout and
+    sampling. ``mode``: ``joint`` (model and gates trained) or ``pipelined`` (model frozen, gates
+    only); None: the method's default."""
+
+    epochs: int | None = None
+    max_steps: int | None = None
+    lr: float = 5e-5
+    gate_lr: float | None = None
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    warmup_ratio: float | None = None
+    schedule: str = "linear"
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    eval_every: int | None = None
+    checkpoint_every: int | None = 100
+    seed: int = 0
+    shuffle: bool = True
+    mode: str | None = "joint"
+
+    def validate(self) -> None:
+        if self.epochs is not None and self.max_steps is not None:
+            raise HeadcutError("give --epochs or --max-steps, not both")
+        if self.epochs is not None:
+            _count("--epochs", self.epochs, 1)
+        if self.max_steps is not None:
+            _count("--max-steps", self.max_steps, 1)
+        _count("--grad-accum", self.grad_accum, 1)
+        _count("--warmup-steps", self.warmup_steps, 0)
+        _choice("schedule", self.schedule, ("linear", "constant"))
+        if self.mode is not None:
+            _choice("--mode", self.mode, MODES)
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
+            raise HeadcutError(f"--lr must be positive (got {self.lr})")
+        if self.gate_lr is not None and not (self.gate_lr > 0 and math.isfinite(self.gate_lr)):
+            raise HeadcutError(f"--gate-lr must be positive (got {self.gate_lr})")
+        if self.weight_decay < 0:
+            raise HeadcutError(f"weight_decay must be >= 0 (got {self.weight_decay})")
+        if self.warmup_ratio is not None:
+            if self.warmup_steps:
+                raise HeadcutError("give warmup_steps or warmup_ratio, not both")
+            if not 0.0 <= self.warmup_ratio < 1.0:
+                raise HeadcutError(f"warmup_ratio must be in [0, 1), not {self.warmup_ratio}")
+        for flag, value in (("--eval-every", self.eval_every), ("--checkpoint-every", self.checkpoint_every)):
+            if value is not None:
+                _count(flag, value, 1)
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise HeadcutError(f"max_grad_norm must be positive, not {self.max_grad_norm}")
+
+    def total_steps(self, num_batches: int) -> int:
+        """Optimizer steps of the run over ``num_batches`` batches per epoch."""
+        if self.max_steps is not None:
+            return self.max_steps
+        if self.epochs is None:
+            raise HeadcutError("give epochs or max_steps")
+        steps = self.epochs * num_batches // self.grad_accum
+        if steps < 1:
+            raise HeadcutError(
+                f"{self.epochs} epoch(s) of {num_batches} batch(es) make no optimizer step with "
+                f"grad_accum={self.grad_accum}"
+            )
+        return steps
+
+    def warmup(self, total: int) -> int:
+        if self.warmup_ratio is not None:
+            return math.ceil(self.warmup_ratio * total)
+        return self.warmup_steps
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class FinetuneConfig(TrainConfig):
+    """How ``finetune`` trains: a :class:`TrainConfig` (default: 3 epochs at lr 5e-5) plus distillation.
+
+    ``alpha``: weight of the distillation term (0: task loss only, 1: distillation only);
+    ``temperature``: softmax temperature of the distillation term; both need a teacher. ``alpha=0.5``
+    and ``temperature=2.0`` are the usual distillation defaults (Hinton et al., 2015)."""
+
+    alpha: float = 0.5
+    temperature: float = 2.0
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.alpha <= 1.0:
+            raise HeadcutError(f"--alpha must be in [0, 1] (got {self.alpha})")
+        if not self.temperature > 0.0:
+            raise HeadcutError(f"--temperature must be positive (got {self.temperature})")
+
+    def resolved(self) -> FinetuneConfig:
+        """The config with its defaults filled in (3 epochs when neither epochs nor max_steps is set)."""
+        from dataclasses import replace
+
+        epochs = 3 if self.epochs is None and self.max_steps is None else self.epochs
+        return replace(self, epochs=epochs, mode="joint")
+
+
+@dataclass
+class BenchConfig:
+    """How to benchmark. ``dtype``/``attn_implementation`` None: the checkpoint's own."""
+
+    device: str = "cpu"
+    batch_size: int = 8
+    seq_len: int = 128
+    runs: int = 20
+    warmup: int = 3
+    threads: int | None = None
+    dtype: str | None = None
+    attn_implementation: str | None = None
+    gen_tokens: int = 32
+    gen_runs: int = 3
+    seed: int = 0
+
+    def validate(self) -> list[str]:
+        """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
+        for name, low in (("batch_size", 1), ("seq_len", 1), ("runs", 1), ("warmup", 0), ("gen_tokens", 0),
+                          ("gen_runs", 1)):
+            _count(f"--{name.replace('_', '-')}", getattr(self, name), low)
+        if self.threads is not None:
+            _count("--threads", self.threads, 1)
+        if self.dtype is not None:
+            _choice("--dtype", self.dtype, DTYPE_NAMES)
+        if self.attn_implementation is not None:
+            _choice("--attn", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise HeadcutError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise HeadcutError(f"--device {self.device}: CUDA is not available (torch {torch.__version__})")
+            index = torch.device(self.device).index
+            if index is not None and index >= torch.cuda.device_count():
+                raise HeadcutError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
+        notes = []
+        if self.device == "cpu" and self.dtype == "float16":
+            notes.append("float16 on CPU is often much slower than float32 and some kernels lack it")
+        return notes
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

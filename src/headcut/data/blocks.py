@@ -1,0 +1,49 @@
+"""Causal-LM blocks: a ``.txt`` file for a causal LM is one text cut into blocks of ``seq_len`` tokens.
+
+The tokenizer's own special tokens (e.g. a BOS) are included in every block and the remainder (less than
+one block) is dropped; the blocks are then shuffled and cut to ``max_examples`` like rows. Only files are
+cut into blocks; every other source gives one example per row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import HeadcutError
+from .columns import Rows
+
+__all__ = ["lm_blocks"]
+
+
+def _affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a text (e.g. BOS; CLS ... SEP)."""
+    probe = "hello world"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    full = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return list(full[:start]), list(full[start + len(plain):])
+    return [], []
+
+
+def lm_blocks(r: Rows, tokenizer: Any, seq_len: int) -> list[dict[str, Any]]:
+    """A text file for a causal LM: one text, cut into blocks of ``seq_len`` tokens, selected."""
+    text = "\n".join(v for v in list(r.ds["text"]) if v is not None)
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    prefix, suffix = _affixes(tokenizer)
+    body = seq_len - len(prefix) - len(suffix)
+    if body < 1:
+        raise HeadcutError(f"--seq-len {seq_len} leaves no room for text between the tokenizer's special tokens")
+    n_blocks = len(ids) // body
+    if n_blocks == 0:
+        raise HeadcutError(
+            f"{r.source} is shorter than one block of {seq_len} tokens ({len(ids)} tokens of text); "
+            "lower --seq-len or use a longer text"
+        )
+    if len(ids) % body:
+        r.notes.append(f"dropped the last {len(ids) % body} tokens (less than one block)")
+    examples = []
+    for b in r.select(n_blocks):
+        block = prefix + list(ids[b * body:(b + 1) * body]) + suffix
+        examples.append({"input_ids": block, "attention_mask": [1] * len(block), "labels": list(block)})
+    return examples

@@ -1,0 +1,90 @@
+"""What to read and how to batch it: :class:`DataConfig` and the plain constants of the data package.
+
+Standard library only (plus :mod:`headcut.errors` and :mod:`headcut.sources`): the CLI builds its options and
+help from this module without importing torch, transformers or datasets.
+
+* **Tasks** (:func:`headcut.data.detect_task`, from the model's head): :data:`TASK_NAMES`.
+* **Columns**: the explicit ones first, else the first of the usual names that the data has
+  (:data:`TEXT_COLUMNS` ...).
+* **Files**: :data:`FILE_FORMATS` by suffix, optionally compressed (:data:`COMPRESSIONS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import HeadcutError
+from ..sources import COMPRESSIONS
+
+__all__ = [
+    "COMPRESSIONS", "FILE_FORMATS", "LABEL_COLUMNS", "PAIR_COLUMNS", "SOURCE_COLUMNS", "SUPPORTED_HEADS",
+    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "DataConfig",
+]
+
+#: the tasks :func:`headcut.data.detect_task` returns
+TASK_NAMES = ("classification", "causal-lm", "seq2seq", "masked-lm")
+
+#: the task heads data commands can feed (for error messages)
+SUPPORTED_HEADS = "sequence classification, causal LM, seq2seq LM or masked LM"
+
+#: column names tried, in order, when no column is given
+TEXT_COLUMNS = ("text", "sentence", "sentence1", "premise", "question", "review", "content", "document")
+PAIR_COLUMNS = ("sentence2", "hypothesis", "text_pair")
+LABEL_COLUMNS = ("label", "labels", "category", "class", "target")
+SOURCE_COLUMNS = ("source", "src", "input", "document", "article")
+TARGET_COLUMNS = ("target", "tgt", "output", "summary", "highlights", "translation")
+
+#: file suffix -> (``datasets`` builder, its options); its keys are :data:`headcut.sources.DATA_SUFFIXES`
+FILE_FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
+    ".csv": ("csv", {}),
+    ".tsv": ("csv", {"delimiter": "\t"}),
+    ".json": ("json", {}),
+    ".jsonl": ("json", {}),
+    ".parquet": ("parquet", {}),
+    ".txt": ("text", {}),
+}
+
+#: names of tokenizer files; a local checkpoint folder needs one of them
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
+    "tokenizer.model", "sentencepiece.bpe.model", "source.spm", "target.spm", "spm.model",
+)
+
+
+@dataclass
+class DataConfig:
+    """Where the data is and how to batch it (see :mod:`headcut.data`).
+
+    ``path``: a data file, or a ``datasets`` name ``NAME[:CONFIG]`` (``config_name``, when given,
+    overrides the ``:CONFIG`` part); ``split`` is used for ``datasets`` names only (a local file is a
+    single split), and to pick the split of an in-memory ``DatasetDict``. Column names ``None``: detected
+    from the usual names.
+    """
+
+    path: str
+    split: str = "train"
+    config_name: str | None = None
+    text_col: str | None = None
+    text_pair_col: str | None = None
+    label_col: str | None = None
+    source_col: str | None = None
+    target_col: str | None = None
+    max_examples: int | None = None
+    seq_len: int = 128
+    batch_size: int = 16
+    seed: int = 0
+    mlm_probability: float = 0.15
+
+    def validate(self, need_path: bool = True) -> None:
+        """One-line errors for values that cannot work (``need_path=False``: the rows are given in memory)."""
+        if need_path and not str(self.path).strip():
+            raise HeadcutError("no data given: pass a data file or a datasets name")
+        if self.seq_len < 2:
+            raise HeadcutError(f"--seq-len must be at least 2 (got {self.seq_len})")
+        if self.batch_size < 1:
+            raise HeadcutError(f"--batch-size must be at least 1 (got {self.batch_size})")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise HeadcutError(f"--max-examples must be at least 1 (got {self.max_examples})")
+        if not 0.0 < self.mlm_probability <= 1.0:
+            raise HeadcutError(f"mlm_probability must be in (0, 1] (got {self.mlm_probability})")

@@ -1,0 +1,136 @@
+"""The interface every pruning method implements, and the lookup from a name to a method.
+
+A method is an object with
+
+* ``name``: its registry name (:data:`headcut.catalog.METHODS` holds its summary, paper reference
+  and the data it reads; :attr:`Method.entry` returns that entry);
+* ``Options``: its own small options dataclass (defaults and ``validate()``); :func:`make_options`
+  builds one from a dict, refusing options that are not the method's;
+* ``check(config, options)``: the method's refusals that need no model or data (e.g. a learned-gate
+  method has no ``--max-drop``);
+* ``step(total, options)``: heads per search step and whether the search goes step by step (the
+  budget check needs it before any data is read);
+* ``run(problem, options) -> PruneResult``: the one entry point. It returns the exact-budget mask
+  (the model's current head numbering) and the method's report section (``result.section()``).
+
+Adding a method is one module defining such an object plus one entry in the catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch import nn
+
+from ..adapters import Block
+from ..catalog import MethodEntry, method_entry, resolve
+from ..config import PruneConfig
+from ..data import Calibration
+from ..distributed import Dist
+from ..errors import HeadcutError
+from .base import Metric, PruneProgress, PruneResult
+from .search import Budget
+from .units import BlockSet
+
+#: ``on_step(history entry)`` after every training step of a learned method
+StepLog = Callable[[dict[str, Any]], None]
+
+#: flags whose option field has another name
+FLAG_OF = {"lam": "--lambda"}
+
+
+def flag(field_name: str) -> str:
+    """The command-line flag of an option field (``lambda_step`` -> ``--lambda-step``)."""
+    return FLAG_OF.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+@dataclass
+class Problem:
+    """What a method works on.
+
+    ``model``: in eval mode (learned methods in joint mode train it in place); ``blocks``/``sets``: its
+    attention blocks and the prune units (:mod:`headcut.pruning.units`); ``budget``: the resolved
+    budget; ``data``: calibration data (score-based methods; a Calibration or batches) or labelled
+    training data (learned methods; a Calibration); ``metric``: the quality measure of ``--max-drop``,
+    the trajectory and the before/after report (None without evaluation data); ``progress(phase,
+    done, total)``; ``on_step``: each training step's history entry; ``checkpoint_dir``/``resume``/
+    ``dist``/``identity``: the training engine's checkpoints, data-parallel place and run identity."""
+
+    model: nn.Module
+    config: PruneConfig
+    blocks: list[Block]
+    sets: list[BlockSet]
+    budget: Budget
+    data: Calibration | Sequence[Any] | None = None
+    eval_data: Calibration | None = None
+    metric: Metric | None = None
+    progress: PruneProgress | None = None
+    on_step: StepLog | None = None
+    checkpoint_dir: str | Path | None = None
+    resume: bool = False
+    dist: Dist | None = None
+    identity: dict[str, Any] | None = None
+
+
+class Method(Protocol):
+    name: str
+    Options: type
+
+    @property
+    def entry(self) -> MethodEntry: ...
+
+    def check(self, config: PruneConfig, options: Any) -> None: ...
+
+    def step(self, total: int, config: PruneConfig, options: Any) -> tuple[int, bool]: ...
+
+    def run(self, problem: Problem, options: Any) -> PruneResult: ...
+
+
+class MethodBase:
+    """Shared parts of the method classes (their registry entry and options handling)."""
+
+    name: str = ""
+    Options: type = object
+
+    @property
+    def entry(self) -> MethodEntry:
+        return method_entry(self.name)
+
+    def check(self, config: PruneConfig, options: Any) -> None:
+        return None
+
+
+def get_method(name: str) -> Method:
+    """The method registered as ``name`` (a one-line error lists the available ones)."""
+    entry = method_entry(name)
+    method = resolve(entry.target)
+    return method  # type: ignore[return-value]
+
+
+def make_options(method: Method, given: Any = None) -> Any:
+    """``method``'s options from None (defaults), a dict of option fields, or an Options instance;
+    validated. Fields that are not the method's are refused with the ones it has."""
+    cls = method.Options
+    if given is None:
+        options = cls()
+    elif is_dataclass(given) and not isinstance(given, type):
+        if not isinstance(given, cls):
+            raise HeadcutError(f"{type(given).__name__} are not the options of {method.name} ({cls.__name__})")
+        options = given
+    elif isinstance(given, dict):
+        names = {f.name for f in fields(cls) if f.init}
+        hidden = getattr(cls, "HIDDEN", ())
+        wrong = [k for k in given if k not in names or k in hidden]
+        if wrong:
+            own = ", ".join(flag(n) for n in sorted(names) if n not in hidden) or "none"
+            raise HeadcutError(f"{flag(wrong[0])} does not apply to {method.name} (its options: {own})")
+        options = cls(**given)
+    else:
+        raise HeadcutError(f"options of {method.name} must be a dict or {cls.__name__}, not {type(given).__name__}")
+    validate = getattr(options, "validate", None)
+    if validate is not None:
+        validate()
+    return options

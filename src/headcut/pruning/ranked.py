@@ -1,0 +1,156 @@
+"""The score-based methods: a scorer of ``headcut score`` ranks the heads, once (one-shot) or again on
+the masked model before every step (iterative), and the exact-budget search of
+:mod:`headcut.pruning.search` removes the lowest-ranked units.
+
+The methods themselves are instances of :class:`ScoreMethod`, one module each: :mod:`.oneshot`
+(every scorer once, and its inverse), :mod:`.michel`, :mod:`.greedy_gnorm`. Their options
+(:class:`RankOptions` and the scorer-specific :class:`GradientOptions` / :class:`GnormOptions`):
+
+* ``step``: heads removed per step (whole units: at most ``step``, at least one unit); None: the
+  method's default (10 % of the heads for Michel et al., one head for Greedy-Gnorm). One-shot methods
+  without ``--max-drop``/``--trajectory`` go to K in one step (their ranking is fixed anyway).
+* ``normalize``: ``none`` or ``layer`` (divide each block's scores by their L2 norm); None: the
+  method's default (``layer`` for michel, as Michel et al. §4.1).
+* ``abs_per`` (gradient scorer), ``objective`` and ``per`` (gnorm scorer): see
+  :class:`headcut.config.ScoreConfig`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
+from ..config import PruneConfig, ScoreConfig
+from ..errors import HeadcutError
+from ..masks import HeadMask
+from ..scoring.base import Batch
+from .base import PruneProgress, PruneResult, batches_of, score_masked
+from .method import MethodBase, Problem
+from .search import run_search
+
+
+def _choice(flag: str, value: str | None, valid: tuple[str, ...]) -> None:
+    if value is not None and value not in valid:
+        raise HeadcutError(f"unknown {flag} {value!r}; choose one of {', '.join(valid)}")
+
+
+@dataclass
+class RankOptions:
+    """Options of every score-based method (see the module's doc)."""
+
+    step: int | None = None
+    normalize: str | None = None
+
+    def validate(self) -> None:
+        if self.step is not None and (isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1):
+            raise HeadcutError(f"--step must be at least 1 head (got {self.step})")
+        _choice("--normalize", self.normalize, NORMALIZE)
+
+
+@dataclass
+class GradientOptions(RankOptions):
+    """Options of the methods ranked by the gradient scorer: ``abs_per`` example (Michel et al.) or batch."""
+
+    abs_per: str = "example"
+
+    def validate(self) -> None:
+        super().validate()
+        _choice("--abs-per", self.abs_per, ABS_PER)
+
+
+@dataclass
+class GnormOptions(RankOptions):
+    """Options of the methods ranked by Gnorm: ``objective`` (logits-norm, the paper's; or loss) and
+    ``per`` (the gradient norms of every batch, or of every example)."""
+
+    objective: str = "logits-norm"
+    per: str = "batch"
+
+    def validate(self) -> None:
+        super().validate()
+        _choice("--objective", self.objective, OBJECTIVES)
+        _choice("--per", self.per, GNORM_PER)
+
+
+OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {"gradient": GradientOptions, "gnorm": GnormOptions}
+
+
+def oriented(importance: dict[str, list[float]], inverse: bool) -> dict[str, list[float]]:
+    """``importance`` as it is, or negated for an inverse method (the most important go first)."""
+    if not inverse:
+        return importance
+    return {name: [-v for v in values] for name, values in importance.items()}
+
+
+class Ranker:
+    """Scores the heads with the method's scorer: again before every step (``rescoring``), or once
+    on the input model and then from memory."""
+
+    def __init__(self, method: ScoreMethod, config: ScoreConfig, batches: Sequence[Batch] | None) -> None:
+        self.rescoring = method.rescoring
+        self.inverse = method.inverse
+        self.score_config = config
+        self.batches = batches
+        self.scorings = 0
+        self._importance: dict[str, list[float]] | None = None
+
+    def importance(self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None) -> dict[str, list[float]]:
+        if self.rescoring or self._importance is None:
+            scores = score_masked(model, mask, self.batches, self.score_config, progress)
+            self.scorings += 1
+            self._importance = oriented(scores.importance(), self.inverse)
+        return self._importance
+
+
+class ScoreMethod(MethodBase):
+    """A score-based method: ``scorer`` ranks the heads; ``rescoring``: scored again on the masked model
+    before every step; ``inverse``: the most important go first; ``default_step(heads)``: heads per
+    step without ``step``; ``default_normalize``: ``normalize`` when not given."""
+
+    def __init__(self, name: str, scorer: str, rescoring: bool, inverse: bool, default_step: Callable[[int], int],
+                 default_normalize: str = "none") -> None:
+        self.name = name
+        self.scorer = scorer
+        self.rescoring = rescoring
+        self.inverse = inverse
+        self.default_step = default_step
+        self.default_normalize = default_normalize
+        self.Options = OPTIONS_OF_SCORER.get(scorer, RankOptions)
+
+    def __repr__(self) -> str:
+        return f"ScoreMethod({self.name!r})"
+
+    def score_config(self, config: PruneConfig, options: RankOptions) -> ScoreConfig:
+        """The scorer options of this run (the method's defaults filled in)."""
+        extra = {k: getattr(options, k) for k in ("abs_per", "objective", "per") if hasattr(options, k)}
+        return ScoreConfig(scorer=self.scorer, normalize=options.normalize or self.default_normalize,
+                           seed=config.seed, **extra)
+
+    def step(self, total: int, config: PruneConfig, options: RankOptions) -> tuple[int, bool]:
+        stepwise = (self.rescoring or config.max_drop is not None or config.trajectory
+                    or options.step is not None)
+        return (options.step if options.step is not None else self.default_step(total)), stepwise
+
+    def run(self, problem: Problem, options: RankOptions) -> PruneResult:
+        batches = batches_of(problem.data)
+        if self.entry.data != "none" and not batches:
+            raise HeadcutError(f"method {self.name} needs calibration data (its scorer is {self.scorer})")
+        score_config = self.score_config(problem.config, options)
+        ranker = Ranker(self, score_config, batches if self.entry.data != "none" else None)
+        result = run_search(problem.model, problem.blocks, problem.sets, problem.budget, ranker, problem.config,
+                            problem.metric, problem.progress)
+        result.score_config = score_config
+        return result
+
+
+def ten_percent(total: int) -> int:
+    """Michel et al.'s step: 10 % of the heads, at least one (their code: max(1, int(0.1 * heads)))."""
+    return max(1, int(total * 0.1))
+
+
+def one_head(total: int) -> int:
+    """Greedy-Gnorm's step: one head (one unit) per re-computation (Algorithm 1)."""
+    return 1

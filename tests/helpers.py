@@ -1,0 +1,366 @@
+"""The tests' one shared helper module: tiny random models of every supported family, a word-level
+tokenizer over their vocabulary, data files, the CLI runner and its assertions, and an independent
+oracle of head removal (zeroing the output projection's input columns)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers as T
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+from typer.testing import CliRunner
+
+import headcut
+from headcut.masks import HeadMask
+
+V = 99  # vocabulary size of the tiny text models
+
+
+def _cfg(family: str) -> Any:
+    common = dict(vocab_size=V, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "bert":
+        return T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+    if family == "roberta":
+        return T.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+    if family == "xlm-roberta":
+        return T.XLMRobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+    if family == "electra":
+        return T.ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+    if family == "distilbert":
+        return T.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, vocab_size=V, pad_token_id=0)
+    if family == "albert":
+        return T.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, **common)
+    if family == "deberta-v2":
+        return T.DebertaV2Config(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, relative_attention=True,
+            pos_att_type=["p2c", "c2p"], max_relative_positions=16, position_buckets=8, **common,
+        )
+    if family == "gpt2":
+        return T.GPT2Config(n_embd=32, n_layer=3, n_head=4, n_positions=64, vocab_size=V, bos_token_id=1, eos_token_id=2,
+                            pad_token_id=0)
+    if family in ("llama", "qwen2", "mistral"):
+        cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "mistral": T.MistralConfig}[family]
+        return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
+                   max_position_embeddings=64, **common)
+    if family == "bart":
+        return T.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                            encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, decoder_start_token_id=2,
+                            forced_eos_token_id=None, **common)
+    if family == "marian":
+        return T.MarianConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                              encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, decoder_start_token_id=0,
+                              vocab_size=V, pad_token_id=0, eos_token_id=2)
+    if family == "t5":
+        return T.T5Config(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, decoder_start_token_id=0, vocab_size=V,
+                          pad_token_id=0, eos_token_id=2, relative_attention_num_buckets=8)
+    if family == "vit":
+        return T.ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=37, num_channels=3, num_labels=3)
+    raise KeyError(family)
+
+
+#: family -> transformers classes to test (base model and task heads as they exist)
+CLASSES: dict[str, list[str]] = {
+    "bert": ["BertModel", "BertForSequenceClassification", "BertForMaskedLM"],
+    "roberta": ["RobertaForSequenceClassification", "RobertaForMaskedLM"],
+    "xlm-roberta": ["XLMRobertaForSequenceClassification"],
+    "electra": ["ElectraForSequenceClassification", "ElectraForMaskedLM"],
+    "distilbert": ["DistilBertModel", "DistilBertForSequenceClassification", "DistilBertForMaskedLM"],
+    "albert": ["AlbertForSequenceClassification", "AlbertForMaskedLM"],
+    "deberta-v2": ["DebertaV2ForSequenceClassification", "DebertaV2ForMaskedLM"],
+    "gpt2": ["GPT2LMHeadModel", "GPT2ForSequenceClassification"],
+    "llama": ["LlamaForCausalLM", "LlamaForSequenceClassification"],
+    "qwen2": ["Qwen2ForCausalLM"],
+    "mistral": ["MistralForCausalLM"],
+    "bart": ["BartForConditionalGeneration", "BartForSequenceClassification"],
+    "marian": ["MarianMTModel"],
+    "t5": ["T5ForConditionalGeneration", "T5EncoderModel"],
+    "vit": ["ViTModel", "ViTForImageClassification"],
+}
+
+FAMILIES = list(CLASSES)
+DECODERS = ["gpt2", "llama", "qwen2", "mistral", "bart", "marian", "t5"]
+#: the classes used for generation tests
+GENERATORS = {
+    "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM", "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
+    "t5": "T5ForConditionalGeneration",
+}
+
+
+def make_config(family: str, num_labels: int = 3) -> Any:
+    cfg = _cfg(family)
+    # large random weights: every head then moves the output by far more than the test tolerance
+    for attr in ("initializer_range", "init_std"):
+        if hasattr(cfg, attr):
+            setattr(cfg, attr, 0.2)
+    if family != "vit":
+        cfg.num_labels = num_labels
+    return cfg
+
+
+def make_model(family: str, cls_name: str | None = None, seed: int = 0) -> torch.nn.Module:
+    cls = getattr(T, cls_name or CLASSES[family][0])
+    torch.manual_seed(seed)
+    model = cls(make_config(family)).eval()
+    # random biases make head removal visible in the output (zero-init biases hide bugs)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") and p.dim() == 1:
+                p.normal_(0, 0.1)
+    return model
+
+
+def make_inputs(family: str, model: torch.nn.Module, batch: int = 2, length: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    if family == "vit":
+        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+    ids = torch.randint(3, V, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if batch > 1:
+        mask[-1, -2:] = 0  # some padding
+        if family in ("gpt2", "llama", "qwen2", "mistral"):
+            mask = torch.ones(batch, length, dtype=torch.long)  # right padding changes nothing we test
+    if model.config.is_encoder_decoder and type(model).__name__.endswith("ForSequenceClassification"):
+        # BART-style classifiers read the hidden state at the (single) eos token of every example
+        last = mask.sum(dim=1) - 1
+        ids[torch.arange(batch), last] = model.config.eos_token_id
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if model.config.is_encoder_decoder and not type(model).__name__.endswith(("EncoderModel", "ForSequenceClassification")):
+        inputs["decoder_input_ids"] = torch.randint(3, V, (batch, 5), generator=g)
+    return inputs
+
+
+def output_tensor(out: Any) -> torch.Tensor:
+    """The main output of a forward (logits, or the last hidden state)."""
+    for key in ("logits", "last_hidden_state"):
+        value = getattr(out, key, None)
+        if value is not None:
+            return value
+    return out[0]
+
+
+# ---- the CLI ------------------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def run(*args: Any):
+    """``headcut ARGS`` in this process (typer's runner; stdout and stderr apart)."""
+    from headcut.cli import app
+
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, *needles: str) -> str:
+    """The command failed with one ``error: ...`` line naming every needle, and exit code 2."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    text = result.stderr.strip()
+    assert len(text.splitlines()) == 1, text
+    assert text.startswith("error:"), text
+    for needle in needles:
+        assert needle in text, text
+    return text
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """The SHA-256 of every file of a folder (to show it is unchanged)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# ---- tokenizer and data ---------------------------------------------------------------------------------------
+
+SPECIALS = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]  # ids 0..4: pad 0, bos 1, eos 2 as in the tiny configs
+_BASE = (
+    "the a an movie film plot actor actress story scene good bad great awful fine dull fun boring love hate is was "
+    "and but not very really quite so too it this that with without of in on to for by from at as be been have has "
+    "had do does did will would can could should may might must i you he she we they me him her us them my your "
+    "his its our their what which who when where why how all any both each few more most other some such"
+).split()
+WORDS = (_BASE + [f"w{i}" for i in range(V)])[: V - len(SPECIALS)]
+VOCAB = {t: i for i, t in enumerate(SPECIALS + WORDS)}
+assert len(VOCAB) == V
+
+
+def make_tokenizer() -> Any:
+    """A word-level tokenizer over the tiny models' 99 ids: [CLS] text [SEP] (pairs: token types 0/1)."""
+    tok = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    return T.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
+        mask_token="[MASK]", bos_token="[CLS]", eos_token="[SEP]",
+        model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+
+
+def save_tiny(folder: Path, family: str, cls_name: str, tokenizer: bool = True, seed: int = 0,
+              **config: Any) -> Path:
+    """A tiny checkpoint folder (random weights) with the word-level tokenizer."""
+    model = make_model(family, cls_name, seed=seed)
+    for key, value in config.items():
+        setattr(model.config, key, value)
+    model.save_pretrained(folder)
+    if tokenizer:
+        make_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def sentence(rng: torch.Generator, n: int) -> str:
+    return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (n,), generator=rng))
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> Path:
+    """Write records as csv, tsv, json (a list), jsonl or parquet, from the suffix."""
+    suffix = path.suffix
+    if suffix in (".csv", ".tsv"):
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter="\t" if suffix == ".tsv" else ",")
+            w.writeheader()
+            w.writerows(rows)
+    elif suffix == ".json":
+        path.write_text(json.dumps(rows))
+    elif suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        raise ValueError(suffix)
+    return path
+
+
+def cls_rows(n: int = 20, seed: int = 0) -> list[dict[str, Any]]:
+    """Labelled rows (three classes) of tiny-vocabulary sentences."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"text": sentence(g, 3 + i % 5), "label": i % 3} for i in range(n)]
+
+
+# ---- batches, forwards and reloads ---------------------------------------------------------------------------
+
+ATOL = 1e-5
+
+
+def is_base_model(name: str) -> bool:
+    """A bare model class without a task head (and so without a loss)."""
+    return name.endswith("Model") and not name.endswith(("LMHeadModel", "MTModel"))
+
+
+def loss_class(family: str) -> str:
+    """The first class of the family that has a loss."""
+    return next(name for name in CLASSES[family] if not is_base_model(name))
+
+
+def make_batch(model: torch.nn.Module, batch: int = 3, length: int = 8, seed: int = 0, pad: int = 0,
+               dec_length: int = 5) -> dict[str, torch.Tensor]:
+    """Random inputs with right padding (example i loses i tokens) and labels for the model's task;
+    ``pad`` extra padding columns (and extra ignored label columns) at the end."""
+    g = torch.Generator().manual_seed(seed)
+    name = type(model).__name__
+    base_model = is_base_model(name)
+    if "ViT" in name:
+        pixels = {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+        return pixels if base_model else dict(pixels, labels=torch.randint(0, 3, (batch,), generator=g))
+    ids = torch.randint(3, V, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for i in range(1, batch):
+        mask[i, length - i:] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    if model.config.is_encoder_decoder and name.endswith("ForSequenceClassification"):
+        ids[torch.arange(batch), mask.sum(dim=1) - 1] = model.config.eos_token_id  # BART reads the eos state
+    out: dict[str, torch.Tensor] = {}
+    labels = None
+    if base_model:
+        pass
+    elif name.endswith("ForSequenceClassification"):
+        labels = torch.randint(0, 3, (batch,), generator=g)
+    elif name.endswith(("ForCausalLM", "LMHeadModel")):
+        labels = ids.masked_fill(mask == 0, -100)
+    elif name.endswith("ForMaskedLM"):
+        labels = torch.full_like(ids, -100)
+        labels[:, 1:3] = ids[:, 1:3]
+    else:  # seq2seq: target ids with -100 padding
+        labels = torch.randint(3, V, (batch, dec_length), generator=g)
+        for i in range(1, batch):
+            labels[i, dec_length - i:] = -100
+        labels = torch.cat([labels, torch.full((batch, pad), -100)], dim=1)
+    if pad:
+        ids = torch.cat([ids, torch.zeros(batch, pad, dtype=ids.dtype)], dim=1)
+        mask = torch.cat([mask, torch.zeros(batch, pad, dtype=mask.dtype)], dim=1)
+        if labels is not None and labels.dim() == 2 and labels.shape[1] == length:
+            labels = torch.cat([labels, torch.full((batch, pad), -100)], dim=1)
+    out.update(input_ids=ids, attention_mask=mask)
+    if labels is not None:
+        out["labels"] = labels
+    return out
+
+
+def forward(model, inputs):
+    with torch.no_grad():
+        return output_tensor(model(**inputs))
+
+
+def auto_class_for(model) -> type:
+    name = type(model).__name__.removeprefix("Headcut")
+    for auto_name in dir(T):
+        auto = getattr(T, auto_name)
+        names = getattr(getattr(auto, "_model_mapping", None), "_model_mapping", None)
+        if auto_name.startswith("AutoModel") and isinstance(names, dict) and names.get(model.config.model_type) == name:
+            return auto
+    raise AssertionError(f"no Auto class loads {name}")
+
+
+def check_reload(model, inputs, expected):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/slim"
+        headcut.save(model, out)
+        again = headcut.load(out)
+        assert type(again).__name__.removeprefix("Headcut") == type(model).__name__.removeprefix("Headcut")
+        assert torch.allclose(forward(again, inputs), expected, atol=ATOL, rtol=0)
+        remote = auto_class_for(model).from_pretrained(out, trust_remote_code=True).eval()
+        assert torch.allclose(forward(remote, inputs), expected, atol=ATOL, rtol=0)
+        assert headcut.info(remote).total_heads == headcut.info(model).total_heads
+
+
+# ---- prune units ---------------------------------------------------------------------------------------------
+
+BERT = ("bert", "BertForSequenceClassification")
+ALBERT = ("albert", "AlbertForSequenceClassification")
+LLAMA = ("llama", "LlamaForSequenceClassification")
+
+#: case -> (family and class, --gqa, a valid --keep); tiny models: bert 2x4 heads, albert 3 layers x 4
+#: heads sharing one set of weights, llama 3 x 6 query heads in 2 KV groups of 3
+CASES = {
+    "bert": (BERT, "auto", 3),
+    "albert-shared": (ALBERT, "auto", 6),
+    "llama-group": (LLAMA, "group", 9),
+    "llama-duplicate": (LLAMA, "duplicate", 7),
+    "llama-uniform": (LLAMA, "uniform", 10),
+}
+
+
+def check_units(case: str, model, mask: HeadMask, result) -> None:
+    if case == "albert-shared":  # one unit = the same head in every layer: sharing survives
+        assert len({tuple(v) for v in mask.keep.values()}) == 1
+        assert model.config.num_hidden_groups == 1 and result.slim.unshared_params == 0
+    if case == "llama-group":  # whole KV groups of 3
+        for kept in mask.keep.values():
+            groups = {h // 3 for h in kept}
+            assert sorted(kept) == [h for g in sorted(groups) for h in range(3 * g, 3 * g + 3)]
+        for b in headcut.model_blocks(model):
+            assert b.kv_heads * 3 == b.heads
+    if case == "llama-uniform":  # every remaining group keeps the same number of query heads
+        for kept in mask.keep.values():
+            per_group = [sum(1 for h in kept if h // 3 == g) for g in range(2)]
+            assert len({c for c in per_group if c}) <= 1
