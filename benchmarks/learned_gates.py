@@ -19,13 +19,20 @@ import json
 import time
 from pathlib import Path
 
-from headcut.finetune import FinetuneConfig, finetune
+from classifier import minilm_classifier
 
 import headcut
 from headcut import offline
+from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.pruning import LearnedOptions, PruneConfig, plan_learned, plan_prune
-from headcut.pruning.gate_training import metric_of
+from headcut.finetuning import finetune
+from headcut.masks import HeadMask
+from headcut.pruning import eval_metric, plan_prune
+
+
+def metric_of(model, calibration, mask=None) -> float:
+    """The primary metric of ``calibration`` with the heads outside ``mask`` gated off."""
+    return eval_metric(model, calibration).measure(mask or HeadMask.full(headcut.model_blocks(model)))
 
 
 def main() -> None:
@@ -39,7 +46,7 @@ def main() -> None:
     ap.add_argument("--bench-dir", default=None)
     args = ap.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
-    path = offline.minilm_classifier()
+    path = minilm_classifier()
     splits = offline.rotten_tomatoes_splits()
     model = headcut.load(path)
     tok = load_tokenizer(path)
@@ -69,8 +76,8 @@ def main() -> None:
             name, _, mode = spec.partition(":")
             m = headcut.load(path)
             t = time.perf_counter()
-            options = LearnedOptions(mode=mode or None, max_steps=args.steps)
-            result = plan_learned(m, train, PruneConfig(method=name, keep=k, training=options), eval_calibration=dev)
+            options = {"mode": mode or None, "max_steps": args.steps}
+            result = plan_prune(m, train, PruneConfig(method=name, keep=k), options, eval_calibration=dev)
             run = result.training
             empty = sum(1 for n in result.heads_after.values() if n == 0)
             record({"method": spec, "k": k, "accuracy": result.metric_after, "seconds": time.perf_counter() - t,

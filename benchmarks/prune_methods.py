@@ -2,10 +2,12 @@
 method, with 512 training rows as calibration data and held-out rows for evaluation.
 
     python benchmarks/prune_methods.py [--eval-examples 1000] [--ks 48,36,24,16,8] [--out results.json]
-        [--methods michel,greedy-gnorm,greedy-gnorm:logits-norm,gradient,confidence,entropy,random]
+        [--methods michel,greedy-gnorm,greedy-gnorm:loss,greedy-gnorm:per-example,gradient,confidence,entropy,random]
 
 Greedy-Gnorm removes one head per re-computation (the paper's step), so one run down to the
-smallest K passes through every larger K: the masks at the larger K are read off its trajectory.
+smallest K passes through every larger K: the masks at the larger K are read off its trajectory. Its
+objective is the paper's (the logits' norm) unless the spec says ``:loss``; ``:per-example`` takes the
+gradient norms of every sentence instead of every batch.
 Michel et al. (steps of 10 % of the heads) and the one-shot scorers run once per K; random runs
 with 5 seeds. Accuracy is measured with the heads gated off (identical to the slimmed model).
 """
@@ -16,6 +18,8 @@ import argparse
 import json
 import statistics
 import time
+
+from classifier import minilm_classifier
 
 import headcut
 from headcut import offline
@@ -48,7 +52,7 @@ def main() -> None:
     args = ap.parse_args()
     ks = [int(k) for k in args.ks.split(",")]
     methods = args.methods.split(",")
-    path = offline.minilm_classifier()
+    path = minilm_classifier()
     splits = offline.rotten_tomatoes_splits()
     model = headcut.load(path)
     tok = load_tokenizer(path)
@@ -62,11 +66,13 @@ def main() -> None:
                      "unpruned_accuracy": metric.measure(full), "methods": {}}
     print(json.dumps(results), flush=True)
     for spec in methods:
-        # "greedy-gnorm:logits-norm" runs greedy-gnorm with the label-free objective
-        method, _, objective = spec.partition(":")
+        # "greedy-gnorm:loss" runs greedy-gnorm with the task loss, "greedy-gnorm:per-example" per sentence
+        method, _, variant = spec.partition(":")
         rows: dict = {}
         if method == "greedy-gnorm":
-            r = plan_prune(model, cal, PruneConfig(method=method, keep=min(ks), step=1, objective=objective or "loss"))
+            options = {"step": 1, "objective": "loss" if variant == "loss" else "logits-norm",
+                       "per": "example" if variant == "per-example" else "batch"}
+            r = plan_prune(model, cal, PruneConfig(method=method, keep=min(ks)), options)
             for k in ks:
                 rows[k] = {"accuracy": metric.measure(mask_after(blocks, r.trajectory, k))}
             rows["prune_seconds_to_smallest_k"] = round(r.seconds, 1)

@@ -11,6 +11,7 @@ import json
 import time
 
 import torch
+from classifier import minilm_classifier
 
 import headcut
 from headcut import offline
@@ -33,7 +34,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=2, help="take the fastest of this many timings")
     args = ap.parse_args()
-    path = offline.minilm_classifier()
+    path = minilm_classifier()
     model = headcut.load(path)
     data = offline.rotten_tomatoes_splits()["train"]
     cal = load_calibration(model, load_tokenizer(path), DataConfig(path=str(data), max_examples=args.examples,
@@ -42,7 +43,8 @@ def main() -> None:
     base = min(plain_pass(model, cal.batches) for _ in range(args.repeat))
     rows = {"examples": cal.examples, "batches": len(cal.batches), "forward_backward_s": round(base, 3), "scorers": {}}
     variants = [("gradient", {"abs_per": "example"}), ("gradient", {"abs_per": "batch"}), ("gnorm", {}),
-                ("gnorm", {"objective": "logits-norm"}), ("confidence", {}), ("entropy", {}), ("value-l1", {}),
+                ("gnorm", {"objective": "loss"}), ("gnorm", {"per": "example"}), ("confidence", {}), ("entropy", {}),
+                ("value-l1", {}),
                 ("magnitude", {}), ("random", {})]
     assert {name for name, _ in variants} == set(SCORERS)
     for name, extra in variants:

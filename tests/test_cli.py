@@ -215,7 +215,18 @@ def test_interrupted_export_leaves_nothing(bert_dir, tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mask.json"]
 
 
-def test_hub_id_is_passed_to_transformers(monkeypatch):
-    # non-local names go to the Hub (offline here: a one-line error from transformers, not a crash)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    one_line_error(run("info", "someone/some-model"), "someone/some-model")
+def test_hub_id_is_passed_to_transformers(monkeypatch, tmp_path):
+    # a name that is not a local path goes to transformers (the Hub); a missing local path does not
+    asked: list[str] = []
+
+    def offline(name, *args, **kwargs):
+        asked.append(str(name))
+        raise OSError(f"We couldn't connect to the Hub to load {name}")
+
+    monkeypatch.setattr(T.AutoConfig, "from_pretrained", offline)
+    monkeypatch.chdir(tmp_path)
+    one_line_error(run("info", "someone/some-model"), "cannot read the config of someone/some-model",
+                   "couldn't connect")
+    assert asked == ["someone/some-model"]
+    one_line_error(run("info", "./someone/some-model"), "checkpoint not found")
+    assert asked == ["someone/some-model"]

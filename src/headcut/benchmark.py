@@ -215,11 +215,6 @@ class _RssPeak:
             return None
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_calls(fn: Callable[[], Any], runs: int, device: torch.device,
                step: Callable[[int], None] | None = None) -> list[float]:
     """Milliseconds of ``runs`` calls of ``fn`` (CUDA events on CUDA, perf_counter on CPU)."""

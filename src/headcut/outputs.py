@@ -198,10 +198,11 @@ class RunLock:
     is removed on :meth:`release`; a killed process's lock is released by the operating system, and
     its file is taken over by the next run."""
 
-    def __init__(self, target: str | os.PathLike[str], what: str = "writing") -> None:
+    def __init__(self, target: str | os.PathLike[str], what: str = "writing", wait: bool = False) -> None:
         self.target = real_path(target)
         self.path = self.target.with_name(f".{self.target.name}{LOCK_TAG}")
         self.what = what
+        self.wait = wait
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
@@ -244,7 +245,7 @@ class RunLock:
                 raise self._refuse() from None
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise self._refuse() from None
@@ -282,7 +283,8 @@ class OutputDir:
     """A folder written as a whole (``--out``): checked up front, locked, written atomically.
 
     ``force``: replace an existing non-empty folder, provided headcut wrote it. ``owned``: the caller
-    owns the path (headcut's own caches), so any existing content may be replaced."""
+    owns the path (headcut's own caches), so any existing content may be replaced, and a second
+    process that builds the same cache waits for the first instead of being refused."""
 
     def __init__(self, path: str | os.PathLike[str], force: bool = False, flag: str = "--out",
                  owned: bool = False) -> None:
@@ -290,7 +292,7 @@ class OutputDir:
         self.force = force
         self.flag = flag
         self.owned = owned
-        self.lock = RunLock(self.path)
+        self.lock = RunLock(self.path, wait=owned)
 
     def _existing_ok(self) -> None:
         p = self.path

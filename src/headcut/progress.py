@@ -72,9 +72,6 @@ class Task:
         if self.total is not None and self.done >= self.total:
             self.finish()
 
-    def advance(self, n: int = 1, **fields: Any) -> None:
-        self.update(self.done + n, **fields)
-
     def finish(self) -> None:
         if not self.finished:
             self.finished = True

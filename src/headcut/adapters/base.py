@@ -12,8 +12,6 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-KINDS = ("self", "encoder", "decoder", "cross")
-
 
 @dataclass(frozen=True)
 class Block:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import typer
 
+from .common import TidyGroup
+
 app = typer.Typer(
+    cls=TidyGroup,
     name="headcut",
     help="Make transformer checkpoints smaller and faster by removing attention heads, exactly.",
     no_args_is_help=True,
@@ -27,37 +30,9 @@ from . import (  # noqa: E402,F401
 )
 
 
-def _tidy(command: object) -> None:
-    """Show arguments as their metavar (``MODEL``) and flags without a ``<bool>`` type in --help."""
-    commands = getattr(command, "commands", {}) or {}
-    for sub in [command, *commands.values()]:
-        for param in getattr(sub, "params", []):
-            kind = getattr(param, "param_type_name", "")
-            if kind == "argument":
-                label = param.metavar or param.name.upper()
-                required = param.required
-                param._usage_display_name = lambda label=label, required=required: label if required else f"[{label}]"
-                param.display_type_rich = lambda ctx: None
-            elif kind == "option" and getattr(param, "is_flag", False):
-                param.display_type_rich = lambda ctx: None
-        make_help = getattr(sub, "get_help_option", None)
-        if make_help is not None:
-            def get_help_option(ctx: object, make_help: object = make_help) -> object:
-                option = make_help(ctx)  # type: ignore[operator]
-                if option is not None:
-                    option.display_type_rich = lambda ctx: None
-                return option
-
-            sub.get_help_option = get_help_option
-
-
 def main() -> None:
     """The console script: ``headcut`` (and ``python -m headcut``)."""
-    import typer.main
-
     from .common import stop_on_signals
 
     stop_on_signals()
-    command = typer.main.get_command(app)
-    _tidy(command)
-    command(prog_name="headcut")
+    app(prog_name="headcut")

@@ -15,6 +15,7 @@ from .common import (
     Out,
     Quiet,
     Task,
+    TidyCommand,
     TrustRemote,
     _choices,
     complete_folders,
@@ -53,7 +54,7 @@ BENCH_HELP = "\n\n".join([
 ])
 
 
-@app.command(help=BENCH_HELP, epilog=examples(
+@app.command(cls=TidyCommand, help=BENCH_HELP, epilog=examples(
     "headcut bench model/ slim/ --device cpu",
     "headcut bench model/ slim/ --device cuda --dtype float16 --batch-size 32 --json -",
     "headcut bench lm/ lm-slim/ --batch-size 1 --seq-len 128 --gen-tokens 64"))

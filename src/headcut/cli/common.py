@@ -22,6 +22,7 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from ..catalog import DEVICES, GQA_POLICIES, METHODS, SCORERS, TASKS
 from ..errors import HeadcutError
@@ -29,6 +30,36 @@ from ..outputs import OutputDir, OutputFile, check_paths
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+# ---- help -------------------------------------------------------------------------------------------------
+
+def _tidy(params: list[Any]) -> list[Any]:
+    """Show arguments as their metavar (``MODEL``) and flags without a ``<bool>`` type in --help."""
+    for param in params:
+        kind = getattr(param, "param_type_name", "")
+        if kind == "argument":
+            label = param.metavar or param.name.upper()
+            required = param.required
+            param._usage_display_name = lambda label=label, required=required: label if required else f"[{label}]"
+            param.display_type_rich = lambda ctx: None
+        elif kind == "option" and getattr(param, "is_flag", False):
+            param.display_type_rich = lambda ctx: None
+    return params
+
+
+class TidyCommand(TyperCommand):
+    """A command whose help shows plain metavars (see :func:`_tidy`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _tidy(super().get_params(ctx))
+
+
+class TidyGroup(TyperGroup):
+    """The command group, with the same help as :class:`TidyCommand`."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _tidy(super().get_params(ctx))
 
 
 # ---- output ---------------------------------------------------------------------------------------------

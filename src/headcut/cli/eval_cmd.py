@@ -16,6 +16,7 @@ from .common import (
     Out,
     Quiet,
     Task,
+    TidyCommand,
     TrustRemote,
     data_spec,
     examples,
@@ -38,7 +39,7 @@ EVAL_HELP = "\n\n".join([
 ])
 
 
-@app.command(name="eval", help=EVAL_HELP, epilog=examples(
+@app.command(cls=TidyCommand, name="eval", help=EVAL_HELP, epilog=examples(
     "headcut eval slim/ --data dev.csv", "headcut eval model/ --data dev.csv --max-examples 1000 --json -",
     "headcut eval lm/ --data hamlet.txt --seq-len 512"))
 @handle_errors

@@ -17,6 +17,7 @@ from .common import (
     Out,
     Quiet,
     Task,
+    TidyCommand,
     TrustRemote,
     examples,
     handle_errors,
@@ -25,7 +26,7 @@ from .common import (
 )
 
 
-@app.command(epilog=examples(
+@app.command(cls=TidyCommand, epilog=examples(
     'echo \'{"drop": {"self.0": [0, 3], "self.5": [1]}}\' > mask.json',
     "headcut export model/ --mask mask.json --out slim/",
     "headcut export model/ --mask prune-report-mask.json --out slim/ --force --json -",

@@ -23,6 +23,7 @@ from .common import (
     Out_,
     Quiet,
     Task,
+    TidyCommand,
     TrainOptions,
     TrustRemote,
     complete_folders,
@@ -47,7 +48,7 @@ FINETUNE_HELP = "\n\n".join([
 ])
 
 
-@app.command(name="finetune", help=FINETUNE_HELP, epilog=examples(
+@app.command(cls=TidyCommand, name="finetune", help=FINETUNE_HELP, epilog=examples(
     "headcut finetune slim/ --data train.csv --eval-data dev.csv --out tuned/ --epochs 3",
     "headcut finetune slim/ --data train.csv --out tuned/ --distill-from model/ --alpha 0.5 --temperature 2",
     "headcut finetune slim/ --data train.csv --out tuned/ --resume   # after an interruption",

@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 from . import app
-from .common import AllowPickle, JsonOut, ModelArg, Out, Quiet, Task, TrustRemote, examples, handle_errors, plan_outputs
+from .common import (
+    AllowPickle,
+    JsonOut,
+    ModelArg,
+    Out,
+    Quiet,
+    Task,
+    TidyCommand,
+    TrustRemote,
+    examples,
+    handle_errors,
+    plan_outputs,
+)
 
 
-@app.command(epilog=examples("headcut info model/", "headcut info slim/ --json - | jq .total_heads",
+@app.command(cls=TidyCommand, epilog=examples("headcut info model/", "headcut info slim/ --json - | jq .total_heads",
                              "headcut info model/ > blocks.txt"))
 @handle_errors
 def info(

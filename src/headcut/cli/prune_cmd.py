@@ -28,6 +28,7 @@ from .common import (
     Out_,
     Quiet,
     Task,
+    TidyCommand,
     TrainOptions,
     TrustRemote,
     _choices,
@@ -61,7 +62,7 @@ PRUNE_HELP = "\n\n".join([
 ])
 
 
-@app.command(name="prune", help=PRUNE_HELP, epilog=examples(
+@app.command(cls=TidyCommand, name="prune", help=PRUNE_HELP, epilog=examples(
     "headcut prune model/ --method pass --keep 16 --data train.csv --eval-data dev.csv --out slim/",
     "headcut prune model/ --method greedy-gnorm --keep 48 --data cal.csv --eval-data dev.csv --out slim/",
     "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "

@@ -23,14 +23,14 @@ def _mib(n: int | None) -> str:
 # ---- info ---------------------------------------------------------------------------------------------
 
 def info_table(model: str, result: Any) -> list[Any]:
-    table = Table(title=f"{model}: {result.architecture} ({result.family})", box=box.SIMPLE_HEAD)
+    table = Table(box=box.SIMPLE_HEAD)
     for col in ("block", "kind", "layer", "heads", "kv heads", "head dim"):
         table.add_column(col, justify="left" if col in ("block", "kind") else "right")
     for b in result.blocks:
         table.add_row(b.name, b.kind, str(b.layer), str(b.heads), str(b.kv_heads), str(b.head_dim))
     total = (f"{result.total_heads} heads in {len(result.blocks)} blocks, {result.params:,} parameters"
              + (" (slimmed by headcut)" if result.cut else ""))
-    return [table, total]
+    return [f"{model}: {result.architecture} ({result.family})", table, total]
 
 
 # ---- eval ---------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from .common import (
     Quiet,
     ScorerOpt,
     Task,
+    TidyCommand,
     TrustRemote,
     data_spec,
     examples,
@@ -38,7 +39,7 @@ SCORE_HELP = "\n\n".join([
 ])
 
 
-@app.command(name="score", help=SCORE_HELP, epilog=examples(
+@app.command(cls=TidyCommand, name="score", help=SCORE_HELP, epilog=examples(
     "headcut score model/ --data cal.csv --scorer gnorm",
     "headcut score model/ --data cal.csv --scorer gradient --normalize layer --json scores.json --plot scores.png",
     "headcut score model/ --scorer value-l1"))

@@ -14,8 +14,7 @@
 
 A *move* removes one unit (a set of head indices, from every block of its set). Its score is the mean
 importance of the heads it removes, over the set's blocks; for a whole KV group of one block that is
-the block's KV-group importance (:meth:`HeadScores.kv_group_importance`, the mean of the group's
-query heads).
+the mean importance of the group's query heads (the ``kv_groups`` of :class:`HeadScores`).
 
 Budgets are exact: :func:`reachable_totals` is the set of head totals the remaining moves can still
 reach (a bounded subset sum over the sets, as a Python-int bitset), so a search can refuse a move

