@@ -374,3 +374,24 @@ def test_help_lists_learned_methods():
     res = run("prune", "--help")
     for name in LEARNED:
         assert name in res.output
+
+
+def test_voita_searches_lambda_towards_k():
+    from headcut.pruning.voita import DEFAULT_LAMBDA, next_lambda
+
+    # too many heads kept: raise lambda until bracketed, then the geometric middle
+    assert next_lambda(1e-3, kept=10, k=4, low=None, high=None) == (4e-3, 1e-3, None)
+    assert next_lambda(4e-3, kept=2, k=4, low=1e-3, high=None) == pytest.approx((2e-3, 1e-3, 4e-3))
+    assert next_lambda(1e-3, kept=1, k=4, low=None, high=None) == (2.5e-4, None, 1e-3)
+    model = make_model("bert", "BertForSequenceClassification")
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=4),
+                        {"max_steps": 4, "lambda_trials": 3})
+    run = result.training
+    trials = run.hyperparameters["lambda_search"]
+    assert 1 <= len(trials) <= 3 and trials[0]["lambda"] == DEFAULT_LAMBDA
+    assert result.total_after == 4
+    best = min(abs(t["own_kept"] - 4) for t in trials)
+    assert abs(run.own_kept - 4) == best and run.moved == abs(run.own_kept - 4)
+    with pytest.raises(headcut.HeadcutError, match="--resume needs --lambda"):
+        plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=4), {"max_steps": 2}, resume=True,
+                   checkpoint_dir="unused")

@@ -443,3 +443,20 @@ def test_errors_name_the_choices():
         score(model, None, ScoreConfig(scorer="magnitude", abs_per="token"))
     with pytest.raises(headcut.HeadcutError, match="objective"):
         score(model, None, ScoreConfig(scorer="gnorm", objective="accuracy"))
+
+
+def test_gnorm_per_example_is_the_expectation_over_sentences():
+    """--per example: the norms of each sentence's own gradient, averaged (Greedy-Gnorm §3.1.2); equal to
+    --per batch on batches of one sentence."""
+    from headcut.scoring.gnorm import one_example
+
+    model = make_model("bert", loss_class("bert"))
+    batch = make_batch(model, batch=3)
+    singles = [one_example(batch, i, 3) for i in range(3)]
+    per_example = score(model, [batch], ScoreConfig(scorer="gnorm", per="example"))
+    per_single_batch = score(model, singles, ScoreConfig(scorer="gnorm", per="batch"))
+    for name, values in per_example.blocks.items():
+        assert values == pytest.approx(per_single_batch.blocks[name], rel=1e-5)
+    per_batch = score(model, [batch], ScoreConfig(scorer="gnorm", per="batch"))
+    assert per_batch.blocks != per_example.blocks  # the norm of a mean is not the mean of the norms
+    assert per_example.examples == per_batch.examples == 3

@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -134,7 +134,8 @@ def _calibration(spec: Any, model: _Model, tokenizer: Any, split: str, data_opti
         if model.folder is None and model.given_module:
             raise HeadcutError("pass tokenizer= for a model that was not loaded from a checkpoint folder")
         source = str(model.folder) if model.folder is not None else model.name
-        tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
+        with io.quiet_transformers():
+            tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
     dataset = None if isinstance(spec, (str, os.PathLike, DataConfig)) else spec
     with progress.step(f"reading {what}"):
         return load_calibration(model.module, tokenizer, config, dataset=dataset)
@@ -249,6 +250,29 @@ def _local_reads(**specs: Any) -> dict[str, Path | None]:
     return out
 
 
+# ---- results that write a model ---------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class Written:
+    """What the commands that write a model return: ``model``, ``report`` (what the report file inside the
+    output and ``--json`` hold) and ``save(out)``, which writes both atomically (see the module's doc)."""
+
+    REPORT: ClassVar[str] = PRUNE_REPORT
+
+    model: nn.Module
+    report: dict[str, Any]
+    source: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    reads: dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+
+    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False) -> io.SavedModel:
+        """Write the model and its report to ``out`` (atomically; ``force`` replaces only a folder headcut
+        wrote)."""
+        return _save(self.model, out, self.source, force, self.report, self.REPORT, self.reads,
+                     self.trust_remote_code)
+
+
 # ---- info and evaluate ----------------------------------------------------------------------------------
 
 def info(model: ModelLike, *, task: str | None = None, allow_pickle: bool = False,
@@ -350,23 +374,13 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
 
 # ---- export ---------------------------------------------------------------------------------------------
 
-@dataclass
-class Exported:
-    """A model with the heads of a mask removed (:func:`export`): ``model`` (slimmed in place),
-    ``slim`` (:class:`headcut.surgery.SlimResult`) and ``report``; ``save(out)`` writes it."""
+@dataclass(kw_only=True)
+class Exported(Written):
+    """A model with the heads of a mask removed (:func:`export`): ``model`` (slimmed in place), ``slim``
+    (:class:`headcut.surgery.SlimResult`) and ``report``; ``save(out)`` writes it with
+    ``headcut-report.json``."""
 
-    model: nn.Module
     slim: Any
-    report: dict[str, Any]
-    source: Path | None = None
-    notes: list[str] = field(default_factory=list)
-    reads: dict[str, Any] = field(default_factory=dict)
-    trust_remote_code: bool = False
-
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False) -> io.SavedModel:
-        """Write the slimmed model and ``headcut-report.json`` to ``out`` (atomically; see the module's doc)."""
-        return _save(self.model, out, self.source, force, self.report, PRUNE_REPORT, self.reads,
-                     self.trust_remote_code)
 
 
 def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str], *, gqa: str = "auto",
@@ -443,26 +457,15 @@ class _PruneBars:
             task.finish()
 
 
-@dataclass
-class Pruned:
+@dataclass(kw_only=True)
+class Pruned(Written):
     """What :func:`prune` produced: ``model`` (slimmed), ``mask`` (kept heads, the input model's
     numbering: ``export --mask`` replays it), ``report`` (what ``headcut-report.json`` and ``--json`` hold)
     and ``result`` (:class:`headcut.pruning.PruneResult`: trajectory, training run, ...). ``save(out)``
     writes the model with its report; ``write_trajectory(csv)`` the metric after every step."""
 
-    model: nn.Module
     mask: HeadMask
-    report: dict[str, Any]
     result: Any
-    source: Path | None = None
-    notes: list[str] = field(default_factory=list)
-    reads: dict[str, Any] = field(default_factory=dict)
-    trust_remote_code: bool = False
-
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False) -> io.SavedModel:
-        """Write the slimmed model and ``headcut-report.json`` to ``out`` (atomically; see the module's doc)."""
-        return _save(self.model, out, self.source, force, self.report, PRUNE_REPORT, self.reads,
-                     self.trust_remote_code)
 
     def write_trajectory(self, csv_path: str | os.PathLike[str] | OutputFile, png: bool = True,
                          force: bool = False) -> list[Path]:
@@ -607,24 +610,15 @@ def prune(
 
 # ---- finetune -------------------------------------------------------------------------------------------
 
-@dataclass
-class Finetuned:
+@dataclass(kw_only=True)
+class Finetuned(Written):
     """What :func:`finetune` produced: ``model`` (trained in place, heads kept), ``result``
     (:class:`headcut.finetuning.FinetuneResult`: history, metric before/after) and ``report`` (what
     ``headcut-finetune.json`` and ``--json`` hold); ``save(out)`` writes the model with its report."""
 
-    model: nn.Module
-    result: Any
-    report: dict[str, Any]
-    source: Path | None = None
-    notes: list[str] = field(default_factory=list)
-    reads: dict[str, Any] = field(default_factory=dict)
-    trust_remote_code: bool = False
+    REPORT: ClassVar[str] = FINETUNE_REPORT
 
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False) -> io.SavedModel:
-        """Write the fine-tuned model and ``headcut-finetune.json`` to ``out`` (atomically)."""
-        return _save(self.model, out, self.source, force, self.report, FINETUNE_REPORT, self.reads,
-                     self.trust_remote_code)
+    result: Any
 
 
 def finetune(

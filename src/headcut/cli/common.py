@@ -8,13 +8,15 @@ module imports no torch: ``--help`` and completion stay fast.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
@@ -166,19 +168,26 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def resume_hint(out: Path, checkpoint: Path) -> Callable[[KeyboardInterrupt], Interrupted]:
-    """What an interrupted training command says: where its checkpoint is and how to resume."""
-
-    def hint(exc: KeyboardInterrupt) -> Interrupted:
-        signum = getattr(exc, "signum", signal.SIGINT)
-        if (checkpoint / "checkpoint.pt").is_file():
-            text = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same command "
-                    "with --resume to continue")
-        else:
-            text = f"nothing was written to {out}; no checkpoint had been written yet"
-        return Interrupted(signum, text)
-
-    return hint
+@contextmanager
+def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None, log: Out) -> Iterator[None]:
+    """The work of a command that writes ``out``: the output locked (on the main process of a
+    data-parallel run), progress closed at the end, and an interruption that says where the resume
+    checkpoint is and how to resume (training commands)."""
+    with target if main else contextlib.nullcontext():
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            if checkpoint is None:
+                raise
+            signum = getattr(exc, "signum", signal.SIGINT)
+            if (checkpoint / "checkpoint.pt").is_file():
+                hint = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "
+                        "command with --resume to continue")
+            else:
+                hint = f"nothing was written to {out}; no checkpoint had been written yet"
+            raise Interrupted(signum, hint) from None
+        finally:
+            log.close()
 
 
 # ---- outputs ----------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ teacher; saved the same way (``headcut-finetune.json`` inside it, written in the
 
 from __future__ import annotations
 
-import contextlib
+import shutil
 from typing import Annotated, Any, Optional
 
 import typer
@@ -30,8 +30,8 @@ from .common import (
     data_spec,
     examples,
     handle_errors,
+    locked_run,
     plan_outputs,
-    resume_hint,
     with_data_options,
     with_training_options,
 )
@@ -106,26 +106,17 @@ def finetune_cmd(
 
     dist = from_env()
     log = Out(json_out, quiet)
-    hint = resume_hint(out, ckpt)
-    with target if dist.main else contextlib.nullcontext():
-        try:
-            tuned = api.finetune(
-                model, data_cfg, eval_data=eval_cfg, teacher=distill_from, alpha=alpha, temperature=temperature,
-                seed=seed, task=task, labels=labels.split(",") if labels is not None else None,
-                split=data_options.split, eval_split=eval_split,
-                data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
-                resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
-                trust_remote_code=trust_remote_code, arguments=arguments, **settings,
-            )
-        except KeyboardInterrupt as exc:
-            raise hint(exc) from None
-        finally:
-            log.close()
+    with locked_run(target, dist.main, out, ckpt, log):
+        tuned = api.finetune(
+            model, data_cfg, eval_data=eval_cfg, teacher=distill_from, alpha=alpha, temperature=temperature,
+            seed=seed, task=task, labels=labels.split(",") if labels is not None else None, split=data_options.split,
+            eval_split=eval_split, data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
+            resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code, arguments=arguments, **settings,
+        )
         if not dist.main:
             return
         tuned.save(target)
-        import shutil
-
         shutil.rmtree(ckpt, ignore_errors=True)
     from .render import finetune_summary
 

@@ -3,7 +3,7 @@ report (``headcut-report.json`` inside it, written in the same atomic save)."""
 
 from __future__ import annotations
 
-import contextlib
+import shutil
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -35,8 +35,8 @@ from .common import (
     data_spec,
     examples,
     handle_errors,
+    locked_run,
     plan_outputs,
-    resume_hint,
     with_data_options,
     with_training_options,
 )
@@ -181,29 +181,19 @@ def prune_cmd(
 
     dist = from_env()
     log = Out(json_out, quiet)
-    hint = resume_hint(out, ckpt) if ckpt is not None else None
-    with target if dist.main else contextlib.nullcontext():
-        try:
-            pruned = api.prune(
-                model, method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data_cfg, eval_data=eval_cfg,
-                uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed,
-                trajectory=trajectory is not None, task=task, split=data_options.split, eval_split=eval_split,
-                data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
-                resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
-                trust_remote_code=trust_remote_code, arguments=arguments, **options,
-            )
-        except KeyboardInterrupt as exc:
-            if hint is None:
-                raise
-            raise hint(exc) from None
-        finally:
-            log.close()
+    with locked_run(target, dist.main, out, ckpt, log):
+        pruned = api.prune(
+            model, method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data_cfg, eval_data=eval_cfg,
+            uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed,
+            trajectory=trajectory is not None, task=task, split=data_options.split, eval_split=eval_split,
+            data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt, resume=training.resume,
+            restart=force, progress=log.progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+            arguments=arguments, **options,
+        )
         if not dist.main:
             return
         pruned.save(target)
         if ckpt is not None:
-            import shutil
-
             shutil.rmtree(ckpt, ignore_errors=True)
         written = pruned.write_trajectory(files["--trajectory"]) if trajectory is not None else []
     from .render import prune_summary

@@ -402,18 +402,28 @@ class GateMethod(MethodBase):
     def run(self, problem: Problem, options: GateOptions) -> PruneResult:
         task = problem.data.task if isinstance(problem.data, Calibration) else ""
         options = options.resolved(self.learner, task, problem.config.seed)
-        full = HeadMask.full(problem.blocks)
-        before = problem.metric.measure(full) if problem.metric is not None else None
+        before = metric_before(problem)
         start = time.perf_counter()
         result, run = train_gates(problem, self.learner, options)
-        result.training = run
-        result.scorings = 0
-        result.seconds = time.perf_counter() - start
-        if problem.metric is not None:
-            result.metric, result.higher_is_better = problem.metric.name, problem.metric.higher_is_better
-            result.metric_before = before
-            result.metric_after = problem.metric.measure(result.mask)
-        return result
+        return finish(problem, result, run, before, start)
+
+
+def metric_before(problem: Problem) -> float | None:
+    """The metric of the model with every head, before training changes it (None without a metric)."""
+    return problem.metric.measure(HeadMask.full(problem.blocks)) if problem.metric is not None else None
+
+
+def finish(problem: Problem, result: PruneResult, run: GateRun, before: float | None, start: float) -> PruneResult:
+    """A learned method's result: the training run, the time since ``start``, the metric before and with
+    the final mask."""
+    result.training = run
+    result.scorings = 0
+    result.seconds = time.perf_counter() - start
+    if problem.metric is not None:
+        result.metric, result.higher_is_better = problem.metric.name, problem.metric.higher_is_better
+        result.metric_before = before
+        result.metric_after = problem.metric.measure(result.mask)
+    return result
 
 
 class ConcreteLearner(GateLearner):

@@ -39,9 +39,17 @@ import torch
 
 from ..data import Calibration
 from ..errors import HeadcutError
-from ..masks import HeadMask
 from .base import PruneResult
-from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots, train_gates
+from .gate_training import (
+    ConcreteLearner,
+    Context,
+    GateMethod,
+    GateOptions,
+    Slots,
+    finish,
+    metric_before,
+    train_gates,
+)
 from .method import Problem
 
 #: lambda of the reference README's MNLI run
@@ -114,8 +122,7 @@ class VoitaMethod(GateMethod):
         base = options.resolved(self.learner, task, problem.config.seed)
         model = problem.model
         start_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        full = HeadMask.full(problem.blocks)
-        before = problem.metric.measure(full) if problem.metric is not None else None
+        before = metric_before(problem)
         started = time.perf_counter()
         searching = replace(problem, checkpoint_dir=None)
         lam, low, high = DEFAULT_LAMBDA, None, None
@@ -136,14 +143,7 @@ class VoitaMethod(GateMethod):
         _, result, run, state = best
         model.load_state_dict(state)
         run.hyperparameters["lambda_search"] = trials
-        result.training = run
-        result.scorings = 0
-        result.seconds = time.perf_counter() - started
-        if problem.metric is not None:
-            result.metric, result.higher_is_better = problem.metric.name, problem.metric.higher_is_better
-            result.metric_before = before
-            result.metric_after = problem.metric.measure(result.mask)
-        return result
+        return finish(problem, result, run, before, started)
 
 
 METHOD = VoitaMethod(Voita, VoitaOptions)
