@@ -4,8 +4,8 @@
         [--methods pass,passconc,dsp,dsp:pipelined,ste,voita,lag]
         [--baselines michel,gradient,michel+finetune,unpruned+finetune] [--bench-dir DIR]
 
-Every learned method trains for the same number of optimizer steps (default 250 at batch 8 = 2,000
-of the 4,000 training snippets) on the training rows and is evaluated on 1,000 held-out rows
+Every learned method trains for the same number of optimizer steps (default 250 at batch 16 = 4,000
+snippets drawn from the 10,108 training rows, shuffled) and is evaluated on 1,000 held-out rows
 (the prune benchmark's). Baselines at the same K: michel and one-shot gradient (512 training rows
 as calibration, as in benchmarks/prune_methods.py; no training), michel followed by ``finetune``
 for the same steps, and the unpruned model fine-tuned for the same steps. With ``--bench-dir`` the

@@ -28,7 +28,7 @@ import headcut
 from headcut import evaluation
 from headcut.cli import app
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
-from headcut.evaluation import EvalResult, evaluate, macro_f1
+from headcut.evaluation import EvalResult, evaluate, macro_f1, mcc
 
 runner = CliRunner()
 
@@ -78,6 +78,15 @@ def test_macro_f1_by_hand():
     assert macro_f1([1, 1], [1, 1]) == 1.0
     # a class only predicted counts too: class 0 tp 1, class 1 fp 1 fn 0 -> 0, class 2 fn 1 -> 0
     assert macro_f1([0, 2], [0, 1]) == pytest.approx(1 / 3)
+
+
+def test_mcc_by_hand():
+    # binary: tp 3, tn 3, fp 1, fn 1 -> (9 - 1) / sqrt(4 * 4 * 4 * 4) = 0.5
+    assert mcc([1, 1, 1, 0, 0, 0, 1, 0], [1, 1, 0, 0, 0, 1, 1, 0]) == pytest.approx(0.5)
+    # three classes (Gorodkin): c 3, s 5, sum p_k t_k = 10 -> (15 - 10) / sqrt((25 - 13) * (25 - 9))
+    assert mcc([0, 0, 1, 1, 2], [0, 1, 1, 1, 0]) == pytest.approx(5 / (12 * 16) ** 0.5)
+    assert mcc([0, 1, 0, 1], [1, 1, 1, 1]) == 0.0  # constant predictions
+    assert mcc([0, 1], [1, 0]) == pytest.approx(-1.0)
 
 
 def test_classification_metrics_by_hand(tmp_path, tok):

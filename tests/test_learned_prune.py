@@ -359,7 +359,7 @@ def test_cli_resume_finishes_an_interrupted_prune(tiny_dir, tmp_path, monkeypatc
     (["--method", "pass", "--keep", "3", "--resume"], "no checkpoint"),
     (["--method", "pass", "--keep", "3", "--epochs", "1", "--max-steps", "3"], "not both"),
     (["--method", "pass", "--keep", "3", "--eval-every", "2"], "--eval-every needs --eval-data"),
-    (["--method", "auber", "--keep", "3"], "not implemented yet"),
+    (["--method", "lottery", "--keep", "3"], "not implemented yet"),
 ])
 def test_cli_refusals(tiny_dir, tmp_path, extra, needle):
     extra = [str(tiny_dir / "dev.csv") if e == "DEV" else e for e in extra]

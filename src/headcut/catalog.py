@@ -60,6 +60,10 @@ OBJECTIVES = ("logits-norm", "loss")
 GNORM_PER = ("batch", "example")
 #: learned-gate training modes
 MODES = ("joint", "pipelined")
+#: AUBER's state features (``--state``): the paper's value-matrix L1 norm and its ablations
+AUBER_STATES = ("value-l1", "query", "key", "value-l2")
+#: metrics an AUBER reward may watch (``--reward-metric``; accuracy, macro_f1 and mcc: classification)
+REWARD_METRICS = ("accuracy", "macro_f1", "mcc", "loss")
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,10 @@ class MethodEntry:
     ``target``: ``module:object`` of its :class:`~headcut.pruning.Method`; ``paper``: a key of
     :data:`PAPERS` and the section; ``data``: ``none`` (data-free), ``calibration`` (scoring data) or
     ``training`` (labelled training data); ``kind``: ``score`` (ranked by a scorer, once or again at
-    every step) or ``learned`` (gates trained with the model)."""
+    every step), ``learned`` (gates trained with the model) or ``agent`` (a reinforcement-learning
+    agent chooses the heads, layer by layer); ``budget``: ``required`` (--keep/--sparsity/--max-drop)
+    or ``optional`` (the method decides how many heads go; --keep/--sparsity is an upper bound on the
+    heads kept)."""
 
     name: str
     target: str
@@ -87,6 +94,7 @@ class MethodEntry:
     paper: str
     data: str
     kind: str
+    budget: str = "required"
 
     @property
     def citation(self) -> str:
@@ -167,13 +175,17 @@ METHODS: dict[str, MethodEntry] = {m.name: m for m in (
     MethodEntry("voita", "headcut.pruning.voita:METHOD",
                 "learned: Hard Concrete gates with an L0 penalty whose lambda is searched to reach K (Voita et al.)",
                 "dsp §4.2.2", "training", "learned"),
+    MethodEntry("auber", "headcut.pruning.auber:METHOD",
+                "agent: a DQN prunes each layer in turn, rewarded by the change of a held-out metric, and decides "
+                "how many heads go; fine-tunes after each layer (AUBER; for small data)",
+                "auber §4, §5.1", "training", "agent", budget="optional"),
     MethodEntry("lag", "headcut.pruning.lag:METHOD",
                 "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)",
                 "pass §4.1.2", "training", "learned"),
 )}
 
 #: methods of the source papers that are not built yet: asking for one says so
-NOT_YET: dict[str, str] = {"auber": "auber", "lottery": "lottery"}
+NOT_YET: dict[str, str] = {"lottery": "lottery"}
 
 
 def method_entry(name: str) -> MethodEntry:

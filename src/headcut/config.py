@@ -88,7 +88,8 @@ class PruneConfig:
     ``method``: a name in :data:`headcut.catalog.METHODS`. Budget: exactly one of ``keep`` (heads
     left) and ``sparsity`` (fraction removed: keep = floor((1 - s) * heads)), or ``max_drop`` (stop
     before the metric drops by more than this, in the metric's own units; score-based methods) with
-    ``keep``/``sparsity`` optional as a floor. ``uniform``: the same number of heads in every block.
+    ``keep``/``sparsity`` optional as a floor. A method that decides the count itself (``auber``)
+    needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same number of heads in every block.
     ``min_heads_per_block``: never take a block below this. ``gqa``: the grouped-query policy (units
     and slimming). ``seed``: every random choice of the method. ``trajectory``: measure the metric
     after every step (score-based methods; needs evaluation data)."""
@@ -107,10 +108,11 @@ class PruneConfig:
         """One-line errors for values that cannot work (the method name is checked by the registry)."""
         from .catalog import method_entry
 
-        method_entry(self.method)
+        entry = method_entry(self.method)
         if self.keep is not None and self.sparsity is not None:
             raise HeadcutError("give one budget: --keep or --sparsity, not both")
-        if self.keep is None and self.sparsity is None and self.max_drop is None:
+        budget_given = self.keep is not None or self.sparsity is not None or self.max_drop is not None
+        if not budget_given and entry.budget == "required":
             raise HeadcutError("no budget: pass --keep K, --sparsity S or --max-drop D")
         if self.keep is not None and (not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 0):
             raise HeadcutError(f"--keep must be a head count >= 0 (got {self.keep})")

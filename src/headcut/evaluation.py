@@ -3,8 +3,9 @@
 Metrics by task (all under ``torch.inference_mode`` with the model in eval mode; its mode is restored):
 
 * **classification**: ``accuracy``; ``macro_f1``, the mean over classes of ``2 TP / (2 TP + FP + FN)``
-  for every class that occurs in the labels or the predictions (scikit-learn's default); ``loss``, the
-  mean cross-entropy per example. Primary: accuracy (higher is better).
+  for every class that occurs in the labels or the predictions (scikit-learn's default); ``mcc``,
+  Matthews' correlation coefficient (Gorodkin's multi-class form, scikit-learn's; 0 when a marginal is
+  constant; CoLA's metric); ``loss``, the mean cross-entropy per example. Primary: accuracy (higher is better).
 * **causal-lm**: ``loss``, the mean negative log-likelihood of every scored next token (token-weighted
   over the whole data, not a mean of batch means); ``perplexity`` = exp(loss); ``tokens`` scored.
   Primary: perplexity (lower is better).
@@ -80,6 +81,19 @@ def macro_f1(labels: list[int], predictions: list[int]) -> float:
         fn = sum(1 for y, p in zip(labels, predictions) if y == c and p != c)
         scores.append(2 * tp / (2 * tp + fp + fn))
     return sum(scores) / len(scores)
+
+
+def mcc(labels: list[int], predictions: list[int]) -> float:
+    """Matthews' correlation coefficient of ``predictions`` (any number of classes):
+    (c s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2)(s^2 - sum_k t_k^2)), with c correct, s examples,
+    p_k / t_k the predicted / true count of class k; 0 where the denominator is 0."""
+    from collections import Counter
+
+    s, c = len(labels), sum(1 for y, p in zip(labels, predictions) if y == p)
+    true, pred = Counter(labels), Counter(predictions)
+    num = c * s - sum(pred[k] * true[k] for k in set(true) | set(pred))
+    den = (s * s - sum(v * v for v in pred.values())) * (s * s - sum(v * v for v in true.values()))
+    return num / math.sqrt(den) if den > 0 else 0.0
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -163,7 +177,8 @@ def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress 
     metrics: dict[str, float]
     if task == "classification":
         correct = sum(1 for y, p in zip(labels_all, preds_all) if y == p)
-        metrics = {"accuracy": correct / len(labels_all), "macro_f1": macro_f1(labels_all, preds_all), "loss": loss}
+        metrics = {"accuracy": correct / len(labels_all), "macro_f1": macro_f1(labels_all, preds_all),
+                   "mcc": mcc(labels_all, preds_all), "loss": loss}
     else:
         metrics = {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": float(count)}
         if want_bleu:

@@ -25,6 +25,8 @@ STOPPED = {
     "budget": "reached the budget",
     "max-drop": "stopped: the next step dropped the metric by more than --max-drop",
     "floor": "reached the floor (--keep/--sparsity, or nothing more may go) within --max-drop",
+    "policy": "the method's own choice of how many heads go",
+    "bound": "the method's choice, held to the --keep/--sparsity upper bound",
 }
 
 

@@ -9,7 +9,17 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..catalog import ABS_PER, GNORM_PER, METHODS, MODES, NORMALIZE, OBJECTIVES, method_entry
+from ..catalog import (
+    ABS_PER,
+    AUBER_STATES,
+    GNORM_PER,
+    METHODS,
+    MODES,
+    NORMALIZE,
+    OBJECTIVES,
+    REWARD_METRICS,
+    method_entry,
+)
 from ..config import PruneConfig
 from ..errors import HeadcutError
 from ..outputs import checkpoint_dir_for
@@ -42,6 +52,7 @@ from .common import (
 )
 
 LEARNED = [m.name for m in METHODS.values() if m.kind == "learned"]
+TRAINING = [m.name for m in METHODS.values() if m.data == "training"]
 
 PRUNE_HELP = "\n\n".join([
     "Remove attention heads of MODEL with a pruning method and save the slimmed model to --out, with "
@@ -56,9 +67,15 @@ PRUNE_HELP = "\n\n".join([
     "(--mode joint, default) or on the frozen model (--mode pipelined), then keep exactly K heads by the learned "
     "ranking; the report holds the training curve. Checkpoints go to OUT.headcut-checkpoint/; run the same command "
     "with --resume to continue an interrupted run. They run unchanged under accelerate launch / torchrun.",
+    "auber (for small training sets) needs no budget: layer by layer, a DQN agent trained for --episodes episodes "
+    "removes the heads whose removal raises the metric of a held-out part of --data (--reward-metric, on "
+    "--reward-examples examples), the layer is fine-tuned (--lr, default 2e-6; --layer-epochs), and at the end the "
+    "model is fine-tuned with early stopping (--patience, at most --epochs, default 2). --keep/--sparsity, if given, "
+    "is an upper bound on the heads kept. The report lists every layer's heads, reward path and metrics.",
     "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --lambda, "
-    "--lambda-trials, --cooldown, --lambda-step and the training options) are refused for a method that has no such option. "
-    "--data and --eval-data must differ.",
+    "--lambda-trials, --cooldown, --lambda-step; --episodes, --reverse, --state, --reward-examples, --reward-metric, "
+    "--allow-empty-layers, --layer-epochs, --patience; and the training options) are refused for a method that has "
+    "no such option. --data and --eval-data must differ.",
 ])
 
 
@@ -67,6 +84,7 @@ PRUNE_HELP = "\n\n".join([
     "headcut prune model/ --method greedy-gnorm --keep 48 --data cal.csv --eval-data dev.csv --out slim/",
     "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "
     "--trajectory curve.csv",
+    "headcut prune model/ --method auber --data train.csv --eval-data dev.csv --out slim/   # small data",
     "headcut prune model/ --method pass --keep 16 --data train.csv --out slim/ --resume   # after an interruption"))
 @handle_errors
 @with_data_options
@@ -74,7 +92,8 @@ PRUNE_HELP = "\n\n".join([
 def prune_cmd(
     model: ModelArg,
     method: MethodOpt = None,
-    keep: Annotated[Optional[int], typer.Option("--keep", help="Heads to keep (exactly).", metavar="K")] = None,
+    keep: Annotated[Optional[int], typer.Option("--keep", help="Heads to keep (exactly; auber: at most).",
+                                                metavar="K")] = None,
     sparsity: Annotated[Optional[float], typer.Option(
         "--sparsity", help="Fraction of heads to remove: keep floor((1 - S) x heads).", metavar="S")] = None,
     max_drop: Annotated[Optional[float], typer.Option(
@@ -127,6 +146,33 @@ def prune_cmd(
     lambda_step: Annotated[Optional[int], typer.Option(
         "--lambda-step", metavar="N", rich_help_panel="Method options",
         help="pass/passconc: n_step of the lambda schedule (default 1,000, or steps/6 under 6,000 steps).")] = None,
+    episodes: Annotated[Optional[int], typer.Option(
+        "--episodes", metavar="N", rich_help_panel="Method options",
+        help="auber: DQN episodes per layer (default 150, the paper's).")] = None,
+    reverse: Annotated[Optional[bool], typer.Option(
+        "--reverse", metavar="", rich_help_panel="Method options",
+        help="auber: process the last layer first (the paper's AUBER-Reverse ablation).")] = None,
+    state: Annotated[Optional[str], typer.Option(
+        "--state", metavar="|".join(AUBER_STATES), rich_help_panel="Method options",
+        autocompletion=_choices(AUBER_STATES),
+        help="auber: the state feature: L1 norm of each head's value matrix (default), or the query, key or value "
+             "L2 ablations.")] = None,
+    reward_examples: Annotated[Optional[int], typer.Option(
+        "--reward-examples", metavar="N", rich_help_panel="Method options",
+        help="auber: mini-dev examples each reward is measured on (default 256).")] = None,
+    reward_metric: Annotated[Optional[str], typer.Option(
+        "--reward-metric", metavar="|".join(REWARD_METRICS), rich_help_panel="Method options",
+        autocompletion=_choices(REWARD_METRICS),
+        help="auber: the metric the reward is the change of (default: accuracy; loss for language models).")] = None,
+    allow_empty_layers: Annotated[Optional[bool], typer.Option(
+        "--allow-empty-layers", metavar="", rich_help_panel="Method options",
+        help="auber: let the agent prune a layer's last head (by default one stays).")] = None,
+    layer_epochs: Annotated[Optional[int], typer.Option(
+        "--layer-epochs", metavar="N", rich_help_panel="Method options",
+        help="auber: fine-tuning epochs on mini-train after each layer (default 1; 0: none).")] = None,
+    patience: Annotated[Optional[int], typer.Option(
+        "--patience", metavar="N", rich_help_panel="Method options",
+        help="auber: evaluations without improvement that stop the final fine-tune (default 20).")] = None,
     trajectory: Annotated[Optional[str], typer.Option(
         "--trajectory", metavar="FILE.csv", help="Write the metric after every step to FILE.csv, and a PNG beside it "
         "when matplotlib is installed (needs --eval-data; score-based methods).")] = None,
@@ -159,12 +205,15 @@ def prune_cmd(
         raise HeadcutError(f"--trajectory must name a .csv file (a .png is written beside it), got {trajectory}")
     options: dict[str, Any] = {k: v for k, v in dict(
         step=step, normalize=normalize, abs_per=abs_per, objective=objective, per=per, mode=mode, gate_lr=gate_lr,
-        lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step,
+        lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
+        reverse=reverse, state=state, reward_examples=reward_examples, reward_metric=reward_metric,
+        allow_empty_layers=allow_empty_layers, layer_epochs=layer_epochs, patience=patience,
         **training.given()).items() if v is not None}
-    learned = entry.data == "training"
-    if not learned and (training.resume or training.device is not None):
-        flag = "--resume" if training.resume else "--device"
-        raise HeadcutError(f"{flag} applies to the learned-gate methods ({', '.join(LEARNED)}), not to {method}")
+    learned = entry.kind == "learned"
+    if training.resume and not learned:
+        raise HeadcutError(f"--resume applies to the learned-gate methods ({', '.join(LEARNED)}), not to {method}")
+    if training.device is not None and entry.data != "training":
+        raise HeadcutError(f"--device applies to the methods that train ({', '.join(TRAINING)}), not to {method}")
     use_data = data is not None and entry.data != "none"
     data_cfg = data_spec(data, data_options.split, data_options, seed) if use_data else data
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None

@@ -38,7 +38,7 @@ def info_table(model: str, result: Any) -> list[Any]:
 def _metric(name: str, value: float) -> str:
     if name == "tokens":
         return f"{value:,.0f}"
-    if name in ("accuracy", "macro_f1"):
+    if name in ("accuracy", "macro_f1", "mcc"):
         return f"{value:.4f}"
     return f"{value:,.4f}"
 
@@ -178,9 +178,39 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         out.append(f"trained {run.steps} steps ({run.mode}{resumed}), task loss {first[loss]:.4f} -> "
                    f"{last[loss]:.4f}, {run.seconds:.1f} s; kept the top {result.target} heads by {run.ranking}; "
                    f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
+    elif report.get("auber") is not None:
+        out += _auber_summary(report["auber"])
+        out.append(f"{result.scorings} reward evaluation{'s' if result.scorings != 1 else ''}, "
+                   f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
     else:
         out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
                    f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
+    return out
+
+
+def _auber_summary(auber: dict[str, Any]) -> list[Any]:
+    """AUBER's layers (heads pruned, mini-dev metric before, pruned, fine-tuned) and its final fine-tune."""
+    name = auber["reward_metric"]
+    table = Table(title=f"auber, layer by layer ({name} on mini-dev; {auber['episodes']} episodes per layer)",
+                  box=box.SIMPLE_HEAD)
+    for col in ("layer", "pruned heads", "before", "pruned", "fine-tuned", "evaluations", "replayed", "seconds"):
+        table.add_column(col, justify="left" if col in ("layer", "pruned heads") else "right")
+    for layer in auber["layers"]:
+        pruned = ",".join(map(str, layer["pruned"])) or "none"
+        if layer["forced"]:
+            pruned += f" ({layer['forced']} by the bound)"
+        table.add_row(layer["layer"], pruned, _fmt(layer["before"]), _fmt(layer["pruned_metric"]),
+                      _fmt(layer["tuned_metric"]), str(layer["evaluations"]),
+                      f"{layer['replay']} layer{'s' if layer['replay'] != 1 else ''}" if layer["replay"] else "-", f"{layer['seconds']:.1f}")
+    out: list[Any] = [table]
+    final = auber.get("final")
+    if final is not None:
+        stop = final["early_stopping"]
+        how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
+               else f"ran all {final['steps']} steps")
+        out.append(f"final fine-tune on {final['examples']:,} examples: {how}; kept the weights of step "
+                   f"{stop['best_step']} ({name} {_fmt(stop['best'])} on {final['held_out']:,} held-out training "
+                   f"examples, {_fmt(final['start'])} before it)")
     return out
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,29 @@ class Calibration:
     scored_tokens: int = 0
     notes: list[str] = field(default_factory=list)
     tokenizer: Any = field(default=None, repr=False, compare=False)
+    items: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    pad_id: int | None = field(default=None, repr=False, compare=False)
+
+    def select(self, indices: Sequence[int], batch_size: int | None = None, by_length: bool = False) -> Calibration:
+        """A Calibration of the examples at ``indices`` (0-based, in the order of ``items``), batched
+        again (``batch_size``: this one's by default); ``by_length``: sort them by length first, so that
+        batches carry little padding (for evaluation: the metric does not depend on the order)."""
+        if self.items is None or self.pad_id is None:
+            raise HeadcutError("this data keeps no examples to select from (build it with load_calibration)")
+        chosen = [int(i) for i in indices]
+        if not chosen:
+            raise HeadcutError("no examples selected")
+        if min(chosen) < 0 or max(chosen) >= len(self.items):
+            raise HeadcutError(f"example index out of range (the data has {len(self.items)} examples)")
+        if by_length:
+            chosen.sort(key=lambda i: (len(self.items[i]["input_ids"]), i))  # type: ignore[index]
+        items = [self.items[i] for i in chosen]
+        size = batch_size or self.batch_size
+        batches = [_collate(items[i:i + size], self.pad_id) for i in range(0, len(items), size)]
+        tokens, scored = _counts(self.task, batches)
+        references = [self.references[i] for i in chosen] if self.references is not None else None
+        return replace(self, batches=batches, examples=len(items), batch_size=size, tokens=tokens,
+                       scored_tokens=scored, references=references, items=items, notes=list(self.notes))
 
     def to_json(self) -> dict[str, Any]:
         """What a report records of the data (everything but the batches and the tokenizer)."""
@@ -366,13 +389,7 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
     pad_id = _pad_id(model, tokenizer)
     size = config.batch_size
     batches = [_collate(examples[i:i + size], pad_id) for i in range(0, len(examples), size)]
-    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
-    if task == "classification":
-        scored = len(examples)
-    elif task == "causal-lm":
-        scored = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
-    else:
-        scored = sum(int((b["labels"] != -100).sum()) for b in batches)
+    tokens, scored = _counts(task, batches)
     id2label = {int(k): str(v) for k, v in (getattr(model.config, "id2label", None) or {}).items()}
     return Calibration(
         task=task, batches=batches, examples=len(examples), source=source, columns=columns, seq_len=config.seq_len,
@@ -380,8 +397,20 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
         label_names=[id2label.get(i, str(i)) for i in range(int(model.config.num_labels))]
         if task == "classification" else None,
         references=references if task == "seq2seq" else None,
-        tokens=tokens, scored_tokens=scored, notes=notes, tokenizer=tokenizer,
+        tokens=tokens, scored_tokens=scored, notes=notes, tokenizer=tokenizer, items=examples, pad_id=pad_id,
     )
+
+
+def _counts(task: str, batches: Sequence[dict[str, torch.Tensor]]) -> tuple[int, int]:
+    """Real input tokens and scored label positions of ``batches`` (see :class:`Calibration`)."""
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    if task == "classification":
+        scored = sum(int(b["labels"].numel()) for b in batches)
+    elif task == "causal-lm":
+        scored = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
+    else:
+        scored = sum(int((b["labels"] != -100).sum()) for b in batches)
+    return tokens, scored
 
 
 def _decoder_only(model: nn.Module) -> bool:

@@ -19,6 +19,7 @@ The command-level job (loading, data, report, saving) is :func:`headcut.api.prun
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,11 @@ def check_budget(model: nn.Module, config: PruneConfig, options: Any = None) -> 
     sets = block_sets(model_blocks(model), config.gqa)
     total = sum(s.heads * s.width for s in sets)
     step, stepwise = method.step(total, config, options)
-    return sets, resolve_budget(sets, config, step, stepwise), method, options
+    # a method that decides the count itself takes --keep/--sparsity as an upper bound (its own check)
+    bound_only = method.entry.budget == "optional"
+    budget = resolve_budget(sets, replace(config, keep=None, sparsity=None) if bound_only else config, step, stepwise)
+    method.check_units(sets, budget, config, options)
+    return sets, budget, method, options
 
 
 def plan_prune(

@@ -49,9 +49,12 @@ class PruneResult:
     mask). ``trajectory``: step 0 (the input model) and every step after. ``stopped``: ``budget``
     (reached --keep/--sparsity), ``max-drop`` (the next step dropped the metric by more than
     --max-drop; the mask is the step before), ``floor`` (--max-drop reached its floor: --keep,
-    --sparsity, or nothing left to remove). ``scorings``: scoring passes made. ``score_config``: the
-    scorer options used (method defaults resolved). ``slim``: filled by
-    :func:`headcut.pruning.prune` (the :class:`~headcut.surgery.SlimResult`)."""
+    --sparsity, or nothing left to remove), ``policy`` (a method that decides the count: its own
+    choice), ``bound`` (it was held to the --keep/--sparsity upper bound). ``scorings``: scoring (or
+    reward evaluation) passes made. ``score_config``: the
+    scorer options used (method defaults resolved). ``training``: a learned-gate method's training run;
+    ``details``: another method's own record (AUBER's layers), reported under the method's name.
+    ``slim``: filled by :func:`headcut.pruning.prune` (the :class:`~headcut.surgery.SlimResult`)."""
 
     method: str
     mask: HeadMask
@@ -71,6 +74,7 @@ class PruneResult:
     slim: Any = None
     training: Any = None
     options: Any = None
+    details: Any = None
 
     @property
     def total_before(self) -> int:
@@ -90,6 +94,8 @@ class PruneResult:
             out["score_config"] = self.score_config.to_json()
         if self.training is not None:
             out["training"] = self.training.to_json()
+        if self.details is not None:
+            out[self.method] = self.details.to_json()
         return out
 
     def to_json(self) -> dict[str, Any]:

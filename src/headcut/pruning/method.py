@@ -10,6 +10,8 @@ A method is an object with
   method has no ``--max-drop``);
 * ``step(total, options)``: heads per search step and whether the search goes step by step (the
   budget check needs it before any data is read);
+* ``check_units(sets, budget, config, options)``: refusals that need the model's prune units but no
+  data (e.g. AUBER's bound below one head per layer);
 * ``run(problem, options) -> PruneResult``: the one entry point. It returns the exact-budget mask
   (the model's current head numbering) and the method's report section (``result.section()``).
 
@@ -86,6 +88,8 @@ class Method(Protocol):
 
     def step(self, total: int, config: PruneConfig, options: Any) -> tuple[int, bool]: ...
 
+    def check_units(self, sets: list[BlockSet], budget: Budget, config: PruneConfig, options: Any) -> None: ...
+
     def run(self, problem: Problem, options: Any) -> PruneResult: ...
 
 
@@ -100,6 +104,9 @@ class MethodBase:
         return method_entry(self.name)
 
     def check(self, config: PruneConfig, options: Any) -> None:
+        return None
+
+    def check_units(self, sets: list[BlockSet], budget: Budget, config: PruneConfig, options: Any) -> None:
         return None
 
 

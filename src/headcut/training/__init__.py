@@ -2,6 +2,7 @@
 
 from .engine import (
     CHECKPOINT_NAME,
+    EarlyStopping,
     TrainConfig,
     Trainer,
     TrainResult,
@@ -9,4 +10,4 @@ from .engine import (
     lr_factor,
 )
 
-__all__ = ["CHECKPOINT_NAME", "TrainConfig", "TrainResult", "Trainer", "default_loss", "lr_factor"]
+__all__ = ["CHECKPOINT_NAME", "EarlyStopping", "TrainConfig", "TrainResult", "Trainer", "default_loss", "lr_factor"]

@@ -38,6 +38,10 @@
 * **After each step.** ``after_step(step)`` (1-based, called under ``torch.no_grad`` after the
   optimizer step, inside the seeded RNG) may change the gates in place (PASS clips and re-opens them)
   and returns log values for the step's history entry.
+* **Early stopping** (``early_stopping``, :class:`EarlyStopping`): after each evaluation the run stops
+  once the watched metric has not improved for ``patience`` evaluations in a row, and the weights of
+  the best evaluation are put back when :meth:`Trainer.train` returns. Such a run writes no
+  checkpoints (the best weights would have to be saved with them).
 * **Several processes** (``dist``, :mod:`headcut.distributed`): each process trains on its shard of the
   batches and the gradients are averaged over the processes after every step's backward passes, so
   all processes stay identical; only the main process writes checkpoints.
@@ -119,6 +123,58 @@ class TrainResult:
     steps: int
     history: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+
+
+@dataclass
+class EarlyStopping:
+    """Stop when ``metric`` (a key of the evaluation's dict) has not improved for ``patience``
+    evaluations in a row; keep a copy of the weights of the best evaluation and put it back at the
+    end. :meth:`update` may also be called by the caller before training (step 0: the starting
+    point then counts as a candidate, so a run that only makes things worse gives back the start)."""
+
+    metric: str
+    higher_is_better: bool
+    patience: int
+    best: float | None = None
+    best_step: int | None = None
+    evaluations: int = 0
+    since_best: int = 0
+    stopped_at: int | None = None
+    _weights: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.patience, int) or self.patience < 1:
+            raise HeadcutError(f"patience must be an integer >= 1, got {self.patience!r}")
+
+    def update(self, model: nn.Module, step: int, metrics: dict[str, Any]) -> bool:
+        """Record one evaluation at ``step``; True when the run should stop."""
+        if self.metric not in metrics:
+            raise HeadcutError(f"early stopping watches {self.metric!r}, which the evaluation does not give")
+        value = float(metrics[self.metric])
+        self.evaluations += 1
+        improved = value == value and (self.best is None or (value > self.best if self.higher_is_better
+                                                               else value < self.best))
+        if improved:
+            self.best, self.best_step, self.since_best = value, step, 0
+            self._weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            self.since_best += 1
+        if self.since_best >= self.patience:
+            self.stopped_at = step
+            return True
+        return False
+
+    def restore(self, model: nn.Module) -> bool:
+        """Put the best evaluation's weights back; False if there was none."""
+        if self._weights is None:
+            return False
+        model.load_state_dict(self._weights)
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "higher_is_better": self.higher_is_better, "patience": self.patience,
+                "best": self.best, "best_step": self.best_step, "evaluations": self.evaluations,
+                "stopped_at": self.stopped_at}
 
 
 def default_loss(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -221,8 +277,14 @@ class Trainer:
         extra_state: Any = None,
         on_step: StepFn | None = None,
         identity: dict[str, Any] | None = None,
+        early_stopping: EarlyStopping | None = None,
     ) -> None:
         config.validate()
+        if early_stopping is not None and (eval_fn is None or config.eval_every is None):
+            raise HeadcutError("early stopping needs an eval_fn and eval_every")
+        if early_stopping is not None and checkpoint_dir is not None:
+            raise HeadcutError("a run with early stopping writes no checkpoints: give no checkpoint_dir")
+        self.early_stopping = early_stopping
         if config.epochs is None and config.max_steps is None:
             raise HeadcutError("give epochs or max_steps")
         if config.mode is None:
@@ -463,6 +525,8 @@ class Trainer:
                     self._loop()
                 finally:
                     self._in_loop = False
+                if self.early_stopping is not None:
+                    self.early_stopping.restore(self.model)
                 self._rng_cpu = torch.get_rng_state()
                 if self._device.type == "cuda":
                     self._rng_cuda = torch.cuda.get_rng_state(self._device)
@@ -522,9 +586,12 @@ class Trainer:
             if self.after_step is not None:
                 with torch.no_grad():
                     entry.update({k: _plain(v) for k, v in (self.after_step(self.step) or {}).items()})
+            stop = False
             if cfg.eval_every is not None and self.step % cfg.eval_every == 0 and self.eval_fn is not None:
                 self.model.eval()
                 entry["eval"] = _plain(dict(self.eval_fn(self.step)))
+                if self.early_stopping is not None:
+                    stop = self.early_stopping.update(self.model, self.step, entry["eval"])
                 self._train_mode()
             self.history.append(entry)
             if self.progress is not None:
@@ -534,5 +601,7 @@ class Trainer:
             if self.checkpoint_dir is not None and cfg.checkpoint_every is not None and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()
                 last_saved = self.step
+            if stop:
+                break
         if self.checkpoint_dir is not None and last_saved != self.step:
             self.save_checkpoint()
