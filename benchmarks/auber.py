@@ -2,7 +2,7 @@
 random pruning at the number of heads AUBER chose.
 
     python benchmarks/auber.py [--train-examples 3000] [--episodes 150] [--reward-examples N]
-        [--reward-metric accuracy|loss|...] [--seeds 5] [--controls] [--out results.json]
+        [--reward-metric accuracy|loss|...] [--seeds 5] [--out results.json]
     python benchmarks/auber.py --from-out slim/ ...   # the output folder of an auber run already made
 
 The model is the README's MiniLM Rotten Tomatoes classifier (72 heads, fine-tuned on 4,000 training
@@ -10,10 +10,9 @@ snippets: ``benchmarks/classifier.py``); AUBER runs on ``--train-examples`` of t
 paper prunes a model fine-tuned on the task with the task's training data), and every model is
 measured on the held-out test split (2,808 snippets). Michel et al. (steps of 10 %) calibrates on 512
 training snippets and random runs with ``--seeds`` seeds; both keep exactly AUBER's head count and
-are not fine-tuned. ``--controls`` adds the same fine-tuning AUBER's final stage runs (lr 2e-6, two
-epochs on the training snippets) applied to the unpruned model and to Michel's mask, to tell the
-pruning from the extra training. ``--from-out DIR`` takes the model and report an earlier
-``headcut prune <classifier> --method auber --out DIR`` wrote instead of running AUBER again.
+are not fine-tuned (AUBER's report says how far its own fine-tunes moved the model). ``--from-out
+DIR`` takes the model and report an earlier ``headcut prune <classifier> --method auber --out DIR``
+wrote instead of running AUBER again.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from headcut.evaluation import evaluate
 from headcut.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import PruneConfig, eval_metric, plan_prune
-from headcut.surgery import slim
 
 
 def accuracy(model, test) -> float:
@@ -50,7 +48,6 @@ def main() -> None:
     ap.add_argument("--from-out", default=None, help="the --out folder of an auber run of the classifier")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0, help="auber's seed")
-    ap.add_argument("--controls", action="store_true")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     path = minilm_classifier()
@@ -108,17 +105,6 @@ def main() -> None:
                                  "accuracies": accs}
     print(json.dumps({n: results["rows"][n] for n in ("michel", "random")}), file=sys.stderr, flush=True)
 
-    if args.controls:
-        for name, mask in (("unpruned+finetune", None), ("michel+finetune", michel.mask)):
-            base = headcut.load(path)
-            if mask is not None:
-                base = slim(base, mask)
-            tuned = headcut.finetune(base, str(splits["train"]), lr=2e-6, epochs=2, seed=args.seed,
-                                     checkpoint_every=None, tokenizer=tok,
-                                     data_options={"max_examples": args.train_examples})
-            results["rows"][name] = {"heads": k if mask is not None else 72, "accuracy": accuracy(tuned.model, test),
-                                     "steps": tuned.result.steps}
-            print(json.dumps({name: results["rows"][name]}), file=sys.stderr, flush=True)
     print(json.dumps(results, indent=2))
     if args.out:
         with open(args.out, "w") as f:

@@ -169,3 +169,21 @@ def test_config_validation():
     with pytest.raises(HeadcutError, match="temperature"):
         FinetuneConfig(max_steps=1, temperature=0.0).validate()
     assert FinetuneConfig().resolved().epochs == 3 and FinetuneConfig(max_steps=5).resolved().epochs is None
+
+
+def test_a_new_task_head_is_initialised_from_the_seed(tmp_path):
+    """A base checkpoint given a classification head (``--task sequence-classification --labels``):
+    the head's random weights come from ``--seed``, so the same call twice, in one process whose
+    global RNG has moved on, gives the same model; another seed gives another head."""
+    folder = save_tiny(tmp_path / "base", "bert", "BertModel")
+    data = write_rows(tmp_path / "train.csv", [{"text": r["text"], "label": ["a", "b", "c"][r["label"]]}
+                                               for r in cls_rows(12)])
+
+    def head(seed: int) -> torch.Tensor:
+        torch.rand(7)  # move the global RNG: the result must not depend on it
+        tuned = headcut.finetune(folder, data, task="sequence-classification", labels=["a", "b", "c"],
+                                 max_steps=1, seed=seed, checkpoint_every=None)
+        return tuned.model.classifier.weight.detach().clone()
+
+    first, again, other = head(0), head(0), head(1)
+    assert torch.equal(first, again) and not torch.equal(first, other)

@@ -128,8 +128,8 @@ def test_minilm_auber_cli_reloads_with_transformers(tmp_path):
     """`headcut prune --method auber` on the real MiniLM: one agent per layer (six), the heads it
     removed gone from the saved model, and plain transformers gives headcut.load's logits."""
     out = tmp_path / "minilm-auber"
-    report = prune_minilm_cli(tmp_path, out, "--method", "auber", "--episodes", "3", "--reward-examples", "16",
-                              "--epochs", "1")
+    report = prune_minilm_cli(tmp_path, out, "--method", "auber", "--episodes", "1", "--reward-examples", "8",
+                              "--layer-epochs", "0", "--max-steps", "1")
     layers = report["auber"]["layers"]
     assert [layer["layer"] for layer in layers] == [f"self.{i}" for i in range(6)]
     removed = sum(len(layer["pruned"]) for layer in layers)

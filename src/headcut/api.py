@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from . import io
@@ -83,13 +84,16 @@ def _source_folder(model: nn.Module) -> Path | None:
 
 
 def _load(model: ModelLike, task: str | None, allow_pickle: bool, trust_remote_code: bool, notes: list[str],
-          progress: Reporter, **kwargs: Any) -> _Model:
+          progress: Reporter, seed: int = 0, **kwargs: Any) -> _Model:
+    """Load ``model`` (a module is used as it is). Weights the checkpoint lacks (a new task head) are
+    initialised from ``seed``, so the same command gives the same model; the global RNG is left as it was."""
     if isinstance(model, nn.Module):
         folder = _source_folder(model)
         return _Model(model, str(folder) if folder is not None else type(model).__name__.removeprefix("Headcut"),
                       folder, given_module=True)
     name = str(model)
-    with progress.step(f"loading {name}"):
+    with progress.step(f"loading {name}"), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         module = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, notes=notes,
                          **kwargs)
     local = Path(model).expanduser()
@@ -311,7 +315,7 @@ def evaluate(model: ModelLike, data: Any, *, tokenizer: Any = None, task: str | 
     progress = progress or quiet()
     _check_data_spec(data, "--data")
     notes: list[str] = []
-    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress)
+    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     cal = _calibration(data, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
     assert cal is not None
     with progress.task(f"evaluating ({cal.task})", len(cal.batches), "batches") as bar:
@@ -354,7 +358,7 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
     if entry.needs_data:
         _check_data_spec(data, "--data")
     notes: list[str] = []
-    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress)
+    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     cal = None
     if entry.needs_data:
         cal = _calibration(data, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
@@ -563,7 +567,7 @@ def prune(
         learned = ", ".join(m.name for m in METHODS.values() if m.kind == "learned")
         raise HeadcutError(f"--resume applies to the learned-gate methods ({learned}), not to {method}")
     dist, torch_device = _device(device)
-    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress)
+    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
     cal = _calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
     eval_cal = _calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,
@@ -678,7 +682,7 @@ def finetune(
     if labels is not None and isinstance(model, nn.Module):
         raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels yourself)")
     extra = {"labels": list(labels)} if labels is not None else {}
-    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, **extra)
+    loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed, **extra)
     teacher_model = None
     teacher_name = None
     if teacher is not None:

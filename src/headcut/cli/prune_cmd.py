@@ -159,7 +159,7 @@ def prune_cmd(
              "L2 ablations.")] = None,
     reward_examples: Annotated[Optional[int], typer.Option(
         "--reward-examples", metavar="N", rich_help_panel="Method options",
-        help="auber: mini-dev examples each reward is measured on (default 256).")] = None,
+        help="auber: mini-dev examples each reward is measured on (default 128).")] = None,
     reward_metric: Annotated[Optional[str], typer.Option(
         "--reward-metric", metavar="|".join(REWARD_METRICS), rich_help_panel="Method options",
         autocompletion=_choices(REWARD_METRICS),
