@@ -64,6 +64,8 @@ MODES = ("joint", "pipelined")
 AUBER_STATES = ("value-l1", "query", "key", "value-l2")
 #: metrics an AUBER reward may watch (``--reward-metric``; accuracy, macro_f1 and mcc: classification)
 REWARD_METRICS = ("accuracy", "macro_f1", "mcc", "loss")
+#: auber: mini-dev examples each reward is measured on, by default (pruning/auber.py says why)
+AUBER_REWARD_EXAMPLES = 128
 
 
 @dataclass(frozen=True)

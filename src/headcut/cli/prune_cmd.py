@@ -11,6 +11,7 @@ import typer
 
 from ..catalog import (
     ABS_PER,
+    AUBER_REWARD_EXAMPLES,
     AUBER_STATES,
     GNORM_PER,
     METHODS,
@@ -159,7 +160,7 @@ def prune_cmd(
              "L2 ablations.")] = None,
     reward_examples: Annotated[Optional[int], typer.Option(
         "--reward-examples", metavar="N", rich_help_panel="Method options",
-        help="auber: mini-dev examples each reward is measured on (default 128).")] = None,
+        help=f"auber: mini-dev examples each reward is measured on (default {AUBER_REWARD_EXAMPLES}).")] = None,
     reward_metric: Annotated[Optional[str], typer.Option(
         "--reward-metric", metavar="|".join(REWARD_METRICS), rich_help_panel="Method options",
         autocompletion=_choices(REWARD_METRICS),

@@ -76,7 +76,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..catalog import AUBER_STATES, REWARD_METRICS
+from ..catalog import AUBER_REWARD_EXAMPLES, AUBER_STATES, REWARD_METRICS
 from ..config import PruneConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
@@ -114,7 +114,7 @@ class AuberOptions(TrainConfig):
     episodes: int = 150
     reverse: bool = False
     state: str = "value-l1"
-    reward_examples: int = 128
+    reward_examples: int = AUBER_REWARD_EXAMPLES
     reward_metric: str | None = None
     allow_empty_layers: bool = False
     layer_epochs: int = 1
