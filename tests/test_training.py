@@ -256,3 +256,72 @@ def test_checkpoint_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_NAME]  # no temporary file left behind
     state = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)
     assert state["step"] == 2 and len(state["history"]) == 2
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_stop_signal_during_a_checkpoint_write_waits_for_the_file(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """SIGTERM arriving in the middle of torch.save (what a cancelled CI job does) used to cut the zip
+    writer in two: a RuntimeError instead of a clean stop, and a temporary file left behind."""
+    import os
+    import signal
+
+    model, batches = tiny_classifier(), make_batches()
+    real_save = torch.save
+    saves: list[int] = []
+
+    def interrupted_save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        saves.append(1)
+        if len(saves) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # delivered while the checkpoint is being written
+        real_save(obj, f, *args, **kwargs)
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stop(signum)
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        trainer = Trainer(model, None, batches, TrainConfig(max_steps=8, checkpoint_every=2), checkpoint_dir=tmp_path)
+        with pytest.raises(Stop):
+            trainer.train()
+        assert signal.getsignal(signal.SIGTERM) is handler  # the run's own handler is back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_NAME]
+    state = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)
+    assert state["step"] == 4 and len(state["history"]) == 4  # the second checkpoint, whole
+
+
+def test_deferred_signals_hold_then_deliver_the_first_signal() -> None:
+    import os
+    import signal
+
+    from headcut.interrupts import deferred_signals
+
+    seen: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        raise Stop(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        steps = []
+        with pytest.raises(Stop):
+            with deferred_signals():
+                os.kill(os.getpid(), signal.SIGTERM)
+                steps.append("after the signal")  # the block goes on
+                with deferred_signals():  # nested: the inner block hands it to the outer one
+                    os.kill(os.getpid(), signal.SIGTERM)
+                steps.append("after the inner block")
+        assert steps == ["after the signal", "after the inner block"]
+        assert seen == [signal.SIGTERM]  # delivered once, at the end of the outer block
+        with deferred_signals():
+            steps.append("quiet")
+        assert seen == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

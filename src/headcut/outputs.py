@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HeadcutError
+from .interrupts import deferred_signals
 
 try:  # POSIX; elsewhere RunLock falls back to an exclusive-create pid file
     import fcntl
@@ -127,12 +128,13 @@ def _listing(folder: Path, limit: int = 4) -> str:
 
 def _probe_folder(folder: Path, what: str) -> None:
     """Refuse a folder that cannot take a new file (read-only, no permission, full)."""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".headcut-probe-{os.getpid()}-", dir=folder)
-    except OSError as exc:
-        raise os_error(f"write {what} in", folder, exc) from None
-    os.close(fd)
-    os.unlink(probe)
+    with deferred_signals():
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".headcut-probe-{os.getpid()}-", dir=folder)
+        except OSError as exc:
+            raise os_error(f"write {what} in", folder, exc) from None
+        os.close(fd)
+        os.unlink(probe)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -262,11 +264,12 @@ class RunLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        with contextlib.suppress(OSError):
-            self.path.unlink()
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
-        self._fd = None
+        with deferred_signals():
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
     @property
     def held(self) -> bool:
@@ -345,19 +348,24 @@ class OutputDir:
         error or interruption it is removed and the output is left as it was."""
         self._existing_ok()  # again: the folder may have changed while the run worked
         final = real_path(self.path)
+        tmp: Path | None = None
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_TAG}{os.getpid()}-", dir=final.parent))
-        except OSError as exc:
-            raise os_error("write", self.path, exc) from None
-        try:
+            # a stop signal waits until the folder is named here, so the cleanup below can remove it
+            with deferred_signals():
+                try:
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_TAG}{os.getpid()}-", dir=final.parent))
+                except OSError as exc:
+                    raise os_error("write", self.path, exc) from None
             try:
                 yield tmp
             except OSError as exc:
                 raise os_error("write", self.path, exc) from None
-            self._commit(tmp, final)
+            with deferred_signals():  # never stop between moving the old output aside and the new one in
+                self._commit(tmp, final)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
 
     def _commit(self, tmp: Path, final: Path) -> None:

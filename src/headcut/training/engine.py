@@ -64,6 +64,7 @@ from torch import nn
 from ..config import TrainConfig
 from ..distributed import Dist
 from ..errors import HeadcutError
+from ..interrupts import deferred_signals
 from ..outputs import RunLock, remove_stale
 
 #: the checkpoint's file name under ``checkpoint_dir``
@@ -412,17 +413,20 @@ class Trainer:
             self.dist.barrier()
             return dest
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.headcut-tmp-{os.getpid()}-", dir=self.checkpoint_dir)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                torch.save(self.state(), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        # a stop signal waits for the file to be whole (one cut inside torch.save leaves a broken zip)
+        with deferred_signals():
+            fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.headcut-tmp-{os.getpid()}-",
+                                       dir=self.checkpoint_dir)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    torch.save(self.state(), fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
         self.dist.barrier()
         return dest
 
