@@ -267,10 +267,11 @@ def test_auber_prunes_layer_by_layer_and_the_result_reloads(folder, tmp_path):
         assert layer["mini_train"] + layer["mini_dev"] == 60 and layer["mini_train"] == 20
         assert report["mask"]["keep"][layer["layer"]] == [h for h in range(4) if h not in layer["pruned"]]
         metrics = [layer["before"]] + [p["metric"] for p in layer["path"]]
-        assert [p["reward"] for p in layer["path"]] == pytest.approx(
-            [100 * (b - a) for a, b in zip(metrics, metrics[1:])])
+        assert [p["reward"] for p in layer["path"]] == pytest.approx(  # the loss's decrease (capped mini-dev)
+            [100 * (a - b) for a, b in zip(metrics, metrics[1:])])
         assert layer["pruned_metric"] == pytest.approx(metrics[-1])
     assert auber["layers"][1]["replay"] == 1 and auber["layers"][0]["replay"] == 0
+    assert auber["reward_metric"] == "loss" and "12 of 40 examples" in auber["reward_metric_why"]
     assert report["stopped"] == "policy" and report["target"] is None
     assert report["heads"]["after"] == sum(len(v) for v in report["mask"]["keep"].values())
     assert auber["final"]["early_stopping"]["patience"] == 20 and auber["final"]["held_out"] == 12
@@ -373,3 +374,22 @@ def test_options_validate():
         AuberOptions(reward_examples=1).validate()
     with pytest.raises(HeadcutError, match="--reward-metric"):
         AuberOptions(reward_metric="bleu").validate()
+
+
+def test_the_default_reward_is_the_papers_accuracy_only_on_the_whole_mini_dev():
+    from headcut.pruning.auber import mini_dev_size, reward_metric_for
+
+    assert mini_dev_size(3000) == 2000 and mini_dev_size(60) == 40
+    assert reward_metric_for("classification", None, 2000, 3000)[0] == "accuracy"
+    assert reward_metric_for("classification", None, 5000, 3000)[0] == "accuracy"
+    metric, why = reward_metric_for("classification", None, 128, 3000)
+    assert metric == "loss" and "128 of 2000 examples" in why and "0.78 points" in why
+    assert reward_metric_for("classification", "mcc", 128, 3000) == ("mcc", "--reward-metric")
+    assert reward_metric_for("causal-lm", None, 5000, 3000)[0] == "loss"
+
+
+def test_whole_mini_dev_gives_the_accuracy_reward(folder, tmp_path):
+    report = prune_auber(folder, tmp_path / "slim", "--reward-examples", "40")
+    auber = report["auber"]
+    assert auber["reward_metric"] == "accuracy" and auber["higher_is_better"]
+    assert all(layer["reward_examples"] == 40 for layer in auber["layers"])

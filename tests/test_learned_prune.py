@@ -355,11 +355,11 @@ def test_cli_resume_finishes_an_interrupted_prune(tiny_dir, tmp_path, monkeypatc
     (["--method", "michel", "--keep", "3", "--max-steps", "5"], "--max-steps does not apply to michel"),
     (["--method", "pass", "--keep", "3", "--normalize", "layer"], "--normalize does not apply to pass"),
     (["--method", "pass", "--keep", "3", "--mode", "both"], "unknown --mode 'both'"),
-    (["--method", "michel", "--keep", "3", "--resume"], "--resume applies to the learned-gate methods"),
+    (["--method", "michel", "--keep", "3", "--resume"], "--resume applies to the methods that keep checkpoints"),
     (["--method", "pass", "--keep", "3", "--resume"], "no checkpoint"),
     (["--method", "pass", "--keep", "3", "--epochs", "1", "--max-steps", "3"], "not both"),
     (["--method", "pass", "--keep", "3", "--eval-every", "2"], "--eval-every needs --eval-data"),
-    (["--method", "lottery", "--keep", "3"], "not implemented yet"),
+    (["--method", "lottery", "--keep", "3", "--resume"], "no checkpoint"),
 ])
 def test_cli_refusals(tiny_dir, tmp_path, extra, needle):
     extra = [str(tiny_dir / "dev.csv") if e == "DEV" else e for e in extra]

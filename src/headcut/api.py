@@ -558,14 +558,14 @@ def prune(
         notes.append(f"method {method} reads no data: --data was not used")
         data = None
     data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
-    training = entry.kind == "learned"  # the methods that checkpoint their training
+    training = entry.resumable  # the methods that checkpoint their training
     if checkpoint_dir is not None and training:
         from .training.engine import prepare_checkpoint_dir
 
         prepare_checkpoint_dir(checkpoint_dir, resume, restart)
     elif resume:
-        learned = ", ".join(m.name for m in METHODS.values() if m.kind == "learned")
-        raise HeadcutError(f"--resume applies to the learned-gate methods ({learned}), not to {method}")
+        learned = ", ".join(m.name for m in METHODS.values() if m.resumable)
+        raise HeadcutError(f"--resume applies to the methods that keep checkpoints ({learned}), not to {method}")
     dist, torch_device = _device(device)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
@@ -584,7 +584,8 @@ def prune(
     from .evaluation import PRIMARY
 
     metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
-    bars = _PruneBars(progress, method, metric, train=f"fine-tuning ({method})" if entry.kind == "agent" else None)
+    train_label = {"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(entry.kind)
+    bars = _PruneBars(progress, method, metric, train=train_label)
     _move(loaded.module, torch_device)
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
     try:

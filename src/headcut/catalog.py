@@ -66,6 +66,14 @@ AUBER_STATES = ("value-l1", "query", "key", "value-l2")
 REWARD_METRICS = ("accuracy", "macro_f1", "mcc", "loss")
 #: auber: mini-dev examples each reward is measured on, by default (pruning/auber.py says why)
 AUBER_REWARD_EXAMPLES = 128
+#: lottery defaults (pruning/lottery.py says why): steps to the late-resetting checkpoint, steps per
+#: iteration, evaluations without improvement that end the convergence, confidence examples
+LOTTERY_RESET_AT = 80
+LOTTERY_PRUNE_EVERY = 40
+LOTTERY_PATIENCE = 10
+LOTTERY_SCORE_EXAMPLES = 512
+#: lottery's ``--control`` values (Table 5's re-initialised structure)
+LOTTERY_CONTROLS = ("reinit",)
 
 
 @dataclass(frozen=True)
@@ -85,8 +93,9 @@ class MethodEntry:
     ``target``: ``module:object`` of its :class:`~headcut.pruning.Method`; ``paper``: a key of
     :data:`PAPERS` and the section; ``data``: ``none`` (data-free), ``calibration`` (scoring data) or
     ``training`` (labelled training data); ``kind``: ``score`` (ranked by a scorer, once or again at
-    every step), ``learned`` (gates trained with the model) or ``agent`` (a reinforcement-learning
-    agent chooses the heads, layer by layer); ``budget``: ``required`` (--keep/--sparsity/--max-drop)
+    every step), ``learned`` (gates trained with the model), ``agent`` (a reinforcement-learning
+    agent chooses the heads, layer by layer) or ``rewind`` (trained, pruned and rewound to an early
+    checkpoint, round after round); ``budget``: ``required`` (--keep/--sparsity/--max-drop)
     or ``optional`` (the method decides how many heads go; --keep/--sparsity is an upper bound on the
     heads kept)."""
 
@@ -97,6 +106,11 @@ class MethodEntry:
     data: str
     kind: str
     budget: str = "required"
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the method keeps resume checkpoints (``--resume``)."""
+        return self.kind in ("learned", "rewind")
 
     @property
     def citation(self) -> str:
@@ -181,22 +195,20 @@ METHODS: dict[str, MethodEntry] = {m.name: m for m in (
                 "agent: a DQN prunes each layer in turn, rewarded by the change of a held-out metric, and decides "
                 "how many heads go; fine-tunes after each layer (AUBER; for small data)",
                 "auber §4, §5.1", "training", "agent", budget="optional"),
+    MethodEntry("lottery", "headcut.pruning.lottery:METHOD",
+                "iterative with late resetting: train, remove the least confident heads (encoder, decoder and cross "
+                "ranked together), rewind to an early checkpoint, repeat; then converge (lottery ticket)",
+                "lottery §4, §7", "training", "rewind"),
     MethodEntry("lag", "headcut.pruning.lag:METHOD",
                 "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)",
                 "pass §4.1.2", "training", "learned"),
 )}
-
-#: methods of the source papers that are not built yet: asking for one says so
-NOT_YET: dict[str, str] = {"lottery": "lottery"}
-
 
 def method_entry(name: str) -> MethodEntry:
     """The registry entry of method ``name``, or a one-line error listing the available methods."""
     entry = METHODS.get(name)
     if entry is not None:
         return entry
-    if name in NOT_YET:
-        raise HeadcutError(f"method {name!r} is not implemented yet; available methods: {', '.join(METHODS)}")
     raise HeadcutError(f"unknown method {name!r}; choose one of: {', '.join(METHODS)}")
 
 

@@ -180,7 +180,9 @@ def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None
             if checkpoint is None:
                 raise
             signum = getattr(exc, "signum", signal.SIGINT)
-            if (checkpoint / "checkpoint.pt").is_file():
+            from ..training.engine import has_checkpoint
+
+            if has_checkpoint(checkpoint):
                 hint = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "
                         "command with --resume to continue")
             else:

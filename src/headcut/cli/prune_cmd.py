@@ -14,6 +14,11 @@ from ..catalog import (
     AUBER_REWARD_EXAMPLES,
     AUBER_STATES,
     GNORM_PER,
+    LOTTERY_CONTROLS,
+    LOTTERY_PATIENCE,
+    LOTTERY_PRUNE_EVERY,
+    LOTTERY_RESET_AT,
+    LOTTERY_SCORE_EXAMPLES,
     METHODS,
     MODES,
     NORMALIZE,
@@ -53,6 +58,7 @@ from .common import (
 )
 
 LEARNED = [m.name for m in METHODS.values() if m.kind == "learned"]
+RESUMABLE = [m.name for m in METHODS.values() if m.resumable]
 TRAINING = [m.name for m in METHODS.values() if m.data == "training"]
 
 PRUNE_HELP = "\n\n".join([
@@ -73,9 +79,16 @@ PRUNE_HELP = "\n\n".join([
     "--reward-examples examples), the layer is fine-tuned (--lr, default 2e-6; --layer-epochs), and at the end the "
     "model is fine-tuned with early stopping (--patience, at most --epochs, default 2). --keep/--sparsity, if given, "
     "is an upper bound on the heads kept. The report lists every layer's heads, reward path and metrics.",
+    "lottery trains --data for --reset-at steps (the late-resetting checkpoint C, optimizer state included), then "
+    "repeats: train --prune-every steps from C with a new data order, remove the --per-step least confident heads "
+    "(attention confidence on --eval-data, else --data; encoder, decoder and cross attention ranked together), "
+    "rewind the rest to C; at K heads it converges from C with early stopping on the --eval-data loss (--patience "
+    "evaluations, every --eval-every steps, at most --max-steps). --control reinit also trains the pruned structure "
+    "from a fresh initialisation, for comparison. Checkpoints and --resume as for the learned-gate methods.",
     "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --lambda, "
     "--lambda-trials, --cooldown, --lambda-step; --episodes, --reverse, --state, --reward-examples, --reward-metric, "
-    "--allow-empty-layers, --layer-epochs, --patience; and the training options) are refused for a method that has "
+    "--allow-empty-layers, --layer-epochs, --patience; --reset-at, --prune-every, --per-step, --score-examples, "
+    "--control; and the training options) are refused for a method that has "
     "no such option. --data and --eval-data must differ.",
 ])
 
@@ -86,6 +99,7 @@ PRUNE_HELP = "\n\n".join([
     "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "
     "--trajectory curve.csv",
     "headcut prune model/ --method auber --data train.csv --eval-data dev.csv --out slim/   # small data",
+    "headcut prune model/ --method lottery --keep 16 --data train.csv --eval-data dev.csv --out slim/",
     "headcut prune model/ --method pass --keep 16 --data train.csv --out slim/ --resume   # after an interruption"))
 @handle_errors
 @with_data_options
@@ -164,7 +178,8 @@ def prune_cmd(
     reward_metric: Annotated[Optional[str], typer.Option(
         "--reward-metric", metavar="|".join(REWARD_METRICS), rich_help_panel="Method options",
         autocompletion=_choices(REWARD_METRICS),
-        help="auber: the metric the reward is the change of (default: accuracy; loss for language models).")] = None,
+        help="auber: the metric the reward is the change of (default: a classifier's accuracy when the rewards see "
+             "all of mini-dev, as in the paper, else its loss; the loss for language models).")] = None,
     allow_empty_layers: Annotated[Optional[bool], typer.Option(
         "--allow-empty-layers", metavar="", rich_help_panel="Method options",
         help="auber: let the agent prune a layer's last head (by default one stays).")] = None,
@@ -173,7 +188,27 @@ def prune_cmd(
         help="auber: fine-tuning epochs on mini-train after each layer (default 1; 0: none).")] = None,
     patience: Annotated[Optional[int], typer.Option(
         "--patience", metavar="N", rich_help_panel="Method options",
-        help="auber: evaluations without improvement that stop the final fine-tune (default 20).")] = None,
+        help=f"auber, lottery: evaluations without improvement that stop the final fine-tune / the convergence "
+             f"(default 20 / {LOTTERY_PATIENCE}).")] = None,
+    reset_at: Annotated[Optional[int], typer.Option(
+        "--reset-at", metavar="STEPS", rich_help_panel="Method options",
+        help=f"lottery: training steps to the late-resetting checkpoint (default {LOTTERY_RESET_AT}).")] = None,
+    prune_every: Annotated[Optional[int], typer.Option(
+        "--prune-every", metavar="STEPS", rich_help_panel="Method options",
+        help=f"lottery: training steps from the checkpoint before each pruning decision (default "
+             f"{LOTTERY_PRUNE_EVERY}).")] = None,
+    per_step: Annotated[Optional[int], typer.Option(
+        "--per-step", metavar="N", rich_help_panel="Method options",
+        help="lottery: heads removed per iteration (default: attention layers / 2, as the paper).")] = None,
+    score_examples: Annotated[Optional[int], typer.Option(
+        "--score-examples", metavar="N", rich_help_panel="Method options",
+        help=f"lottery: examples the attention confidence is averaged over (default {LOTTERY_SCORE_EXAMPLES}).")
+    ] = None,
+    control: Annotated[Optional[str], typer.Option(
+        "--control", metavar="|".join(LOTTERY_CONTROLS), rich_help_panel="Method options",
+        autocompletion=_choices(LOTTERY_CONTROLS),
+        help="lottery: also train the pruned structure re-initialised, as long as the ticket (the paper's control); "
+             "the report shows both.")] = None,
     trajectory: Annotated[Optional[str], typer.Option(
         "--trajectory", metavar="FILE.csv", help="Write the metric after every step to FILE.csv, and a PNG beside it "
         "when matplotlib is installed (needs --eval-data; score-based methods).")] = None,
@@ -208,11 +243,13 @@ def prune_cmd(
         step=step, normalize=normalize, abs_per=abs_per, objective=objective, per=per, mode=mode, gate_lr=gate_lr,
         lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
         reverse=reverse, state=state, reward_examples=reward_examples, reward_metric=reward_metric,
-        allow_empty_layers=allow_empty_layers, layer_epochs=layer_epochs, patience=patience,
+        allow_empty_layers=allow_empty_layers, layer_epochs=layer_epochs, patience=patience, reset_at=reset_at,
+        prune_every=prune_every, per_step=per_step, score_examples=score_examples, control=control,
         **training.given()).items() if v is not None}
-    learned = entry.kind == "learned"
+    learned = entry.resumable
     if training.resume and not learned:
-        raise HeadcutError(f"--resume applies to the learned-gate methods ({', '.join(LEARNED)}), not to {method}")
+        raise HeadcutError(f"--resume applies to the methods that keep checkpoints ({', '.join(RESUMABLE)}), not "
+                           f"to {method}")
     if training.device is not None and entry.data != "training":
         raise HeadcutError(f"--device applies to the methods that train ({', '.join(TRAINING)}), not to {method}")
     use_data = data is not None and entry.data != "none"

@@ -11,8 +11,9 @@ how many heads each layer loses. Layer by layer (Algorithm 1):
    most ``reward_examples`` of it (default 128; the report states the count), and the layer is
    fine-tuned on mini-train. The paper evaluates all of mini-dev; the cap keeps a run of the 6 x 12
    MiniLM near 20 minutes on 2 CPU cores, at a price: an accuracy on 128 examples moves in steps of
-   0.78 points, and the README's benchmark shows the agent chasing that noise; the loss
-   (``reward_metric="loss"``) is the steadier reward there.
+   0.78 points, and the README's benchmark shows the agent chasing that noise. So the default reward
+   of a classifier is the paper's accuracy only when the rewards see all of mini-dev, and the
+   mini-dev loss, a steadier signal, when it is capped (:func:`reward_metric_for`).
 2. **State** ("State representation", Theorem 1, eqs. 5-19): for each head h of the layer, the L1 norm
    of its value matrix ||W_V^h||_1, which bounds the head's output ||O_h||_1 <= C ||W_V^h||_1;
    standardised over the layer (mean 0, standard deviation 1) and passed through a softmax, so
@@ -25,9 +26,9 @@ how many heads each layer loses. Layer by layer (Algorithm 1):
    mini-dev metric caused by the action (the previous one is the unpruned layer's for the first
    action); END's reward is 0 ("it is set to 0 to encourage the DQN agent to prune only when the
    expected change in performance is positive"). Rewards are given to the agent in percentage points
-   (the authors' code multiplies by 100). The metric is the task's (accuracy; the loss for language
-   models, whose reward is then the loss's decrease) or ``reward_metric`` (e.g. ``mcc`` for CoLA-like
-   data).
+   (the authors' code multiplies by 100). The metric is the task's (accuracy on a whole mini-dev, the
+   loss on a capped one, see 1.; the loss for language models, whose reward is then the loss's
+   decrease) or ``reward_metric`` (e.g. ``mcc`` for CoLA-like data).
 5. **Agent**: the DQN of :mod:`headcut.learned.dqn` (4-layer MLP, 512 hidden, LeakyReLU; replay
    memory 5,000; batch 128; gamma 1; epsilon-greedy 1 -> 0.05 with decay 256, eq. 3; one
    optimisation per episode), trained for ``episodes`` episodes (150), a new agent per layer.
@@ -105,7 +106,8 @@ class AuberOptions(TrainConfig):
     """AUBER's options (see the module's doc). ``episodes``: per layer (150). ``reverse``: last layer
     first. ``state``: ``value-l1``, ``query``, ``key`` or ``value-l2``. ``reward_examples``: mini-dev
     examples the rewards are measured on (and held out for the final early stopping). ``reward_metric``:
-    None (the task's: accuracy, or the loss), ``accuracy``, ``macro_f1``, ``mcc`` or ``loss``.
+    None (:func:`reward_metric_for`: a classifier's accuracy on a whole mini-dev, else the loss),
+    ``accuracy``, ``macro_f1``, ``mcc`` or ``loss``.
     ``allow_empty_layers``: the agent may prune a layer's last head. ``layer_epochs``: fine-tuning
     epochs on mini-train after each layer. ``patience``: evaluations without improvement that stop the
     final fine-tune. The training fields: ``lr`` (2e-6) for both fine-tunes; ``epochs``/``max_steps``
@@ -224,13 +226,15 @@ class AuberRun:
     episodes: int
     reverse: bool
     upper_bound: int | None
+    reward_metric_why: str = ""
     layers: list[LayerRecord] = field(default_factory=list)
     final: dict[str, Any] | None = None
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "reward_metric": self.reward_metric, "higher_is_better": self.higher_is_better, "state": self.state,
+            "reward_metric": self.reward_metric, "reward_metric_why": self.reward_metric_why,
+            "higher_is_better": self.higher_is_better, "state": self.state,
             "episodes": self.episodes, "reverse": self.reverse, "upper_bound": self.upper_bound,
             "reward_scale": REWARD_SCALE, "split": f"{SPLIT[0]}:{SPLIT[1]} (mini-train:mini-dev)",
             "layers": [layer.to_json() for layer in self.layers], "final": self.final, "seconds": self.seconds,
@@ -361,6 +365,29 @@ def _upper_bound(config: PruneConfig, total: int) -> int | None:
     return None
 
 
+def mini_dev_size(n: int) -> int:
+    """Examples in mini-dev when ``n`` training examples are split 1:2."""
+    return n - round(n * SPLIT[0] / sum(SPLIT))
+
+
+def reward_metric_for(task: str, asked: str | None, reward_examples: int, examples: int) -> tuple[str, str]:
+    """The reward's metric and why: ``asked`` if given; else, for a classifier, the paper's accuracy
+    when the rewards see all of mini-dev (``reward_examples`` >= its size), and the loss when mini-dev
+    is capped (an accuracy on a hundred examples moves in steps of about a point, and the agent keeps
+    the sets of heads that gained those steps by chance: the README's benchmark); the loss for the
+    other tasks."""
+    if asked is not None:
+        return asked, "--reward-metric"
+    if task != "classification":
+        return "loss", f"a {task} model: the reward is the decrease of the mini-dev loss"
+    dev = mini_dev_size(examples)
+    if reward_examples >= dev:
+        return "accuracy", f"the rewards see all {dev} mini-dev examples, as in the paper: its accuracy reward"
+    return "loss", (f"mini-dev capped at {reward_examples} of {dev} examples by --reward-examples, where an "
+                    f"accuracy moves in steps of {100 / reward_examples:.2g} points; --reward-metric accuracy "
+                    "gives the paper's reward")
+
+
 def _split(n: int, seed: int) -> tuple[list[int], list[int]]:
     """A random 1:2 split of ``n`` example indices into mini-train and mini-dev (seeded)."""
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -410,7 +437,7 @@ class AuberMethod(MethodBase):
         if data.examples < 6:
             raise HeadcutError(f"auber needs at least 6 training examples to split 1:2 (got {data.examples})")
         task = data.task
-        metric_name = options.reward_metric or ("accuracy" if task == "classification" else "loss")
+        metric_name, why = reward_metric_for(task, options.reward_metric, options.reward_examples, data.examples)
         if metric_name in ("accuracy", "macro_f1", "mcc") and task != "classification":
             raise HeadcutError(f"--reward-metric {metric_name} needs a classifier; this is a {task} model (use loss)")
         higher = metric_name != "loss"
@@ -421,7 +448,7 @@ class AuberMethod(MethodBase):
         total = sum(s.heads * s.width for s in problem.sets)
         upper = _upper_bound(config, total)
         run = AuberRun(reward_metric=metric_name, higher_is_better=higher, state=options.state,
-                       episodes=options.episodes, reverse=options.reverse, upper_bound=upper)
+                       episodes=options.episodes, reverse=options.reverse, upper_bound=upper, reward_metric_why=why)
         keep = HeadMask.full(problem.blocks).keep
         metric = problem.metric
         before = metric.measure(HeadMask.full(problem.blocks)) if metric is not None else None

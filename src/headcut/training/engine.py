@@ -50,6 +50,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import tempfile
 import time
@@ -82,11 +83,19 @@ AfterStepFn = Callable[[int], "dict[str, Any] | None"]
 StepFn = Callable[[dict[str, Any]], None]
 
 
+def has_checkpoint(checkpoint_dir: str | Path) -> bool:
+    """Whether the folder holds a resume checkpoint: the engine's ``checkpoint.pt`` or a method's own
+    state file (``*.pt``, e.g. the lottery's), temporaries not counted."""
+    ckpt = Path(checkpoint_dir).expanduser()
+    return ckpt.is_dir() and any(p.suffix == ".pt" and not p.name.startswith(".") and p.is_file()
+                                 for p in ckpt.iterdir())
+
+
 def prepare_checkpoint_dir(checkpoint_dir: str | Path, resume: bool, restart: bool) -> None:
     """Refuse ``resume`` without a checkpoint, and a fresh run over the checkpoint of another run unless
     ``restart`` (which then discards it: see :func:`clear_checkpoint_dir`). Before any work."""
     ckpt = Path(checkpoint_dir).expanduser()
-    if resume and not (ckpt / CHECKPOINT_NAME).is_file():
+    if resume and not has_checkpoint(ckpt):
         raise HeadcutError(f"--resume: no checkpoint at {ckpt}; run without --resume to start")
     if not resume and ckpt.exists() and not restart:
         raise HeadcutError(f"{ckpt} holds the checkpoint of an interrupted run: pass --resume to continue it "
@@ -247,6 +256,25 @@ def _merge_logs(logs: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             merged[key] = values[-1]
     return merged
+
+
+def atomic_save(obj: Any, dest: Path) -> None:
+    """``torch.save(obj)`` to ``dest`` through a temporary file in the same folder, then a rename: the
+    file is whole or absent, also after a crash or a stop signal."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # a stop signal waits for the file to be whole (one cut inside torch.save leaves a broken zip)
+    with deferred_signals():
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.headcut-tmp-{os.getpid()}-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                torch.save(obj, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
 
 class Trainer:
@@ -412,23 +440,33 @@ class Trainer:
         if not self.dist.main:
             self.dist.barrier()
             return dest
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        # a stop signal waits for the file to be whole (one cut inside torch.save leaves a broken zip)
-        with deferred_signals():
-            fd, tmp = tempfile.mkstemp(prefix=f".{CHECKPOINT_NAME}.headcut-tmp-{os.getpid()}-",
-                                       dir=self.checkpoint_dir)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    torch.save(self.state(), fh)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, dest)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+        atomic_save(self.state(), dest)
         self.dist.barrier()
         return dest
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of the model's weights, the optimizer and LR-schedule state and the step, for
+        :meth:`rewind` (the lottery's late-resetting checkpoint)."""
+        return copy.deepcopy({
+            "model": self.model.state_dict(), "gates": [g.detach() for g in self.gates],
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "step": self.step,
+        })
+
+    def rewind(self, snapshot: dict[str, Any]) -> None:
+        """Put the weights, gates, optimizer state, LR schedule and step back to ``snapshot`` (from
+        :meth:`snapshot`, of this run or of one with the same parameters). This trainer's data order
+        and random state stay its own. The snapshot is copied, never shared: training after a rewind
+        does not change it."""
+        state = copy.deepcopy(snapshot)
+        self.model.load_state_dict(state["model"])
+        with torch.no_grad():
+            for g, saved in zip(self.gates, state["gates"]):
+                g.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)
+        self.step = int(state["step"])
 
     def resume(self, path: str | Path | None = None) -> None:
         """Restore a checkpoint (a file, or a folder holding ``checkpoint.pt``; default: ``checkpoint_dir``)

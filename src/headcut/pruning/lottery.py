@@ -1,0 +1,446 @@
+"""``lottery``: iterative head pruning in early training with late resetting (Behnke & Heafield, "Losing
+Heads in the Lottery", EMNLP 2020, §4 "Methodology", Figure 1, §7 "Experiments", Table 5).
+
+The paper publishes no code; this module follows its text step by step (Figure 1's steps):
+
+1. **Late-resetting checkpoint** (steps 1-2; §4.1: "First, we train a model for a set number of
+   updates and keep it as a late resetting checkpoint"): ``reset_at`` optimizer steps of training on
+   the training data; C is the model *and* the optimizer and LR-schedule state at that point. On an
+   already fine-tuned checkpoint C is the model after those steps of continued training.
+2. **Train** (step 3): ``prune_every`` steps from C. "In each iteration, we change a seed value to
+   make a model see data in different order" (§7): iteration i draws its batch order and dropout
+   from seed + i.
+3. **Prune** (step 4) by attention confidence (§4.2): ``confidence = max attention(s)``, the largest
+   weight of a head's attention distribution, "averaged over all times the head appears while
+   translating a development corpus" (:mod:`headcut.scoring.confidence`: per real query token;
+   decoder and cross heads per target token, encoder heads per source token; padding never counted).
+   The ``per_step`` least confident heads go, encoder, decoder and cross attention ranked together
+   (a global ranking, :func:`headcut.pruning.search._global_step`, which also honours the units: KV
+   groups, ALBERT's shared layers, ``--min-heads-per-block``). Default ``per_step``: "roughly a total
+   number of layers containing attention divided by 2" (§7; at least 1). The last iteration removes
+   only what reaches K exactly.
+4. **Rewind** (step 5): every surviving parameter, the optimizer state and the LR schedule go back to
+   C (the pruned heads stay gated off; the slimmed model drops them).
+5. Steps 3-5 repeat until ``--keep K`` heads are left.
+6. **Converge** (step 6) from C with the final structure, with early stopping on ``--eval-data``:
+   the paper trains "until cross-entropy has stopped improving for 10 consecutive validations"
+   (§6), so the run evaluates every ``eval_every`` steps and stops after ``patience`` (10) evaluations
+   without a lower eval loss, keeping the weights of the best one (the paper then picks the
+   checkpoint with the best BLEU; headcut keeps the one with the best loss, the metric it stopped on).
+   Without ``--eval-data`` it trains the full ``max_steps``.
+7. **Control** (``control="reinit"``, Table 5): the same pruned structure, re-initialised and trained
+   from scratch for as many steps as the ticket had (``reset_at`` + its convergence steps); the
+   report shows both metrics, so a user sees whether the ticket matters. The saved model is the ticket.
+
+The learning rate is constant after warmup (``schedule`` constant; a rewind puts the schedule back to
+C as well, so a decaying schedule would restart its decay at every iteration). Marian, the paper's
+toolkit, decays by the inverse square root, which headcut's engine does not have.
+
+Resumable: after C and after every iteration ``lottery.pt`` (C, the heads kept so far, the iteration
+records, the run's identity) is written atomically into the checkpoint folder; ``--resume`` continues
+with the next iteration (an interrupted iteration or convergence is run again from C).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..catalog import (
+    LOTTERY_CONTROLS,
+    LOTTERY_PATIENCE,
+    LOTTERY_PRUNE_EVERY,
+    LOTTERY_RESET_AT,
+    LOTTERY_SCORE_EXAMPLES,
+)
+from ..config import PruneConfig, ScoreConfig, TrainConfig
+from ..data import Calibration
+from ..errors import HeadcutError
+from ..evaluation import evaluate
+from ..gating import HeadGates
+from ..masks import HeadMask
+from ..training.engine import EarlyStopping, Trainer, atomic_save, digest
+from .base import PruneResult, TrajectoryPoint, score_masked
+from .method import MethodBase, Problem
+from .search import Budget, _global_step, _names, _uniform_step
+from .units import UnitState
+
+#: the file of the run's state in the checkpoint folder
+STATE_NAME = "lottery.pt"
+STATE_FORMAT = 1
+
+
+@dataclass
+class LotteryOptions(TrainConfig):
+    """The lottery's options (see the module's doc). ``reset_at``: steps to the late-resetting
+    checkpoint C. ``prune_every``: steps of training before each pruning decision. ``per_step``: heads
+    removed per iteration (None: attention layers / 2). ``patience``: evaluations without a lower eval
+    loss that end the convergence. ``score_examples``: examples the confidence is averaged over (of
+    ``--eval-data``, else of the training data). ``control``: None or ``reinit``. The training fields:
+    ``lr`` (2e-5), ``max_steps`` (the convergence's limit; None: 15 x ``prune_every``), ``eval_every``
+    (None: ``prune_every`` / 2), ``warmup_steps``, ``weight_decay``, ``grad_accum``, ``max_grad_norm``."""
+
+    reset_at: int = LOTTERY_RESET_AT
+    prune_every: int = LOTTERY_PRUNE_EVERY
+    per_step: int | None = None
+    patience: int = LOTTERY_PATIENCE
+    score_examples: int = LOTTERY_SCORE_EXAMPLES
+    control: str | None = None
+    lr: float = 2e-5
+    schedule: str = "constant"
+
+    #: fields the prune run sets itself, or that the lottery does not use
+    HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "epochs", "checkpoint_every", "schedule", "warmup_ratio")
+
+    def validate(self) -> None:
+        super().validate()
+        for flag, value, low in (("--reset-at", self.reset_at, 1), ("--prune-every", self.prune_every, 1),
+                                 ("--patience", self.patience, 1), ("--score-examples", self.score_examples, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise HeadcutError(f"{flag} must be an integer >= {low}, got {value!r}")
+        if self.per_step is not None and (not isinstance(self.per_step, int) or isinstance(self.per_step, bool)
+                                          or self.per_step < 1):
+            raise HeadcutError(f"--per-step must be an integer >= 1, got {self.per_step!r}")
+        if self.control is not None and self.control not in LOTTERY_CONTROLS:
+            raise HeadcutError(f"unknown --control {self.control!r}; choose {', '.join(LOTTERY_CONTROLS)}")
+        if self.schedule != "constant":
+            raise HeadcutError("the lottery rewinds its LR schedule with the weights: it trains at a constant rate "
+                               "after warmup")
+
+    def converge_steps(self) -> int:
+        return self.max_steps if self.max_steps is not None else 15 * self.prune_every
+
+    def every(self) -> int:
+        return self.eval_every if self.eval_every is not None else max(1, self.prune_every // 2)
+
+
+def default_per_step(attention_layers: int) -> int:
+    """§7: "The number of heads removed is roughly a total number of layers containing attention
+    divided by 2" (at least one)."""
+    return max(1, attention_layers // 2)
+
+
+# ---- the record ----------------------------------------------------------------------------------------
+
+@dataclass
+class Iteration:
+    """One pruning iteration: the ``removed`` heads (``block:head``) and how many of each attention kind,
+    the eval metric after its training (``metric_trained``, every head of the iteration still on) and
+    with the heads removed, before the rewind (``metric_pruned``), the heads left, its seconds."""
+
+    iteration: int
+    seed: int
+    steps: int
+    removed: list[str]
+    removed_by_kind: dict[str, int]
+    heads: int
+    train_loss: float | None
+    metric_trained: float | None
+    metric_pruned: float | None
+    confidence: dict[str, list[float]]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LotteryRun:
+    """The report's ``lottery`` section: the settings, C, every iteration, the convergence and the control."""
+
+    reset_at: int
+    prune_every: int
+    per_step: int
+    patience: int
+    eval_every: int
+    score_examples: int
+    score_data: str
+    stop_metric: str | None
+    reset_loss: float | None = None
+    iterations: list[Iteration] = field(default_factory=list)
+    converge: dict[str, Any] | None = None
+    control: dict[str, Any] | None = None
+    resumed_at: int | None = None
+    seconds: float = 0.0
+    #: the control's trained model (gated to the ticket's heads; not in the report), for a caller who
+    #: wants to measure it on other data
+    control_model: Any = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("iterations", "control_model")}
+        out["iterations"] = [it.to_json() for it in self.iterations]
+        return out
+
+
+# ---- pieces -------------------------------------------------------------------------------------------
+
+def reinitialise(model: nn.Module, seed: int) -> None:
+    """Draw every weight of ``model`` afresh with its family's initialisation (transformers'
+    ``init_weights``), seeded; the control of Table 5."""
+    init = getattr(model, "init_weights", None)
+    if init is None:
+        raise HeadcutError("--control reinit needs a transformers model (it re-runs the family's initialisation)")
+    for module in model.modules():
+        if getattr(module, "_is_hf_initialized", False):
+            module._is_hf_initialized = False
+        for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+            if getattr(t, "_is_hf_initialized", False):
+                t._is_hf_initialized = False
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        init()
+
+
+def removed_by_kind(names: list[str], kinds: dict[str, str]) -> dict[str, int]:
+    """How many of ``names`` (``block:head``) are in each attention kind (self, encoder, decoder, cross)."""
+    out: dict[str, int] = {}
+    for name in names:
+        kind = kinds[name.rsplit(":", 1)[0]]
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def _sample(cal: Calibration, n: int, seed: int) -> Calibration:
+    if cal.examples <= n:
+        return cal
+    order = torch.randperm(cal.examples, generator=torch.Generator().manual_seed(seed)).tolist()
+    return cal.select(sorted(order[:n]), by_length=True)
+
+
+def _mean_loss(history: list[dict[str, Any]], last: int) -> float | None:
+    losses = [e["loss"] for e in history[-last:] if "loss" in e]
+    return sum(losses) / len(losses) if losses else None
+
+
+# ---- the method ---------------------------------------------------------------------------------------
+
+class LotteryMethod(MethodBase):
+    """The lottery-ticket head pruning (see the module's doc)."""
+
+    name = "lottery"
+    Options = LotteryOptions
+
+    def check(self, config: PruneConfig, options: LotteryOptions) -> None:
+        if config.max_drop is not None:
+            raise HeadcutError("--max-drop applies to the score-based methods; lottery prunes to --keep/--sparsity "
+                               "(its iterations and their eval metric are in the report and --trajectory)")
+        if config.keep is None and config.sparsity is None:
+            raise HeadcutError("lottery needs --keep K or --sparsity S")
+
+    def step(self, total: int, config: PruneConfig, options: LotteryOptions) -> tuple[int, bool]:
+        return options.per_step or 1, True
+
+    def run(self, problem: Problem, options: LotteryOptions) -> PruneResult:
+        start = time.perf_counter()
+        model, blocks, sets, config = problem.model, problem.blocks, problem.sets, problem.config
+        train = problem.data
+        if not isinstance(train, Calibration) or not train.batches:
+            raise HeadcutError("lottery trains on --data: labelled training data read by headcut")
+        if problem.dist is not None and problem.dist.active:
+            raise HeadcutError("lottery runs in one process: start it without accelerate launch / torchrun")
+        dev = problem.eval_data
+        if dev is not None and dev.task != train.task:
+            raise HeadcutError(f"the eval data is for {dev.task}, the training data for {train.task}")
+        options.validate()
+        seed = config.seed
+        attention_layers = sum(1 for b in blocks if b.heads)
+        per_step = options.per_step or default_per_step(attention_layers)
+        budget: Budget = replace(problem.budget, step=per_step)
+        score_cal = _sample(dev if dev is not None else train, options.score_examples, seed)
+        run = LotteryRun(reset_at=options.reset_at, prune_every=options.prune_every, per_step=per_step,
+                         patience=options.patience, eval_every=options.every(), score_examples=score_cal.examples,
+                         score_data="--eval-data" if dev is not None else "--data",
+                         stop_metric="loss" if dev is not None else None)
+        kinds = {b.name: b.kind for b in blocks}
+        state = UnitState.full(sets)
+        metric = problem.metric
+        before = metric.measure(state.mask(blocks)) if metric is not None else None
+        trajectory = [TrajectoryPoint(step=0, heads=budget.total, metric=before)]
+        gates = HeadGates(model)
+        progress = problem.progress
+        train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
+        base_cfg = TrainConfig(max_steps=options.reset_at, lr=options.lr, weight_decay=options.weight_decay,
+                               warmup_steps=options.warmup_steps, schedule="constant", grad_accum=options.grad_accum,
+                               max_grad_norm=options.max_grad_norm, checkpoint_every=None, seed=seed, mode="joint")
+        ckpt = Path(problem.checkpoint_dir) if problem.checkpoint_dir is not None else None
+        identity = {"model": digest({k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}),
+                    "data": digest(train.batches), "options": _plain_options(options), "prune": config.to_json(),
+                    "target": budget.target, **(problem.identity or {})}
+
+        def trainer(cfg: TrainConfig, **kw: Any) -> Trainer:
+            return Trainer(model, None, train.batches, cfg, progress=train_progress, on_step=problem.on_step, **kw)
+
+        # ---- step 1-2: the late-resetting checkpoint C (or the resumed run's)
+        saved = _load_state(ckpt, identity) if (problem.resume and ckpt is not None) else None
+        if saved is not None:
+            reset = saved["reset"]
+            state.kept = [tuple(k) for k in saved["kept"]]
+            run.iterations = [Iteration(**it) for it in saved["iterations"]]
+            run.reset_loss = saved["reset_loss"]
+            run.resumed_at = len(run.iterations)
+            trajectory += [TrajectoryPoint(**p) for p in saved["trajectory"]]
+        else:
+            first = trainer(base_cfg)
+            with gates.installed():
+                gates.set_mask(state.mask(blocks))
+                trained = first.train()
+            reset = first.snapshot()
+            run.reset_loss = _mean_loss(trained.history, options.prune_every)
+            _save_state(ckpt, identity, reset, state, run, trajectory)
+
+        # ---- steps 3-5 until K heads are left
+        step_fn = _uniform_step if config.uniform else _global_step
+        while state.total() > budget.target:
+            t0 = time.perf_counter()
+            i = len(run.iterations) + 1
+            cfg = replace(base_cfg, max_steps=options.reset_at + options.prune_every, seed=seed + i)
+            t = trainer(cfg)
+            t.rewind(reset)  # the surviving weights, optimizer state and schedule of C
+            mask = state.mask(blocks)
+            with gates.installed():
+                gates.set_mask(mask)
+                trained = t.train()
+            model.eval()
+            trained_metric = metric.measure(mask) if metric is not None else None
+            scores = score_masked(model, mask, score_cal.batches, ScoreConfig(scorer="confidence", seed=seed),
+                                  progress)
+            importance = scores.importance()
+            taken = step_fn(state, importance, budget)
+            if not taken:
+                raise HeadcutError(f"lottery cannot remove another head at {state.total()} heads (units, "
+                                   "--min-heads-per-block); the budget was checked, so this is a bug")
+            removed = [n for move in taken for n in _names(state, move)]
+            pruned_metric = metric.measure(state.mask(blocks)) if metric is not None else None
+            run.iterations.append(Iteration(
+                iteration=i, seed=seed + i, steps=options.prune_every, removed=removed,
+                removed_by_kind=removed_by_kind(removed, kinds), heads=state.total(),
+                train_loss=_mean_loss(trained.history, options.prune_every), metric_trained=trained_metric,
+                metric_pruned=pruned_metric,
+                confidence={b.name: [float(v) for v in importance[b.name]] for b in blocks},
+                seconds=time.perf_counter() - t0))
+            trajectory.append(TrajectoryPoint(step=i, heads=state.total(), metric=pruned_metric, removed=removed))
+            if progress is not None:
+                progress("prune", budget.total - state.total(), budget.total - budget.target)
+            if problem.on_step is not None:
+                problem.on_step({"phase": "prune", "iteration": i, "heads": state.total(),
+                                 **({} if pruned_metric is None or metric is None else {metric.name: pruned_metric})})
+            _save_state(ckpt, identity, reset, state, run, trajectory)
+
+        # ---- step 6: converge from C with the final structure
+        mask = state.mask(blocks)
+        run.converge = self._converge(problem, options, trainer, gates, reset, mask, base_cfg, seed)
+        model.eval()
+        if options.control == "reinit":
+            run.control, run.control_model = self._control(problem, options, mask, base_cfg, run.converge["steps"],
+                                                           seed)
+        result = PruneResult(
+            method=self.name, mask=mask, heads_before={b.name: b.heads for b in blocks},
+            heads_after=state.per_block(), trajectory=trajectory, stopped="budget", scorings=len(run.iterations),
+            seconds=0.0, config=config, target=budget.target, details=run,
+        )
+        if metric is not None:
+            result.metric, result.higher_is_better = metric.name, metric.higher_is_better
+            result.metric_before, result.metric_after = before, metric.measure(mask)
+        run.seconds = result.seconds = time.perf_counter() - start
+        return result
+
+    def _converge(self, problem: Problem, options: LotteryOptions, trainer: Any, gates: HeadGates,
+                  reset: dict[str, Any], mask: HeadMask, base_cfg: TrainConfig, seed: int) -> dict[str, Any]:
+        """Step 6: from C, at most ``converge_steps`` steps, early-stopped on the eval loss."""
+        model, dev = problem.model, problem.eval_data
+        total = options.reset_at + options.converge_steps()
+        cfg = replace(base_cfg, max_steps=total, seed=seed, eval_every=options.every() if dev is not None else None)
+        early = EarlyStopping("loss", False, options.patience) if dev is not None else None
+
+        def eval_fn(step: int) -> dict[str, Any]:
+            assert dev is not None
+            return dict(evaluate(model, dev, bleu=False).metrics)
+
+        t = trainer(cfg, eval_fn=eval_fn if dev is not None else None, early_stopping=early)
+        t.rewind(reset)
+        with gates.installed():
+            gates.set_mask(mask)
+            if early is not None:
+                early.update(model, t.step, eval_fn(t.step))  # C itself is a candidate
+            trained = t.train()
+        model.eval()
+        out: dict[str, Any] = {"from_step": options.reset_at, "max_steps": total, "steps": trained.steps,
+                               "seconds": trained.seconds,
+                               "history": [{k: e[k] for k in ("step", "loss", "eval") if k in e}
+                                           for e in trained.history]}
+        if early is not None:
+            out["early_stopping"] = early.to_json()
+        else:
+            out["note"] = "no --eval-data: trained every step, no early stopping"
+        return out
+
+    def _control(self, problem: Problem, options: LotteryOptions, mask: HeadMask, base_cfg: TrainConfig,
+                 ticket_steps: int, seed: int) -> tuple[dict[str, Any], nn.Module]:
+        """Table 5's control: the pruned structure re-initialised and trained as long as the ticket; its
+        record and the trained model (slimmed to ``mask``)."""
+        import copy
+
+        from ..surgery import slim
+
+        model = copy.deepcopy(problem.model)
+        reinitialise(model, seed + 7919)
+        gates = HeadGates(model)
+        cfg = replace(base_cfg, max_steps=ticket_steps, seed=seed)
+        progress = problem.progress
+        t = Trainer(model, None, problem.data.batches, cfg,  # type: ignore[union-attr]
+                    progress=None if progress is None else (lambda d, tot: progress("train", d, tot)))
+        with gates.installed():
+            gates.set_mask(mask)
+            trained = t.train()
+            model.eval()
+            value = (float(evaluate(model, problem.eval_data, bleu=False).value)
+                     if problem.eval_data is not None else None)
+        out = {"kind": "reinit", "steps": trained.steps, "loss": _mean_loss(trained.history, options.prune_every),
+               "metric": value, "seconds": trained.seconds}
+        slim(model, mask, gqa=problem.config.gqa)
+        return out, model
+
+
+# ---- resume ---------------------------------------------------------------------------------------------
+
+def _plain_options(options: LotteryOptions) -> dict[str, Any]:
+    return {k: v for k, v in asdict(options).items() if k not in ("max_steps", "eval_every", "patience", "control")}
+
+
+def _save_state(ckpt: Path | None, identity: dict[str, Any], reset: dict[str, Any], state: UnitState,
+                run: LotteryRun, trajectory: list[TrajectoryPoint]) -> None:
+    if ckpt is None:
+        return
+    atomic_save({
+        "format": STATE_FORMAT, "identity": identity, "reset": reset, "kept": [list(k) for k in state.kept],
+        "iterations": [it.to_json() for it in run.iterations], "reset_loss": run.reset_loss,
+        "trajectory": [asdict(p) for p in trajectory[1:]],
+    }, ckpt / STATE_NAME)
+
+
+def _load_state(ckpt: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    path = ckpt / STATE_NAME
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without --resume "
+                           "(and with --force)") from None
+    if not isinstance(saved, dict) or saved.get("format") != STATE_FORMAT:
+        raise HeadcutError(f"{path}: unknown lottery state format; start over without --resume")
+    if saved.get("identity") != identity:
+        theirs, mine = saved.get("identity") or {}, identity
+        changed = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+        raise HeadcutError(f"{path} belongs to a run with other settings or data ({', '.join(changed)} differ); "
+                           "resume with the same settings, or start over without --resume")
+    return saved
+
+
+METHOD = LotteryMethod()
