@@ -398,15 +398,19 @@ def _training_option_params() -> list[inspect.Parameter]:
         opt("epochs", Optional[int], None, "--epochs",
             help="Passes over --data (default: finetune 3; learned gates 3 joint, 1 pipelined; auber's final "
                  "fine-tune at most 2)."),
-        opt("max_steps", Optional[int], None, "--max-steps", help="Optimizer steps in all (instead of --epochs)."),
+        opt("max_steps", Optional[int], None, "--max-steps",
+            help="Optimizer steps in all (instead of --epochs; lottery: the most its convergence may take, default "
+                 "15 x --prune-every)."),
         opt("lr", Optional[float], None, "--lr", metavar="LR",
             help="Peak learning rate of the model's weights (AdamW, linear decay; default: finetune 5e-5, learned "
-                 "gates 2e-5, auber 2e-6)."),
+                 "gates 2e-5, auber 2e-6; lottery 2e-5, constant)."),
         opt("warmup_steps", Optional[int], None, "--warmup-steps", help="Linear warmup steps (default 0)."),
         opt("grad_accum", Optional[int], None, "--grad-accum", help="Batches per optimizer step (default 1)."),
-        opt("eval_every", Optional[int], None, "--eval-every", help="Evaluate --eval-data every N steps."),
+        opt("eval_every", Optional[int], None, "--eval-every",
+            help="Evaluate --eval-data every N steps (lottery's convergence: default --prune-every / 2)."),
         opt("checkpoint_every", Optional[int], None, "--checkpoint-every",
-            help="Write the resume checkpoint every N steps (default 100)."),
+            help="Write the resume checkpoint every N steps (default 100; lottery writes one after every "
+                 "iteration instead)."),
         opt("resume", bool, False, "--resume", metavar="",
             help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps "
                  "may grow)."),
