@@ -288,3 +288,33 @@ def test_encoder_decoder_lottery_ranks_encoder_decoder_and_cross_heads_together(
     batch = make_batch(plain, batch=2, length=6)
     with torch.no_grad():
         assert torch.allclose(ours(**batch).logits, plain(**batch).logits, atol=1e-5)
+
+
+# ---- a decoder with grouped-query attention ----------------------------------------------------------------------
+
+
+def test_decoder_lottery_removes_whole_kv_groups_by_causal_confidence(tmp_path):
+    """A tiny Llama (3 layers x 6 query heads in 2 KV groups): confidence over causal attention, one KV
+    group (3 heads) per iteration under --gqa auto, and the slimmed model reloads."""
+    folder = save_tiny(tmp_path / "llama", "llama", "LlamaForCausalLM")
+    g = torch.Generator().manual_seed(0)
+    for name, n in (("train.txt", 48), ("dev.txt", 16)):
+        (tmp_path / name).write_text("\n".join(sentence(g, 12) for _ in range(n)) + "\n")
+    pruned = headcut.prune(folder, "lottery", keep=9, data=str(tmp_path / "train.txt"),
+                           eval_data=str(tmp_path / "dev.txt"), reset_at=3, prune_every=2, max_steps=4,
+                           data_options={"seq_len": 8, "batch_size": 4})
+    lot = pruned.report["lottery"]
+    assert lot["per_step"] == 1  # three attention layers / 2, at least one unit (a group of 3) per iteration
+    assert [it["heads"] for it in lot["iterations"]] == [15, 12, 9]
+    for it in lot["iterations"]:
+        assert len(it["removed"]) == 3 and all(0.0 < v <= 1.0 for vs in it["confidence"].values() for v in vs)
+        heads = sorted(int(n.rsplit(":", 1)[1]) for n in it["removed"])
+        assert heads in ([0, 1, 2], [3, 4, 5])  # a whole KV group
+    assert pruned.report["metric"]["name"] == "perplexity"
+    out = tmp_path / "slim"
+    pruned.save(out)
+    ours = headcut.load(out)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    ids = torch.randint(3, 90, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(ours(input_ids=ids).logits, plain(input_ids=ids).logits, atol=1e-5)
