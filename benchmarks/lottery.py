@@ -34,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from classifier import minilm_classifier
 
 import headcut
 from headcut import offline
@@ -44,9 +45,6 @@ from headcut.finetuning import finetune
 from headcut.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import eval_metric, plan_prune
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from classifier import minilm_classifier  # noqa: E402
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

@@ -169,7 +169,7 @@ def test_lottery_prunes_iteratively_and_the_result_reloads(folder, tmp_path):
     kept = {b: list(range(4)) for b in ("self.0", "self.1")}
     for it in its:
         # the least confident kept head goes (global ranking over every block)
-        candidates = [(it["confidence"][b][h], b, h) for b, hs in kept.items() for h in hs if len(hs) > 0]
+        candidates = [(it["confidence"][b][h], b, h) for b, hs in kept.items() for h in hs]
         _, b, h = min(candidates)
         assert it["removed"] == [f"{b}:{h}"] and it["removed_by_kind"] == {"self": 1}
         kept[b].remove(h)

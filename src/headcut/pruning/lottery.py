@@ -15,7 +15,7 @@ The paper publishes no code; this module follows its text step by step (Figure 1
    translating a development corpus" (:mod:`headcut.scoring.confidence`: per real query token;
    decoder and cross heads per target token, encoder heads per source token; padding never counted).
    The ``per_step`` least confident heads go, encoder, decoder and cross attention ranked together
-   (a global ranking, :func:`headcut.pruning.search._global_step`, which also honours the units: KV
+   (a global ranking, :func:`headcut.pruning.search.remove_step`, which also honours the units: KV
    groups, ALBERT's shared layers, ``--min-heads-per-block``). Default ``per_step``: "roughly a total
    number of layers containing attention divided by 2" (§7; at least 1). The last iteration removes
    only what reaches K exactly.
@@ -64,10 +64,10 @@ from ..errors import HeadcutError
 from ..evaluation import evaluate
 from ..gating import HeadGates
 from ..masks import HeadMask
-from ..training.engine import EarlyStopping, Trainer, atomic_save, digest
+from ..training.engine import EarlyStopping, Trainer, atomic_save, digest, read_state
 from .base import PruneResult, TrajectoryPoint, score_masked
 from .method import MethodBase, Problem
-from .search import Budget, _global_step, _names, _uniform_step
+from .search import Budget, remove_step
 from .units import UnitState
 
 #: the file of the run's state in the checkpoint folder
@@ -294,7 +294,6 @@ class LotteryMethod(MethodBase):
             _save_state(ckpt, identity, reset, state, run, trajectory)
 
         # ---- steps 3-5 until K heads are left
-        step_fn = _uniform_step if config.uniform else _global_step
         while state.total() > budget.target:
             t0 = time.perf_counter()
             i = len(run.iterations) + 1
@@ -310,11 +309,10 @@ class LotteryMethod(MethodBase):
             scores = score_masked(model, mask, score_cal.batches, ScoreConfig(scorer="confidence", seed=seed),
                                   progress)
             importance = scores.importance()
-            taken = step_fn(state, importance, budget)
-            if not taken:
+            removed = remove_step(state, importance, budget, config.uniform)
+            if not removed:
                 raise HeadcutError(f"lottery cannot remove another head at {state.total()} heads (units, "
                                    "--min-heads-per-block); the budget was checked, so this is a bug")
-            removed = [n for move in taken for n in _names(state, move)]
             pruned_metric = metric.measure(state.mask(blocks)) if metric is not None else None
             run.iterations.append(Iteration(
                 iteration=i, seed=seed + i, steps=options.prune_every, removed=removed,
@@ -427,14 +425,7 @@ def _load_state(ckpt: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
     path = ckpt / STATE_NAME
     if not path.is_file():
         return None
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without --resume "
-                           "(and with --force)") from None
-    if not isinstance(saved, dict) or saved.get("format") != STATE_FORMAT:
-        raise HeadcutError(f"{path}: unknown lottery state format; start over without --resume")
+    saved = read_state(path, STATE_FORMAT)
     if saved.get("identity") != identity:
         theirs, mine = saved.get("identity") or {}, identity
         changed = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))

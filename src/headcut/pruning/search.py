@@ -223,6 +223,14 @@ def _uniform_step(state: UnitState, importance: dict[str, list[float]], budget: 
     return []
 
 
+def remove_step(state: UnitState, importance: dict[str, list[float]], budget: Budget, uniform: bool) -> list[str]:
+    """One step of the removal loop on ``state`` (in place): the lowest-scoring units, or with
+    ``uniform`` the next per-block count (see the module's doc). Returns the heads removed
+    (``block:head``); none when nothing may go."""
+    taken = (_uniform_step if uniform else _global_step)(state, importance, budget)
+    return [n for move in taken for n in _names(state, move)]
+
+
 def run_search(
     model: nn.Module, blocks: list[Block], sets: list[BlockSet], budget: Budget, ranker: Ranker,
     config: PruneConfig, metric: Metric | None, progress: PruneProgress | None = None,
@@ -243,9 +251,8 @@ def run_search(
     while state.total() > budget.target:
         importance = ranker.importance(model, state.mask(blocks), progress)
         rescored = ranker.rescoring or len(points) == 1
-        step = _uniform_step if config.uniform else _global_step
-        taken = step(state, importance, budget)
-        if not taken:
+        removed = remove_step(state, importance, budget, config.uniform)
+        if not removed:
             break  # nothing left that may go (units, floors)
         value = metric.measure(state.mask(blocks)) if evaluate_steps and metric is not None else None
         within = None
@@ -253,7 +260,7 @@ def run_search(
             within = within_drop(before, value, config.max_drop, metric.higher_is_better)
         points.append(TrajectoryPoint(
             step=len(points), heads=state.total(), metric=value,
-            removed=[n for move in taken for n in _names(state, move)], rescored=rescored, within=within,
+            removed=removed, rescored=rescored, within=within,
         ))
         if progress is not None:
             progress("prune", budget.total - state.total(), most)

@@ -277,6 +277,22 @@ def atomic_save(obj: Any, dest: Path) -> None:
             raise
 
 
+def read_state(path: Path, fmt: int) -> dict[str, Any]:
+    """A state file headcut wrote with :func:`atomic_save` (a resume checkpoint), read with
+    ``weights_only=True`` (our own files, but they hold only tensors and plain values); a one-line
+    error for a damaged file or another ``format``."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, overwritten, or not a checkpoint at all
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
+                           "--resume (and with --force)") from None
+    if not isinstance(state, dict) or state.get("format") != fmt:
+        found = state.get("format") if isinstance(state, dict) else None
+        raise HeadcutError(f"{path}: unknown checkpoint format {found!r}; start over without --resume")
+    return state
+
+
 class Trainer:
     """Train ``model`` (and/or the ``gate_params`` tensors) on ``train_batches``; see the module doc.
 
@@ -458,6 +474,12 @@ class Trainer:
         and random state stay its own. The snapshot is copied, never shared: training after a rewind
         does not change it."""
         state = copy.deepcopy(snapshot)
+        self._restore_training(state)
+        self.step = int(state["step"])
+
+    def _restore_training(self, state: dict[str, Any]) -> None:
+        """Weights, gates, optimizer and LR-schedule state from ``state``; the LRs of the next step from
+        this run's schedule (its length may differ from the state's)."""
         self.model.load_state_dict(state["model"])
         with torch.no_grad():
             for g, saved in zip(self.gates, state["gates"]):
@@ -466,7 +488,6 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
             group["lr"] = base * fn(self.scheduler.last_epoch)
-        self.step = int(state["step"])
 
     def resume(self, path: str | Path | None = None) -> None:
         """Restore a checkpoint (a file, or a folder holding ``checkpoint.pt``; default: ``checkpoint_dir``)
@@ -483,16 +504,7 @@ class Trainer:
             path = path / CHECKPOINT_NAME
         if not path.is_file():
             raise HeadcutError(f"no checkpoint at {path}")
-        # our own files, but weights_only=True still: they hold only tensors and plain values
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # truncated, overwritten, or not a checkpoint at all
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
-                               "--resume (and with --force)") from None
-        if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-            found = state.get("format") if isinstance(state, dict) else None
-            raise HeadcutError(f"{path}: unknown checkpoint format {found!r}; start over without --resume")
+        state = read_state(path, CHECKPOINT_FORMAT)
         missing = [k for k in ("model", "gates", "optimizer", "scheduler", "step", "identity", "history")
                    if k not in state]
         if missing:
@@ -506,15 +518,7 @@ class Trainer:
         if state["step"] > self.total_steps:
             raise HeadcutError(f"{path}: checkpoint is at step {state['step']}, past this run's {self.total_steps} steps")
         try:
-            self.model.load_state_dict(state["model"])
-            with torch.no_grad():
-                for g, saved in zip(self.gates, state["gates"]):
-                    g.copy_(saved)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            # the LRs of the next step from this run's schedule (its length may differ from the checkpoint's)
-            for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
-                group["lr"] = base * fn(self.scheduler.last_epoch)
+            self._restore_training(state)
             self.step = state["step"]
             self.epoch = state["epoch"]
             self.position = state["position"]
