@@ -31,7 +31,8 @@ headcut prune "$model" --method "$method" --keep 16 --data "$train" --eval-data 
   "${how[@]}" --out "$work/minilm-16" --force --json "$work/prune.json"
 
 say "timing both (CPU, batch 8 x 128 tokens)"
-headcut bench "$model" "$work/minilm-16" --batch-size 8 --seq-len 128 --runs 10 --warmup 2 --json "$work/bench.json"
+headcut bench "$model" "$work/minilm-16" --batch-size 8 --seq-len 128 --runs 10 --warmup 2 --update-card \
+  --json "$work/bench.json"
 
 say "before and after"
 python - "$work" <<'PY'

@@ -33,7 +33,7 @@ MODEL_KEYS = {
     "name", "architecture", "model_type", "dtype", "attn_implementation", "device", "threads", "inputs", "heads",
     "kv_heads", "params", "weights_bytes", "flops", "flops_by_op", "runs_ms", "median_ms", "p90_ms",
     "examples_per_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "generation", "speedup",
-    "flop_ratio", "notes",
+    "flop_ratio", "notes", "runtime",
 }
 GEN_KEYS = {
     "new_tokens", "runs_ms", "median_ms", "tokens_per_s", "kv_cache_bytes", "kv_cache_positions",
@@ -275,3 +275,97 @@ def test_cli_missing_model_exit_2(ckpts, tmp_path):
 def test_cli_cuda_unavailable_exit_2(ckpts):
     result = runner.invoke(app, ["bench", ckpts["bert"], "--device", "cuda"])
     assert result.exit_code == 2 and "CUDA is not available" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------- onnxruntime
+
+
+def _needs_onnx() -> None:
+    for name in ("onnx", "onnxscript", "onnxruntime"):
+        pytest.importorskip(name)
+
+
+def test_cli_onnxruntime_rows_beside_torch(ckpts, tmp_path):
+    _needs_onnx()
+    import shutil
+
+    from headcut.formats.onnx import export_onnx
+
+    slim = tmp_path / "bert-slim"  # a folder that holds its model.onnx (no export for this one)
+    shutil.copytree(ckpts["bert-slim"], slim)
+    export_onnx(headcut.load(slim), slim)
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", ckpts["bert"], str(slim), *CLI_FAST, "--runtime", "torch,onnxruntime",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.stderr
+    cells = [w for line in result.stdout.splitlines() for w in line.split()]
+    assert "runtime" in cells  # the column appears with onnxruntime
+    assert [w for w in cells if w in ("torch", "onnxruntime")] == ["torch", "onnxruntime"] * 2
+    # the folder without model.onnx was exported for the run (a note on stderr), the other was not
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert any(ckpts["bert"] in n and "temporary folder" in n for n in notes), result.stderr
+    assert not any(str(slim) in n and "temporary" in n for n in notes), result.stderr
+    models = json.loads(out.read_text())["models"]
+    assert [(m["name"], m["runtime"]) for m in models] == [
+        (ckpts["bert"], "torch"), (ckpts["bert"], "onnxruntime"), (str(slim), "torch"), (str(slim), "onnxruntime")]
+    for m in models:
+        assert set(m) == MODEL_KEYS and len(m["runs_ms"]) == 2 and m["median_ms"] > 0 and m["speedup"] > 0
+    torch_row, ort_row = models[2], models[3]
+    assert torch_row["inputs"] == {"input_ids": [2, 8], "attention_mask": [2, 8]}
+    assert ort_row["inputs"] == dict(torch_row["inputs"], token_type_ids=[2, 8])  # zeros, as BERT's default
+    for key in ("flops", "params", "heads", "architecture"):
+        assert ort_row[key] == torch_row[key], key
+    assert ort_row["dtype"] == "float32" and ort_row["attn_implementation"] is None
+    assert ort_row["weights_bytes"] == (slim / "model.onnx").stat().st_size
+    assert models[0]["speedup"] == 1.0 and models[1]["flop_ratio"] == 1.0 and models[3]["flop_ratio"] > 1.0
+
+
+def test_onnxruntime_generation_and_kv_cache_match_torch(ckpts):
+    _needs_onnx()
+    torch_row, ort_row = bench([ckpts["llama-empty"]], BenchConfig(**FAST, runtime="torch,onnxruntime"))
+    assert (torch_row.runtime, ort_row.runtime) == ("torch", "onnxruntime")
+    assert ort_row.inputs == {"input_ids": [2, 8], "attention_mask": [2, 8], "position_ids": [2, 8]}
+    gen, ref = ort_row.generation, torch_row.generation
+    assert gen.new_tokens == ref.new_tokens == 4 and len(gen.runs_ms) == 1
+    # layer 0 keeps only the placeholder, layers 1 and 2 their two KV heads: the same bytes as PyTorch's cache
+    assert gen.kv_cache_positions == ref.kv_cache_positions == 8 + 4 - 1
+    assert gen.kv_bytes_per_token == ref.kv_bytes_per_token == 2 * 1 * 1 * 4 + 2 * (2 * 2 * 8 * 4)
+    assert gen.speedup is not None and ort_row.flops == torch_row.flops
+    assert any("temporary folder" in n for n in ort_row.notes)
+
+
+def test_onnxruntime_only_in_memory_model():
+    _needs_onnx()
+    model = make_model("distilbert", "DistilBertModel")
+    (row,) = bench([model], BenchConfig(**FAST, runtime="onnxruntime"))
+    assert row.runtime == "onnxruntime" and row.generation is None and row.speedup is None
+    assert row.flops == count_flops(model, make_inputs(model, BenchConfig(**FAST)))[0]
+    assert row.notes and "no ONNX file" in row.notes[0]
+
+
+def test_runtime_flag_is_documented_and_checked(ckpts, monkeypatch):
+    result = runner.invoke(app, ["bench", "--help"])
+    assert "--runtime" in result.stdout and "onnxruntime" in result.stdout
+    assert BenchConfig(runtime="onnxruntime , torch").runtimes() == ("torch", "onnxruntime")
+    bad = runner.invoke(app, ["bench", ckpts["bert"], "--runtime", "tensorrt"])
+    assert bad.exit_code == 2 and "unknown --runtime 'tensorrt'" in bad.stderr
+    assert len([line for line in bad.stderr.splitlines() if line.strip()]) == 1
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    missing = runner.invoke(app, ["bench", ckpts["bert"], "--runtime", "torch,onnxruntime"])
+    assert missing.exit_code == 2 and missing.stdout == ""
+    lines = [line for line in missing.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "needs onnxruntime: pip install 'headcut[onnx]'" in lines[0], missing.stderr
+    BenchConfig(runtime="torch").validate()  # torch alone does not need it
+
+
+def test_onnxruntime_on_cuda_needs_its_provider(monkeypatch):
+    ort = pytest.importorskip("onnxruntime")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(HeadcutError, match="CUDAExecutionProvider.*onnxruntime-gpu"):
+        BenchConfig(device="cuda", runtime="onnxruntime").validate()
+    BenchConfig(device="cuda", runtime="torch").validate()

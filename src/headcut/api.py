@@ -48,6 +48,7 @@ from .catalog import METHODS, method_entry
 from .config import BenchConfig, FinetuneConfig, PruneConfig, ScoreConfig
 from .data import Calibration, DataConfig, looks_local
 from .errors import HeadcutError
+from .formats import check_formats, parse_formats
 from .masks import HeadMask
 from .outputs import OutputDir, OutputFile, check_paths, real_path
 from .progress import Reporter, Task, quiet
@@ -225,17 +226,27 @@ def _calls(values: dict[str, Any]) -> dict[str, Any]:
 # ---- saving -----------------------------------------------------------------------------------------
 
 def _save(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source: Path | None, force: bool,
-          report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool) -> io.SavedModel:
-    """Save ``model`` with ``report`` inside it (the report's ``out`` and weights size filled in)."""
+          report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool,
+          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> io.SavedModel:
+    """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
+    ``formats`` filled in); ``formats``: see :mod:`headcut.formats`."""
     import json
 
+    from .formats import write_formats
+    from .modelcard import write_card
+
+    check_formats(model, formats, gguf_type)
     target_path = out.path if isinstance(out, OutputDir) else Path(out)
     check_paths(reads={k: v for k, v in reads.items() if v is not None}, writes={}, replaces={"--out": target_path})
     report["out"] = str(target_path)
 
     def write(folder: Path) -> None:
+        if tuple(formats) != ("safetensors",):
+            report["formats"] = write_formats(model, folder, formats, gguf_type)
         if isinstance(report.get("size_bytes"), dict):
-            report["size_bytes"]["after"] = weights_bytes(folder)
+            report["size_bytes"]["after"] = weights_bytes(folder) if "safetensors" in formats else None
+        write_card(folder, model, report, source=source, formats=report.get("formats"),
+                   has_weights="safetensors" in formats)
         (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
 
     saved = io.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
@@ -269,12 +280,19 @@ class Written:
     notes: list[str] = field(default_factory=list)
     reads: dict[str, Any] = field(default_factory=dict)
     trust_remote_code: bool = False
+    formats: tuple[str, ...] = ("safetensors",)
+    gguf_type: str = "f16"
 
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False) -> io.SavedModel:
-        """Write the model and its report to ``out`` (atomically; ``force`` replaces only a folder headcut
-        wrote)."""
+    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
+             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> io.SavedModel:
+        """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
+        replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
+        (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
+        from .formats import parse_formats
+
+        chosen = parse_formats(formats) if formats is not None else self.formats
         return _save(self.model, out, self.source, force, self.report, self.REPORT, self.reads,
-                     self.trust_remote_code)
+                     self.trust_remote_code, chosen, gguf_type or self.gguf_type)
 
 
 # ---- info and evaluate ----------------------------------------------------------------------------------
@@ -389,9 +407,11 @@ class Exported(Written):
 
 def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str], *, gqa: str = "auto",
            task: str | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
+           formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
            arguments: dict[str, Any] | None = None) -> Exported:
     """Remove the heads ``mask`` drops (``headcut export``): a mask dict ``{"keep"|"drop": {block: [heads]}}``,
-    a :class:`HeadMask` or a mask JSON file."""
+    a :class:`HeadMask` or a mask JSON file. ``formats``/``gguf_type``: what ``save`` writes (see
+    :mod:`headcut.formats`), checked here before the work."""
     from .catalog import GQA_POLICIES
     from .masks import read_mask_file
     from .surgery import slim
@@ -406,14 +426,16 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
     else:
         raw = mask.to_json() if isinstance(mask, HeadMask) else dict(mask)
     notes: list[str] = []
+    chosen = parse_formats(formats)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, quiet())
+    check_formats(loaded.module, chosen, gguf_type)
     if loaded.folder is not None:
         reads["MODEL"] = real_path(loaded.folder)
     result = slim(loaded.module, raw, gqa=gqa)
     notes += result.notes
     report = export_report(model=loaded.name, arguments=arguments, mask=raw, gqa=gqa, slimmed=result, notes=notes)
     return Exported(model=loaded.module, slim=result, report=report, source=loaded.folder, notes=notes,
-                    reads=reads, trust_remote_code=trust_remote_code)
+                    reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
 
 
 # ---- prune ----------------------------------------------------------------------------------------------
@@ -518,6 +540,7 @@ def prune(
     data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
+    formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
@@ -526,7 +549,8 @@ def prune(
     with the nearest valid budgets before any data is read. ``options``: the method's own options (e.g.
     ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
     refuses the others). ``checkpoint_dir``/``resume``/``restart``: a learned method's resume checkpoint
-    (``restart`` discards a stale one). ``device``: where to score or train (auto: CUDA when available)."""
+    (``restart`` discards a stale one). ``device``: where to score or train (auto: CUDA when available).
+    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`), checked before the work."""
     from .pruning import check_budget, get_method, make_options, plan_prune
     from .surgery import slim
 
@@ -567,7 +591,9 @@ def prune(
         learned = ", ".join(m.name for m in METHODS.values() if m.resumable)
         raise HeadcutError(f"--resume applies to the methods that keep checkpoints ({learned}), not to {method}")
     dist, torch_device = _device(device)
+    chosen = parse_formats(formats)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
+    check_formats(loaded.module, chosen, gguf_type)
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
     cal = _calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
     eval_cal = _calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,
@@ -616,7 +642,7 @@ def prune(
     )
     reads = _local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec})
     return Pruned(model=loaded.module, mask=result.mask, report=report, result=result, source=loaded.folder,
-                  notes=notes, reads=reads, trust_remote_code=trust_remote_code)
+                  notes=notes, reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
 
 
 # ---- finetune -------------------------------------------------------------------------------------------
@@ -641,14 +667,14 @@ def finetune(
     eval_split: str = "validation", data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
-    arguments: dict[str, Any] | None = None,
+    formats: str | Sequence[str] | None = None, gguf_type: str = "f16", arguments: dict[str, Any] | None = None,
 ) -> Finetuned:
     """Recovery training of ``model`` on ``data`` (``headcut finetune``): its heads are kept; with a
     ``teacher`` the loss is ``alpha * T^2 * KL(teacher/T || model/T) + (1 - alpha) * task loss`` over the
     labelled positions. Neither ``epochs`` nor ``max_steps``: 3 epochs. ``labels``: the classes of a new
     classification head (with ``task="sequence-classification"`` on a checkpoint without one: train a
     classifier from a base encoder). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see
-    :func:`prune`)."""
+    :func:`prune`). ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`)."""
     from .finetuning import finetune as run_finetune
 
     start = time.perf_counter()
@@ -683,7 +709,9 @@ def finetune(
     if labels is not None and isinstance(model, nn.Module):
         raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels yourself)")
     extra = {"labels": list(labels)} if labels is not None else {}
+    chosen = parse_formats(formats)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed, **extra)
+    check_formats(loaded.module, chosen, gguf_type)
     teacher_model = None
     teacher_name = None
     if teacher is not None:
@@ -727,7 +755,7 @@ def finetune(
     reads = _local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec,
                             "--distill-from": teacher if isinstance(teacher, (str, os.PathLike)) else None})
     return Finetuned(model=loaded.module, result=result, report=report, source=loaded.folder, notes=notes,
-                     reads=reads, trust_remote_code=trust_remote_code)
+                     reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
 
 
 # ---- bench ----------------------------------------------------------------------------------------------
@@ -741,14 +769,17 @@ class Benchmark:
     config: BenchConfig
     report: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    cards: list[Path] = field(default_factory=list)
 
 
 def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, names: Sequence[str] | None = None,
           task: str | None = None, progress: Reporter | None = None, allow_pickle: bool = False,
-          trust_remote_code: bool = False, **settings: Any) -> Benchmark:
+          trust_remote_code: bool = False, update_cards: bool = False, **settings: Any) -> Benchmark:
     """Time ``models`` on synthetic inputs (``headcut bench``): latency, throughput, FLOPs, memory, and
     generation speed and KV-cache size for decoders. ``settings``: fields of :class:`BenchConfig`
-    (``device``, ``batch_size``, ``seq_len``, ``runs``, ...), or pass ``config``."""
+    (``device``, ``batch_size``, ``seq_len``, ``runs``, ``runtime="torch,onnxruntime"`` for a row per
+    model and runtime, ...), or pass ``config``. ``update_cards``: write the measured speed-up into the model
+    card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
     from .benchmark import bench as run_bench
     from .benchmark import report_json
 
@@ -780,4 +811,12 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
     report = report_json(results, config)
     for r in results:
         notes += [f"{r.name}: {n}" for n in r.notes]
-    return Benchmark(results=results, config=config, report=report, notes=notes)
+    cards: list[Path] = []
+    if update_cards:
+        from .benchmark import device_name
+        from .modelcard import update_speed
+
+        threads = f", {results[0].threads} threads" if results and config.device == "cpu" else ""
+        cards, skipped = update_speed(results, list(models), f"{device_name(config.device)} ({config.device}{threads})")
+        notes += skipped
+    return Benchmark(results=results, config=config, report=report, notes=notes, cards=cards)

@@ -35,6 +35,19 @@ Every number is measured on the model as it is, none is estimated from its shape
   for encoder-decoder decoders). Encoder-decoder models report their cross-attention cache apart
   (per encoder position).
 
+**runtimes** (``runtime``: ``torch``, ``onnxruntime`` or both): each model gets one row per runtime, in
+the same table and with the same statistics, inputs and baseline (the first row). An ``onnxruntime`` row
+runs the folder's ``model.onnx`` (see :mod:`headcut.formats.onnx`), or, when the folder has none (or
+the model is given as a module), an export written into a temporary folder first (a note says so):
+a float32 graph, whatever ``dtype`` the PyTorch rows use. Its session uses the same number of
+intra-op threads as PyTorch. Each run is timed with ``time.perf_counter`` around
+``InferenceSession.run`` (blocking; on CUDA the inputs and outputs stay on the device through an IO
+binding). FLOPs, parameters and heads are those of the PyTorch model (the same computation);
+``weights_bytes`` is the size of the ONNX files; the CPU memory is measured as for PyTorch, on CUDA
+it is ``unavailable``. Generation is a greedy loop over the exported graph feeding each step's
+``present.*`` back as ``past_key_values.*`` (on CUDA through host memory), with the same token counts
+as PyTorch's; its KV cache is the bytes of the last step's presents.
+
 Inputs are synthetic and reproducible from ``seed``: token ids drawn uniformly from the vocabulary
 without the special tokens (pad, bos, eos, decoder start) and a full attention mask; encoder-decoder
 inputs end with the eos token and get ``seq_len`` decoder ids starting with the decoder start token;
@@ -44,14 +57,16 @@ config, drawn from a standard normal distribution.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +135,7 @@ class BenchResult:
     speedup: float | None = None
     flop_ratio: float | None = None
     notes: list[str] = field(default_factory=list)
+    runtime: str = "torch"
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -548,6 +564,122 @@ def compare(results: list[BenchResult]) -> list[BenchResult]:
     return results
 
 
+def _onnx_dtype_note(model: nn.Module, dtype: str) -> list[str]:
+    torch_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return [] if torch_dtype == dtype else [f"onnxruntime runs the {dtype} ONNX graph; PyTorch ran {torch_dtype}"]
+
+
+def bench_onnx_generation(runner: Any, inputs: dict[str, torch.Tensor], config: BenchConfig,
+                          step: Callable[[int], None] | None = None) -> GenerationResult:
+    """Time greedy generation of ``config.gen_tokens`` tokens through an exported graph's KV cache."""
+    ids, mask = inputs["input_ids"].cpu().numpy(), inputs["attention_mask"].cpu().numpy()
+    tokens, presents = runner.generate(ids, mask, config.gen_tokens)
+    positions = int(next(iter(presents.values())).shape[2]) if presents else 0
+    cache_bytes = int(sum(v.nbytes for v in presents.values()))
+    times = time_calls(lambda: runner.generate(ids, mask, config.gen_tokens), config.gen_runs, torch.device("cpu"),
+                       step)
+    median = statistics.median(times)
+    b = config.batch_size
+    new_tokens = int(tokens.shape[1])
+    return GenerationResult(
+        new_tokens=new_tokens, runs_ms=times, median_ms=median, tokens_per_s=b * new_tokens / (median / 1000.0),
+        kv_cache_bytes=cache_bytes, kv_cache_positions=positions,
+        kv_bytes_per_token=cache_bytes / (b * positions) if positions else 0.0,
+    )
+
+
+def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, name: str | None = None,
+               progress: Callable[[str, int, int], None] | None = None,
+               flops: tuple[int, dict[str, int]] | None = None) -> BenchResult:
+    """Benchmark ``onnx_file`` (an export of ``model``) in onnxruntime, like :func:`bench_model` does
+    PyTorch: same inputs and statistics. ``model`` gives the inputs, FLOPs (unless ``flops`` is given),
+    parameters and heads; ``progress(stage, done, total)`` reports the ``onnxruntime ...`` stages."""
+    from .formats.onnx import OnnxRunner
+
+    config.validate()
+    label = name or type(model).__name__.removeprefix("Headcut")
+
+    def report(stage: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(f"onnxruntime {stage}", done, total)
+
+    path = Path(onnx_file)
+    threads = config.threads or torch.get_num_threads()
+    runner = OnnxRunner(path, device=config.device, threads=threads)
+    generates = bool(config.gen_tokens) and runner.decoder
+    _check_positions(model, config, generates)
+    inputs = make_inputs(model, replace(config, device="cpu"))
+    if flops is None:
+        where = next(model.parameters()).device
+        report("flops", 0, 1)
+        flops = count_flops(model, {k: v.to(where) for k, v in inputs.items()})
+        report("flops", 1, 1)
+    feeds = runner.feeds(inputs)
+    call = runner.prepare(feeds)
+
+    def forward() -> Any:
+        try:
+            return call()
+        except Exception as exc:  # onnxruntime's own exception types
+            raise HeadcutError(f"{label}: onnxruntime fails on inputs {_describe(inputs)}: {_first_line(exc)}") \
+                from None
+
+    rss = _RssPeak()
+    kind = "unavailable"
+    if not config.device.startswith("cuda"):
+        rss.start()
+        kind = rss.kind if rss.before is not None else "unavailable"
+    cpu = torch.device("cpu")  # a run blocks until its outputs are ready, on CUDA too
+    time_calls(forward, config.warmup, cpu, lambda i: report("warmup", i, config.warmup))
+    times = time_calls(forward, config.runs, cpu, lambda i: report("runs", i, config.runs))
+    peak = None if config.device.startswith("cuda") else rss.stop()
+    if peak is None:
+        kind = "unavailable"
+    notes = _onnx_dtype_note(model, runner.dtype)
+    generation = None
+    if generates:
+        report("generate", 0, config.gen_runs)
+        try:
+            generation = bench_onnx_generation(runner, inputs, config, lambda i: report("generate", i, config.gen_runs))
+        except HeadcutError:
+            raise
+        except Exception as exc:
+            raise HeadcutError(f"{label}: generation in onnxruntime fails: {_first_line(exc)}") from None
+    median = statistics.median(times)
+    b = config.batch_size
+    heads, kv_heads = _heads(model)
+    files = [path] + [f for f in (path.with_name(path.name + ".data"),) if f.is_file()]
+    return BenchResult(
+        name=label, architecture=type(model).__name__.removeprefix("Headcut"),
+        model_type=str(getattr(model.config, "model_type", "")), dtype=runner.dtype, attn_implementation=None,
+        device=config.device, threads=threads,
+        inputs={k: list(v.shape) for k, v in feeds.items() if not k.startswith("past_key_values.")},
+        heads=heads, kv_heads=kv_heads, params=count_params(model), weights_bytes=sum(f.stat().st_size for f in files),
+        flops=flops[0], flops_by_op=flops[1], runs_ms=times, median_ms=median, p90_ms=percentile(times, 90),
+        examples_per_s=b / (median / 1000.0),
+        tokens_per_s=b * config.seq_len / (median / 1000.0) if "input_ids" in inputs else None,
+        peak_memory_bytes=peak, peak_memory_kind=kind, generation=generation, notes=notes, runtime="onnxruntime",
+    )
+
+
+def _onnx_for(item: Any, model: nn.Module, stack: contextlib.ExitStack,
+              progress: Callable[[str, int, int], None]) -> tuple[Path, str | None]:
+    """The ``model.onnx`` of a checkpoint folder, or an export into a temporary folder (and a note)."""
+    from .formats.onnx import ONNX_FILE, export_onnx
+
+    folder = Path(item).expanduser() if isinstance(item, (str, Path)) else None
+    if folder is not None and (folder / ONNX_FILE).is_file():
+        return folder / ONNX_FILE, None
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcut-onnx-")))
+    progress("onnx export", 0, 1)
+    exported = export_onnx(model, tmp)
+    progress("onnx export", 1, 1)
+    where = f"no {ONNX_FILE} in the folder" if folder is not None and folder.is_dir() else "no ONNX file"
+    check = f"; max abs difference from PyTorch {exported.parity:.1e}" if exported.parity is not None else ""
+    return tmp / ONNX_FILE, (f"{where}: exported one to a temporary folder for onnxruntime "
+                             f"({exported.seconds:.1f} s{check})")
+
+
 def bench(
     models: Sequence[str | Path | nn.Module],
     config: BenchConfig,
@@ -558,13 +690,16 @@ def bench(
     trust_remote_code: bool = False,
     progress: ProgressFn | None = None,
 ) -> list[BenchResult]:
-    """Benchmark checkpoints (loaded one at a time with :func:`headcut.io.load`) or loaded models.
+    """Benchmark checkpoints (loaded one at a time with :func:`headcut.io.load`) or loaded models, in
+    each runtime of ``config.runtime`` (one result per model and runtime, in that order).
 
-    Speed-up and FLOP ratio are relative to the first model. ``progress(index, name, stage, done,
-    total)`` reports each stage (``load``, ``flops``, ``warmup``, ``runs``, ``generate``)."""
+    Speed-up and FLOP ratio are relative to the first result. ``progress(index, name, stage, done,
+    total)`` reports each stage (``load``, ``flops``, ``warmup``, ``runs``, ``generate``; ``onnx export``
+    and ``onnxruntime ...`` for onnxruntime)."""
     from . import io
 
     config.validate()
+    runtimes = config.runtimes()
     if not models:
         raise HeadcutError("no models to benchmark")
     if names is not None and len(names) != len(models):
@@ -586,7 +721,17 @@ def bench(
                             dtype=config.dtype, device=config.device,
                             attn_implementation=config.attn_implementation)
             step("load", 1, 1)
-        results.append(bench_model(model, config, name=name, progress=step))
+        measured = None
+        if "torch" in runtimes:
+            measured = bench_model(model, config, name=name, progress=step)
+            results.append(measured)
+        if "onnxruntime" in runtimes:
+            with contextlib.ExitStack() as stack:
+                onnx_file, note = _onnx_for(item, model, stack, step)
+                flops = (measured.flops, measured.flops_by_op) if measured is not None else None
+                result = bench_onnx(model, onnx_file, config, name=name, progress=step, flops=flops)
+                result.notes[:0] = [note] if note else []
+            results.append(result)
         if not isinstance(item, nn.Module):
             del model
             gc.collect()
@@ -626,6 +771,6 @@ def report_json(results: list[BenchResult], config: BenchConfig) -> dict[str, An
 
 __all__ = [
     "DTYPES", "BenchResult", "GenerationResult", "bench",
-    "bench_generation", "bench_model", "compare", "count_flops", "device_name", "kv_cache_size",
+    "bench_generation", "bench_model", "bench_onnx", "bench_onnx_generation", "compare", "count_flops", "device_name", "kv_cache_size",
     "make_inputs", "percentile", "report_json", "time_calls",
 ]

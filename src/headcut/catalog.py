@@ -47,6 +47,10 @@ TASKS: dict[str, str] = {
 
 #: grouped-query attention policies of ``--gqa`` (see :mod:`headcut.masks`)
 GQA_POLICIES = ("auto", "group", "uniform", "duplicate")
+#: ``--format`` values of the commands that write a model (``safetensors,onnx`` writes both)
+OUTPUT_FORMATS = ("safetensors", "onnx", "gguf")
+#: ``--gguf-type`` values: the GGUF tensor type of the weight matrices
+GGUF_TYPES = ("f16", "f32", "q8_0")
 #: ``--device`` values of the training commands (``cuda:N`` is accepted too)
 DEVICES = ("auto", "cpu", "cuda")
 #: ``--dtype`` values of ``headcut bench``

@@ -31,6 +31,9 @@ from .catalog import (
 )
 from .errors import HeadcutError
 
+#: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
+BENCH_RUNTIMES = ("torch", "onnxruntime")
+
 #: the epsilon of Greedy-Gnorm's rectified attention entropy (reference code: ``e = 0.0000001``)
 DEFAULT_EPSILON = 1e-7
 
@@ -237,7 +240,8 @@ class FinetuneConfig(TrainConfig):
 
 @dataclass
 class BenchConfig:
-    """How to benchmark. ``dtype``/``attn_implementation`` None: the checkpoint's own."""
+    """How to benchmark. ``dtype``/``attn_implementation`` None: the checkpoint's own. ``runtime``:
+    ``torch``, ``onnxruntime`` or both comma-separated (one row per model and runtime)."""
 
     device: str = "cpu"
     batch_size: int = 8
@@ -250,6 +254,16 @@ class BenchConfig:
     gen_tokens: int = 32
     gen_runs: int = 3
     seed: int = 0
+    runtime: str = "torch"
+
+    def runtimes(self) -> tuple[str, ...]:
+        """The runtimes of ``runtime`` in a stable order (torch first); one-line errors."""
+        parts = [p.strip().lower() for p in str(self.runtime).split(",") if p.strip()]
+        unknown = [p for p in parts if p not in BENCH_RUNTIMES]
+        if not parts or unknown:
+            raise HeadcutError(f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
+                               f"{', '.join(BENCH_RUNTIMES)} or both comma-separated (torch,onnxruntime)")
+        return tuple(r for r in BENCH_RUNTIMES if r in parts)
 
     def validate(self) -> list[str]:
         """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
@@ -272,10 +286,28 @@ class BenchConfig:
             index = torch.device(self.device).index
             if index is not None and index >= torch.cuda.device_count():
                 raise HeadcutError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
+        if "onnxruntime" in self.runtimes():
+            self._check_onnxruntime()
         notes = []
         if self.device == "cpu" and self.dtype == "float16":
             notes.append("float16 on CPU is often much slower than float32 and some kernels lack it")
         return notes
+
+    def _check_onnxruntime(self) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("onnxruntime") is None:
+            raise HeadcutError("--runtime onnxruntime needs onnxruntime: pip install 'headcut[onnx]' "
+                               "(onnx, onnxscript, onnxruntime)")
+        if self.device.startswith("cuda"):
+            import onnxruntime
+
+            providers = onnxruntime.get_available_providers()
+            if "CUDAExecutionProvider" not in providers:
+                raise HeadcutError(
+                    f"--runtime onnxruntime --device {self.device} needs onnxruntime's CUDAExecutionProvider; this "
+                    f"onnxruntime {onnxruntime.__version__} has {', '.join(providers)}: pip install onnxruntime-gpu"
+                )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

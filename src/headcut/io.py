@@ -322,7 +322,7 @@ def load(
     return model.eval()
 
 
-def _auto_classes(config: Any) -> dict[str, str]:
+def auto_classes(config: Any) -> dict[str, str]:
     """Auto class name -> transformers class name, for every Auto class this family supports."""
     out: dict[str, str] = {}
     for name in dir(transformers):
@@ -449,7 +449,7 @@ def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None =
     cfg.pop("auto_map", None)
     cfg.pop("custom_pipelines", None)
     if cfg.get("headcut"):
-        classes = _auto_classes(model.config)
+        classes = auto_classes(model.config)
         cfg["auto_map"] = {auto: f"modeling_headcut.Headcut{name}" for auto, name in sorted(classes.items())}
         (folder / "modeling_headcut.py").write_text(_modeling_source(classes))
         (folder / "headcut_runtime.py").write_text(_runtime_source(model.config))

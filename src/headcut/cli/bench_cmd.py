@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
-from ..config import BenchConfig
+from ..config import BENCH_RUNTIMES, BenchConfig
 from . import app
 from .common import (
     AllowPickle,
@@ -36,6 +36,7 @@ BENCH_HELP = "\n\n".join([
     "untimed call, then --gen-runs timed ones).",
     "\n".join([
         "Columns:",
+        "runtime (with --runtime onnxruntime): torch, or onnxruntime running the ONNX graph.",
         "heads: attention heads left in the model.",
         "params: distinct parameters (tied weights once).",
         "GFLOPs: one forward of the whole batch, counted by torch's FlopCounterMode (matmuls and attention "
@@ -49,6 +50,11 @@ BENCH_HELP = "\n\n".join([
         "gen tok/s: batch size x new tokens / median generation time (prefill included).",
         "KV B/token: bytes of the keys and values in the returned KV cache / batch size / cached positions.",
     ]),
+    "--runtime onnxruntime times the folder's model.onnx in onnxruntime (written by --format onnx; a folder "
+    "without one is exported to a temporary folder first, with a note) on the same inputs, with the same "
+    "statistics, in rows beside the PyTorch ones; --runtime torch,onnxruntime gives both rows for every MODEL. "
+    "The ONNX graph is float32 whatever --dtype says; --device cuda uses onnxruntime's CUDAExecutionProvider "
+    "(onnxruntime-gpu). FLOPs, params and heads are the PyTorch model's; the first row is the baseline.",
     "--json PATH|- writes the same numbers and more: every run's time, tokens/s, FLOPs per op, weights bytes, "
     "cache sizes, encoder-decoder cross-attention cache per encoder token, generation speed-up.",
 ])
@@ -57,7 +63,9 @@ BENCH_HELP = "\n\n".join([
 @app.command(cls=TidyCommand, help=BENCH_HELP, epilog=examples(
     "headcut bench model/ slim/ --device cpu",
     "headcut bench model/ slim/ --device cuda --dtype float16 --batch-size 32 --json -",
-    "headcut bench lm/ lm-slim/ --batch-size 1 --seq-len 128 --gen-tokens 64"))
+    "headcut bench lm/ lm-slim/ --batch-size 1 --seq-len 128 --gen-tokens 64",
+    "headcut bench model/ slim/ --runtime torch,onnxruntime",
+    "headcut bench model/ slim/ --update-card"))
 @handle_errors
 def bench(
     models: Annotated[list[str], typer.Argument(
@@ -84,6 +92,13 @@ def bench(
         help="New tokens per cached greedy generation (models that generate); 0: skip.")] = _D.gen_tokens,
     gen_runs: Annotated[int, typer.Option("--gen-runs", help="Timed generations per model.", metavar="N")] = _D.gen_runs,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.", metavar="N")] = _D.seed,
+    runtime: Annotated[str, typer.Option(
+        "--runtime", metavar="RUNTIME", autocompletion=_choices(BENCH_RUNTIMES + ("torch,onnxruntime",)),
+        help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
+             "folder's model.onnx, else a temporary export; extra [onnx]).")] = _D.runtime,
+    update_card: Annotated[bool, typer.Option(
+        "--update-card", metavar="", help="Write the measured speed-up into the model card (README.md) of every "
+        "headcut output after the first MODEL (the baseline); replaced atomically.")] = False,
     json_out: JsonOut = None,
     task: Task = None,
     quiet: Quiet = False,
@@ -98,6 +113,7 @@ def bench(
     config = BenchConfig(
         device=device, batch_size=batch_size, seq_len=seq_len, runs=runs, warmup=warmup, threads=threads,
         dtype=dtype, attn_implementation=attn, gen_tokens=gen_tokens, gen_runs=gen_runs, seed=seed,
+        runtime=runtime,
     )
     log = Out(json_out, quiet)
     for warning in config.validate():
@@ -105,9 +121,11 @@ def bench(
     plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
     try:
         measured = api.bench(models, config=config, task=task, progress=log.progress, allow_pickle=allow_pickle,
-                             trust_remote_code=trust_remote_code)
+                             trust_remote_code=trust_remote_code, update_cards=update_card)
     finally:
         log.close()
     log.show(bench_table(measured.results, config, device_name(config.device)))
+    for card in measured.cards:
+        log.show(f"speed written to {card}")
     log.notes(measured.notes)
     log.json(measured.report)

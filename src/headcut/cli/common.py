@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from ..catalog import DEVICES, GQA_POLICIES, METHODS, SCORERS, TASKS
+from ..catalog import DEVICES, GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS, TASKS
 from ..errors import HeadcutError
 from ..outputs import OutputDir, OutputFile, check_paths
 from ..progress import Reporter
@@ -275,6 +275,14 @@ Task = Annotated[Optional[str], typer.Option(
     "--task", help=f"Load with this task head ({', '.join(TASKS)}); default: the checkpoint's own.", metavar="TASK",
     autocompletion=_choices(TASKS))]
 Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
+OutputFormat = Annotated[str, typer.Option(
+    "--format", metavar="FORMATS", autocompletion=_choices(OUTPUT_FORMATS),
+    help="What the output folder holds, comma-separated: safetensors (weights plain transformers loads), onnx "
+         "(model.onnx, checked against PyTorch in onnxruntime; extra [onnx]), gguf (llama.cpp, Llama family; "
+         "extra [gguf]); e.g. safetensors,onnx. Every folder also gets a model card (README.md).")]
+GgufType = Annotated[str, typer.Option(
+    "--gguf-type", metavar="TYPE", autocompletion=_choices(GGUF_TYPES),
+    help=f"GGUF tensor type of the weight matrices with --format gguf: {', '.join(GGUF_TYPES)}.")]
 Gqa = Annotated[str, typer.Option(
     "--gqa", metavar="POLICY", autocompletion=_choices(GQA_POLICIES),
     help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "

@@ -11,10 +11,12 @@ from . import app
 from .common import (
     AllowPickle,
     Force,
+    GgufType,
     Gqa,
     JsonOut,
     ModelArg,
     Out,
+    OutputFormat,
     Quiet,
     Task,
     TidyCommand,
@@ -24,6 +26,7 @@ from .common import (
     local_input,
     plan_outputs,
 )
+from .render import formats_lines
 
 
 @app.command(cls=TidyCommand, epilog=examples(
@@ -40,6 +43,8 @@ def export(
     out: Annotated[Path, typer.Option("--out", metavar="DIR", show_default=False,
                                       help="Output folder (written atomically).")],
     gqa: Gqa = "auto",
+    output_format: OutputFormat = "safetensors",
+    gguf_type: GgufType = "f16",
     force: Force = False,
     json_out: JsonOut = None,
     task: Task = None,
@@ -49,14 +54,19 @@ def export(
 ) -> None:
     """Remove the heads a mask file drops and save a slimmed model that loads back."""
     from .. import api
+    from ..formats import parse_formats
+
+    parse_formats(output_format)  # a bad --format is refused before anything is read
 
     target, _ = plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
     assert target is not None
     log = Out(json_out, quiet)
-    arguments = {"model": model, "mask": str(mask), "out": str(out), "gqa": gqa, "force": force, "task": task}
+    arguments = {"model": model, "mask": str(mask), "out": str(out), "gqa": gqa, "force": force, "task": task,
+                 "format": output_format, "gguf_type": gguf_type if "gguf" in output_format else None}
     with target:
         exported = api.export(model, mask, gqa=gqa, task=task, allow_pickle=allow_pickle,
-                              trust_remote_code=trust_remote_code, arguments=arguments)
+                              trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type,
+                              arguments=arguments)
         if local_input(model) is None:
             exported.source = None
         exported.save(target)
@@ -65,5 +75,7 @@ def export(
              f"saved to {out}")
     if s.unshared_params:
         log.note(f"unsharing weights added {s.unshared_params:,} parameters before the cut")
+    for line in formats_lines(exported.report):
+        log.show(line)
     log.notes(exported.report.get("notes", []))
     log.json(exported.report)

@@ -17,10 +17,12 @@ from .common import (
     FORCE_HELP,
     AllowPickle,
     DataOptions,
+    GgufType,
     JsonOut,
     ModelArg,
     Out,
     Out_,
+    OutputFormat,
     Quiet,
     Task,
     TidyCommand,
@@ -79,6 +81,8 @@ def finetune_cmd(
                                         "checkpoint folder.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N",
                                       help="Seed: data shuffling and masking, batch order and dropout.")] = 0,
+    output_format: OutputFormat = "safetensors",
+    gguf_type: GgufType = "f16",
     json_out: JsonOut = None,
     task: Task = None,
     quiet: Quiet = False,
@@ -89,6 +93,9 @@ def finetune_cmd(
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
     from .. import api
+    from ..formats import parse_formats
+
+    parse_formats(output_format)  # a bad --format is refused before anything is read
 
     arguments = _arguments(locals())
     if out is None:
@@ -112,7 +119,8 @@ def finetune_cmd(
             seed=seed, task=task, labels=labels.split(",") if labels is not None else None, split=data_options.split,
             eval_split=eval_split, data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
             resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code, arguments=arguments, **settings,
+            trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type, arguments=arguments,
+            **settings,
         )
         if not dist.main:
             return

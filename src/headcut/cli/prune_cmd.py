@@ -36,12 +36,14 @@ from .common import (
     FORCE_HELP,
     AllowPickle,
     DataOptions,
+    GgufType,
     Gqa,
     JsonOut,
     MethodOpt,
     ModelArg,
     Out,
     Out_,
+    OutputFormat,
     Quiet,
     Task,
     TidyCommand,
@@ -127,6 +129,8 @@ def prune_cmd(
     min_heads_per_block: Annotated[int, typer.Option("--min-heads-per-block", metavar="M",
                                                      help="Never take a block below M heads.")] = 0,
     gqa: Gqa = "auto",
+    output_format: OutputFormat = "safetensors",
+    gguf_type: GgufType = "f16",
     step: Annotated[Optional[int], typer.Option(
         "--step", metavar="N", rich_help_panel="Method options", help="Score-based methods: heads removed per step "
         "(whole units: at most N, at least one); default: 10 % of the heads, 1 for greedy-gnorm.")] = None,
@@ -226,6 +230,9 @@ def prune_cmd(
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     from .. import api
+    from ..formats import parse_formats
+
+    parse_formats(output_format)  # a bad --format is refused before anything is read
 
     arguments = _arguments(locals())
     # ---- every refusal before any work
@@ -275,7 +282,7 @@ def prune_cmd(
             trajectory=trajectory is not None, task=task, split=data_options.split, eval_split=eval_split,
             data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt, resume=training.resume,
             restart=force, progress=log.progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-            arguments=arguments, **options,
+            formats=output_format, gguf_type=gguf_type, arguments=arguments, **options,
         )
         if not dist.main:
             return

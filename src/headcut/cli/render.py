@@ -189,7 +189,7 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     else:
         out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
                    f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
-    return out
+    return out + formats_lines(report)
 
 
 def _lottery_summary(lottery: dict[str, Any], metric: str | None) -> list[Any]:
@@ -253,6 +253,25 @@ def _auber_summary(auber: dict[str, Any]) -> list[Any]:
 
 # ---- finetune -----------------------------------------------------------------------------------------
 
+def formats_lines(report: dict[str, Any]) -> list[str]:
+    """One line per ONNX / GGUF file an output holds (``report["formats"]``), with its check."""
+    out = []
+    formats = report.get("formats") or {}
+    onnx = formats.get("onnx")
+    if onnx:
+        parity = onnx.get("parity")
+        check = (f"max abs difference from PyTorch {parity:.1e} in {onnx.get('checked_with')}"
+                 if isinstance(parity, (int, float)) else "not checked: onnxruntime is not installed")
+        out.append(f"wrote {onnx['file']} (opset {onnx.get('opset')}; {check})")
+    gguf = formats.get("gguf")
+    if gguf:
+        out.append(f"wrote {gguf['file']} ({gguf.get('outtype')}, llama.cpp architecture {gguf.get('arch')}, "
+                   f"{gguf.get('bytes', 0) / 2**20:.1f} MiB)")
+    if formats and "safetensors" not in formats:
+        out.append("no safetensors weights written (--format leaves them out)")
+    return out
+
+
 def finetune_summary(report: dict[str, Any], result: Any, report_name: str) -> list[str]:
     summary = result.summary()
     first, last = summary.get("first", {}), summary.get("last", {})
@@ -263,6 +282,7 @@ def finetune_summary(report: dict[str, Any], result: Any, report_name: str) -> l
     if result.metric is not None:
         arrow = "higher is better" if result.higher_is_better else "lower is better"
         lines.append(f"{result.metric} ({arrow}): {_fmt(result.metric_before)} -> {_fmt(result.metric_after)}")
+    lines += formats_lines(report)
     lines.append(f"saved to {report['out']} (with {report_name})")
     return lines
 
@@ -302,10 +322,12 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
               f"{dtype}, batch {config.batch_size} x {config.seq_len}",
         caption=memory_note, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
     )
-    columns = ["model", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p90\nms", "examples\n/s",
-               "speed-\nup", "peak\nMiB", "gen\ntok/s", "KV B/\ntoken"]
+    columns = ["model", "runtime", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p90\nms",
+               "examples\n/s", "speed-\nup", "peak\nMiB", "gen\ntok/s", "KV B/\ntoken"]
     if not relative:
         columns = [c for c in columns if c not in ("FLOP\nratio", "speed-\nup")]
+    if all(getattr(r, "runtime", "torch") == "torch" for r in results):
+        columns.remove("runtime")  # the column appears once onnxruntime is asked for
     for col in columns:
         if col == "model":
             table.add_column(col, overflow="fold")
@@ -314,7 +336,8 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
     for r in results:
         gen = r.generation
         cells = {
-            "model": r.name, "heads": "-" if r.heads is None else str(r.heads), "params": _count(r.params),
+            "model": r.name, "runtime": getattr(r, "runtime", "torch"),
+            "heads": "-" if r.heads is None else str(r.heads), "params": _count(r.params),
             "GFLOPs": f"{r.flops / 1e9:,.3f}", "FLOP\nratio": _num(r.flop_ratio, ".3f"),
             "median\nms": f"{r.median_ms:,.2f}", "p90\nms": f"{r.p90_ms:,.2f}",
             "examples\n/s": f"{r.examples_per_s:,.1f}",

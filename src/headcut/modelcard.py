@@ -1,0 +1,308 @@
+"""The model card (``README.md``) headcut writes into every output folder.
+
+It follows the Hugging Face model-card format: a YAML header (``base_model``, ``library_name``,
+``pipeline_tag``, ``tags``) and a Markdown body that says what was removed (heads per block, before
+and after, parameters), how (the method, its settings and its paper), the metric before and after
+on the evaluation data when the command measured one, the speed-up when ``headcut bench
+--update-card`` measured one, and how to load each file the folder holds.
+
+Everything in it comes from the command's report and the saved model itself; nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .catalog import METHODS, PAPERS
+from .reports import STOPPED
+
+CARD = "README.md"
+#: the marker between the card and the section ``headcut bench --update-card`` rewrites
+SPEED_MARK = "<!-- headcut:speed -->"
+
+PIPELINE_TAGS = {
+    "ForSequenceClassification": "text-classification",
+    "ForCausalLM": "text-generation",
+    "ForMaskedLM": "fill-mask",
+    "ForConditionalGeneration": "text2text-generation",
+    "ForImageClassification": "image-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _yaml_str(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _front_matter(text: str) -> dict[str, str]:
+    """The top-level ``key: value`` lines of a card's YAML header (enough to carry ``base_model``)."""
+    if not text.startswith("---\n"):
+        return {}
+    end = text.find("\n---", 4)
+    out: dict[str, str] = {}
+    for line in text[4:end if end > 0 else 0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key and not key.startswith((" ", "-")) and value.strip():
+            value = value.strip()
+            try:
+                value = json.loads(value) if value.startswith('"') else value
+            except ValueError:
+                pass
+            out[key.strip()] = str(value)
+    return out
+
+
+def base_model(model_name: str, source: Path | None) -> str | None:
+    """The Hub id the output derives from: the model argument itself when it is a Hub id, else the
+    ``base_model`` of the source folder's own card (a chain prune -> finetune keeps it), else None."""
+    if source is None:
+        return model_name if _HUB_ID.match(model_name) else None
+    card = source / CARD
+    if card.is_file():
+        try:
+            found = _front_matter(card.read_text(encoding="utf-8", errors="replace")).get("base_model")
+        except OSError:
+            found = None
+        if found and _HUB_ID.match(found):
+            return found
+    return None
+
+
+def _architecture(model: nn.Module) -> str:
+    return type(model).__name__.removeprefix("Headcut")
+
+
+def _pipeline_tag(model: nn.Module) -> str | None:
+    arch = _architecture(model)
+    return next((tag for suffix, tag in PIPELINE_TAGS.items() if arch.endswith(suffix)), None)
+
+
+def _heads(model: nn.Module) -> tuple[list[tuple[str, int, int, int, int]], int]:
+    """(block, heads before, after, KV heads before, after) per block, from the model's cut record, and
+    the parameters now."""
+    from .modelinfo import info
+
+    described = info(model)
+    record = getattr(model.config, "headcut", None) or {}
+    cut = record.get("blocks", {}) if isinstance(record, dict) else {}
+    rows = []
+    for block in described.blocks:
+        entry = cut.get(block.name) or {}
+        rows.append((block.name, int(entry.get("heads", block.heads)), block.heads,
+                     int(entry.get("kv_heads", block.kv_heads)), block.kv_heads))
+    return rows, described.params
+
+
+def _fmt_metric(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return "—" if value is None else str(value)
+
+
+def _method_section(report: dict[str, Any]) -> list[str]:
+    command = report.get("command")
+    lines: list[str] = []
+    if command == "prune":
+        entry = METHODS.get(str(report.get("method")))
+        lines.append(f"Pruned by `headcut prune --method {report.get('method')}`"
+                     + (f": {entry.summary}." if entry else "."))
+        if entry:
+            lines.append(f"Paper: {entry.citation}.")
+        target = report.get("target")
+        if target is not None:
+            stopped = STOPPED.get(str(report.get("stopped")), str(report.get("stopped")))
+            lines.append(f"Budget: keep {target} heads ({stopped}).")
+        arguments = report.get("arguments") or {}
+        hidden = {"model", "out", "force", "json", "json_out", "quiet", "output_format", "format"}
+        if "gguf" not in str(arguments.get("output_format") or arguments.get("format") or ""):
+            hidden.add("gguf_type")
+        settings = {k: v for k, v in arguments.items() if v is not None and v is not False and v != ""
+                    and k not in hidden}
+        if settings:
+            lines.append("Settings: " + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())) + ".")
+    elif command == "export":
+        lines.append("Heads removed by `headcut export` with a given mask "
+                     f"(`--mask {(report.get('arguments') or {}).get('mask')}`, GQA policy `{report.get('gqa')}`).")
+    elif command == "finetune":
+        teacher = report.get("teacher")
+        lines.append(f"Fine-tuned by `headcut finetune` for {report.get('steps')} steps"
+                     + (f", distilled from `{teacher}`" if teacher else "") + "; its heads were not changed.")
+    if report.get("seconds") is not None:
+        lines.append(f"The command took {float(report['seconds']):.0f} s.")
+    return lines
+
+
+def _metric_section(report: dict[str, Any]) -> list[str]:
+    metric = report.get("metric")
+    if not isinstance(metric, dict) or metric.get("name") is None:
+        how = ("`headcut eval THIS_FOLDER --data FILE` measures one" if report.get("command") == "export"
+               else "pass `--eval-data` to measure one")
+        return [f"No metric was measured by this command ({how})."]
+    data = report.get("eval_data") or report.get("data") or {}
+    where = data.get("source") or data.get("path") or data.get("name") or "the evaluation data"
+    examples = data.get("examples")
+    on = f"`{where}`" + (f", {examples:,} examples" if isinstance(examples, int) else "")
+    return [
+        "| metric | before | after | change |", "| --- | --- | --- | --- |",
+        f"| {metric['name']} | {_fmt_metric(metric.get('before'))} | {_fmt_metric(metric.get('after'))} | "
+        f"{_fmt_metric(metric.get('change'))} |", "", f"Measured on {on}.",
+    ]
+
+
+def _auto_class(model: nn.Module) -> str:
+    """The most specific Auto class that loads the model's architecture (``AutoModel`` at worst)."""
+    from .io import auto_classes
+
+    arch = _architecture(model)
+    matches = sorted(auto for auto, cls in auto_classes(model.config).items() if cls == arch)
+    specific = [a for a in matches if a != "AutoModel"]
+    return specific[0] if specific else "AutoModel"
+
+
+def _files_section(model: nn.Module, formats: dict[str, Any], has_weights: bool) -> list[str]:
+    lines = []
+    if has_weights:
+        auto = _auto_class(model)
+        lines += [
+            "With plain transformers (the cut is applied by the small `modeling_headcut.py` shipped here):",
+            "", "```python", f"from transformers import {auto}",
+            f'model = {auto}.from_pretrained("path/to/this/folder", trust_remote_code=True)', "```", "",
+            "With headcut (no remote code runs):", "", "```python", "import headcut",
+            'model = headcut.load("path/to/this/folder")', "```", "",
+        ]
+    onnx = formats.get("onnx")
+    if onnx:
+        parity = onnx.get("parity")
+        checked = (f" (checked: max abs difference from PyTorch {parity:.1e} in {onnx.get('checked_with')})"
+                   if isinstance(parity, float) else "")
+        lines += [f"ONNX (`{onnx.get('file')}`, opset {onnx.get('opset')}){checked}:", "", "```python",
+                  "import onnxruntime", f'session = onnxruntime.InferenceSession("{onnx.get("file")}")',
+                  f"# inputs: {', '.join(onnx.get('inputs', [])[:4])}"
+                  + (" ..." if len(onnx.get("inputs", [])) > 4 else ""), "```", ""]
+    gguf = formats.get("gguf")
+    if gguf:
+        lines += [f"GGUF for llama.cpp (`{gguf.get('file')}`, {gguf.get('outtype')}, architecture "
+                  f"`{gguf.get('arch')}` with per-layer head counts):", "", "```bash",
+                  f"llama-cli -m {gguf.get('file')} -p \"Hello\"", "```", ""]
+    return lines
+
+
+def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None = None,
+              formats: dict[str, Any] | None = None, has_weights: bool = True) -> str:
+    """The card of an output folder holding ``model``, written by the command of ``report``."""
+    from . import __version__
+
+    formats = formats or {}
+    rows, params_after = _heads(model)
+    model_name = str(report.get("model") or "")
+    base = base_model(model_name, source)
+    tags = ["headcut", "pruned", "attention-head-pruning"]
+    if report.get("command") == "prune" and report.get("method"):
+        tags.append(str(report["method"]))
+    tags += [f for f in ("onnx", "gguf") if f in formats]
+    header = ["---"]
+    header.append(f"base_model: {_yaml_str(base)}" if base else
+                  f"# base_model: not known (made from the local checkpoint {_yaml_str(Path(model_name).name)})")
+    header.append("library_name: transformers")
+    tag = _pipeline_tag(model)
+    if tag:
+        header.append(f"pipeline_tag: {tag}")
+    header.append("tags:")
+    header += [f"- {t}" for t in tags]
+    header.append("---")
+
+    before = sum(r[1] for r in rows)
+    after = sum(r[2] for r in rows)
+    params = report.get("params") if isinstance(report.get("params"), dict) else {}
+    params_before = params.get("before") or report.get("params_before")
+    body = [
+        "", f"# {Path(str(report.get('out') or 'model')).name}", "",
+        f"A {_architecture(model)} with attention heads removed by headcut {__version__}, from `{model_name}`. The weights are really smaller: removed heads are sliced out "
+        "of the projections, not masked.", "", "## What was removed", "",
+        f"Heads: {before} -> {after}" + (f" ({100 * (before - after) / before:.0f} % removed)" if before else "")
+        + ". Parameters: " + (f"{params_before:,} -> " if isinstance(params_before, int) else "")
+        + f"{params_after:,}.", "",
+        "| block | heads before | heads after | KV heads before | KV heads after |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    body += [f"| {name} | {hb} | {ha} | {kb} | {ka} |" for name, hb, ha, kb, ka in rows]
+    body += ["", "## How", "", *_method_section(report), "", "## Quality", "", *_metric_section(report), ""]
+    body += ["## How to load it", "", *_files_section(model, formats, has_weights)]
+    body += [SPEED_MARK, "## Speed", "",
+             "Not measured yet: `headcut bench ORIGINAL THIS_FOLDER --update-card` times both and writes the "
+             "speed-up here.", ""]
+    entry = METHODS.get(str(report.get("method"))) if report.get("command") == "prune" else None
+    if entry is not None and entry.paper.split()[0] != "headcut":
+        body += ["## Citation", "", PAPERS[entry.paper.split()[0]], ""]
+    return "\n".join(header + body)
+
+
+def speed_section(rows: list[dict[str, Any]], baseline: str, machine: str) -> str:
+    """The card's speed section from ``headcut bench`` rows (this folder's rows and the baseline's)."""
+    lines = [SPEED_MARK, "## Speed", "", f"Measured by `headcut bench` against `{baseline}` on {machine}:", "",
+             "| runtime | device | dtype | input | median ms | speed-up |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        speed = r.get("speedup")
+        lines.append(f"| {r.get('runtime', 'torch')} | {r.get('device')} | {r.get('dtype')} | "
+                     f"{r.get('input', '')} | {float(r['median_ms']):.1f} | "
+                     f"{'—' if speed is None else f'{float(speed):.2f}x'} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_speed(text: str, section: str) -> str:
+    """``text`` (a card) with its speed section (from :data:`SPEED_MARK` to the next top-level section
+    or the end) replaced by ``section``."""
+    start = text.find(SPEED_MARK)
+    if start < 0:
+        return text.rstrip("\n") + "\n\n" + section
+    rest = text[start + len(SPEED_MARK):]
+    nxt = re.search(r"^## (?!Speed)", rest, flags=re.MULTILINE)
+    tail = rest[nxt.start():] if nxt else ""
+    return text[:start] + section + ("\n" + tail if tail else "")
+
+
+def write_card(folder: Path, model: nn.Module, report: dict[str, Any], *, source: Path | None = None,
+               formats: dict[str, Any] | None = None, has_weights: bool = True) -> None:
+    """Write ``README.md`` into ``folder`` (a staging folder: the caller renames it into place)."""
+    (folder / CARD).write_text(card_text(model, report, source=source, formats=formats, has_weights=has_weights),
+                               encoding="utf-8")
+
+
+def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[list[Path], list[str]]:
+    """Write the speed section of the card of every benchmarked folder after the first (the baseline)
+    that has a headcut card, from its ``headcut bench`` rows; speed-ups are against the baseline's row
+    of the same runtime. Each card is replaced atomically. Returns the cards written and notes on the
+    folders skipped."""
+    from .outputs import OutputFile
+
+    names = [str(m) if isinstance(m, (str, Path)) else None for m in models]
+    written: list[Path] = []
+    notes: list[str] = []
+    if len(models) < 2 or names[0] is None:
+        return written, ["--update-card needs a baseline folder first and a headcut output after it"]
+    base = {r.runtime: r for r in results if r.name == names[0]}
+    for name in dict.fromkeys(n for n in names[1:] if n is not None):
+        card = Path(name).expanduser() / CARD
+        text = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
+        if SPEED_MARK not in text:
+            notes.append(f"{name}: no headcut model card (README.md with a speed section); not updated")
+            continue
+        rows = []
+        for r in results:
+            if r.name != name:
+                continue
+            ref = base.get(r.runtime)
+            shape = "x".join(str(v) for v in next(iter(r.inputs.values()), []))
+            rows.append({"runtime": r.runtime, "device": r.device, "dtype": r.dtype, "input": shape,
+                         "median_ms": r.median_ms,
+                         "speedup": ref.median_ms / r.median_ms if ref is not None and r.median_ms else None})
+        OutputFile(card, "--update-card").write_text(replace_speed(text, speed_section(rows, names[0], machine)))
+        written.append(card)
+    return written, notes
