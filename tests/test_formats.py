@@ -64,3 +64,14 @@ def test_onnx_refusals_come_before_the_work(tmp_path):
     result = run("export", bart, "--mask", mask, "--out", tmp_path / "o", "--format", "onnx")
     one_line_error(result, "encoder-decoder")
     assert not (tmp_path / "o").exists()
+
+
+def test_help_names_the_extras_literally():
+    """Rich markup would swallow ``[onnx]``; the help texts escape it."""
+    def words(command: str) -> str:
+        return " ".join(run(command, "--help").stdout.replace("│", " ").split())
+
+    text = words("export")
+    assert "extra [onnx]" in text and "extra [gguf]" in text
+    assert "'headcut[plots]'" in words("score")
+    assert "extra [onnx]" in words("bench")

@@ -95,7 +95,7 @@ def bench(
     runtime: Annotated[str, typer.Option(
         "--runtime", metavar="RUNTIME", autocompletion=_choices(BENCH_RUNTIMES + ("torch,onnxruntime",)),
         help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
-             "folder's model.onnx, else a temporary export; extra [onnx]).")] = _D.runtime,
+             "folder's model.onnx, else a temporary export; extra \\[onnx]).")] = _D.runtime,
     update_card: Annotated[bool, typer.Option(
         "--update-card", metavar="", help="Write the measured speed-up into the model card (README.md) of every "
         "headcut output after the first MODEL (the baseline); replaced atomically.")] = False,

@@ -278,8 +278,8 @@ Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
 OutputFormat = Annotated[str, typer.Option(
     "--format", metavar="FORMATS", autocompletion=_choices(OUTPUT_FORMATS),
     help="What the output folder holds, comma-separated: safetensors (weights plain transformers loads), onnx "
-         "(model.onnx, checked against PyTorch in onnxruntime; extra [onnx]), gguf (llama.cpp, Llama family; "
-         "extra [gguf]); e.g. safetensors,onnx. Every folder also gets a model card (README.md).")]
+         "(model.onnx, checked against PyTorch in onnxruntime; extra \\[onnx]), gguf (llama.cpp, Llama family; "
+         "extra \\[gguf]); e.g. safetensors,onnx. Every folder also gets a model card (README.md).")]
 GgufType = Annotated[str, typer.Option(
     "--gguf-type", metavar="TYPE", autocompletion=_choices(GGUF_TYPES),
     help=f"GGUF tensor type of the weight matrices with --format gguf: {', '.join(GGUF_TYPES)}.")]

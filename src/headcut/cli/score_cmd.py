@@ -66,7 +66,7 @@ def score_cmd(
              "per-sentence description), averaged.")] = "batch",
     plot: Annotated[Optional[str], typer.Option(
         "--plot", metavar="FILE.png",
-        help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut[plots]').")] = None,
+        help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut\\[plots]').")] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N",
                                       help="Seed: shuffling, masking, and the random scorer.")] = 0,
     json_out: JsonOut = None,
