@@ -540,7 +540,7 @@ def prune(
     data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
-    formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
+    formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
@@ -550,7 +550,11 @@ def prune(
     ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
     refuses the others). ``checkpoint_dir``/``resume``/``restart``: a learned method's resume checkpoint
     (``restart`` discards a stale one). ``device``: where to score or train (auto: CUDA when available).
-    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`), checked before the work."""
+    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`), checked before the work.
+    ``recover_steps`` N > 0: after the cut, N steps of recovery fine-tuning on ``data``, distilled from the
+    unpruned model (``finetune``'s loss and defaults: lr 5e-5, alpha 0.5, temperature 2); the report's
+    ``recovery`` has its curve, and ``metric.after`` is the recovered model's (``after_pruning``: before
+    the recovery)."""
     from .pruning import check_budget, get_method, make_options, plan_prune
     from .surgery import slim
 
@@ -573,12 +577,16 @@ def prune(
         raise HeadcutError("--trajectory needs --eval-data (the metric after every step)")
     if getattr(opts, "eval_every", None) is not None and eval_data is None:
         raise HeadcutError("--eval-every needs --eval-data")
+    if not (isinstance(recover_steps, int) and recover_steps >= 0):
+        raise HeadcutError(f"--recover-steps must be a whole number >= 0 (got {recover_steps})")
+    if recover_steps and data is None:
+        raise HeadcutError("--recover-steps trains the pruned model: it needs --data (training data with labels)")
     if entry.data != "none" and data is None:
         free = [m.name for m in METHODS.values() if m.data == "none"]
         what = "training data with labels" if entry.data == "training" else "calibration data"
         raise HeadcutError(f"method {method} needs --data ({what}); {', '.join(free)} do not")
     notes: list[str] = []
-    if data is not None and entry.data == "none":
+    if data is not None and entry.data == "none" and not recover_steps:
         notes.append(f"method {method} reads no data: --data was not used")
         data = None
     data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
@@ -614,6 +622,9 @@ def prune(
     bars = _PruneBars(progress, method, metric, train=train_label)
     _move(loaded.module, torch_device)
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
+    from .finetuning import frozen_teacher
+
+    unpruned = frozen_teacher(loaded.module) if recover_steps else None
     try:
         result = plan_prune(loaded.module, cal, config, opts, eval_calibration=eval_cal, progress=bars,
                             on_step=bars.on_step, checkpoint_dir=checkpoint_dir if training else None, resume=resume,
@@ -634,15 +645,47 @@ def prune(
     slimmed = slim(loaded.module, result.mask, gqa=gqa)
     result.slim = slimmed
     notes += slimmed.notes
+    recovery = None
+    if unpruned is not None:
+        recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device)
+        result.metric_after, pruned_metric = recovery.metric_after, result.metric_after
+        del unpruned
     report = prune_report(
         model=loaded.name, arguments=arguments, result=result, slimmed=slimmed,
         size_before=weights_bytes(loaded.folder), data=cal.to_json() if cal is not None else None,
         eval_data=eval_cal.to_json() if eval_cal is not None else None, seconds=time.perf_counter() - start,
         notes=notes,
     )
+    if recovery is not None:
+        report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
+                              "config": recovery.config.to_json(), "seconds": recovery.seconds,
+                              "history_summary": recovery.summary(), "curve": recovery.history}
+        if report.get("metric") is not None:
+            report["metric"]["after_pruning"] = pruned_metric
     reads = _local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec})
     return Pruned(model=loaded.module, mask=result.mask, report=report, result=result, source=loaded.folder,
                   notes=notes, reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
+
+
+def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
+             seed: int, progress: Reporter, metric: str | None, device: Any) -> Any:
+    """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
+    model): :func:`headcut.finetuning.finetune` with its defaults."""
+    from .finetuning import finetune as run_finetune
+
+    if cal is None:
+        raise HeadcutError("--recover-steps needs training data with labels (--data)")
+    bars = _PruneBars(progress, "recovery", metric, train=f"recovery fine-tuning (distilled, {steps} steps)")
+    _move(model, device)
+    _move(teacher, device)
+    try:
+        recovered = run_finetune(model, cal, FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None),
+                                 teacher=teacher, eval_calibration=eval_cal, progress=lambda d, t: bars("train", d, t),
+                                 on_step=bars.on_step)
+    finally:
+        bars.close()
+    model.to("cpu")
+    return recovered
 
 
 # ---- finetune -------------------------------------------------------------------------------------------

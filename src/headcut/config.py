@@ -130,6 +130,14 @@ class PruneConfig:
         return asdict(self)
 
 
+def check_distillation(alpha: float, temperature: float) -> None:
+    """Refuse a distillation weight outside [0, 1] or a temperature that is not positive."""
+    if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
+        raise HeadcutError(f"--alpha must be in [0, 1] (got {alpha})")
+    if not (isinstance(temperature, (int, float)) and temperature > 0.0 and math.isfinite(temperature)):
+        raise HeadcutError(f"--temperature must be positive (got {temperature})")
+
+
 @dataclass
 class TrainConfig:
     """How to train: the one training configuration of ``finetune``, the learned-gate methods and the
@@ -225,10 +233,7 @@ class FinetuneConfig(TrainConfig):
 
     def validate(self) -> None:
         super().validate()
-        if not 0.0 <= self.alpha <= 1.0:
-            raise HeadcutError(f"--alpha must be in [0, 1] (got {self.alpha})")
-        if not self.temperature > 0.0:
-            raise HeadcutError(f"--temperature must be positive (got {self.temperature})")
+        check_distillation(self.alpha, self.temperature)
 
     def resolved(self) -> FinetuneConfig:
         """The config with its defaults filled in (3 epochs when neither epochs nor max_steps is set)."""

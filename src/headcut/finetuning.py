@@ -19,6 +19,8 @@ or labels) as the student.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -177,18 +179,71 @@ def kl_to_teacher(model: nn.Module, teacher: nn.Module, calibration: Calibration
     return total / max(count, 1)
 
 
+def frozen_teacher(model: nn.Module) -> nn.Module:
+    """A frozen copy of ``model`` as it is now (the unpruned teacher of a distillation term)."""
+    teacher = copy.deepcopy(model).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+class TeacherCache:
+    """A frozen teacher's logits per batch, computed once per distinct batch and kept while they fit in
+    ``budget_bytes`` (a classifier's logits always do; a language model's are recomputed once the budget
+    is spent), so data seen again (a second epoch) costs no second teacher forward. Batches are told
+    apart by the bytes of their inputs."""
+
+    def __init__(self, teacher: nn.Module, task: str, budget_bytes: int = 256 << 20) -> None:
+        self.teacher, self.task, self.budget = teacher, task, budget_bytes
+        self.cache: dict[bytes, torch.Tensor] = {}
+        self.bytes = 0
+        self.forwards = 0
+        self.hits = 0
+
+    @staticmethod
+    def key(batch: dict[str, Any]) -> bytes:
+        digest = hashlib.blake2b(digest_size=16)
+        for name in sorted(batch):
+            value = batch[name]
+            if isinstance(value, torch.Tensor):
+                digest.update(name.encode())
+                digest.update(str(tuple(value.shape)).encode())
+                digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+        return digest.digest()
+
+    def logits(self, batch: dict[str, Any]) -> torch.Tensor:
+        key = self.key(batch)
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        with torch.no_grad():
+            out = self.teacher(**_teacher_inputs(batch, self.task, _device(self.teacher))).logits.detach()
+        self.forwards += 1
+        size = out.numel() * out.element_size()
+        if self.bytes + size <= self.budget:
+            self.cache[key] = out
+            self.bytes += size
+        return out
+
+    def stats(self) -> dict[str, int]:
+        """Teacher forwards, cache hits and cached bytes (the report's ``distillation`` entry)."""
+        return {"teacher_forwards": self.forwards, "cache_hits": self.hits, "cached_bytes": self.bytes}
+
+
 def make_loss(task: str, teacher: nn.Module | None, alpha: float, temperature: float) -> Any:
-    """The Trainer ``loss_fn``: task loss, or the distillation loss of the module's doc."""
+    """The Trainer ``loss_fn``: task loss, or the distillation loss of the module's doc (the teacher's
+    logits through a :class:`TeacherCache`)."""
+    cache = TeacherCache(teacher, task) if teacher is not None else None
 
     def loss_fn(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
         out = model(**batch)
         task_loss = getattr(out, "loss", None)
         if task_loss is None:
             raise HeadcutError("the model returned no loss: the training data needs labels")
-        if teacher is None:
+        if cache is None:
             return task_loss, {"task_loss": task_loss.detach()}
-        with torch.no_grad():
-            t_logits = teacher(**_teacher_inputs(batch, task, _device(teacher))).logits.to(out.logits.device)
+        t_logits = cache.logits(batch).to(out.logits.device)
         kl = distillation_kl(out.logits, t_logits, task, batch.get("labels"), temperature)
         loss = alpha * temperature**2 * kl + (1.0 - alpha) * task_loss
         return loss, {"task_loss": task_loss.detach(), "kl": kl.detach()}

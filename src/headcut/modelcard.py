@@ -127,6 +127,13 @@ def _method_section(report: dict[str, Any]) -> list[str]:
                     and k not in hidden}
         if settings:
             lines.append("Settings: " + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())) + ".")
+        recovery = report.get("recovery")
+        if recovery:
+            lines.append(f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned model.")
+        distilled = ((report.get("training") or {}).get("distillation") or {})
+        if distilled:
+            lines.append(f"The gates were trained with distillation from the unpruned model (alpha "
+                         f"{distilled.get('alpha')}, temperature {distilled.get('temperature')}).")
     elif command == "export":
         lines.append("Heads removed by `headcut export` with a given mask "
                      f"(`--mask {(report.get('arguments') or {}).get('mask')}`, GQA policy `{report.get('gqa')}`).")
@@ -152,7 +159,9 @@ def _metric_section(report: dict[str, Any]) -> list[str]:
     return [
         "| metric | before | after | change |", "| --- | --- | --- | --- |",
         f"| {metric['name']} | {_fmt_metric(metric.get('before'))} | {_fmt_metric(metric.get('after'))} | "
-        f"{_fmt_metric(metric.get('change'))} |", "", f"Measured on {on}.",
+        f"{_fmt_metric(metric.get('change'))} |", "", f"Measured on {on}."
+        + (f" After the cut, before the recovery fine-tuning: {_fmt_metric(metric['after_pruning'])}."
+           if metric.get("after_pruning") is not None else ""),
     ]
 
 

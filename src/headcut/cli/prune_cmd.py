@@ -87,7 +87,7 @@ PRUNE_HELP = "\n\n".join([
     "rewind the rest to C; at K heads it converges from C with early stopping on the --eval-data loss (--patience "
     "evaluations, every --eval-every steps, at most --max-steps). --control reinit also trains the pruned structure "
     "from a fresh initialisation, for comparison. Checkpoints and --resume as for the learned-gate methods.",
-    "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --lambda, "
+    "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --alpha, --temperature, --lambda, "
     "--lambda-trials, --cooldown, --lambda-step; --episodes, --reverse, --state, --reward-examples, --reward-metric, "
     "--allow-empty-layers, --layer-epochs, --patience; --reset-at, --prune-every, --per-step, --score-examples, "
     "--control; and the training options) are refused for a method that has "
@@ -129,6 +129,10 @@ def prune_cmd(
     min_heads_per_block: Annotated[int, typer.Option("--min-heads-per-block", metavar="M",
                                                      help="Never take a block below M heads.")] = 0,
     gqa: Gqa = "auto",
+    recover_steps: Annotated[int, typer.Option(
+        "--recover-steps", metavar="N",
+        help="After the cut, N steps of recovery fine-tuning on --data, distilled from the unpruned model "
+             "(finetune's loss and defaults); the metric after is the recovered model's.")] = 0,
     output_format: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     step: Annotated[Optional[int], typer.Option(
@@ -153,6 +157,13 @@ def prune_cmd(
     gate_lr: Annotated[Optional[float], typer.Option(
         "--gate-lr", metavar="LR", rich_help_panel="Method options",
         help="Learned gates: the gates' learning rate (default: the paper's).")] = None,
+    alpha: Annotated[Optional[float], typer.Option(
+        "--alpha", metavar="A", rich_help_panel="Method options",
+        help="Learned gates: weight in [0, 1] of distillation from the unpruned model (logit KL at "
+             "--temperature); 0 (default): the task loss alone.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(
+        "--temperature", metavar="T", rich_help_panel="Method options",
+        help="Learned gates: distillation temperature with --alpha (default 2.0).")] = None,
     lam: Annotated[Optional[float], typer.Option(
         "--lambda", metavar="L", rich_help_panel="Method options",
         help="voita: the L0 penalty's weight (default: searched so that the gates keep K heads).")] = None,
@@ -248,7 +259,7 @@ def prune_cmd(
         raise HeadcutError(f"--trajectory must name a .csv file (a .png is written beside it), got {trajectory}")
     options: dict[str, Any] = {k: v for k, v in dict(
         step=step, normalize=normalize, abs_per=abs_per, objective=objective, per=per, mode=mode, gate_lr=gate_lr,
-        lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
+        alpha=alpha, temperature=temperature, lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
         reverse=reverse, state=state, reward_examples=reward_examples, reward_metric=reward_metric,
         allow_empty_layers=allow_empty_layers, layer_epochs=layer_epochs, patience=patience, reset_at=reset_at,
         prune_every=prune_every, per_step=per_step, score_examples=score_examples, control=control,
@@ -282,7 +293,7 @@ def prune_cmd(
             trajectory=trajectory is not None, task=task, split=data_options.split, eval_split=eval_split,
             data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt, resume=training.resume,
             restart=force, progress=log.progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-            formats=output_format, gguf_type=gguf_type, arguments=arguments, **options,
+            formats=output_format, gguf_type=gguf_type, recover_steps=recover_steps, arguments=arguments, **options,
         )
         if not dist.main:
             return

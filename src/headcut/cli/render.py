@@ -189,6 +189,15 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     else:
         out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
                    f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
+    recovery = report.get("recovery")
+    if recovery is not None:
+        summary_ = recovery.get("history_summary") or {}
+        first, last = summary_.get("first", {}), summary_.get("last", {})
+        line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model, loss {_fmt(first.get('loss'))} "
+                f"-> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
+        if metric is not None and metric.get("after_pruning") is not None:
+            line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after recovery {_fmt(metric['after'])}"
+        out.append(line)
     return out + formats_lines(report)
 
 

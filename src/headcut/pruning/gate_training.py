@@ -37,11 +37,12 @@ import torch
 from torch import nn
 
 from ..adapters import Block
-from ..config import PruneConfig, TrainConfig
+from ..config import PruneConfig, TrainConfig, check_distillation
 from ..data import Calibration
 from ..distributed import Dist
 from ..errors import HeadcutError
 from ..evaluation import evaluate
+from ..finetuning import TeacherCache, distillation_kl, frozen_teacher
 from ..gating import HeadGates
 from ..masks import HeadMask
 from ..training.engine import Trainer
@@ -61,9 +62,18 @@ class GateOptions(TrainConfig):
 
     lr: float = 2e-5
     mode: str | None = None
+    #: distillation from the unpruned model during gate training (``--alpha``, ``--temperature``): the
+    #: loss is ``(1 - alpha) * task + alpha * T^2 * KL(teacher / T || model / T)`` plus the method's
+    #: regulariser; 0 (the default): the papers' task loss alone
+    alpha: float = 0.0
+    temperature: float = 2.0
 
     #: fields the prune run sets itself (not an option a user passes to the method)
     HIDDEN = ("seed", "shuffle")
+
+    def validate(self) -> None:
+        super().validate()
+        check_distillation(self.alpha, self.temperature)
 
     def resolved(self, learner: type[GateLearner], task: str, seed: int) -> GateOptions:
         """These options with the method's defaults filled in (mode, epochs, gate learning rate, seed)."""
@@ -265,10 +275,11 @@ class GateRun:
     moved: int | None = None
     own_kept: float | None = None
     distributed: dict[str, Any] | None = None
+    distillation: dict[str, Any] | None = None
 
     def curve(self) -> list[dict[str, Any]]:
         """The training curve: per step loss, open heads, temperature/lambda, and eval entries."""
-        keys = ("step", "loss", "task_loss", "reg", "open", "tau", "lambda", "lambda_c", "reopened", "eval")
+        keys = ("step", "loss", "task_loss", "kl", "reg", "open", "tau", "lambda", "lambda_c", "reopened", "eval")
         return [{k: e[k] for k in keys if k in e} for e in self.history]
 
     def to_json(self) -> dict[str, Any]:
@@ -277,7 +288,7 @@ class GateRun:
             "slots": self.slots, "target_slots": self.target_slots, "ranking": self.ranking,
             "hyperparameters": self.hyperparameters, "options": self.options.to_json(),
             "moved_by_adjustment": self.moved, "own_kept_heads": self.own_kept,
-            "distributed": self.distributed, "seconds": self.seconds, "curve": self.curve(),
+            "distributed": self.distributed, "distillation": self.distillation, "seconds": self.seconds, "curve": self.curve(),
         }
 
 
@@ -308,6 +319,7 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     ctx = Context(model=model, batches=train.batches, task=train.task, total_steps=total, seed=config.seed)
     learner = learner_cls(slots, k, options, ctx)
     device = next(model.parameters()).device
+    teacher = TeacherCache(frozen_teacher(model), train.task) if options.alpha > 0 else None
     gates = HeadGates(model)
     index = {name: idx.to(device) for name, idx in slots.index.items()}
 
@@ -320,8 +332,16 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
         task_loss = getattr(out, "loss", None)
         if task_loss is None:
             raise HeadcutError("the model returned no loss: the training data needs labels")
-        loss = task_loss if reg is None else task_loss + reg
-        return loss, {"task_loss": task_loss.detach(), **({} if reg is None else {"reg": reg.detach()}), **logs}
+        loss = task_loss
+        extra: dict[str, Any] = {}
+        if teacher is not None:
+            kl = distillation_kl(out.logits, teacher.logits(batch).to(out.logits.device), train.task,
+                                 batch.get("labels"), options.temperature)
+            loss = (1.0 - options.alpha) * task_loss + options.alpha * options.temperature**2 * kl
+            extra["kl"] = kl.detach()
+        loss = loss if reg is None else loss + reg
+        return loss, {"task_loss": task_loss.detach(), **extra, **({} if reg is None else {"reg": reg.detach()}),
+                      **logs}
 
     def current_mask() -> HeadMask:
         return final_mask(model, blocks, sets, budget, learner.importance(), slots, config).mask
@@ -351,10 +371,15 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     with gates.installed():
         trained = trainer.train()
     model.eval()
+    if teacher is not None:
+        run_teacher = teacher.stats()
+        del teacher
     result = final_mask(model, blocks, sets, budget, learner.importance(), slots, config)
     run = GateRun(method=learner.name, mode=mode, steps=trained.steps, history=trained.history,
                   hyperparameters=learner.hyperparameters(), options=options, slots=slots.n, target_slots=k,
                   ranking=learner.ranking, seconds=time.perf_counter() - start, resumed_from=resumed_from)
+    if options.alpha > 0:
+        run.distillation = {"alpha": options.alpha, "temperature": options.temperature, **run_teacher}
     own = learner.own_keep()
     if own is not None:
         kept = torch.zeros(slots.n, dtype=torch.bool)

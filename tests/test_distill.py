@@ -1,0 +1,113 @@
+"""Distillation from the unpruned model during learned-gate training (``--alpha``/``--temperature``)
+and the teacher cache shared with ``finetune``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import cls_rows, make_batch, make_model, one_line_error, run, save_tiny, write_rows
+
+from headcut.data import Calibration, detect_task
+from headcut.errors import HeadcutError
+from headcut.finetuning import TeacherCache
+from headcut.pruning import PruneConfig, plan_prune
+
+
+def calibration(model, n: int = 3) -> Calibration:
+    return Calibration(task=detect_task(model), batches=[make_batch(model, seed=i) for i in range(n)], examples=3 * n,
+                       source="random", columns={})
+
+
+def test_alpha_zero_is_the_papers_loss_exactly():
+    a, b = make_model("bert", "BertForSequenceClassification"), make_model("bert", "BertForSequenceClassification")
+    ra = plan_prune(a, calibration(a), PruneConfig(method="pass", keep=3), {"max_steps": 4, "lr": 1e-3})
+    rb = plan_prune(b, calibration(b), PruneConfig(method="pass", keep=3), {"max_steps": 4, "lr": 1e-3, "alpha": 0.0})
+    assert ra.mask.keep == rb.mask.keep
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert "kl" not in ra.training.history[-1] and ra.training.distillation is None
+
+
+def test_distillation_changes_training_and_runs_the_teacher_once_per_batch():
+    plain, kd = make_model("bert", "BertForSequenceClassification"), make_model("bert", "BertForSequenceClassification")
+    base = {"epochs": 2, "lr": 1e-3}
+    plan_prune(plain, calibration(plain), PruneConfig(method="dsp", keep=3), base)
+    result = plan_prune(kd, calibration(kd), PruneConfig(method="dsp", keep=3), dict(base, alpha=0.7, temperature=3.0))
+    run_ = result.training
+    assert all("kl" in e and e["kl"] >= 0 for e in run_.history if "loss" in e)
+    # 3 distinct batches, 2 epochs: three teacher forwards (plus the check), the second epoch from the cache
+    assert run_.distillation["teacher_forwards"] == 3 and run_.distillation["cache_hits"] == 3
+    assert run_.distillation["alpha"] == 0.7 and run_.distillation["temperature"] == 3.0
+    assert any(not torch.equal(x, y) for x, y in zip(plain.state_dict().values(), kd.state_dict().values()))
+    assert run_.to_json()["distillation"]["cached_bytes"] > 0
+
+
+def test_teacher_cache_gives_the_teachers_logits_once_per_batch():
+    """The cached logits are the teacher's own; a second call is a hit; past the byte budget they are
+    recomputed, not kept."""
+    model = make_model("bert", "BertForSequenceClassification")
+    cal = calibration(model, n=1)
+    with torch.no_grad():
+        expected = model(**{k: v for k, v in cal.batches[0].items() if k != "labels"}).logits
+    cache = TeacherCache(model, cal.task)
+    got = cache.logits(cal.batches[0])
+    assert torch.allclose(got, expected) and cache.forwards == 1
+    assert torch.equal(cache.logits(cal.batches[0]), got) and cache.hits == 1
+    small = TeacherCache(model, cal.task, budget_bytes=0)
+    small.logits(cal.batches[0])
+    small.logits(cal.batches[0])
+    assert small.forwards == 2 and small.hits == 0 and small.bytes == 0
+
+
+def test_distillation_refusals():
+    model = make_model("bert", "BertForSequenceClassification")
+    cal = calibration(model)
+    with pytest.raises(HeadcutError, match="--alpha must be in"):
+        plan_prune(model, cal, PruneConfig(method="pass", keep=3), {"alpha": 1.5})
+    with pytest.raises(HeadcutError, match="--temperature must be positive"):
+        plan_prune(model, cal, PruneConfig(method="pass", keep=3), {"alpha": 0.5, "temperature": 0.0})
+    with pytest.raises(HeadcutError, match="--alpha does not apply to michel"):
+        plan_prune(model, cal, PruneConfig(method="michel", keep=3), {"alpha": 0.5})
+
+
+def test_cli_prune_with_alpha_reports_the_distillation(tmp_path):
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    train = write_rows(tmp_path / "train.csv", cls_rows(24))
+    result = run("prune", src, "--method", "pass", "--keep", "5", "--data", train, "--max-steps", "3", "--alpha", "0.5",
+                 "--out", tmp_path / "o", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["training"]["distillation"]["alpha"] == 0.5
+    # 24 rows in 2 batches of 16 and 8, 3 steps: the third step's teacher logits come from the cache
+    assert report["training"]["distillation"]["teacher_forwards"] == 2
+    assert report["training"]["distillation"]["cache_hits"] == 1
+    bad = run("prune", src, "--method", "pass", "--keep", "5", "--data", train, "--alpha", "2", "--out", tmp_path / "p")
+    one_line_error(bad, "--alpha must be in [0, 1]")
+
+
+def test_recover_steps_fine_tune_the_cut_model_from_the_unpruned_one(tmp_path):
+    import headcut
+
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    train = write_rows(tmp_path / "train.csv", cls_rows(24))
+    dev = write_rows(tmp_path / "dev.csv", cls_rows(12, seed=1))
+    cut_only = headcut.prune(src, "magnitude", keep=4, eval_data=dev)
+    recovered = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=3)
+    assert recovered.mask.keep == cut_only.mask.keep  # the same cut, then trained
+    report = recovered.report
+    assert report["recovery"]["steps"] == 3 and len(report["recovery"]["curve"]) == 3
+    assert all("kl" in e for e in report["recovery"]["curve"])
+    assert report["metric"]["after_pruning"] == pytest.approx(cut_only.report["metric"]["after"])
+    assert not any("reads no data" in n for n in report["notes"])
+    recovered.save(tmp_path / "o")
+    again = headcut.evaluate(tmp_path / "o", dev)
+    assert again.value == pytest.approx(report["metric"]["after"])
+    changed = [k for k, v in recovered.model.state_dict().items() if not torch.equal(v, cut_only.model.state_dict()[k])]
+    assert changed
+    with pytest.raises(HeadcutError, match="--recover-steps trains the pruned model: it needs --data"):
+        headcut.prune(src, "magnitude", keep=4, recover_steps=2)
+    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--eval-data", dev,
+                 "--recover-steps", "2", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "recovery: 2 steps distilled from the unpruned model" in result.stdout
