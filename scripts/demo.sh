@@ -10,8 +10,11 @@ work=${HEADCUT_DEMO_DIR:-headcut-demo}
 # pass: the design card's headline method (README, "Benchmarks")
 method=${HEADCUT_DEMO_METHOD:-pass}
 case "$method" in
-  pass|passconc|dsp|ste|voita|lag) how=(--max-steps 500 --batch-size 8 --max-examples 4000)
-    what="training: 500 steps of 8 = one epoch of the 4,000 training snippets";;
+  # 250 steps of gates distilled from the unpruned model (--alpha 0.9), then 250 distilled recovery
+  # steps: one epoch of the 4,000 training snippets in all (README, "Distillation and recovery")
+  pass|passconc|dsp|ste|voita|lag) how=(--max-steps 250 --alpha 0.9 --recover-steps 250 --batch-size 8
+      --max-examples 4000)
+    what="250 steps of gates distilled from the unpruned model, then 250 distilled recovery steps: 500 steps of 8 = one epoch of the 4,000 training snippets";;
   *) how=(--max-examples 512); what="calibration: 512 training snippets";;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
