@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import make_tokenizer, one_line_error, run, save_tiny
+from helpers import make_tokenizer, run, save_tiny
 
 import headcut
 
@@ -55,15 +55,6 @@ def test_bench_times_the_folders_onnx_file_and_updates_the_card(tmp_path):
         (False, "torch"), (False, "onnxruntime"), (True, "torch"), (True, "onnxruntime")]
     card = (tmp_path / "slim" / "README.md").read_text()
     assert "| onnxruntime | cpu |" in card and "| torch | cpu |" in card
-
-
-def test_onnx_refusals_come_before_the_work(tmp_path):
-    bart = save_tiny(tmp_path / "bart", "bart", "BartForConditionalGeneration")
-    mask = tmp_path / "mask.json"
-    mask.write_text(json.dumps({"drop": {"encoder.0": [0]}}))
-    result = run("export", bart, "--mask", mask, "--out", tmp_path / "o", "--format", "onnx")
-    one_line_error(result, "encoder-decoder")
-    assert not (tmp_path / "o").exists()
 
 
 def test_help_names_the_extras_literally():

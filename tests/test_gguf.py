@@ -416,15 +416,3 @@ def test_cli_writes_gguf_beside_safetensors_with_a_card(tmp_path, tokenizer_dir)
     assert [model.model.layers[i].self_attn.q_proj.out_features // 16 for i in range(4)] == entry["head_count"] \
         == [3, 0, 3, 6]
 
-
-def test_cli_refuses_gguf_for_an_encoder_before_work(tmp_path):
-    import json
-
-    from helpers import one_line_error, run, save_tiny
-
-    bert = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
-    mask = tmp_path / "mask.json"
-    mask.write_text(json.dumps({"drop": {"self.0": [0]}}))
-    result = run("export", bert, "--mask", mask, "--out", tmp_path / "o", "--format", "gguf")
-    one_line_error(result, "gguf")
-    assert not (tmp_path / "o").exists()

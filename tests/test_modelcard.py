@@ -122,11 +122,13 @@ def test_format_values_are_checked_before_work(tmp_path, bert):
 
 
 def test_a_missing_extra_is_refused_before_the_work(tmp_path, bert, monkeypatch):
-    monkeypatch.setitem(formats.EXTRAS, "onnx", ("onnx", ("headcut_no_such_module",)))
+    from headcut.formats import onnx
+
+    monkeypatch.setattr(onnx, "missing_modules", lambda runtime=False: ["onnxscript"])
     mask = tmp_path / "mask.json"
     mask.write_text(json.dumps({"drop": {"self.0": [0]}}))
     result = run("export", bert, "--mask", mask, "--out", tmp_path / "o", "--format", "safetensors,onnx")
-    one_line_error(result, "--format onnx needs the onnx extra", "pip install 'headcut[onnx]'")
+    one_line_error(result, "ONNX export needs the onnx extra (onnxscript missing)", "pip install 'headcut[onnx]'")
     assert not (tmp_path / "o").exists()
 
 
@@ -152,3 +154,17 @@ def test_bench_update_card_writes_the_speed_section(tmp_path, bert):
     assert other.exit_code == 0, other.output
     assert "no headcut model card" in other.stderr and not (bert / "README.md").exists()
     assert (bert / "config.json").read_bytes() == before
+
+
+@pytest.mark.parametrize("family, cls, block, fmt, needle", [
+    ("bart", "BartForConditionalGeneration", "encoder.0", "onnx", "encoder-decoder"),
+    ("bert", "BertForSequenceClassification", "self.0", "gguf", "Llama-family"),
+])
+def test_a_format_the_model_cannot_take_is_refused_before_the_work(tmp_path, family, cls, block, fmt, needle):
+    pytest.importorskip({"onnx": "onnxscript", "gguf": "gguf"}[fmt])
+    src = save_tiny(tmp_path / family, family, cls)
+    mask = tmp_path / "mask.json"
+    mask.write_text(json.dumps({"drop": {block: [0]}}))
+    result = run("export", src, "--mask", mask, "--out", tmp_path / "o", "--format", fmt)
+    one_line_error(result, needle)
+    assert not (tmp_path / "o").exists()

@@ -16,6 +16,9 @@ What is written (``model-<type>.gguf`` inside the output folder, through a tempo
   size from layer 0's head count, and a layer whose output projection has a bias (``deci`` drops the
   bias of an attention-free layer). The export's ``head_count`` shows what the file holds, and a note
   names the placeholder layers.
+* **Where the tensors come from.** The attention projections, head counts and head size come from
+  headcut's adapter (its blocks' paths); the rest of the block (norms, MLP, embeddings, output) is read
+  by transformers' Llama module names, the layout llama.cpp's own tensor map assumes.
 * **Weights.** Query and key rows (and their biases) are reordered per head from transformers'
   half-split rotary layout to llama.cpp's interleaved one (its ``llama``/``deci`` rope). Rope scaling
   ``linear`` and ``llama3`` are written as a ``rope_freqs`` tensor read off the model's own inverse
@@ -35,6 +38,7 @@ The writer streams one tensor at a time (memory: the model plus one converted te
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -48,6 +52,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..adapters import Block
 from ..catalog import GGUF_TYPES
 from ..errors import HeadcutError
 
@@ -118,22 +123,27 @@ def _check_family(model: nn.Module) -> None:
         raise HeadcutError("--format gguf: llama.cpp's Llama output layer has no bias; this model's lm_head has one")
 
 
-def _attn(model: nn.Module, i: int) -> nn.Module:
-    return model.base_model.layers[i].self_attn
+def _blocks(model: nn.Module) -> list[Block]:
+    """The attention blocks, one per layer in order (the adapter's view: projections, heads, head size)."""
+    from ..adapters import adapter_for
+
+    return sorted(adapter_for(model).blocks(model.base_model), key=lambda b: b.layer)
+
+
+def _part(model: nn.Module, path: str) -> nn.Module:
+    return model.base_model.get_submodule(path)
 
 
 def _layers(model: nn.Module) -> list[_Layer]:
     """Per-layer head counts as they will be written (refusing cuts llama.cpp cannot run)."""
-    from ..adapters import adapter_for
-
-    blocks = adapter_for(model).blocks(model.base_model)
+    blocks = _blocks(model)
     out = []
     for b in blocks:
         if b.heads == 0:
-            has_bias = _attn(model, b.layer).o_proj.bias is not None
+            has_bias = _part(model, b.o).bias is not None
             out.append(_Layer(1, 1, True) if b.layer == 0 or has_bias else _Layer(0, 0))
             continue
-        groups = getattr(_attn(model, b.layer), "num_key_value_groups", None)
+        groups = getattr(_part(model, b.attn), "num_key_value_groups", None)
         if b.kv_heads == 0 or b.heads % b.kv_heads or (groups is not None and groups * b.kv_heads != b.heads):
             raise HeadcutError(f"--format gguf: layer {b.layer} has {b.heads} query heads over {b.kv_heads} KV heads "
                                f"(groups {groups}); llama.cpp needs every KV head to serve the same number of query heads")
@@ -195,6 +205,8 @@ def check_gguf(model: nn.Module, outtype: str = "f16") -> None:
     and tasks, other tensor types, rope and activation variants llama.cpp computes differently, and (when
     the model's source folder is known) a tokenizer that is not byte-level BPE. The head layout is checked
     again on the slimmed model when writing."""
+    if importlib.util.find_spec("gguf") is None:
+        raise HeadcutError("--format gguf needs the gguf extra (gguf missing): pip install 'headcut[gguf]'")
     if outtype not in GGUF_TYPES:
         raise HeadcutError(f"unknown --gguf-type {outtype!r}; choose one of {', '.join(GGUF_TYPES)}")
     _check_family(model)
@@ -207,7 +219,7 @@ def check_gguf(model: nn.Module, outtype: str = "f16") -> None:
 
 
 def _head_dim(model: nn.Module) -> int:
-    return int(_attn(model, 0).head_dim)
+    return int(_blocks(model)[0].head_dim)
 
 
 # ---- the tokenizer ----------------------------------------------------------------------------------
@@ -379,8 +391,9 @@ def _plan(model: nn.Module, layers: list[_Layer], factors: np.ndarray | None) ->
     plan = [_Tensor(name(T.TOKEN_EMBD), tuple(emb.shape), _values(emb))]
     if factors is not None:
         plan.append(_Tensor(name(T.ROPE_FREQS), tuple(factors.shape), lambda: factors))
-    for i, (layer, spec) in enumerate(zip(base.layers, layers)):
-        attn, mlp = layer.self_attn, layer.mlp
+    for i, (layer, spec, block) in enumerate(zip(base.layers, layers, _blocks(model))):
+        mlp = layer.mlp
+        q_proj, k_proj, v_proj, o_proj = (_part(model, path) for path in (block.q, block.k, block.v, block.o))
         hidden = layer.input_layernorm.weight.shape[0]
         if spec.heads:
             plan.append(_Tensor(name(T.ATTN_NORM, i), (hidden,), _values(layer.input_layernorm.weight)))
@@ -389,14 +402,13 @@ def _plan(model: nn.Module, layers: list[_Layer], factors: np.ndarray | None) ->
             plan.append(_Tensor(name(T.ATTN_OUT, i), (hidden, d), _zeros(hidden, d)))
         elif spec.heads:
             q_rows, k_rows = _rope_rows(spec.heads, d), _rope_rows(spec.kv_heads, d)
-            for kind, proj, rows in ((T.ATTN_Q, attn.q_proj, q_rows), (T.ATTN_K, attn.k_proj, k_rows),
-                                     (T.ATTN_V, attn.v_proj, None)):
+            for kind, proj, rows in ((T.ATTN_Q, q_proj, q_rows), (T.ATTN_K, k_proj, k_rows), (T.ATTN_V, v_proj, None)):
                 plan.append(_Tensor(name(kind, i), tuple(proj.weight.shape), _values(proj.weight, rows)))
                 if proj.bias is not None:
                     plan.append(_Tensor(name(kind, i, "bias"), tuple(proj.bias.shape), _values(proj.bias, rows)))
-            plan.append(_Tensor(name(T.ATTN_OUT, i), tuple(attn.o_proj.weight.shape), _values(attn.o_proj.weight)))
-        if spec.heads and attn.o_proj.bias is not None:
-            plan.append(_Tensor(name(T.ATTN_OUT, i, "bias"), tuple(attn.o_proj.bias.shape), _values(attn.o_proj.bias)))
+            plan.append(_Tensor(name(T.ATTN_OUT, i), tuple(o_proj.weight.shape), _values(o_proj.weight)))
+        if spec.heads and o_proj.bias is not None:
+            plan.append(_Tensor(name(T.ATTN_OUT, i, "bias"), tuple(o_proj.bias.shape), _values(o_proj.bias)))
         plan.append(_Tensor(name(T.FFN_NORM, i), (hidden,), _values(layer.post_attention_layernorm.weight)))
         for kind, proj in ((T.FFN_GATE, mlp.gate_proj), (T.FFN_UP, mlp.up_proj), (T.FFN_DOWN, mlp.down_proj)):
             plan.append(_Tensor(name(kind, i), tuple(proj.weight.shape), _values(proj.weight)))
@@ -452,15 +464,13 @@ def export_gguf(model: nn.Module, folder: Path, *, outtype: str = "f16") -> Gguf
     """Write ``model`` (a loaded, possibly slimmed Llama/Qwen2/Mistral causal LM) as a GGUF file for
     llama.cpp into ``folder``, which holds the model's ``config.json`` and tokenizer files. See the
     module docstring for the form written; refusals are one-line :class:`HeadcutError`."""
+    start = time.perf_counter()
+    folder = Path(folder)
+    check_gguf(model, outtype)
     import gguf
 
     from ..outputs import OutputFile
 
-    start = time.perf_counter()
-    folder = Path(folder)
-    if outtype not in GGUF_TYPES:
-        raise HeadcutError(f"unknown --gguf-type {outtype!r}; choose one of {', '.join(GGUF_TYPES)}")
-    _check_family(model)
     layers = _layers(model)
     d = _head_dim(model)
     factors = _rope_factors(model, d)
