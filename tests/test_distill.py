@@ -111,3 +111,65 @@ def test_recover_steps_fine_tune_the_cut_model_from_the_unpruned_one(tmp_path):
                  "--recover-steps", "2", "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
     assert "recovery: 2 steps distilled from the unpruned model" in result.stdout
+
+
+def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():
+    """hidden_matching(teacher, teacher) is 0 and 1 for all-zero states; padding does not count; finetune with
+    hidden_weight logs the term and runs the teacher once per step (its states are not cached)."""
+    from headcut.config import FinetuneConfig
+    from headcut.finetuning import finetune, frozen_teacher, hidden_matching
+
+    model = make_model("bert", "BertForSequenceClassification")
+    cal = calibration(model)
+    batch = cal.batches[0]
+    with torch.no_grad():
+        states = list(model(**batch, output_hidden_states=True).hidden_states)
+    mask = batch["attention_mask"]
+    assert float(hidden_matching(states, states, mask)) == 0.0
+    assert float(hidden_matching([torch.zeros_like(s) for s in states], states, mask)) == pytest.approx(1.0)
+    padded = torch.ones_like(mask)
+    padded[:, -1] = 0
+    noisy = [s.clone() for s in states]
+    for s in noisy:
+        s[:, -1] += 100.0  # only padded positions differ
+    assert float(hidden_matching(noisy, states, padded)) == 0.0
+    teacher = frozen_teacher(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    result = finetune(model, cal, FinetuneConfig(max_steps=6, lr=1e-3, hidden_weight=1.0, checkpoint_every=None),
+                      teacher=teacher)
+    hidden = [e["hidden"] for e in result.history]
+    assert len(hidden) == 6 and hidden[-1] < hidden[0]
+    with pytest.raises(HeadcutError, match="--hidden-weight must be >= 0"):
+        FinetuneConfig(hidden_weight=-1.0).validate()
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("lottery", ["--keep", "3", "--reset-at", "2", "--prune-every", "2", "--eval-every", "2", "--max-steps", "4"]),
+    ("auber", ["--episodes", "2", "--reward-examples", "6", "--layer-epochs", "1", "--max-steps", "3"]),
+])
+def test_lottery_and_auber_distil_from_the_unpruned_model(tmp_path, method, extra):
+    """--alpha reaches the training loops of lottery and AUBER: their report has the distillation, the
+    teacher runs once per distinct batch (the lottery's rewound iterations reuse the batches), and the
+    result differs from the task loss alone."""
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    train = write_rows(tmp_path / "train.csv", cls_rows(32, seed=1))
+    dev = write_rows(tmp_path / "dev.csv", cls_rows(16, seed=2))
+    reports = []
+    for alpha in ("0", "0.8"):
+        result = run("prune", src, "--method", method, "--data", train, "--eval-data", dev, "--seq-len", "16",
+                     "--batch-size", "8", "--alpha", alpha, "--out", tmp_path / f"o{alpha}", "--json", "-", *extra)
+        assert result.exit_code == 0, result.output
+        reports.append(json.loads(result.stdout))
+    plain, kd = (r[method] for r in reports)
+    assert plain["distillation"] is None
+    stats = kd["distillation"]
+    assert stats["alpha"] == 0.8 and stats["temperature"] == 2.0 and stats["teacher_forwards"] >= 1
+    if method == "lottery":  # 4 distinct batches of 8, trained over and over: the cache answers the rest
+        assert stats["teacher_forwards"] == 4 and stats["cache_hits"] > 0
+    import headcut
+
+    a, b = headcut.load(tmp_path / "o0"), headcut.load(tmp_path / "o0.8")
+    assert reports[0]["mask"] != reports[1]["mask"] or any(
+        not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -705,8 +705,8 @@ def finetune(
     model: ModelLike, data: Any, *, eval_data: Any = None, teacher: ModelLike | None = None,
     epochs: int | None = None, max_steps: int | None = None, lr: float = 5e-5, grad_accum: int = 1,
     warmup_steps: int = 0, weight_decay: float = 0.0, eval_every: int | None = None,
-    checkpoint_every: int | None = 100, alpha: float = 0.5, temperature: float = 2.0, seed: int = 0,
-    tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
+    checkpoint_every: int | None = 100, alpha: float = 0.5, temperature: float = 2.0, hidden_weight: float = 0.0,
+    seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
     eval_split: str = "validation", data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
@@ -724,17 +724,19 @@ def finetune(
     arguments = arguments if arguments is not None else _calls(dict(
         model=model, data=data, eval_data=eval_data, teacher=teacher, epochs=epochs, max_steps=max_steps, lr=lr,
         grad_accum=grad_accum, warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
-        checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, seed=seed, task=task,
+        checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight,
+        seed=seed, task=task,
         labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
         device=device))
     progress = progress or quiet()
-    if teacher is None and (alpha != 0.5 or temperature != 2.0):
-        raise HeadcutError("--alpha and --temperature need --distill-from TEACHER")
+    if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight):
+        raise HeadcutError("--alpha, --temperature and --hidden-weight need --distill-from TEACHER")
     if eval_every is not None and eval_data is None:
         raise HeadcutError("--eval-every needs --eval-data")
     config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
                             warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
-                            checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature)
+                            checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
+                            hidden_weight=hidden_weight)
     config.validate()
     if data is None:
         raise HeadcutError("no data given: pass --data FILE (or a datasets name)")

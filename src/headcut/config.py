@@ -221,6 +221,22 @@ class TrainConfig:
 
 
 @dataclass
+class DistillOptions(TrainConfig):
+    """The options of a pruning method that trains (learned gates, lottery, AUBER), with distillation from the
+    unpruned model (``--alpha``, ``--temperature``): the loss is ``(1 - alpha) * task + alpha * T^2 *
+    KL(teacher / T || model / T)`` (plus the method's own terms), the teacher a frozen copy of the model as the
+    method received it (:func:`headcut.finetuning.unpruned_teacher`); ``alpha`` 0 (the default): the paper's
+    task loss alone."""
+
+    alpha: float = 0.0
+    temperature: float = 2.0
+
+    def validate(self) -> None:
+        super().validate()
+        check_distillation(self.alpha, self.temperature)
+
+
+@dataclass
 class FinetuneConfig(TrainConfig):
     """How ``finetune`` trains: a :class:`TrainConfig` (default: 3 epochs at lr 5e-5) plus distillation.
 
@@ -230,10 +246,15 @@ class FinetuneConfig(TrainConfig):
 
     alpha: float = 0.5
     temperature: float = 2.0
+    #: weight of hidden-state matching to the teacher (:func:`headcut.finetuning.hidden_matching`); 0: off
+    hidden_weight: float = 0.0
 
     def validate(self) -> None:
         super().validate()
         check_distillation(self.alpha, self.temperature)
+        if not (isinstance(self.hidden_weight, (int, float)) and self.hidden_weight >= 0
+                and math.isfinite(self.hidden_weight)):
+            raise HeadcutError(f"--hidden-weight must be >= 0 (got {self.hidden_weight})")
 
     def resolved(self) -> FinetuneConfig:
         """The config with its defaults filled in (3 epochs when neither epochs nor max_steps is set)."""

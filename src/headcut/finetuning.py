@@ -226,29 +226,100 @@ class TeacherCache:
             self.bytes += size
         return out
 
+    def with_hidden(self, batch: dict[str, Any]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The teacher's logits and hidden states of ``batch`` (one forward, not cached: hidden states are
+        too large to keep for a whole epoch)."""
+        with torch.no_grad():
+            out = self.teacher(**_teacher_inputs(batch, self.task, _device(self.teacher)), output_hidden_states=True)
+        self.forwards += 1
+        return out.logits.detach(), [h.detach() for h in _hidden_states(out)]
+
     def stats(self) -> dict[str, int]:
         """Teacher forwards, cache hits and cached bytes (the report's ``distillation`` entry)."""
         return {"teacher_forwards": self.forwards, "cache_hits": self.hits, "cached_bytes": self.bytes}
 
 
-def make_loss(task: str, teacher: nn.Module | None, alpha: float, temperature: float) -> Any:
-    """The Trainer ``loss_fn``: task loss, or the distillation loss of the module's doc (the teacher's
-    logits through a :class:`TeacherCache`)."""
-    cache = TeacherCache(teacher, task) if teacher is not None else None
+def _hidden_states(out: Any) -> list[torch.Tensor]:
+    """Every hidden state a forward with ``output_hidden_states=True`` returned (encoder, then decoder)."""
+    states: list[torch.Tensor] = []
+    for name in ("hidden_states", "encoder_hidden_states", "decoder_hidden_states"):
+        value = getattr(out, name, None)
+        if value is not None:
+            states += list(value)
+    if not states:
+        raise HeadcutError("the model returns no hidden states: hidden-state matching needs output_hidden_states")
+    return states
 
-    def loss_fn(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
-        out = model(**batch)
+
+def hidden_matching(student: list[torch.Tensor], teacher: list[torch.Tensor],
+                    mask: torch.Tensor | None) -> torch.Tensor:
+    """Hidden-state matching (the layer distillation of TinyBERT, Jiao et al. 2020, eq. 7, made relative):
+    the mean over layers of ``||h_s - h_t||^2 / ||h_t||^2`` over the real (unpadded) positions, so the term is
+    1 when the student's states are 0 and does not depend on the hidden size or the states' scale.
+    Removing heads keeps every layer and its width, so the student's layer l matches the teacher's."""
+    if len(student) != len(teacher):
+        raise HeadcutError(f"the teacher has {len(teacher)} hidden states, the model {len(student)}")
+    terms = []
+    for s, t in zip(student, teacher, strict=True):
+        s, t = s.float(), t.to(s.device).float()
+        if mask is not None and mask.shape == s.shape[:2]:
+            keep = mask.to(s.device).bool()
+            s, t = s[keep], t[keep]
+        terms.append((s - t).pow(2).sum() / t.pow(2).sum().clamp_min(1e-12))
+    return torch.stack(terms).mean()
+
+
+class DistillationLoss:
+    """The Trainer ``loss_fn`` of every training loop that learns from a teacher (``finetune``, recovery, the
+    lottery's and AUBER's fine-tuning): with no teacher the task loss; with one, the distillation loss of the
+    module's doc, the teacher's logits through one :class:`TeacherCache` for the whole run (data seen again,
+    e.g. the lottery's rewound iterations, costs no second teacher forward). ``hidden_weight`` > 0 adds that
+    weight times :func:`hidden_matching` (the teacher then runs on every step: its hidden states are not
+    cached)."""
+
+    def __init__(self, task: str, teacher: nn.Module | None, alpha: float, temperature: float,
+                 hidden_weight: float = 0.0) -> None:
+        self.task, self.alpha, self.temperature, self.hidden_weight = task, alpha, temperature, hidden_weight
+        self.cache = TeacherCache(teacher, task) if teacher is not None else None
+
+    def __call__(self, model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
+        hidden_weight = self.hidden_weight if self.cache is not None else 0.0
+        out = model(**batch, **({"output_hidden_states": True} if hidden_weight else {}))
         task_loss = getattr(out, "loss", None)
         if task_loss is None:
             raise HeadcutError("the model returned no loss: the training data needs labels")
-        if cache is None:
-            return task_loss, {"task_loss": task_loss.detach()}
-        t_logits = cache.logits(batch).to(out.logits.device)
-        kl = distillation_kl(out.logits, t_logits, task, batch.get("labels"), temperature)
-        loss = alpha * temperature**2 * kl + (1.0 - alpha) * task_loss
-        return loss, {"task_loss": task_loss.detach(), "kl": kl.detach()}
+        logs: dict[str, Any] = {"task_loss": task_loss.detach()}
+        if self.cache is None:
+            return task_loss, logs
+        if hidden_weight:
+            t_logits, t_hidden = self.cache.with_hidden(batch)
+        else:
+            t_logits, t_hidden = self.cache.logits(batch), None
+        kl = distillation_kl(out.logits, t_logits.to(out.logits.device), self.task, batch.get("labels"),
+                             self.temperature)
+        loss = self.alpha * self.temperature**2 * kl + (1.0 - self.alpha) * task_loss
+        logs["kl"] = kl.detach()
+        if t_hidden is not None:
+            hidden = hidden_matching(_hidden_states(out), t_hidden, batch.get("attention_mask"))
+            loss = loss + hidden_weight * hidden
+            logs["hidden"] = hidden.detach()
+        return loss, logs
 
-    return loss_fn
+    def stats(self) -> dict[str, Any]:
+        """The report's ``distillation`` entry: the settings, teacher forwards and cache hits."""
+        if self.cache is None:
+            return {}
+        return {"alpha": self.alpha, "temperature": self.temperature, "hidden_weight": self.hidden_weight,
+                **self.cache.stats()}
+
+
+def unpruned_teacher(model: nn.Module, task: str, options: Any) -> DistillationLoss | None:
+    """A pruning method's distillation (its options' ``alpha``/``temperature``): a frozen copy of ``model``
+    as it is now (call it before the method changes the model or installs gates) as the teacher, or None
+    when ``alpha`` is 0 (the paper's task loss)."""
+    if not getattr(options, "alpha", 0.0):
+        return None
+    return DistillationLoss(task, frozen_teacher(model), options.alpha, options.temperature)
 
 
 def finetune(
@@ -300,7 +371,7 @@ def finetune(
 
     trainer = Trainer(
         model, None, train.batches, config,
-        loss_fn=make_loss(train.task, teacher, config.alpha, config.temperature),
+        loss_fn=DistillationLoss(train.task, teacher, config.alpha, config.temperature, config.hidden_weight),
         eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
         identity=dict(identity or {}, distilled=teacher is not None),
     )

@@ -74,6 +74,10 @@ def finetune_cmd(
         "--alpha", metavar="A", help="Weight of the distillation term in [0, 1] (the usual default 0.5).")] = 0.5,
     temperature: Annotated[float, typer.Option(
         "--temperature", metavar="T", help="Distillation temperature (the usual default 2.0).")] = 2.0,
+    hidden_weight: Annotated[float, typer.Option(
+        "--hidden-weight", metavar="W", help="With --distill-from: add W x the relative distance of every "
+        "layer's hidden states to the teacher's (hidden-state matching; the teacher then runs on every step). "
+        "0 (default): logits only.")] = 0.0,
     labels: Annotated[Optional[str], typer.Option(
         "--labels", metavar="NAME,NAME,...", help="The classes of a new classification head (with --task "
         "sequence-classification on a checkpoint without one): train a classifier from a base encoder.")] = None,
@@ -116,7 +120,8 @@ def finetune_cmd(
     with locked_run(target, dist.main, out, ckpt, log):
         tuned = api.finetune(
             model, data_cfg, eval_data=eval_cfg, teacher=distill_from, alpha=alpha, temperature=temperature,
-            seed=seed, task=task, labels=labels.split(",") if labels is not None else None, split=data_options.split,
+            hidden_weight=hidden_weight, seed=seed, task=task,
+            labels=labels.split(",") if labels is not None else None, split=data_options.split,
             eval_split=eval_split, data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
             resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type, arguments=arguments,

@@ -159,11 +159,11 @@ def prune_cmd(
         help="Learned gates: the gates' learning rate (default: the paper's).")] = None,
     alpha: Annotated[Optional[float], typer.Option(
         "--alpha", metavar="A", rich_help_panel="Method options",
-        help="Learned gates: weight in [0, 1] of distillation from the unpruned model (logit KL at "
-             "--temperature); 0 (default): the task loss alone.")] = None,
+        help="Learned gates, lottery, auber: weight in [0, 1] of distillation from the unpruned model (logit KL "
+             "at --temperature) in every training step; 0 (default): the paper's task loss alone.")] = None,
     temperature: Annotated[Optional[float], typer.Option(
         "--temperature", metavar="T", rich_help_panel="Method options",
-        help="Learned gates: distillation temperature with --alpha (default 2.0).")] = None,
+        help="Learned gates, lottery, auber: distillation temperature with --alpha (default 2.0).")] = None,
     lam: Annotated[Optional[float], typer.Option(
         "--lambda", metavar="L", rich_help_panel="Method options",
         help="voita: the L0 penalty's weight (default: searched so that the gates keep K heads).")] = None,

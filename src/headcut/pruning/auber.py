@@ -78,10 +78,11 @@ import torch
 from torch import nn
 
 from ..catalog import AUBER_REWARD_EXAMPLES, AUBER_STATES, REWARD_METRICS
-from ..config import PruneConfig, TrainConfig
+from ..config import DistillOptions, PruneConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
 from ..evaluation import evaluate
+from ..finetuning import DistillationLoss, unpruned_teacher
 from ..gating import HeadGates
 from ..layer_cache import LayerReplay
 from ..learned.dqn import Agent, Transition
@@ -102,7 +103,7 @@ EVALS_PER_EPOCH = 20
 
 
 @dataclass
-class AuberOptions(TrainConfig):
+class AuberOptions(DistillOptions):
     """AUBER's options (see the module's doc). ``episodes``: per layer (150). ``reverse``: last layer
     first. ``state``: ``value-l1``, ``query``, ``key`` or ``value-l2``. ``reward_examples``: mini-dev
     examples the rewards are measured on (and held out for the final early stopping). ``reward_metric``:
@@ -111,7 +112,9 @@ class AuberOptions(TrainConfig):
     ``allow_empty_layers``: the agent may prune a layer's last head. ``layer_epochs``: fine-tuning
     epochs on mini-train after each layer. ``patience``: evaluations without improvement that stop the
     final fine-tune. The training fields: ``lr`` (2e-6) for both fine-tunes; ``epochs``/``max_steps``
-    bound the final fine-tune (default 2 epochs); ``warmup_steps``, ``grad_accum``."""
+    bound the final fine-tune (default 2 epochs); ``warmup_steps``, ``grad_accum``. ``alpha``/``temperature``:
+    both fine-tunes distil from the unpruned model (:class:`headcut.config.DistillOptions`; 0: the paper's
+    task loss)."""
 
     episodes: int = 150
     reverse: bool = False
@@ -230,9 +233,11 @@ class AuberRun:
     layers: list[LayerRecord] = field(default_factory=list)
     final: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: distillation from the unpruned model (settings, teacher forwards, cache hits); None: the task loss
+    distillation: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return {"distillation": self.distillation,
             "reward_metric": self.reward_metric, "reward_metric_why": self.reward_metric_why,
             "higher_is_better": self.higher_is_better, "state": self.state,
             "episodes": self.episodes, "reverse": self.reverse, "upper_bound": self.upper_bound,
@@ -454,12 +459,14 @@ class AuberMethod(MethodBase):
         before = metric.measure(HeadMask.full(problem.blocks)) if metric is not None else None
         trajectory = [TrajectoryPoint(step=0, heads=total, metric=before)]
         model.eval()
+        teacher = unpruned_teacher(model, task, options)  # before any layer is pruned or tuned
         gates = HeadGates(model)
         evaluations = 0
         with gates.installed():
             gates.set_mask(HeadMask(keep))
             for j, s in enumerate(order):
-                record = self._layer(problem, options, gates, keep, s, j, order, upper, metric_name, higher)
+                record = self._layer(problem, options, gates, keep, s, j, order, upper, metric_name, higher,
+                                     teacher)
                 evaluations += record.evaluations
                 run.layers.append(record)
                 kept_now = sum(len(v) for v in keep.values())
@@ -468,8 +475,11 @@ class AuberMethod(MethodBase):
                 if config.trajectory and metric is not None:
                     point.metric = metric.measure(HeadMask(keep))
                 trajectory.append(point)
-            run.final = self._final_finetune(problem, options, metric_name, higher, seed)
+            run.final = self._final_finetune(problem, options, metric_name, higher, seed, teacher)
         model.eval()
+        if teacher is not None:
+            run.distillation = teacher.stats()
+            teacher.cache = None
         mask = HeadMask({name: list(v) for name, v in keep.items()})
         heads_before = {b.name: b.heads for b in problem.blocks}
         heads_after = {name: len(v) for name, v in mask.keep.items()}
@@ -488,7 +498,7 @@ class AuberMethod(MethodBase):
     # -- one layer ------------------------------------------------------------------------------------
     def _layer(self, problem: Problem, options: AuberOptions, gates: HeadGates, keep: dict[str, list[int]],
                s: BlockSet, j: int, order: list[BlockSet], upper: int | None, metric_name: str,
-               higher: bool) -> LayerRecord:
+               higher: bool, teacher: DistillationLoss | None = None) -> LayerRecord:
         started = time.perf_counter()
         model, config, data = problem.model, problem.config, problem.data
         assert isinstance(data, Calibration)
@@ -547,7 +557,7 @@ class AuberMethod(MethodBase):
                               grad_accum=options.grad_accum, max_grad_norm=options.max_grad_norm,
                               checkpoint_every=None, seed=seed + j, mode="joint")
             train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
-            trained = Trainer(model, None, train.batches, cfg, progress=train_progress).train()
+            trained = Trainer(model, None, train.batches, cfg, progress=train_progress, loss_fn=teacher).train()
             model.eval()
             steps = trained.steps
             tuned = float(evaluate(model, dev, bleu=False).metrics[metric_name])
@@ -565,7 +575,7 @@ class AuberMethod(MethodBase):
 
     # -- the end --------------------------------------------------------------------------------------
     def _final_finetune(self, problem: Problem, options: AuberOptions, metric_name: str, higher: bool,
-                        seed: int) -> dict[str, Any]:
+                        seed: int, teacher: DistillationLoss | None = None) -> dict[str, Any]:
         """§5.1: "the final model is fine-tuned with the entire training dataset with early stopping"
         (patience 20): on every example but ``reward_examples`` held-out ones, which it stops on."""
         model, data = problem.model, problem.data
@@ -593,7 +603,7 @@ class AuberMethod(MethodBase):
 
         on_step = problem.on_step
         shown = None if on_step is None else (lambda e: on_step({k: v for k, v in e.items() if k != "eval"}))
-        trained = Trainer(model, None, train.batches, cfg, eval_fn=eval_fn, progress=train_progress,
+        trained = Trainer(model, None, train.batches, cfg, eval_fn=eval_fn, progress=train_progress, loss_fn=teacher,
                           on_step=shown, early_stopping=early).train()
         model.eval()
         return {

@@ -37,12 +37,12 @@ import torch
 from torch import nn
 
 from ..adapters import Block
-from ..config import PruneConfig, TrainConfig, check_distillation
+from ..config import DistillOptions, PruneConfig
 from ..data import Calibration
 from ..distributed import Dist
 from ..errors import HeadcutError
 from ..evaluation import evaluate
-from ..finetuning import TeacherCache, distillation_kl, frozen_teacher
+from ..finetuning import DistillationLoss, unpruned_teacher
 from ..gating import HeadGates
 from ..masks import HeadMask
 from ..training.engine import Trainer
@@ -53,7 +53,7 @@ from .units import BlockSet
 
 
 @dataclass
-class GateOptions(TrainConfig):
+class GateOptions(DistillOptions):
     """Options of the learned-gate methods: the shared :class:`headcut.config.TrainConfig` with the
     papers' defaults for gate training. ``mode`` None: the method's default (joint); ``epochs`` and
     ``max_steps`` both None: 3 epochs joint, 1 epoch pipelined (DSP §4.3, PASS §4.1.1); ``lr``: the
@@ -62,18 +62,9 @@ class GateOptions(TrainConfig):
 
     lr: float = 2e-5
     mode: str | None = None
-    #: distillation from the unpruned model during gate training (``--alpha``, ``--temperature``): the
-    #: loss is ``(1 - alpha) * task + alpha * T^2 * KL(teacher / T || model / T)`` plus the method's
-    #: regulariser; 0 (the default): the papers' task loss alone
-    alpha: float = 0.0
-    temperature: float = 2.0
 
     #: fields the prune run sets itself (not an option a user passes to the method)
     HIDDEN = ("seed", "shuffle")
-
-    def validate(self) -> None:
-        super().validate()
-        check_distillation(self.alpha, self.temperature)
 
     def resolved(self, learner: type[GateLearner], task: str, seed: int) -> GateOptions:
         """These options with the method's defaults filled in (mode, epochs, gate learning rate, seed)."""
@@ -319,7 +310,7 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     ctx = Context(model=model, batches=train.batches, task=train.task, total_steps=total, seed=config.seed)
     learner = learner_cls(slots, k, options, ctx)
     device = next(model.parameters()).device
-    teacher = TeacherCache(frozen_teacher(model), train.task) if options.alpha > 0 else None
+    objective = unpruned_teacher(model, train.task, options) or DistillationLoss(train.task, None, 0.0, 1.0)
     gates = HeadGates(model)
     index = {name: idx.to(device) for name, idx in slots.index.items()}
 
@@ -328,20 +319,9 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
         z = z.to(device)
         for name, idx in index.items():
             gates.gates[name] = z[idx]
-        out = m(**batch)
-        task_loss = getattr(out, "loss", None)
-        if task_loss is None:
-            raise HeadcutError("the model returned no loss: the training data needs labels")
-        loss = task_loss
-        extra: dict[str, Any] = {}
-        if teacher is not None:
-            kl = distillation_kl(out.logits, teacher.logits(batch).to(out.logits.device), train.task,
-                                 batch.get("labels"), options.temperature)
-            loss = (1.0 - options.alpha) * task_loss + options.alpha * options.temperature**2 * kl
-            extra["kl"] = kl.detach()
-        loss = loss if reg is None else loss + reg
-        return loss, {"task_loss": task_loss.detach(), **extra, **({} if reg is None else {"reg": reg.detach()}),
-                      **logs}
+        value, extra = objective(m, batch, step)
+        value = value if reg is None else value + reg
+        return value, {**extra, **({} if reg is None else {"reg": reg.detach()}), **logs}
 
     def current_mask() -> HeadMask:
         return final_mask(model, blocks, sets, budget, learner.importance(), slots, config).mask
@@ -371,15 +351,14 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     with gates.installed():
         trained = trainer.train()
     model.eval()
-    if teacher is not None:
-        run_teacher = teacher.stats()
-        del teacher
+    run_teacher = objective.stats()
+    objective.cache = None  # the teacher's copy of the model is not needed any more
     result = final_mask(model, blocks, sets, budget, learner.importance(), slots, config)
     run = GateRun(method=learner.name, mode=mode, steps=trained.steps, history=trained.history,
                   hyperparameters=learner.hyperparameters(), options=options, slots=slots.n, target_slots=k,
                   ranking=learner.ranking, seconds=time.perf_counter() - start, resumed_from=resumed_from)
-    if options.alpha > 0:
-        run.distillation = {"alpha": options.alpha, "temperature": options.temperature, **run_teacher}
+    if run_teacher:
+        run.distillation = {k: v for k, v in run_teacher.items() if k != "hidden_weight"}
     own = learner.own_keep()
     if own is not None:
         kept = torch.zeros(slots.n, dtype=torch.bool)

@@ -58,10 +58,11 @@ from ..catalog import (
     LOTTERY_RESET_AT,
     LOTTERY_SCORE_EXAMPLES,
 )
-from ..config import PruneConfig, ScoreConfig, TrainConfig
+from ..config import DistillOptions, PruneConfig, ScoreConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
 from ..evaluation import evaluate
+from ..finetuning import DistillationLoss, unpruned_teacher
 from ..gating import HeadGates
 from ..masks import HeadMask
 from ..training.engine import EarlyStopping, Trainer, atomic_save, digest, read_state
@@ -76,14 +77,16 @@ STATE_FORMAT = 1
 
 
 @dataclass
-class LotteryOptions(TrainConfig):
+class LotteryOptions(DistillOptions):
     """The lottery's options (see the module's doc). ``reset_at``: steps to the late-resetting
     checkpoint C. ``prune_every``: steps of training before each pruning decision. ``per_step``: heads
     removed per iteration (None: attention layers / 2). ``patience``: evaluations without a lower eval
     loss that end the convergence. ``score_examples``: examples the confidence is averaged over (of
     ``--eval-data``, else of the training data). ``control``: None or ``reinit``. The training fields:
     ``lr`` (2e-5), ``max_steps`` (the convergence's limit; None: 15 x ``prune_every``), ``eval_every``
-    (None: ``prune_every`` / 2), ``warmup_steps``, ``weight_decay``, ``grad_accum``, ``max_grad_norm``."""
+    (None: ``prune_every`` / 2), ``warmup_steps``, ``weight_decay``, ``grad_accum``, ``max_grad_norm``.
+    ``alpha``/``temperature``: every training phase (C, the iterations, the convergence, the control) distils
+    from the unpruned model (:class:`headcut.config.DistillOptions`; 0: the paper's task loss)."""
 
     reset_at: int = LOTTERY_RESET_AT
     prune_every: int = LOTTERY_PRUNE_EVERY
@@ -167,6 +170,8 @@ class LotteryRun:
     control: dict[str, Any] | None = None
     resumed_at: int | None = None
     seconds: float = 0.0
+    #: distillation from the unpruned model (settings, teacher forwards, cache hits); None: the task loss
+    distillation: dict[str, Any] | None = None
     #: the control's trained model (gated to the ticket's heads; not in the report), for a caller who
     #: wants to measure it on other data
     control_model: Any = field(default=None, repr=False, compare=False)
@@ -261,6 +266,7 @@ class LotteryMethod(MethodBase):
         metric = problem.metric
         before = metric.measure(state.mask(blocks)) if metric is not None else None
         trajectory = [TrajectoryPoint(step=0, heads=budget.total, metric=before)]
+        teacher = unpruned_teacher(model, train.task, options)  # before any training or gating
         gates = HeadGates(model)
         progress = problem.progress
         train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
@@ -273,7 +279,8 @@ class LotteryMethod(MethodBase):
                     "target": budget.target, **(problem.identity or {})}
 
         def trainer(cfg: TrainConfig, **kw: Any) -> Trainer:
-            return Trainer(model, None, train.batches, cfg, progress=train_progress, on_step=problem.on_step, **kw)
+            return Trainer(model, None, train.batches, cfg, progress=train_progress, on_step=problem.on_step,
+                           loss_fn=teacher, **kw)
 
         # ---- step 1-2: the late-resetting checkpoint C (or the resumed run's)
         saved = _load_state(ckpt, identity) if (problem.resume and ckpt is not None) else None
@@ -335,7 +342,7 @@ class LotteryMethod(MethodBase):
         model.eval()
         if options.control == "reinit":
             run.control, run.control_model = self._control(problem, options, mask, base_cfg, run.converge["steps"],
-                                                           seed)
+                                                           seed, teacher)
         result = PruneResult(
             method=self.name, mask=mask, heads_before={b.name: b.heads for b in blocks},
             heads_after=state.per_block(), trajectory=trajectory, stopped="budget", scorings=len(run.iterations),
@@ -344,6 +351,9 @@ class LotteryMethod(MethodBase):
         if metric is not None:
             result.metric, result.higher_is_better = metric.name, metric.higher_is_better
             result.metric_before, result.metric_after = before, metric.measure(mask)
+        if teacher is not None:
+            run.distillation = teacher.stats()
+            teacher.cache = None
         run.seconds = result.seconds = time.perf_counter() - start
         return result
 
@@ -378,7 +388,8 @@ class LotteryMethod(MethodBase):
         return out
 
     def _control(self, problem: Problem, options: LotteryOptions, mask: HeadMask, base_cfg: TrainConfig,
-                 ticket_steps: int, seed: int) -> tuple[dict[str, Any], nn.Module]:
+                 ticket_steps: int, seed: int, teacher: DistillationLoss | None = None,
+                 ) -> tuple[dict[str, Any], nn.Module]:
         """Table 5's control: the pruned structure re-initialised and trained as long as the ticket; its
         record and the trained model (slimmed to ``mask``)."""
         import copy
@@ -390,7 +401,7 @@ class LotteryMethod(MethodBase):
         gates = HeadGates(model)
         cfg = replace(base_cfg, max_steps=ticket_steps, seed=seed)
         progress = problem.progress
-        t = Trainer(model, None, problem.data.batches, cfg,  # type: ignore[union-attr]
+        t = Trainer(model, None, problem.data.batches, cfg, loss_fn=teacher,  # type: ignore[union-attr]
                     progress=None if progress is None else (lambda d, tot: progress("train", d, tot)))
         with gates.installed():
             gates.set_mask(mask)
