@@ -1,29 +1,38 @@
 """Regenerate the benchmark page, ``docs/benchmarks.md``, and its plots (``docs/img/*.png``) from one command:
 
     pip install -e '.[plots]'                       # matplotlib, for the PNG plots
-    python benchmarks/page.py [--studies oneshot,peer,targets,speed] [--peer-python PEER/bin/python] [--rerun]
+    python benchmarks/page.py [--studies all|none|NAME,...] [--rerun NAME,...] [--peer-python PEER/bin/python]
 
-Each study writes its measurements to ``benchmarks/results/<study>.json`` (with the machine, the versions
-and the date) and is skipped on the next call while that file exists (``--rerun STUDY,...`` measures it
-again); the page is then rendered from every results file there, so a long study can be run on its own
-and the page rebuilt without re-measuring (``--studies none`` only renders). Progress goes to stderr.
+Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with the machine, the versions and
+the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
+finished one is not measured again unless named in ``--rerun``. The page is then rendered from every results
+file (``--studies none`` only renders). Progress goes to stderr. All the studies take about 9 hours on 2 CPU
+cores; each can be run on its own.
 
-Studies (all on the README's classifier: all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets,
-72 heads, evaluated on the 2,808 held-out snippets; see ``benchmarks/classifier.py``):
+Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
+heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real
+task, the same encoder fine-tuned to tell the party of a 2012 convention speech's sentence, 1,481 held-out
+sentences of speeches it never saw):
 
 * ``oneshot``: the training-free methods (one-shot scorers, Michel et al., Greedy-Gnorm; random over 5 seeds)
-  at every K of ``KS``, scored on 512 training snippets; accuracy with the heads gated off (identical to
-  the slimmed model: tests/test_surgery.py) and the prune wall time.
-* ``peer``: TextPruner's iterative pruning (``benchmarks/peer_textpruner.py``, run in its own virtual
-  environment with transformers 4: ``--peer-python``) on the same 512 calibration snippets and the same
-  evaluation batches, at the K it can reach (multiples of the 6 layers), with its best setting in its
-  README (16 iterations, uneven heads per layer); its masks are also evaluated by headcut (the page shows
-  both numbers: they agree).
-* ``targets``: the README main job's recipe (``headcut prune --method pass --max-steps 250 --alpha 0.9
-  --recover-steps 250``: 500 steps of batch 8, one epoch of the 4,000 snippets) at 16 heads, and the
-  8-head recipe (1,000 steps), over 3 seeds.
-* ``speed``: models slimmed to K heads (Greedy-Gnorm's masks) timed by ``headcut bench`` on this machine's
-  CPU (batch 8 x 128 tokens), speed-up beside the FLOP ratio; CUDA when the run has a GPU.
+  on ``rt`` at every K of ``KS``, scored on 512 training snippets; accuracy with the heads gated off (identical
+  to the slimmed model: tests/test_surgery.py) and the prune wall time.
+* ``peer``: TextPruner's iterative pruning (``benchmarks/peer_textpruner.py``, in its own virtual environment
+  with transformers 4: ``--peer-python``) on the same 512 calibration snippets and evaluation batches, at the K
+  it can reach (multiples of the 6 layers), with its best setting in its README (16 iterations, uneven heads
+  per layer); its masks are also evaluated by headcut (both numbers are on the page).
+* ``recipe``: the README main job's recipe (:data:`RECIPES`) at every K on ``rt`` (seed 0), and at 16 and 8
+  heads over 3 seeds: the targets.
+* ``levers``: at 16 heads, every lever of issue 16 measured alone (distillation in gate training, recovery,
+  its learning rate and weight, hidden-state matching, schedules, early stopping).
+* ``learned``: the learned-gate methods with the papers' loss (no distillation, no recovery) for one epoch of
+  the 4,000 snippets (500 steps of 8) at ``LEARNED_KS``.
+* ``claims``: the lottery ticket against its re-initialised control at 16 heads, and AUBER with its defaults.
+* ``speed``: models slimmed to K heads timed by ``headcut bench`` on this machine's CPU (batch 8 x 128
+  tokens), speed-up beside the FLOP ratio; CUDA too when the run has a GPU.
+* ``smollm``: SmolLM2-135M (30 layers x 3 KV groups) with KV groups removed (one-shot gradient scores on the
+  first half of hamlet.txt): perplexity on the second half, KV-cache bytes and generation speed.
+* ``convention``: the second task: the training-free methods and the recipe at every K.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +62,7 @@ from headcut.data import Calibration, DataConfig, load_calibration, load_tokeniz
 from headcut.masks import HeadMask
 from headcut.pruning import Metric, eval_metric, plan_prune
 
-from classifier import minilm_classifier
+from classifier import convention_classifier, minilm_classifier
 from prune_methods import mask_after as trajectory_mask
 
 HERE = Path(__file__).resolve().parent
@@ -63,8 +72,19 @@ DOCS = HERE.parent / "docs"
 KS = [60, 48, 36, 24, 16, 12, 8, 6, 4]
 #: the training-free methods, in the plot's legend order
 ONESHOT = ["greedy-gnorm", "michel", "gradient", "gnorm", "confidence", "entropy", "value-l1", "magnitude", "random"]
+#: the learned-gate methods and the heads they are run at (one epoch each)
+LEARNED = ["pass", "passconc", "dsp", "ste", "lag", "voita"]
+LEARNED_KS = [48, 24, 16, 8, 4]
 RANDOM_SEEDS = 5
 CAL_EXAMPLES = 512
+#: training data of the training runs: 4,000 snippets in batches of 8 (500 steps = one epoch)
+TRAIN_OPTIONS = {"max_examples": 4000, "batch_size": 8}
+
+
+def recipe(k: int) -> dict[str, Any]:
+    """The README main job's recipe for K heads (``headcut.prune`` arguments): one-shot gradient scores, then
+    distilled recovery fine-tuning for one epoch of the 4,000 snippets (two below 12 heads)."""
+    return {"method": "gradient", "recover_steps": 500 if k >= 12 else 1000}
 
 
 def log(message: str) -> None:
@@ -90,9 +110,10 @@ def machine() -> dict[str, Any]:
 
 
 @dataclass
-class Classifier:
-    """The README's classifier, its data, and the metric every study reports."""
+class Task:
+    """A classifier, its data, and the metric every study reports (accuracy in % on the held-out split)."""
 
+    name: str
     path: Path
     splits: dict[str, Path]
     model: torch.nn.Module
@@ -101,14 +122,17 @@ class Classifier:
     metric: Metric
 
     @classmethod
-    def load(cls) -> Classifier:
-        path = minilm_classifier()
-        splits = offline.rotten_tomatoes_splits()
+    def load(cls, name: str) -> Task:
+        if name == "rt":
+            path, splits = minilm_classifier(), offline.rotten_tomatoes_splits()
+        else:
+            path, splits = convention_classifier(), offline.convention_splits()
         model = headcut.load(path)
         tok = load_tokenizer(path)
         cal = load_calibration(model, tok, DataConfig(path=str(splits["train"]), max_examples=CAL_EXAMPLES))
         dev = load_calibration(model, tok, DataConfig(path=str(splits["test"]), batch_size=64))
-        return cls(path=path, splits=splits, model=model, cal=cal, dev=dev, metric=eval_metric(model, dev))
+        return cls(name=name, path=path, splits=splits, model=model, cal=cal, dev=dev,
+                   metric=eval_metric(model, dev))
 
     def accuracy(self, mask: HeadMask | None = None) -> float:
         return 100.0 * self.metric.measure(mask or HeadMask.full(headcut.model_blocks(self.model)))
@@ -118,151 +142,325 @@ class Classifier:
         blocks = headcut.model_blocks(self.model)
         return HeadMask({b.name: [h for h, keep in enumerate(row) if keep] for b, row in zip(blocks, rows, strict=True)})
 
+    def prune(self, k: int, method: str, seed: int = 0, **options: Any) -> dict[str, Any]:
+        """One ``headcut.prune`` run on the training snippets (the CLI's path): accuracies, steps and time."""
+        start = time.perf_counter()
+        pruned = headcut.prune(self.path, method, keep=k, data=self.splits["train"], eval_data=self.splits["test"],
+                               seed=seed, data_options=TRAIN_OPTIONS, **options)
+        metric = pruned.report["metric"]
+        row = {"k": k, "method": method, "seed": seed, "options": options, "before": 100 * metric["before"],
+               "after": 100 * metric["after"], "seconds": time.perf_counter() - start}
+        if "after_pruning" in metric:
+            row["after_pruning"] = 100 * metric["after_pruning"]
+        training = pruned.report.get("training") or {}
+        row["train_steps"] = training.get("steps", 0)
+        row["recover_steps"] = options.get("recover_steps", 0)
+        for key in ("lottery", "auber"):
+            if pruned.report.get(key):
+                row[key] = _summary(key, pruned.report[key])
+        return row
+
+
+def _summary(key: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a lottery/AUBER report the page shows."""
+    if key == "lottery":
+        control = entry.get("control") or {}
+        return {"iterations": len(entry.get("iterations", [])), "converge": entry.get("converge"),
+                "control_metric": control.get("metric"), "control_steps": control.get("steps")}
+    return {"heads_kept": entry.get("heads_kept"), "reward_metric": entry.get("reward_metric")}
+
+
+class Store:
+    """A study's rows, saved after every row, so an interrupted study goes on where it stopped."""
+
+    def __init__(self, name: str, rerun: bool) -> None:
+        self.path = RESULTS / f"{name}.json"
+        self.data: dict[str, Any] = {}
+        if self.path.is_file() and not rerun:
+            self.data = json.loads(self.path.read_text())
+        self.data.setdefault("study", name)
+        self.data.setdefault("rows", [])
+        self.data.setdefault("seconds", 0.0)
+        self.started = time.perf_counter()
+        self.spent = self.data["seconds"]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.data.get("complete"))
+
+    def row(self, key: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The stored row whose fields match ``key``, or ``measure()``'s (stored with ``key``)."""
+        for row in self.data["rows"]:
+            if all(row.get(k) == v for k, v in key.items()):
+                return row
+        row = {**measure(), **key}
+        self.data["rows"].append(row)
+        self.save()
+        return row
+
+    def save(self, complete: bool = False, **fields: Any) -> None:
+        self.data.update(fields)
+        self.data["machine"] = machine()
+        self.data["seconds"] = round(self.spent + time.perf_counter() - self.started, 1)
+        self.data["complete"] = complete
+        RESULTS.mkdir(exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        tmp.replace(self.path)
+
 
 # ---- studies ------------------------------------------------------------------------------------------
 
-def study_oneshot(clf: Classifier, args: argparse.Namespace) -> dict[str, Any]:
-    blocks = headcut.model_blocks(clf.model)
-    rows: list[dict[str, Any]] = []
-    for method in ONESHOT:
+def _oneshot(task: Task, store: Store, methods: Iterable[str]) -> None:
+    blocks = headcut.model_blocks(task.model)
+    for method in methods:
         if method == "greedy-gnorm":  # one run to the smallest K passes through every larger K
+            if any(r["method"] == method for r in store.data["rows"]):
+                continue
             start = time.perf_counter()
-            r = plan_prune(clf.model, clf.cal, PruneConfig(method=method, keep=min(KS)), {"step": 1})
+            r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), {"step": 1})
             seconds = time.perf_counter() - start
             for k in KS:
-                rows.append({"method": method, "k": k, "accuracy": clf.accuracy(trajectory_mask(blocks, r.trajectory, k)),
-                             "seconds": seconds if k == min(KS) else None})
+                store.row({"method": method, "k": k}, lambda k=k: {
+                    "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
+                    "seconds": seconds if k == min(KS) else None})
             log(f"{method}: done ({seconds:.0f} s to {min(KS)} heads)")
             continue
         for k in KS:
-            seeds = range(RANDOM_SEEDS) if method == "random" else [0]
-            accs, secs = [], []
-            for seed in seeds:
-                start = time.perf_counter()
-                r = plan_prune(clf.model, None if method == "random" else clf.cal,
-                               PruneConfig(method=method, keep=k, seed=seed))
-                secs.append(time.perf_counter() - start)
-                accs.append(clf.accuracy(r.mask))
-            row = {"method": method, "k": k, "accuracy": statistics.mean(accs), "seconds": statistics.mean(secs)}
-            if len(accs) > 1:
-                row |= {"stdev": statistics.stdev(accs), "seeds": len(accs)}
-            rows.append(row)
-            log(f"{method} K={k}: {row['accuracy']:.2f} %")
-    return {"unpruned": clf.accuracy(), "calibration": clf.cal.examples, "evaluation": clf.dev.examples, "rows": rows}
+            def measure(method: str = method, k: int = k) -> dict[str, Any]:
+                seeds = range(RANDOM_SEEDS) if method == "random" else [0]
+                accs, secs = [], []
+                for seed in seeds:
+                    start = time.perf_counter()
+                    r = plan_prune(task.model, None if method == "random" else task.cal,
+                                   PruneConfig(method=method, keep=k, seed=seed))
+                    secs.append(time.perf_counter() - start)
+                    accs.append(task.accuracy(r.mask))
+                row = {"accuracy": statistics.mean(accs), "seconds": statistics.mean(secs)}
+                if len(accs) > 1:
+                    row |= {"stdev": statistics.stdev(accs), "seeds": len(accs)}
+                log(f"{method} K={k}: {row['accuracy']:.2f} %")
+                return row
+
+            store.row({"method": method, "k": k}, measure)
+    store.data.update(unpruned=task.accuracy(), calibration=task.cal.examples, evaluation=task.dev.examples)
 
 
-def _write_batches(clf: Classifier, path: Path) -> None:
+def study_oneshot(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    _oneshot(tasks("rt"), store, ONESHOT)
+
+
+def _write_batches(task: Task, path: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {}
-    for prefix, cal in (("cal", clf.cal), ("eval", clf.dev)):
+    for prefix, cal in (("cal", task.cal), ("eval", task.dev)):
         for i, batch in enumerate(cal.batches):
-            for field, value in batch.items():
-                tensors[f"{prefix}.{i}.{field}"] = value.contiguous()
+            for name, value in batch.items():
+                tensors[f"{prefix}.{i}.{name}"] = value.contiguous()
     save_file(tensors, str(path))
 
 
-def study_peer(clf: Classifier, args: argparse.Namespace) -> dict[str, Any]:
+def study_peer(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     if not args.peer_python:
         raise SystemExit("the peer study needs --peer-python (a Python with textpruner and transformers 4: "
                          "see benchmarks/peer_textpruner.py)")
-    ks = [k for k in KS if k % len(headcut.model_blocks(clf.model)) == 0]
-    out: dict[str, Any] = {"unpruned": clf.accuracy(), "runs": {}}
+    task = tasks("rt")
+    ks = [k for k in KS if k % len(headcut.model_blocks(task.model)) == 0]
+    runs = store.data.setdefault("runs", {})
     with tempfile.TemporaryDirectory() as tmp:
         batches = Path(tmp) / "batches.safetensors"
-        _write_batches(clf, batches)
+        _write_batches(task, batches)
         for variant in args.peer_variants.split(","):
-            even = variant == "even"
+            if variant in runs:
+                continue
             log(f"TextPruner iterative ({args.peer_iters} iterations), {variant} heads per layer, K in {ks}")
-            cmd = [args.peer_python, str(HERE / "peer_textpruner.py"), str(clf.path), str(batches),
-                   "--ks", ",".join(map(str, ks)), "--n-iters", str(args.peer_iters)] + (["--even"] if even else [])
+            cmd = [args.peer_python, str(HERE / "peer_textpruner.py"), str(task.path), str(batches),
+                   "--ks", ",".join(map(str, ks)), "--n-iters", str(args.peer_iters)]
+            cmd += ["--even"] if variant == "even" else []
             done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
             peer = json.loads(done.stdout)
-            for k, row in peer["ks"].items():
+            for row in peer["ks"].values():
                 row["accuracy_textpruner"] = 100.0 * row.pop("accuracy")
-                row["accuracy"] = clf.accuracy(clf.mask_of_layers(row["mask"]))
+                row["accuracy"] = task.accuracy(task.mask_of_layers(row["mask"]))
             peer["unpruned_accuracy"] = 100.0 * peer["unpruned_accuracy"]
-            out["runs"][variant] = peer
-    return out
+            runs[variant] = peer
+            store.save()
+    store.data["unpruned"] = task.accuracy()
 
 
-#: the README main job's recipe, and the 8-head one (<= 1,000 steps)
-RECIPES = {
-    16: {"method": "pass", "max_steps": 250, "alpha": 0.9, "recover_steps": 250},
-    8: {"method": "pass", "max_steps": 500, "alpha": 0.9, "recover_steps": 500},
+def study_recipe(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    plan = [(k, 0) for k in KS] + [(k, seed) for k in (16, 8) for seed in range(1, args.seeds)]
+    for k, seed in plan:
+        options = recipe(k)
+        method = options.pop("method")
+        row = store.row({"k": k, "seed": seed}, lambda: task.prune(k, method, seed=seed, **options))
+        log(f"recipe K={k} seed {seed}: {row['before']:.2f} -> {row['after']:.2f} %")
+
+
+#: issue 16's levers, each measured alone at 16 heads (seed 0): name -> headcut.prune arguments
+LEVERS: dict[str, dict[str, Any]] = {
+    "pass, 500 steps, the papers' loss": {"method": "pass", "max_steps": 500},
+    "pass, 500 steps, distilled gates (alpha 0.5)": {"method": "pass", "max_steps": 500, "alpha": 0.5},
+    "pass, 500 steps, distilled gates (alpha 0.9)": {"method": "pass", "max_steps": 500, "alpha": 0.9},
+    "pass, model lr 5e-5 (gates 0.5)": {"method": "pass", "max_steps": 500, "alpha": 0.9, "lr": 5e-5},
+    "pass, gates first (100 steps model frozen), then joint": {"method": "pass", "max_steps": 500, "alpha": 0.9,
+                                                              "gates_first": 100},
+    "dsp, 500 steps, distilled (alpha 0.9): sparsity warm-up of DSP's own schedule": {
+        "method": "dsp", "max_steps": 500, "alpha": 0.9},
+    "pass 250 (alpha 0.9) + recovery 250": {"method": "pass", "max_steps": 250, "alpha": 0.9, "recover_steps": 250},
+    "pass 100 (alpha 0.9) + recovery 400": {"method": "pass", "max_steps": 100, "alpha": 0.9, "recover_steps": 400},
+    "michel + recovery 500": {"method": "michel", "recover_steps": 500},
+    "gradient + recovery 500 (the recipe)": {"method": "gradient", "recover_steps": 500},
+    "gradient + recovery 500, lr 1e-4, alpha 0.9": {"method": "gradient", "recover_steps": 500, "recover_lr": 1e-4,
+                                                    "recover_alpha": 0.9},
+    "gradient + recovery 500, hidden-state matching 1.0": {"method": "gradient", "recover_steps": 500,
+                                                           "recover_hidden_weight": 1.0},
+    "gradient + recovery 500, task loss only (alpha 0)": {"method": "gradient", "recover_steps": 500,
+                                                          "recover_alpha": 0.0},
 }
 
 
-def study_targets(clf: Classifier, args: argparse.Namespace) -> dict[str, Any]:
-    rows = []
-    for k, recipe in RECIPES.items():
-        for seed in range(args.seeds):
-            options = dict(recipe)
-            method = options.pop("method")
-            recover = options.pop("recover_steps")
-            start = time.perf_counter()
-            pruned = headcut.prune(clf.path, method, keep=k, data=clf.splits["train"], eval_data=clf.splits["test"],
-                                   seed=seed, recover_steps=recover,
-                                   data_options={"max_examples": 4000, "batch_size": 8}, **options)
-            metric = pruned.report["metric"]
-            rows.append({"k": k, "seed": seed, "recipe": recipe, "before": 100 * metric["before"],
-                         "after": 100 * metric["after"], "after_pruning": 100 * metric["after_pruning"],
-                         "steps": recipe["max_steps"] + recover, "seconds": time.perf_counter() - start})
-            log(f"K={k} seed {seed}: {rows[-1]['before']:.2f} -> {rows[-1]['after']:.2f} %")
-    return {"rows": rows}
+def study_levers(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    for name, spec in LEVERS.items():
+        options = dict(spec)
+        method = options.pop("method")
+        row = store.row({"lever": name}, lambda: task.prune(16, method, **options))
+        log(f"lever {name!r}: {row['after']:.2f} %")
 
 
-def study_speed(clf: Classifier, args: argparse.Namespace) -> dict[str, Any]:
-    blocks = headcut.model_blocks(clf.model)
-    r = plan_prune(clf.model, clf.cal, PruneConfig(method="greedy-gnorm", keep=min(KS)), {"step": 1})
+def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    for method in LEARNED:
+        for k in LEARNED_KS:
+            row = store.row({"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500))
+            log(f"{method} K={k}: {row['after']:.2f} %")
+
+
+def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    row = store.row({"run": "lottery"}, lambda: task.prune(16, "lottery", control="reinit"))
+    log(f"lottery: {row['after']:.2f} %, control {row['lottery']['control_metric']}")
+    row = store.row({"run": "auber"}, lambda: task.prune(None, "auber"))  # type: ignore[arg-type]
+    log(f"auber: {row['after']:.2f} % with {row['auber']['heads_kept']} heads")
+
+
+def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    blocks = headcut.model_blocks(task.model)
+    r = plan_prune(task.model, task.cal, PruneConfig(method="gradient", keep=min(KS)))
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    out: dict[str, Any] = {"devices": {}}
-    # export slims the module it is given: each K gets its own copy
-    models = [clf.model] + [headcut.export(copy.deepcopy(clf.model), trajectory_mask(blocks, r.trajectory, k)).model
-                            for k in KS]
+    # export slims the module it is given: each K gets its own copy, with the one-shot ranking's top K
+    scores = r.scores if hasattr(r, "scores") else None
+    models = [task.model]
+    for k in KS:
+        mask = plan_prune(task.model, task.cal, PruneConfig(method="gradient", keep=k)).mask
+        models.append(headcut.export(copy.deepcopy(task.model), mask).model)
+    del scores, blocks
     names = ["72"] + [str(k) for k in KS]
+    out: dict[str, Any] = {}
     for device in devices:
         log(f"timing {len(models)} models on {device}")
-        result = headcut.bench(models, names=names, device=device, batch_size=8, seq_len=128, runs=10, warmup=2)
-        out["devices"][device] = [{"heads": int(n), "median_ms": row.median_ms, "speedup": row.speedup,
-                                   "flop_ratio": row.flop_ratio, "params": row.params}
-                                  for n, row in zip(names, result.results, strict=True)]
-    return out
+        result = headcut.bench(models, names=names, device=device, batch_size=8, seq_len=128, runs=20, warmup=3)
+        out[device] = [{"heads": int(n), "median_ms": row.median_ms, "speedup": row.speedup,
+                        "flop_ratio": row.flop_ratio, "params": row.params}
+                       for n, row in zip(names, result.results, strict=True)]
+    store.data["devices"] = out
 
 
-STUDIES: dict[str, Callable[[Classifier, argparse.Namespace], dict[str, Any]]] = {
-    "oneshot": study_oneshot, "peer": study_peer, "targets": study_targets, "speed": study_speed,
+#: SmolLM2's KV groups removed (of 90)
+SMOLLM_REMOVED = [0, 6, 12, 18, 30, 45]
+
+
+def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    src = offline.smollm_dir()
+    text = offline.hamlet_path().read_text()
+    with tempfile.TemporaryDirectory() as tmp:
+        half = len(text) // 2
+        cal, held = Path(tmp) / "hamlet-a.txt", Path(tmp) / "hamlet-b.txt"
+        cal.write_text(text[:half])
+        held.write_text(text[half:])
+        for removed in SMOLLM_REMOVED:
+            def measure(removed: int = removed) -> dict[str, Any]:
+                out = Path(tmp) / f"smol-{removed}"
+                start = time.perf_counter()
+                if removed:
+                    pruned = headcut.prune(src, "gradient", keep=(90 - removed) * 3, gqa="group", data=cal,
+                                           eval_data=held, data_options={"seq_len": 256, "max_examples": 64})
+                    metric = pruned.report["metric"]
+                    before, after = metric["before"], metric["after"]
+                    pruned.save(out)
+                    folder = out
+                else:
+                    before = after = headcut.evaluate(src, held, data_options={"seq_len": 256}).metrics["perplexity"]
+                    folder = src
+                seconds = time.perf_counter() - start
+                bench = headcut.bench([folder], batch_size=1, seq_len=128, gen_tokens=32, runs=5, warmup=1)
+                row = bench.results[0]
+                return {"perplexity_before": before, "perplexity": after, "prune_seconds": seconds,
+                        "kv_heads": row.kv_heads, "heads": row.heads, "params": row.params,
+                        "kv_cache_bytes": row.generation.kv_cache_bytes, "tokens_per_s": row.generation.tokens_per_s,
+                        "forward_ms": row.median_ms}
+
+            row = store.row({"removed": removed}, measure)
+            log(f"smollm: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
+
+
+def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("convention")
+    store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples)
+    for k in KS:
+        options = recipe(k)
+        method = options.pop("method")
+        row = store.row({"method": "recipe", "k": k}, lambda: task.prune(k, method, **options))
+        log(f"convention recipe K={k}: {row['after']:.2f} %")
+    _oneshot(task, store, [m for m in ONESHOT if m != "greedy-gnorm"] + ["greedy-gnorm"])
+
+
+STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {
+    "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
+    "learned": study_learned, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
+    "convention": study_convention,
 }
 
 
 def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace) -> None:
-    todo = [n for n in names if n in rerun or not (RESULTS / f"{n}.json").is_file()]
-    if not todo:
-        return
-    clf = Classifier.load()
-    RESULTS.mkdir(exist_ok=True)
-    for name in todo:
+    loaded: dict[str, Task] = {}
+
+    def tasks(name: str) -> Task:
+        if name not in loaded:
+            loaded[name] = Task.load(name)
+        return loaded[name]
+
+    for name in names:
+        store = Store(name, name in rerun)
+        if store.complete:
+            continue
         log(f"study {name}")
-        start = time.perf_counter()
-        result = STUDIES[name](clf, args)
-        result = {"study": name, "machine": machine(), "seconds": round(time.perf_counter() - start, 1), **result}
-        tmp = RESULTS / f".{name}.json.tmp"
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        tmp.replace(RESULTS / f"{name}.json")
-        log(f"study {name}: {result['seconds']:.0f} s")
+        STUDIES[name](tasks, store, args)
+        store.save(complete=True)
+        log(f"study {name}: {store.data['seconds']:.0f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--studies", default=",".join(STUDIES), help="studies to measure (none: only render)")
+    ap.add_argument("--studies", default="all", help="studies to measure: all, none (only render) or names")
     ap.add_argument("--rerun", default="", help="studies to measure again although their results exist")
     ap.add_argument("--peer-python", default=None, help="python of the TextPruner environment")
     ap.add_argument("--peer-iters", type=int, default=16, help="TextPruner's n_iters (its best in its README: 16)")
     ap.add_argument("--peer-variants", default="uneven",
                     help="uneven (heads per layer may differ: TextPruner's best) and/or even, comma-separated")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds of the targets study")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of the recipe's targets")
     args = ap.parse_args()
-    names = [] if args.studies == "none" else [s for s in args.studies.split(",") if s]
+    if args.studies == "all":
+        names = list(STUDIES)
+        if not args.peer_python:
+            names.remove("peer")
+            log("no --peer-python: the peer study is skipped")
+    else:
+        names = [] if args.studies == "none" else [s for s in args.studies.split(",") if s]
     wrong = [s for s in names if s not in STUDIES]
     if wrong:
         ap.error(f"unknown study {wrong[0]!r}; studies: {', '.join(STUDIES)}")

@@ -187,3 +187,26 @@ def test_a_new_task_head_is_initialised_from_the_seed(tmp_path):
 
     first, again, other = head(0), head(0), head(1)
     assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_patience_stops_early_and_keeps_the_best_weights(setup):
+    """--patience: a learning rate that wrecks the model makes every evaluation worse than the start, so
+    the run stops after N evaluations and gives back the starting weights (step 0 is the best); the report
+    and the summary say so. Refusals: no --eval-every, no --eval-data, with --resume."""
+    s, tmp = setup, setup["tmp"]
+    result = run("finetune", s["student"], "--data", s["train"], "--eval-data", s["dev"], "--max-steps", "12",
+                 "--eval-every", "2", "--patience", "2", "--lr", "5", "--out", tmp / "early", "--json", "-")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    early = report["early_stopping"]
+    assert early["patience"] == 2 and early["evaluations"] == 3  # step 0, then 2 and 4: both worse
+    assert early["best_step"] == 0 and early["stopped_at"] == 4
+    # the starting weights came back: the saved model is the student, bit for bit
+    assert all(torch.equal(a, b) for a, b in zip(_weights(s["student"]).values(), _weights(tmp / "early").values()))
+    assert report["metric"]["after"] == pytest.approx(early["best"])
+    assert "early stopping (2 evaluations)" in result.stderr
+    base = ["finetune", s["student"], "--data", s["train"], "--max-steps", "4", "--patience", "2"]
+    one_line_error(run(*base, "--out", tmp / "p1", "--eval-data", s["dev"]), "--eval-every")
+    one_line_error(run(*base, "--out", tmp / "p2", "--eval-every", "2"), "--eval-data")
+    one_line_error(run(*base, "--out", tmp / "p3", "--eval-every", "2", "--eval-data", s["dev"], "--resume"),
+                   "--patience")

@@ -26,6 +26,7 @@ from helpers import (
 import headcut
 from headcut.catalog import METHODS
 from headcut.data import Calibration, detect_task
+from headcut.errors import HeadcutError
 from headcut.outputs import checkpoint_dir_for
 from headcut.pruning import PruneConfig, plan_prune, prune
 from headcut.pruning.gate_training import GateOptions, Slots
@@ -395,3 +396,49 @@ def test_voita_searches_lambda_towards_k():
     with pytest.raises(headcut.HeadcutError, match="--resume needs --lambda"):
         plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=4), {"max_steps": 2}, resume=True,
                    checkpoint_dir="unused")
+
+
+def test_gates_first_gives_the_model_no_learning_rate_for_its_steps():
+    """--gates-first N: the model's learning rate is 0 for the first N steps, then follows the schedule (the
+    gates' does throughout); N >= the run's steps is refused."""
+    model = make_model("bert", "BertForSequenceClassification")
+    result = plan_prune(model, calibration_for(model), PruneConfig(method="pass", keep=3),
+                        {"max_steps": 3, "gates_first": 2, "lr": 1e-3})
+    history = result.training.history
+    assert [e["lr"] for e in history] == [0.0, 0.0, pytest.approx(1e-3 / 3)]
+    assert all(e["gate_lr"] > 0 for e in history)
+    with pytest.raises(HeadcutError, match="--gates-first 3 leaves no joint step"):
+        plan_prune(make_model("bert", "BertForSequenceClassification"), calibration_for(model),
+                   PruneConfig(method="pass", keep=3), {"max_steps": 3, "gates_first": 3})
+
+
+def test_gates_first_steps_leave_the_weights_alone():
+    model = make_model("bert", "BertForSequenceClassification")
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    seen: list[bool] = []
+
+    def on_step(entry):  # after each optimizer step: are the weights still the starting ones?
+        seen.append(all(torch.equal(start[k], v) for k, v in model.state_dict().items()))
+
+    plan_prune(model, calibration_for(model), PruneConfig(method="dsp", keep=3),
+               {"max_steps": 4, "gates_first": 2, "lr": 1e-3}, on_step=on_step)
+    assert seen == [True, True, False, False]
+
+
+def test_lag_sparsity_warmup_raises_the_target_linearly():
+    from headcut.pruning.gate_training import Context
+    from headcut.pruning.lag import LAG, LAGOptions
+
+    model = make_model("bert", "BertForSequenceClassification")
+    slots = Slots.from_sets(block_sets(headcut.model_blocks(model)))
+    ctx = Context(model=model, batches=[make_batch(model)], task="classification", total_steps=10, seed=0)
+    learner = LAG(slots, 2, LAGOptions(sparsity_warmup=4), ctx)  # target sparsity 0.75
+    targets = [learner.gates(step)[2]["target_sparsity"] for step in range(6)]
+    assert targets == pytest.approx([0.1875, 0.375, 0.5625, 0.75, 0.75, 0.75])
+    plain = LAG(slots, 2, LAGOptions(), ctx)
+    assert plain.gates(0)[2]["target_sparsity"] == 0.75
+    with pytest.raises(HeadcutError, match="--sparsity-warmup"):
+        LAGOptions(sparsity_warmup=-1).validate()
+    result = run("prune", "x", "--method", "pass", "--keep", "2", "--sparsity-warmup", "3", "--data", "d.csv",
+                 "--out", "o")
+    one_line_error(result, "--sparsity-warmup does not apply to pass")

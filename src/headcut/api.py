@@ -706,7 +706,7 @@ def finetune(
     epochs: int | None = None, max_steps: int | None = None, lr: float = 5e-5, grad_accum: int = 1,
     warmup_steps: int = 0, weight_decay: float = 0.0, eval_every: int | None = None,
     checkpoint_every: int | None = 100, alpha: float = 0.5, temperature: float = 2.0, hidden_weight: float = 0.0,
-    seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
+    patience: int | None = None, seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
     eval_split: str = "validation", data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
@@ -716,8 +716,10 @@ def finetune(
     ``teacher`` the loss is ``alpha * T^2 * KL(teacher/T || model/T) + (1 - alpha) * task loss`` over the
     labelled positions. Neither ``epochs`` nor ``max_steps``: 3 epochs. ``labels``: the classes of a new
     classification head (with ``task="sequence-classification"`` on a checkpoint without one: train a
-    classifier from a base encoder). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see
-    :func:`prune`). ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`)."""
+    classifier from a base encoder). ``patience`` N: early stopping, after N evaluations (every ``eval_every``
+    steps on ``eval_data``) without a better metric, keeping the best weights (such a run keeps no resume
+    checkpoints). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see :func:`prune`).
+    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`)."""
     from .finetuning import finetune as run_finetune
 
     start = time.perf_counter()
@@ -725,7 +727,7 @@ def finetune(
         model=model, data=data, eval_data=eval_data, teacher=teacher, epochs=epochs, max_steps=max_steps, lr=lr,
         grad_accum=grad_accum, warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
         checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight,
-        seed=seed, task=task,
+        patience=patience, seed=seed, task=task,
         labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
         device=device))
     progress = progress or quiet()
@@ -736,8 +738,14 @@ def finetune(
     config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
                             warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
                             checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
-                            hidden_weight=hidden_weight)
+                            hidden_weight=hidden_weight, patience=patience)
     config.validate()
+    if patience is not None and eval_data is None:
+        raise HeadcutError("--patience needs --eval-data (the metric it watches) and --eval-every")
+    if patience is not None:
+        if resume:
+            raise HeadcutError("--resume does not apply with --patience: an early-stopped run keeps no checkpoints")
+        checkpoint_dir = None  # the best weights live in memory; nothing to resume from
     if data is None:
         raise HeadcutError("no data given: pass --data FILE (or a datasets name)")
     data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)

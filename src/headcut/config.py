@@ -150,7 +150,7 @@ class TrainConfig:
     batches per optimizer step. ``max_grad_norm``: clipping per parameter group (None: off).
     ``eval_every`` / ``checkpoint_every``: in optimizer steps. ``seed``: batch order, dropout and
     sampling. ``mode``: ``joint`` (model and gates trained) or ``pipelined`` (model frozen, gates
-    only); None: the method's default."""
+    only); None: the method's default. ``gates_first``: see the field."""
 
     epochs: int | None = None
     max_steps: int | None = None
@@ -167,6 +167,9 @@ class TrainConfig:
     seed: int = 0
     shuffle: bool = True
     mode: str | None = "joint"
+    #: ``joint`` training with gates: the model's weights stay fixed for the first N steps (the gates
+    #: learn alone, as in ``pipelined``), then train with the gates (``--gates-first``; 0: joint from the start)
+    gates_first: int = 0
 
     def validate(self) -> None:
         if self.epochs is not None and self.max_steps is not None:
@@ -177,6 +180,7 @@ class TrainConfig:
             _count("--max-steps", self.max_steps, 1)
         _count("--grad-accum", self.grad_accum, 1)
         _count("--warmup-steps", self.warmup_steps, 0)
+        _count("--gates-first", self.gates_first, 0)
         _choice("schedule", self.schedule, ("linear", "constant"))
         if self.mode is not None:
             _choice("--mode", self.mode, MODES)
@@ -248,10 +252,17 @@ class FinetuneConfig(TrainConfig):
     temperature: float = 2.0
     #: weight of hidden-state matching to the teacher (:func:`headcut.finetuning.hidden_matching`); 0: off
     hidden_weight: float = 0.0
+    #: early stopping: stop after this many evaluations (every ``eval_every`` steps) without a better eval
+    #: metric and keep the best weights; None: train to the end
+    patience: int | None = None
 
     def validate(self) -> None:
         super().validate()
         check_distillation(self.alpha, self.temperature)
+        if self.patience is not None:
+            _count("--patience", self.patience, 1)
+            if self.eval_every is None:
+                raise HeadcutError("--patience needs --eval-every N (and --eval-data): it counts evaluations")
         if not (isinstance(self.hidden_weight, (int, float)) and self.hidden_weight >= 0
                 and math.isfinite(self.hidden_weight)):
             raise HeadcutError(f"--hidden-weight must be >= 0 (got {self.hidden_weight})")

@@ -36,7 +36,7 @@ from .data import Calibration
 from .distributed import Dist
 from .errors import HeadcutError
 from .evaluation import PRIMARY, evaluate
-from .training.engine import ProgressFn, Trainer
+from .training.engine import EarlyStopping, ProgressFn, Trainer
 
 
 @dataclass
@@ -61,6 +61,8 @@ class FinetuneResult:
     resumed_from: int | None = None
     seconds: float = 0.0
     distributed: dict[str, Any] | None = None
+    #: with ``patience``: the best evaluation, its step, and where the run stopped
+    early_stopping: dict[str, Any] | None = None
 
     def summary(self) -> dict[str, Any]:
         """The first and last steps' losses (a short view of the history)."""
@@ -87,7 +89,7 @@ class FinetuneResult:
             },
             "eval_before": self.eval_before, "eval_after": self.eval_after,
             "config": self.config.to_json(), "summary": self.summary(), "history": self.history,
-            "seconds": self.seconds, "distributed": self.distributed,
+            "seconds": self.seconds, "distributed": self.distributed, "early_stopping": self.early_stopping,
         }
 
 
@@ -369,11 +371,21 @@ def finetune(
         def eval_fn(step: int) -> dict[str, Any]:
             return dict(evaluate(model, eval_calibration, bleu=False).metrics)
 
+    early = None
+    if config.patience is not None:
+        if eval_calibration is None or result.eval_before is None:
+            raise HeadcutError("--patience needs --eval-data (the metric it watches)")
+        if checkpoint_dir is not None:
+            raise HeadcutError("a run with --patience keeps no resume checkpoints (it keeps the best weights)")
+        metric, higher = PRIMARY[eval_calibration.task]
+        early = EarlyStopping(metric, higher, config.patience)
+        early.update(model, 0, result.eval_before)  # the starting point is a candidate too
+
     trainer = Trainer(
         model, None, train.batches, config,
         loss_fn=DistillationLoss(train.task, teacher, config.alpha, config.temperature, config.hidden_weight),
         eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
-        identity=dict(identity or {}, distilled=teacher is not None),
+        identity=dict(identity or {}, distilled=teacher is not None), early_stopping=early,
     )
     if resume:
         trainer.resume()
@@ -381,6 +393,8 @@ def finetune(
     trained = trainer.train()
     model.eval()
     result.steps, result.history = trained.steps, trained.history
+    if early is not None:
+        result.early_stopping = early.to_json()
     if dist is not None and dist.active:
         result.distributed = {
             "processes": dist.world,

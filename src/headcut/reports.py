@@ -121,6 +121,7 @@ def finetune_report(*, model: str, teacher: str | None, arguments: dict[str, Any
         "history_summary": result.summary(),
         "history": result.history,
         "distributed": result.distributed,
+        "early_stopping": result.early_stopping,
         "config": result.config.to_json(),
         "data": data,
         "eval_data": eval_data,

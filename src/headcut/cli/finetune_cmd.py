@@ -78,6 +78,9 @@ def finetune_cmd(
         "--hidden-weight", metavar="W", help="With --distill-from: add W x the relative distance of every "
         "layer's hidden states to the teacher's (hidden-state matching; the teacher then runs on every step). "
         "0 (default): logits only.")] = 0.0,
+    patience: Annotated[Optional[int], typer.Option(
+        "--patience", metavar="N", help="Early stopping: stop after N evaluations (every --eval-every steps on "
+        "--eval-data) without a better metric, and keep the best weights (no resume checkpoints then).")] = None,
     labels: Annotated[Optional[str], typer.Option(
         "--labels", metavar="NAME,NAME,...", help="The classes of a new classification head (with --task "
         "sequence-classification on a checkpoint without one): train a classifier from a base encoder.")] = None,
@@ -120,7 +123,7 @@ def finetune_cmd(
     with locked_run(target, dist.main, out, ckpt, log):
         tuned = api.finetune(
             model, data_cfg, eval_data=eval_cfg, teacher=distill_from, alpha=alpha, temperature=temperature,
-            hidden_weight=hidden_weight, seed=seed, task=task,
+            hidden_weight=hidden_weight, patience=patience, seed=seed, task=task,
             labels=labels.split(",") if labels is not None else None, split=data_options.split,
             eval_split=eval_split, data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
             resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,

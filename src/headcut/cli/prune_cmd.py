@@ -87,7 +87,7 @@ PRUNE_HELP = "\n\n".join([
     "rewind the rest to C; at K heads it converges from C with early stopping on the --eval-data loss (--patience "
     "evaluations, every --eval-every steps, at most --max-steps). --control reinit also trains the pruned structure "
     "from a fresh initialisation, for comparison. Checkpoints and --resume as for the learned-gate methods.",
-    "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --alpha, --temperature, --lambda, "
+    "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --gates-first, --sparsity-warmup, --alpha, --temperature, --lambda, "
     "--lambda-trials, --cooldown, --lambda-step; --episodes, --reverse, --state, --reward-examples, --reward-metric, "
     "--allow-empty-layers, --layer-epochs, --patience; --reset-at, --prune-every, --per-step, --score-examples, "
     "--control; and the training options) are refused for a method that has "
@@ -157,6 +157,14 @@ def prune_cmd(
     gate_lr: Annotated[Optional[float], typer.Option(
         "--gate-lr", metavar="LR", rich_help_panel="Method options",
         help="Learned gates: the gates' learning rate (default: the paper's).")] = None,
+    sparsity_warmup: Annotated[Optional[int], typer.Option(
+        "--sparsity-warmup", metavar="N", rich_help_panel="Method options",
+        help="lag: raise the target sparsity linearly from 0 over the first N steps (CoFi's schedule); 0 "
+             "(default): the paper's fixed target.")] = None,
+    gates_first: Annotated[Optional[int], typer.Option(
+        "--gates-first", metavar="N", rich_help_panel="Method options",
+        help="Learned gates, joint mode: the model's weights stay fixed for the first N steps (the gates learn "
+             "alone), then train with the gates; 0 (default): joint from the start.")] = None,
     alpha: Annotated[Optional[float], typer.Option(
         "--alpha", metavar="A", rich_help_panel="Method options",
         help="Learned gates, lottery, auber: weight in [0, 1] of distillation from the unpruned model (logit KL "
@@ -259,7 +267,7 @@ def prune_cmd(
         raise HeadcutError(f"--trajectory must name a .csv file (a .png is written beside it), got {trajectory}")
     options: dict[str, Any] = {k: v for k, v in dict(
         step=step, normalize=normalize, abs_per=abs_per, objective=objective, per=per, mode=mode, gate_lr=gate_lr,
-        alpha=alpha, temperature=temperature, lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
+        gates_first=gates_first, sparsity_warmup=sparsity_warmup, alpha=alpha, temperature=temperature, lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
         reverse=reverse, state=state, reward_examples=reward_examples, reward_metric=reward_metric,
         allow_empty_layers=allow_empty_layers, layer_epochs=layer_epochs, patience=patience, reset_at=reset_at,
         prune_every=prune_every, per_step=per_step, score_examples=score_examples, control=control,

@@ -291,6 +291,11 @@ def finetune_summary(report: dict[str, Any], result: Any, report_name: str) -> l
     if result.metric is not None:
         arrow = "higher is better" if result.higher_is_better else "lower is better"
         lines.append(f"{result.metric} ({arrow}): {_fmt(result.metric_before)} -> {_fmt(result.metric_after)}")
+    early = getattr(result, "early_stopping", None)
+    if early is not None:
+        where = f"stopped at step {early['stopped_at']}" if early["stopped_at"] is not None else "ran to the end"
+        lines.append(f"early stopping ({early['patience']} evaluations): {where}; kept step {early['best_step']} "
+                     f"({early['metric']} {_fmt(early['best'])})")
     lines += formats_lines(report)
     lines.append(f"saved to {report['out']} (with {report_name})")
     return lines

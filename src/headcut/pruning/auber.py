@@ -127,7 +127,7 @@ class AuberOptions(DistillOptions):
     lr: float = 2e-6
 
     #: fields the prune run sets itself, or that AUBER does not use
-    HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "eval_every", "checkpoint_every")
+    HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "eval_every", "checkpoint_every", "gates_first")
 
     def validate(self) -> None:
         super().validate()

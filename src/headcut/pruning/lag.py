@@ -10,6 +10,10 @@ is tied to the target s = 1 - K/|H| by::
 
     R_lag = lambda_1 (s_hat - s) + lambda_2 (s_hat - s)^2
 
+``--sparsity-warmup N`` (default 0: the paper's fixed target) raises the target linearly from 0 to s over
+the first N steps, s_t = s min(1, t / N), as CoFi (Xia et al. 2022, §3.3, after Wang et al. 2020) trains
+this Lagrangian, so the model is not asked for the whole sparsity before it adapts.
+
 with lambda_1, lambda_2 trainable and "optimized jointly in training": they start at 0 and take
 gradient *ascent* steps (the saddle point of a Lagrangian; their gradients are negated, so the shared
 AdamW step raises the penalty while the target is missed), at the gates' learning rate. The paper
@@ -19,11 +23,26 @@ met only in expectation; the final mask is the top-K heads by opening probabilit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..errors import HeadcutError
 from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots
+
+
+@dataclass
+class LAGOptions(GateOptions):
+    """LAG: the gate-training options plus ``sparsity_warmup`` (steps over which the target sparsity rises
+    linearly from 0; 0: the fixed target from the first step)."""
+
+    sparsity_warmup: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        if not (isinstance(self.sparsity_warmup, int) and self.sparsity_warmup >= 0):
+            raise HeadcutError(f"--sparsity-warmup must be a whole number of steps >= 0 (got {self.sparsity_warmup})")
 
 
 class LAG(ConcreteLearner):
@@ -46,15 +65,22 @@ class LAG(ConcreteLearner):
         z_hat = self.hc.deterministic(self.phi)
         return (weight * (1.0 - z_hat)).sum() / weight.sum()
 
+    def target(self, step: int) -> float:
+        """The target sparsity of step ``step`` (0-based): s, or s min(1, (step + 1) / N) in the warm-up."""
+        warmup = getattr(self.options, "sparsity_warmup", 0)
+        return self.sparsity if not warmup else self.sparsity * min(1.0, (step + 1) / warmup)
+
     def gates(self, step: int) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any]]:
-        gap = self.expected_sparsity() - self.sparsity
+        target = self.target(step)
+        gap = self.expected_sparsity() - target
         reg = self.lambdas[0] * gap + self.lambdas[1] * gap**2  # R_lag
-        logs = {"expected_sparsity": float(gap.detach()) + self.sparsity, "lambda_1": float(self.lambdas[0].detach()),
-                "lambda_2": float(self.lambdas[1].detach())}
+        logs = {"expected_sparsity": float(gap.detach()) + target, "target_sparsity": target,
+                "lambda_1": float(self.lambdas[0].detach()), "lambda_2": float(self.lambdas[1].detach())}
         return self.sample(), reg, logs
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {"target_sparsity": self.sparsity, "gate_lr": self.options.gate_lr, "lambda_lr": self.options.gate_lr}
+        return {"target_sparsity": self.sparsity, "sparsity_warmup": getattr(self.options, "sparsity_warmup", 0),
+                "gate_lr": self.options.gate_lr, "lambda_lr": self.options.gate_lr}
 
 
-METHOD = GateMethod(LAG)
+METHOD = GateMethod(LAG, LAGOptions)

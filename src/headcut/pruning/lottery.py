@@ -98,7 +98,8 @@ class LotteryOptions(DistillOptions):
     schedule: str = "constant"
 
     #: fields the prune run sets itself, or that the lottery does not use
-    HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "epochs", "checkpoint_every", "schedule", "warmup_ratio")
+    HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "epochs", "checkpoint_every", "schedule", "warmup_ratio",
+              "gates_first")
 
     def validate(self) -> None:
         super().validate()

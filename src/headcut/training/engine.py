@@ -15,7 +15,8 @@
   gates learn. Both flags are restored when :meth:`Trainer.train` returns.
 * **Optimizer.** AdamW with two parameter groups: model parameters at ``lr`` with ``weight_decay``,
   gate tensors at ``gate_lr`` (None: ``lr``) with no weight decay (decay would pull gates towards closed). The LR
-  schedule (:func:`lr_factor`) scales both groups. The gradients of each group are clipped to
+  schedule (:func:`lr_factor`) scales both groups; with ``gates_first`` N the model's group has LR 0 for the
+  first N steps (the gates learn on the fixed model; dropout stays on), then follows the same schedule. The gradients of each group are clipped to
   ``max_grad_norm`` on their own (the gates' regulariser may be large, e.g. PASS's escalating lambda,
   and must not shrink the model's step).
 * **Randomness.** The loop runs under ``torch.random.fork_rng``: the torch RNG (dropout, gate
@@ -378,11 +379,17 @@ class Trainer:
             {"params": self.gates, "lr": config.gate_lr, "weight_decay": 0.0, "name": "gates"},
         ]
         self.optimizer = torch.optim.AdamW(groups, lr=config.lr)
-        total, warmup, schedule = self.total_steps, self.warmup_steps, config.schedule
-        # LambdaLR's counter is the number of scheduler.step() calls so far = 0-based index of the next step
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda i: lr_factor(i + 1, total, warmup, schedule)
-        )
+        total, warmup, schedule, first = self.total_steps, self.warmup_steps, config.schedule, config.gates_first
+        if first and not self.gates:
+            raise HeadcutError("--gates-first needs gates to train")
+        if first >= total:
+            raise HeadcutError(f"--gates-first {first} leaves no joint step in a run of {total} steps")
+        # LambdaLR's counter is the number of scheduler.step() calls so far = 0-based index of the next step;
+        # the model's group gets no step while the gates learn first
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, [
+            lambda i: 0.0 if i < first else lr_factor(i + 1, total, warmup, schedule),
+            lambda i: lr_factor(i + 1, total, warmup, schedule),
+        ])
 
         self.step = 0
         self.epoch = 0
