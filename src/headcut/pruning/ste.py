@@ -1,4 +1,4 @@
-"""``ste``: DSP's straight-through-estimator baseline (Li, Cotterell & Sachan, TACL 2023, arXiv:2108.04657
+"""``ste``: DSP's straight-through-estimator baseline (Li, Cotterell & Sachan, TACL 2021, arXiv:2108.04657
 §4.2.3).
 
 "The Gumbel soft top-K in joint DSP is replaced with hard top-K, while the hard top-K function is
