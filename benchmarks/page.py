@@ -306,7 +306,7 @@ def study_recipe(tasks: Callable[[str], Task], store: Store, args: argparse.Name
 #: issue 16's levers, each measured alone at 16 heads (seed 0): name -> (``headcut.prune`` arguments, and for a
 #: recovery run by ``headcut.finetune`` on the cut model, distilled from the unpruned one, its arguments)
 LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
-    "pass, 500 steps, the papers' loss": ({"method": "pass", "max_steps": 500}, None),
+    "pass, 500 steps, the papers' loss": ({"method": "pass", "max_steps": 500, "alpha": 0.0}, None),
     "pass, 500 steps, gates distilled (alpha 0.5)": ({"method": "pass", "max_steps": 500, "alpha": 0.5}, None),
     "pass, 500 steps, gates distilled (alpha 0.9)": ({"method": "pass", "max_steps": 500, "alpha": 0.9}, None),
     "pass, as above, model lr 5e-5 instead of 2e-5 (gates 0.5)": (
@@ -394,13 +394,14 @@ def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Nam
     for method in LEARNED:
         for k in LEARNED_KS:
             save = kept.get(method) if k == 16 else None
-            row = store.row({"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500, save_to=save))
+            row = store.row({"method": method, "k": k},
+                            lambda: task.prune(k, method, max_steps=500, alpha=0.0, save_to=save))
             log(f"{method} K={k}: {row['after']:.2f} %")
 
     def speed() -> dict[str, Any]:  # PASS §3.3: the concentrator's emptied layers make inference faster
         for method, folder in kept.items():
             if not (folder / "model.safetensors").is_file():  # a resumed study: measure it again
-                task.prune(16, method, max_steps=500, save_to=folder)
+                task.prune(16, method, max_steps=500, alpha=0.0, save_to=folder)
         result = headcut.bench([task.path, *kept.values()], names=["72", *kept], batch_size=8, seq_len=128,
                                runs=30, warmup=3)
         return {"models": [{"name": r.name, "median_ms": r.median_ms, "speedup": r.speedup, "flop_ratio": r.flop_ratio,
@@ -411,9 +412,9 @@ def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Nam
 
 def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
-    row = store.row({"run": "lottery"}, lambda: task.prune(16, "lottery", control="reinit"))
+    row = store.row({"run": "lottery"}, lambda: task.prune(16, "lottery", control="reinit", alpha=0.0))
     log(f"lottery: {row['after']:.2f} %, control {row['lottery']['control_metric']}")
-    row = store.row({"run": "auber"}, lambda: task.prune(None, "auber"))  # type: ignore[arg-type]
+    row = store.row({"run": "auber"}, lambda: task.prune(None, "auber", alpha=0.0))  # type: ignore[arg-type]
     log(f"auber: {row['after']:.2f} % with {row['heads_after']} heads")
 
 
