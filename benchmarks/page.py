@@ -72,8 +72,9 @@ DOCS = HERE.parent / "docs"
 KS = [60, 48, 36, 24, 16, 12, 8, 6, 4]
 #: the training-free methods, in the plot's legend order
 ONESHOT = ["greedy-gnorm", "michel", "gradient", "gnorm", "confidence", "entropy", "value-l1", "magnitude", "random"]
-#: the learned-gate methods and the heads they are run at (one epoch each)
-LEARNED = ["pass", "passconc", "dsp", "ste", "lag", "voita"]
+#: the learned-gate methods and the heads they are run at (one epoch each); voita (up to 5 training runs
+#: per K for its lambda search) is a study of its own
+LEARNED = ["pass", "passconc", "dsp", "ste", "lag"]
 LEARNED_KS = [48, 24, 16, 8, 4]
 RANDOM_SEEDS = 5
 CAL_EXAMPLES = 512
@@ -410,6 +411,38 @@ def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Nam
     store.row({"bench": "pass-vs-passconc-16"}, speed)
 
 
+def study_voita(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    for k in LEARNED_KS:
+        row = store.row({"method": "voita", "k": k}, lambda: task.prune(k, "voita", max_steps=500, alpha=0.0))
+        log(f"voita K={k}: {row['after']:.2f} %")
+
+
+#: iterative training-free variants beside the peer: name -> michel options (one run down to the smallest K
+#: with ``--step`` 1 or 2 passes through every K, read off its trajectory)
+ITERATIVE = {
+    "michel --step 2": {"step": 2},
+    "michel --step 2 --abs-per batch --normalize none": {"step": 2, "abs_per": "batch", "normalize": "none"},
+    "michel --step 1 --abs-per batch --normalize none": {"step": 1, "abs_per": "batch", "normalize": "none"},
+}
+
+
+def study_iterative(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    task = tasks("rt")
+    blocks = headcut.model_blocks(task.model)
+    for name, options in ITERATIVE.items():
+        if any(r["method"] == name for r in store.data["rows"]):
+            continue
+        start = time.perf_counter()
+        r = plan_prune(task.model, task.cal, PruneConfig(method="michel", keep=min(KS)), options)
+        seconds = time.perf_counter() - start
+        for k in KS:
+            store.row({"method": name, "k": k}, lambda k=k: {
+                "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
+                "seconds": seconds if k == min(KS) else None})
+        log(f"{name}: done ({seconds:.0f} s to {min(KS)} heads)")
+
+
 def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
     row = store.row({"run": "lottery"}, lambda: task.prune(16, "lottery", control="reinit", alpha=0.0))
@@ -492,7 +525,7 @@ def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.
 
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
-    "learned": study_learned, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
+    "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
     "convention": study_convention,
 }
 

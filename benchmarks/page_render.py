@@ -15,7 +15,8 @@ from typing import Any
 
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
-STUDY_ORDER = ["recipe", "oneshot", "learned", "peer", "levers", "claims", "speed", "smollm", "convention"]
+STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
+               "convention"]
 LEARNED_STYLE = {"linestyle": "-.", "marker": "^"}
 
 
@@ -54,18 +55,23 @@ def _oneshot_curves(study: dict[str, Any] | None) -> dict[str, dict[int, float]]
     return curves
 
 
+def _training_free(data: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """The one-shot and iterative methods' curves (nothing trained)."""
+    return {**_oneshot_curves(data.get("oneshot")), **_oneshot_curves(data.get("iterative"))}
+
+
 def _curves(data: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
     """Accuracy by heads kept on the README's classifier, per method and per peer run."""
     curves: dict[str, dict[int, float]] = {}
     recipe = [r for r in data.get("recipe", {}).get("rows", []) if r["seed"] == 0]
     if recipe:
         curves["headcut recipe (gradient + distilled recovery)"] = {r["k"]: r["after"] for r in recipe}
-    for row in data.get("learned", {}).get("rows", []):
+    for row in data.get("learned", {}).get("rows", []) + data.get("voita", {}).get("rows", []):
         if "method" in row:
             curves.setdefault(f"{row['method']} (learned, 500 steps)", {})[row["k"]] = row["after"]
-    curves.update(_oneshot_curves(data.get("oneshot")))
+    curves.update(_training_free(data))
     for variant, run in data.get("peer", {}).get("runs", {}).items():
-        curves[f"textpruner ({variant})"] = {int(k): r["accuracy"] for k, r in run["ks"].items()}
+        curves[f"textpruner ({variant})"] = {r.get("kept", int(k)): r["accuracy"] for k, r in run["ks"].items()}
     return curves
 
 
@@ -142,28 +148,31 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
     run = next(iter(peer["runs"].values()))
     lines = ["", "**Against the peer** (TextPruner's iterative pruning, "
              f"{run['n_iters']} iterations, textpruner {run['textpruner']} with transformers {run['transformers']}, "
-             "in its own virtual environment; no training), at every K both reach. headcut's training-free methods "
-             "(one-shot and iterative, the same 512 calibration snippets):", "",
-             "| heads | best headcut training-free method | accuracy | `michel` | TextPruner | best - TextPruner | "
-             "TextPruner's own pruned model |", "|---|---|---|---|---|---|---|"]
-    training_free = _oneshot_curves(data.get("oneshot"))
+             "in its own virtual environment; nothing trained), at every K both reach, on the same 512 calibration "
+             "snippets. TextPruner's masks are evaluated by headcut too (its own figure in the last column):", "",
+             "| heads | best headcut training-free method | accuracy | `michel` (defaults) | TextPruner | "
+             "best - TextPruner | TextPruner's own figure |", "|---|---|---|---|---|---|---|"]
+    training_free = _training_free(data)
     for k in sorted({int(k) for r in peer["runs"].values() for k in r["ks"]}, reverse=True):
         theirs = max((r["ks"][str(k)] for r in peer["runs"].values() if str(k) in r["ks"]),
                      key=lambda r: r["accuracy"])
-        if not training_free:
+        have = {m: c[k] for m, c in training_free.items() if k in c}
+        if not have:
             continue
-        best = max(training_free, key=lambda m: training_free[m].get(k, -1.0))
-        mine = training_free[best].get(k)
-        if mine is None:
-            continue
-        lines.append(f"| {k} | {best} | {mine:.2f} | {_fmt(training_free.get('michel', {}).get(k))} | "
-                     f"{theirs['accuracy']:.2f} | {mine - theirs['accuracy']:+.2f} | {theirs['accuracy_textpruner']:.2f} |")
+        best = max(have, key=lambda m: have[m])
+        kept = theirs.get("kept", k)
+        asked = f"{theirs['accuracy']:.2f}" + (f" (kept {kept} heads, not {k})" if kept != k else "")
+        lines.append(f"| {k} | {best} | {have[best]:.2f} | {_fmt(training_free.get('michel', {}).get(k))} | {asked} | "
+                     f"{have[best] - theirs['accuracy']:+.2f} | {theirs['accuracy_textpruner']:.2f} |")
     recipe = curves.get("headcut recipe (gradient + distilled recovery)")
     if recipe:
-        lines += ["", "With training (the recipe's recovery fine-tuning), headcut is above TextPruner at every K: "
-                  + ", ".join(f"K={k}: {recipe[k]:.1f} vs {max(r['ks'][str(k)]['accuracy'] for r in peer['runs'].values() if str(k) in r['ks']):.1f}"
-                              for k in sorted(recipe, reverse=True)
-                              if any(str(k) in r["ks"] for r in peer["runs"].values())) + "."]
+        pairs = []
+        for k in sorted(recipe, reverse=True):
+            peer_k = [r["ks"][str(k)]["accuracy"] for r in peer["runs"].values() if str(k) in r["ks"]]
+            if peer_k:
+                pairs.append(f"{k} heads {recipe[k]:.1f} vs {max(peer_k):.1f}")
+        lines += ["", "With training (the recipe's distilled recovery), headcut against TextPruner: " + "; ".join(pairs)
+                  + "."]
     return lines
 
 
@@ -171,14 +180,16 @@ def _wall_times(data: dict[str, dict[str, Any]]) -> list[str]:
     lines = ["", "## Prune wall time", "",
              "Seconds on this machine's CPU for one run to K heads (scoring or training included, the final "
              "evaluation not):", "", "| method | what | seconds |", "|---|---|---|"]
-    rows = [r for r in data.get("oneshot", {}).get("rows", []) if r.get("seconds") is not None]
+    rows = [r for name in ("oneshot", "iterative") for r in data.get(name, {}).get("rows", [])
+            if r.get("seconds") is not None]
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
-        if method == "greedy-gnorm":
+        if method == "greedy-gnorm" or method.startswith("michel --step"):
             lines.append(f"| {method} | all K in one run down to {mine[0]['k']} (512 snippets) | {mine[0]['seconds']:.0f} |")
         else:
             lines.append(f"| {method} | mean over K (512 snippets) | {statistics.mean(r['seconds'] for r in mine):.1f} |")
-    learned = [r for r in data.get("learned", {}).get("rows", []) if "method" in r]
+    learned = [r for r in data.get("learned", {}).get("rows", []) + data.get("voita", {}).get("rows", [])
+               if "method" in r]
     for method in dict.fromkeys(r["method"] for r in learned):
         mine = [r["seconds"] for r in learned if r["method"] == method]
         lines.append(f"| {method} | 500 training steps, mean over K | {statistics.mean(mine):.0f} |")

@@ -15,7 +15,8 @@ sets an average number of heads per layer) a fresh copy of MODEL is pruned with
 ``TransformerPruningConfig(pruning_method="iterative", n_iters, target_num_of_heads=K / layers,
 head_even_masking=even)``, the FFN left whole (``target_ffn_size`` = the model's), and really pruned
 (``keep_shape=False``: transformers 4's ``prune_heads``); the pruned model's accuracy on the evaluation
-batches and its head mask (1 = kept) are printed as one JSON object on stdout.
+batches, its head mask (1 = kept) and the heads it kept (``kept``: TextPruner's last iteration can keep one
+more than asked) are printed as one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -89,11 +90,11 @@ def main() -> None:
         pruner.prune(dataloader=cal, save_model=False, keep_shape=False)
         seconds = time.perf_counter() - start
         mask = pruner.head_mask.to(torch.int64).tolist()
-        assert sum(map(sum, mask)) == k, (k, mask)
+        # TextPruner's last iteration may keep more heads than asked (seen: 13 for 12): record what it kept
         kept = sum(model.config.num_attention_heads - len(model.config.pruned_heads.get(i, ()))
                    for i in range(layers)) if model.config.pruned_heads else heads * layers
         out["ks"][k] = {"accuracy": accuracy(model, dev), "seconds": round(seconds, 2), "mask": mask,
-                        "heads_in_pruned_model": kept}
+                        "kept": sum(map(sum, mask)), "heads_in_pruned_model": kept}
         print(f"K={k}: {out['ks'][k]['accuracy']:.4f} ({seconds:.1f} s)", file=sys.stderr, flush=True)
     print(json.dumps(out))
 
