@@ -7,7 +7,7 @@ environment and never imports headcut; ``benchmarks/page.py --peer-python VENV/b
     python3 -m venv peer && peer/bin/pip install torch==2.13.0 'transformers<5' 'numpy<2.3' \\
         sentencepiece protobuf tqdm && peer/bin/pip install --no-deps textpruner==1.1.post2
     peer/bin/python benchmarks/peer_textpruner.py MODEL BATCHES.safetensors --ks 60,48,36,24,12,6 \\
-        [--n-iters 16] [--even]
+        --out PEER.json [--n-iters 16] [--even]
 
 ``BATCHES.safetensors`` holds the tokenised batches page.py wrote (``cal.{i}.{field}`` and
 ``eval.{i}.{field}``), so both tools see the same ids. For each K (a multiple of the layer count: TextPruner
@@ -16,12 +16,14 @@ sets an average number of heads per layer) a fresh copy of MODEL is pruned with
 head_even_masking=even)``, the FFN left whole (``target_ffn_size`` = the model's), and really pruned
 (``keep_shape=False``: transformers 4's ``prune_heads``); the pruned model's accuracy on the evaluation
 batches, its head mask (1 = kept) and the heads it kept (``kept``: TextPruner's last iteration can keep one
-more than asked) are printed as one JSON object on stdout.
+more than asked) are written as one JSON object to ``--out`` after every K (anything TextPruner prints goes
+to stderr).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -61,8 +63,13 @@ def main() -> None:
     ap.add_argument("--ks", default="60,48,36,24,12,6")
     ap.add_argument("--n-iters", type=int, default=16)
     ap.add_argument("--even", action="store_true", help="the same number of heads in every layer")
+    ap.add_argument("--out", required=True, help="the JSON file the results are written to")
     args = ap.parse_args()
+    with contextlib.redirect_stdout(sys.stderr):  # TextPruner prints its progress on stdout
+        run(args)
 
+
+def run(args: argparse.Namespace) -> None:
     import textpruner
     import transformers
     from textpruner import GeneralConfig, TransformerPruner, TransformerPruningConfig
@@ -96,7 +103,8 @@ def main() -> None:
         out["ks"][k] = {"accuracy": accuracy(model, dev), "seconds": round(seconds, 2), "mask": mask,
                         "kept": sum(map(sum, mask)), "heads_in_pruned_model": kept}
         print(f"K={k}: {out['ks'][k]['accuracy']:.4f} ({seconds:.1f} s)", file=sys.stderr, flush=True)
-    print(json.dumps(out))
+        with open(args.out, "w") as f:
+            json.dump(out, f)
 
 
 if __name__ == "__main__":
