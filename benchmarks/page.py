@@ -453,6 +453,10 @@ def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Name
     log(f"auber: {row['after']:.2f} % with {row['heads_after']} heads")
 
 
+#: the speed study's rounds over all the models and timed forwards per model and round
+SPEED_ROUNDS, SPEED_RUNS = 5, 20
+
+
 def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
     blocks = headcut.model_blocks(task.model)
@@ -468,12 +472,22 @@ def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Names
     names = ["72"] + [str(k) for k in KS]
     out: dict[str, Any] = {}
     for device in devices:
-        log(f"timing {len(models)} models on {device}")
-        result = headcut.bench(models, names=names, device=device, batch_size=8, seq_len=128, runs=20, warmup=3)
-        out[device] = [{"heads": int(n), "median_ms": row.median_ms, "speedup": row.speedup,
-                        "flop_ratio": row.flop_ratio, "params": row.params}
-                       for n, row in zip(names, result.results, strict=True)]
-    store.data["devices"] = out
+        # SPEED_ROUNDS rounds over all the models, each of SPEED_RUNS timed forwards: a burst of load on the
+        # machine then touches one round of every model, not all the runs of one
+        rounds = []
+        for i in range(SPEED_ROUNDS):
+            log(f"timing {len(models)} models on {device}, round {i + 1} of {SPEED_ROUNDS}")
+            rounds.append(headcut.bench(models, names=names, device=device, batch_size=8, seq_len=128,
+                                        runs=SPEED_RUNS, warmup=3).results)
+        rows = []
+        for j, n in enumerate(names):
+            medians = [r[j].median_ms for r in rounds]
+            rows.append({"heads": int(n), "median_ms": statistics.median(medians), "round_ms": medians,
+                         "flop_ratio": rounds[0][j].flop_ratio, "params": rounds[0][j].params})
+        for row in rows:
+            row["speedup"] = rows[0]["median_ms"] / row["median_ms"]
+        out[device] = rows
+    store.data.update(devices=out, rounds=SPEED_ROUNDS, runs=SPEED_RUNS)
 
 
 #: SmolLM2's KV groups removed (of 90)

@@ -13,6 +13,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from headcut.pruning import method_names
+
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
@@ -73,6 +75,12 @@ def _curves(data: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
     for variant, run in data.get("peer", {}).get("runs", {}).items():
         curves[f"textpruner ({variant})"] = {r.get("kept", int(k)): r["accuracy"] for k, r in run["ks"].items()}
     return curves
+
+
+def _absent_methods(curves: dict[str, dict[int, float]], points: dict[str, tuple[int, float]]) -> list[str]:
+    """headcut's methods (the inverse-* controls aside) with neither a curve nor a point on the plot."""
+    shown = [name.split(" ")[0] for name in [*curves, *points]]
+    return [m for m in method_names() if not m.startswith("inverse-") and m not in shown]
 
 
 def _style(name: str) -> dict[str, Any]:
@@ -211,6 +219,11 @@ def _levers(levers: dict[str, Any]) -> list[str]:
     for row in levers["rows"]:
         steps = row.get("train_steps", 0) + row.get("recover_steps", 0)
         lines.append(f"| {row['lever']} | {steps} | {row['after']:.2f} | {row['before'] - row['after']:.2f} |")
+    from page import LEVERS  # the levers page.py measures, in its order
+
+    missing = [name for name in LEVERS if name not in {r["lever"] for r in levers["rows"]}]
+    if missing:
+        lines += ["", "Not measured yet: " + "; ".join(missing) + "."]
     return lines
 
 
@@ -306,11 +319,16 @@ def _speed(speed: dict[str, Any], plots: bool, img: Path) -> list[str]:
     if not speed["devices"].get("cuda"):
         lines += ["No GPU was available to this run: CPU only.", ""]
     for device, rows in speed["devices"].items():
-        lines += [f"`headcut bench` on {device}, batch 8 x 128 tokens, median of 20 runs (the one-shot gradient "
-                  "masks):", "", "| heads | parameters | median ms | speed-up | FLOP ratio |", "|---|---|---|---|---|"]
+        rounds = speed.get("rounds", 1)
+        lines += [f"`headcut bench` on {device}, batch 8 x 128 tokens, the one-shot gradient masks; median ms: the "
+                  f"median over {rounds} rounds (each model timed {speed.get('runs', 20)} times per round, the rounds "
+                  "going over all the models in turn) of each round's median, with the rounds' range:", "",
+                  "| heads | parameters | median ms | rounds' range (ms) | speed-up | FLOP ratio |",
+                  "|---|---|---|---|---|---|"]
         for r in sorted(rows, key=lambda r: -r["heads"]):
-            lines.append(f"| {r['heads']} | {r['params'] / 1e6:.1f} M | {r['median_ms']:.1f} | {r['speedup']:.2f} | "
-                         f"{r['flop_ratio']:.2f} |")
+            spread = r.get("round_ms", [r["median_ms"]])
+            lines.append(f"| {r['heads']} | {r['params'] / 1e6:.1f} M | {r['median_ms']:.1f} | "
+                         f"{min(spread):.1f}-{max(spread):.1f} | {r['speedup']:.2f} | {r['flop_ratio']:.2f} |")
         lines.append("")
     return lines
 
@@ -393,6 +411,10 @@ def render(results: Path, docs: Path) -> Path:
                   "gates: 500 steps of 8 with the papers' loss (no distillation, no recovery); training-free methods "
                   "scored on 512 training snippets, nothing trained (random: mean of 5 seeds).", ""]
         lines += _table(curves)
+        absent = _absent_methods(curves, points)
+        if absent:
+            lines += ["", "Not on the plot yet (their studies are not measured): "
+                      + ", ".join(f"`{m}`" for m in absent) + "."]
         if points:
             lines += ["", "Single runs: " + "; ".join(f"{name}: {acc:.2f} % at {k} heads"
                                                       for name, (k, acc) in points.items()) + "."]
