@@ -6,7 +6,7 @@
 Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with the machine, the versions and
 the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
 finished one is not measured again unless named in ``--rerun``. The page is then rendered from every results
-file (``--studies none`` only renders). Progress goes to stderr. All the studies take about 9 hours on 2 CPU
+file (``--studies none`` only renders). Progress goes to stderr. All the studies take about 10 hours on 2 CPU
 cores; each can be run on its own.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
@@ -21,15 +21,19 @@ sentences of speeches it never saw):
   with transformers 4: ``--peer-python``) on the same 512 calibration snippets and evaluation batches, at the K
   it can reach (multiples of the 6 layers), with its best setting in its README (16 iterations, uneven heads
   per layer); its masks are also evaluated by headcut (both numbers are on the page).
-* ``recipe``: the README main job's recipe (:data:`RECIPES`) at every K on ``rt`` (seed 0), and at 16 and 8
+* ``recipe``: the README main job's recipe (:func:`recipe`) at every K on ``rt`` (seed 0), and at 16 and 8
   heads over 3 seeds: the targets.
 * ``levers``: at 16 heads, every lever of issue 16 measured alone (distillation in gate training, recovery,
   its learning rate and weight, hidden-state matching, schedules, early stopping).
 * ``learned``: the learned-gate methods with the papers' loss (no distillation, no recovery) for one epoch of
-  the 4,000 snippets (500 steps of 8) at ``LEARNED_KS``.
+  the 4,000 snippets (500 steps of 8) at ``LEARNED_KS``, and the 16-head PASS and PASSCONC models timed.
+* ``voita``: Voita et al. (its lambda search: up to 5 training runs per K) at ``LEARNED_KS``.
+* ``iterative``: Michel et al.'s iterative pruning two heads at a time (``ITERATIVE``: the paper's scores and
+  TextPruner's way of scoring), read off its trajectory at every K of ``KS``.
 * ``claims``: the lottery ticket against its re-initialised control at 16 heads, and AUBER with its defaults.
 * ``speed``: models slimmed to K heads timed by ``headcut bench`` on this machine's CPU (batch 8 x 128
-  tokens), speed-up beside the FLOP ratio; CUDA too when the run has a GPU.
+  tokens; ``SPEED_ROUNDS`` rounds over all the models), speed-up beside the FLOP ratio; CUDA too when the run
+  has a GPU.
 * ``smollm``: SmolLM2-135M (30 layers x 3 KV groups) with KV groups removed (one-shot gradient scores on the
   first half of hamlet.txt): perplexity on the second half, KV-cache bytes and generation speed.
 * ``convention``: the second task: the training-free methods and the recipe at every K.
