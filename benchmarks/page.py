@@ -518,7 +518,7 @@ def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Name
                     pruned.save(out)
                     folder = out
                 else:
-                    before = after = headcut.evaluate(src, held, data_options={"seq_len": 256}).metrics["perplexity"]
+                    before = after = headcut.evaluate(src, held, data_options={"seq_len": 256}).value
                     folder = src
                 seconds = time.perf_counter() - start
                 bench = headcut.bench([folder], batch_size=1, seq_len=128, gen_tokens=32, runs=5, warmup=1)
