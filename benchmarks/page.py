@@ -6,8 +6,8 @@
 Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with the machine, the versions and
 the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
 finished one is not measured again unless named in ``--rerun``. The page is then rendered from every results
-file (``--studies none`` only renders). Progress goes to stderr. All the studies take about 10 hours on 2 CPU
-cores; each can be run on its own.
+file (``--studies none`` only renders). Progress goes to stderr. All the studies should take about 10 hours on 2
+CPU cores (an estimate from the ones measured so far); each can be run on its own.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
 heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real
@@ -221,20 +221,26 @@ class Store:
 
 # ---- studies ------------------------------------------------------------------------------------------
 
-def _oneshot(task: Task, store: Store, methods: Iterable[str]) -> None:
+def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any]) -> None:
+    """One iterative run of ``method`` down to the smallest K, its accuracy read off the trajectory at every K
+    of ``KS`` (rows named ``name``; the run's wall time on the smallest K's row)."""
+    if any(r["method"] == name for r in store.data["rows"]):
+        return
     blocks = headcut.model_blocks(task.model)
+    start = time.perf_counter()
+    r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), options)
+    seconds = time.perf_counter() - start
+    for k in KS:
+        store.row({"method": name, "k": k}, lambda k=k: {
+            "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
+            "seconds": seconds if k == min(KS) else None})
+    log(f"{name}: done ({seconds:.0f} s to {min(KS)} heads)")
+
+
+def _oneshot(task: Task, store: Store, methods: Iterable[str]) -> None:
     for method in methods:
         if method == "greedy-gnorm":  # one run to the smallest K passes through every larger K
-            if any(r["method"] == method for r in store.data["rows"]):
-                continue
-            start = time.perf_counter()
-            r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), {"step": 1})
-            seconds = time.perf_counter() - start
-            for k in KS:
-                store.row({"method": method, "k": k}, lambda k=k: {
-                    "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
-                    "seconds": seconds if k == min(KS) else None})
-            log(f"{method}: done ({seconds:.0f} s to {min(KS)} heads)")
+            _trajectory(task, store, method, method, {"step": 1})
             continue
         for k in KS:
             def measure(method: str = method, k: int = k) -> dict[str, Any]:
@@ -435,18 +441,8 @@ ITERATIVE = {
 
 def study_iterative(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
-    blocks = headcut.model_blocks(task.model)
     for name, options in ITERATIVE.items():
-        if any(r["method"] == name for r in store.data["rows"]):
-            continue
-        start = time.perf_counter()
-        r = plan_prune(task.model, task.cal, PruneConfig(method="michel", keep=min(KS)), options)
-        seconds = time.perf_counter() - start
-        for k in KS:
-            store.row({"method": name, "k": k}, lambda k=k: {
-                "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
-                "seconds": seconds if k == min(KS) else None})
-        log(f"{name}: done ({seconds:.0f} s to {min(KS)} heads)")
+        _trajectory(task, store, name, "michel", options)
 
 
 def study_claims(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
@@ -463,16 +459,12 @@ SPEED_ROUNDS, SPEED_RUNS = 5, 20
 
 def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
-    blocks = headcut.model_blocks(task.model)
-    r = plan_prune(task.model, task.cal, PruneConfig(method="gradient", keep=min(KS)))
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     # export slims the module it is given: each K gets its own copy, with the one-shot ranking's top K
-    scores = r.scores if hasattr(r, "scores") else None
     models = [task.model]
     for k in KS:
         mask = plan_prune(task.model, task.cal, PruneConfig(method="gradient", keep=k)).mask
         models.append(headcut.export(copy.deepcopy(task.model), mask).model)
-    del scores, blocks
     names = ["72"] + [str(k) for k in KS]
     out: dict[str, Any] = {}
     for device in devices:

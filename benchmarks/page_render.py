@@ -151,6 +151,12 @@ def _targets(recipe: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _peer_at(peer: dict[str, Any], k: int) -> dict[str, Any] | None:
+    """The peer's best run asked for ``k`` heads (of its variants), or None when none was."""
+    runs = [r["ks"][str(k)] for r in peer["runs"].values() if str(k) in r["ks"]]
+    return max(runs, key=lambda r: r["accuracy"]) if runs else None
+
+
 def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, float]]) -> list[str]:
     peer = data["peer"]
     run = next(iter(peer["runs"].values()))
@@ -165,8 +171,7 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
              "|---|---|---|---|---|---|---|---|---|"]
     training_free = _training_free(data)
     for k in sorted({int(k) for r in peer["runs"].values() for k in r["ks"]}, reverse=True):
-        theirs = max((r["ks"][str(k)] for r in peer["runs"].values() if str(k) in r["ks"]),
-                     key=lambda r: r["accuracy"])
+        theirs = _peer_at(peer, k)
         kept = theirs.get("kept", k)
         # compared at the heads TextPruner really kept: headcut's largest K not above them
         ours = max((q for c in training_free.values() for q in c if q <= kept), default=None)
@@ -181,9 +186,8 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
     if recipe:
         pairs = []
         for k in sorted(recipe, reverse=True):
-            peer_k = [r["ks"][str(k)] for r in peer["runs"].values() if str(k) in r["ks"]]
-            if peer_k:
-                theirs = max(peer_k, key=lambda r: r["accuracy"])
+            theirs = _peer_at(peer, k)
+            if theirs:
                 kept = theirs.get("kept", k)
                 pairs.append(f"{k} heads {recipe[k]:.1f} vs {theirs['accuracy']:.1f}"
                              + (f" (TextPruner kept {kept})" if kept != k else ""))
@@ -252,7 +256,8 @@ PAPER = {
 }
 
 
-#: run-to-run variation of a CPU timing on the 2-core machines the page is measured on
+#: run-to-run variation of a CPU timing on the 2-core machines the page is measured on (about 10 % in the
+#: earlier studies, docs/studies.md; more in the speed study's rounds)
 TIMING_NOISE = 0.10
 
 
@@ -261,8 +266,8 @@ def _faster(ms: float, than_ms: float) -> str:
     gain = 1.0 - ms / than_ms
     if gain > TIMING_NOISE:
         return f"yes ({100 * gain:.0f} % faster)"
-    return (f"not measurably ({100 * gain:+.0f} %, within the {100 * TIMING_NOISE:.0f} % run-to-run variation "
-            "of CPU timings here)")
+    return (f"not measurably ({100 * gain:+.0f} %, under the {100 * TIMING_NOISE:.0f} % or more that CPU timings "
+            "vary by from run to run here)")
 
 
 def _claims(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, float]]) -> list[str]:

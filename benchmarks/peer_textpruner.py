@@ -15,8 +15,8 @@ sets an average number of heads per layer) a fresh copy of MODEL is pruned with
 ``TransformerPruningConfig(pruning_method="iterative", n_iters, target_num_of_heads=K / layers,
 head_even_masking=even)``, the FFN left whole (``target_ffn_size`` = the model's), and really pruned
 (``keep_shape=False``: transformers 4's ``prune_heads``); the pruned model's accuracy on the evaluation
-batches, its head mask (1 = kept) and the heads it kept (``kept``: TextPruner's last iteration can keep one
-more than asked) are written as one JSON object to ``--out`` after every K (anything TextPruner prints goes
+batches, its head mask (1 = kept) and the heads it kept (``kept``: TextPruner's last iteration can keep more
+than asked: 13 for 12, 9 for 6 on the README's classifier) are written as one JSON object to ``--out`` after every K (anything TextPruner prints goes
 to stderr).
 """
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> None:
         pruner.prune(dataloader=cal, save_model=False, keep_shape=False)
         seconds = time.perf_counter() - start
         mask = pruner.head_mask.to(torch.int64).tolist()
-        # TextPruner's last iteration may keep more heads than asked (seen: 13 for 12): record what it kept
+        # TextPruner's last iteration may keep more heads than asked (seen: 13 for 12, 9 for 6): record them
         kept = sum(model.config.num_attention_heads - len(model.config.pruned_heads.get(i, ()))
                    for i in range(layers)) if model.config.pruned_heads else heads * layers
         out["ks"][k] = {"accuracy": accuracy(model, dev), "seconds": round(seconds, 2), "mask": mask,
