@@ -145,6 +145,10 @@ class Task:
     def accuracy(self, mask: HeadMask | None = None) -> float:
         return 100.0 * self.metric.measure(mask or HeadMask.full(headcut.model_blocks(self.model)))
 
+    def held_out(self, model: torch.nn.Module) -> float:
+        """The accuracy (%) of another (pruned, trained) model on the held-out snippets, every head on."""
+        return 100.0 * eval_metric(model, self.dev).measure(HeadMask.full(headcut.model_blocks(model)))
+
     def mask_of_layers(self, rows: list[list[int]]) -> HeadMask:
         """A mask from a (layers x heads) 0/1 table, layer i being the model's i-th block."""
         blocks = headcut.model_blocks(self.model)
@@ -383,9 +387,7 @@ def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) ->
                 extra["eval_data"] = dev
         tuned = headcut.finetune(pruned.model, data, teacher=teacher, checkpoint_every=None,
                                  data_options=TRAIN_OPTIONS, **extra, **recovery)
-    model = tuned.model
-    blocks = headcut.model_blocks(model)
-    after = 100.0 * eval_metric(model, task.dev).measure(HeadMask.full(blocks))
+    after = task.held_out(tuned.model)
     row = {"k": 16, "method": method, "options": {**options, "finetune": recovery}, "before": task.accuracy(),
            "after": after, "seconds": time.perf_counter() - start, "train_steps": 0,
            "recover_steps": recovery["max_steps"]}
@@ -459,18 +461,15 @@ def _lottery(task: Task) -> dict[str, Any]:
         data, dev = _fixed_split(task, Path(tmp))
         pruned = headcut.prune(task.path, "lottery", keep=16, data=data, eval_data=dev, control="reinit",
                                alpha=0.0, data_options=TRAIN_OPTIONS)
-    held_out = eval_metric(pruned.model, task.dev)
-    control = pruned.result.details.control_model
     row = {"k": 16, "method": "lottery", "options": {"control": "reinit", "alpha": 0.0, "eval_data": "dev-500"},
            "before": task.accuracy(),
-           "after": 100.0 * held_out.measure(HeadMask.full(headcut.model_blocks(pruned.model))),
+           "after": task.held_out(pruned.model),
            "seconds": time.perf_counter() - start, "heads_after": pruned.report["heads"]["after"],
            "train_steps": (pruned.report.get("training") or {}).get("steps", 0), "recover_steps": 0,
            "lottery": _summary("lottery", pruned.report["lottery"])}
     row["lottery"]["dev_metric"], row["lottery"]["dev_control_metric"] = (
         pruned.report["metric"]["after"], row["lottery"]["control_metric"])
-    row["lottery"]["control_metric"] = eval_metric(control, task.dev).measure(
-        HeadMask.full(headcut.model_blocks(control)))
+    row["lottery"]["control_metric"] = task.held_out(pruned.result.details.control_model) / 100.0
     return row
 
 
