@@ -1,13 +1,15 @@
 """Regenerate the benchmark page, ``docs/benchmarks.md``, and its plots (``docs/img/*.png``) from one command:
 
     pip install -e '.[plots]'                       # matplotlib, for the PNG plots
-    python benchmarks/page.py [--studies all|none|NAME,...] [--rerun NAME,...] [--peer-python PEER/bin/python]
+    python benchmarks/page.py [--studies all|none|NAME,...] [--rerun NAME,...] [--extend NAME,...]
+                              [--peer-python PEER/bin/python]
 
 Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with the machine, the versions and
 the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
-finished one is not measured again unless named in ``--rerun``. The page is then rendered from every results
+finished one is not measured again unless named in ``--rerun`` (from scratch) or ``--extend`` (only the rows
+it lacks, after a K or a variant was added here). The page is then rendered from every results
 file (``--studies none`` only renders). Progress goes to stderr. All the studies should take about 12 hours on 2
-CPU cores (an estimate: all but ``convention`` and 5 lever rows took 8 hours); each can be run on its own.
+CPU cores (an estimate: all but ``convention`` took 9.5 hours); each can be run on its own.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
 heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real
@@ -15,8 +17,9 @@ task, the same encoder fine-tuned to tell the party of a 2012 convention speech'
 sentences of speeches it never saw):
 
 * ``oneshot``: the training-free methods (one-shot scorers, Michel et al., Greedy-Gnorm; random over 5 seeds)
-  on ``rt`` at every K of ``KS``, scored on 512 training snippets; accuracy with the heads gated off (identical
-  to the slimmed model: tests/test_surgery.py) and the prune wall time.
+  on ``rt`` at every K of ``KS`` (and at the heads TextPruner kept where those are not in ``KS``), scored on
+  512 training snippets; accuracy with the heads gated off (identical to the slimmed model:
+  tests/test_surgery.py) and the prune wall time.
 * ``peer``: TextPruner's iterative pruning (``benchmarks/peer_textpruner.py``, in its own virtual environment
   with transformers 4: ``--peer-python``) on the same 512 calibration snippets and evaluation batches, at the K
   it can reach (multiples of the 6 layers), with its best setting in its README (16 iterations, uneven heads
@@ -28,8 +31,9 @@ sentences of speeches it never saw):
 * ``learned``: the learned-gate methods with the papers' loss (no distillation, no recovery) for one epoch of
   the 4,000 snippets (500 steps of 8) at ``LEARNED_KS``, and the 16-head PASS and PASSCONC models timed.
 * ``voita``: Voita et al. (its lambda search: up to 5 training runs per K) at ``LEARNED_KS``.
-* ``iterative``: Michel et al.'s iterative pruning two heads at a time (``ITERATIVE``: the paper's scores and
-  TextPruner's way of scoring), read off its trajectory at every K of ``KS``.
+* ``iterative``: Michel et al.'s iterative pruning (``ITERATIVE``: two heads at a time with the paper's scores
+  and with TextPruner's way of scoring; one head at a time with TextPruner's), read off its trajectory at every
+  K of ``KS`` and at the heads TextPruner kept where those are not in ``KS``.
 * ``claims``: the lottery ticket against its re-initialised control at 16 heads (its convergence early-stopped
   on 500 training snippets it does not train on; both measured on the held-out snippets), and AUBER with its
   defaults.
@@ -228,16 +232,26 @@ class Store:
 
 # ---- studies ------------------------------------------------------------------------------------------
 
+def peer_kept(task: Task) -> list[int]:
+    """The heads the peer study's TextPruner runs really kept on ``task`` where that is not a K of ``KS`` (its
+    last iteration can keep more than asked: 13 for 12), so headcut is also measured at exactly those K."""
+    path = RESULTS / "peer.json"
+    if task.name != "rt" or not path.is_file():
+        return []
+    runs = json.loads(path.read_text()).get("runs", {}).values()
+    return sorted({r["kept"] for run in runs for r in run["ks"].values()} - set(KS), reverse=True)
+
+
 def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any]) -> None:
     """One iterative run of ``method`` down to the smallest K, its accuracy read off the trajectory at every K
-    of ``KS`` (rows named ``name``; the run's wall time on the smallest K's row)."""
+    of ``KS`` and of :func:`peer_kept` (rows named ``name``; the run's wall time on the smallest K's row)."""
     if any(r["method"] == name for r in store.data["rows"]):
         return
     blocks = headcut.model_blocks(task.model)
     start = time.perf_counter()
     r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), options)
     seconds = time.perf_counter() - start
-    for k in KS:
+    for k in sorted({*KS, *peer_kept(task)}, reverse=True):
         store.row({"method": name, "k": k}, lambda k=k: {
             "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
             "seconds": seconds if k == min(KS) else None})
@@ -249,7 +263,7 @@ def _oneshot(task: Task, store: Store, methods: Iterable[str]) -> None:
         if method == "greedy-gnorm":  # one run to the smallest K passes through every larger K
             _trajectory(task, store, method, method, {"step": 1})
             continue
-        for k in KS:
+        for k in sorted({*KS, *peer_kept(task)}, reverse=True):
             def measure(method: str = method, k: int = k) -> dict[str, Any]:
                 seeds = range(RANDOM_SEEDS) if method == "random" else [0]
                 accs, secs = [], []
@@ -323,8 +337,9 @@ def study_recipe(tasks: Callable[[str], Task], store: Store, args: argparse.Name
         log(f"recipe K={k} seed {seed}: {row['before']:.2f} -> {row['after']:.2f} %")
 
 
-#: issue 16's levers, each measured alone at 16 heads (seed 0): name -> (``headcut.prune`` arguments, and for a
-#: recovery run by ``headcut.finetune`` on the cut model, distilled from the unpruned one, its arguments)
+#: issue 16's levers, each measured alone at 16 heads (seed 0, unless ``keep``/``seed`` say otherwise): name ->
+#: (``headcut.prune`` arguments, and for a recovery run by ``headcut.finetune`` on the cut model, distilled from
+#: the unpruned one unless ``teacher`` is None, its arguments)
 LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
     "pass, 500 steps, the papers' loss": ({"method": "pass", "max_steps": 500, "alpha": 0.0}, None),
     "pass, 500 steps, gates distilled (alpha 0.5)": ({"method": "pass", "max_steps": 500, "alpha": 0.5}, None),
@@ -351,8 +366,36 @@ LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
         {"method": "gradient"}, {"max_steps": 500, "fixed": True}),
     "as above, early stopping on 500 other training snippets (every 50 steps, patience 3)": (
         {"method": "gradient"}, {"max_steps": 500, "fixed": True, "eval_every": 50, "patience": 3}),
+    # hidden-state matching and distillation itself in recovery: the rows again on the targets' other seeds
+    # (and at 8 heads, 1,000 steps), beside the recipe study's distilled figures
+    "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 1": (
+        {"method": "gradient", "seed": 1}, {"max_steps": 500, "hidden_weight": 1.0}),
+    "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 2": (
+        {"method": "gradient", "seed": 2}, {"max_steps": 500, "hidden_weight": 1.0}),
+    "gradient + finetune 500, task loss only, seed 1": (
+        {"method": "gradient", "seed": 1}, {"max_steps": 500, "teacher": None}),
+    "gradient + finetune 500, task loss only, seed 2": (
+        {"method": "gradient", "seed": 2}, {"max_steps": 500, "teacher": None}),
+    "8 heads: gradient + finetune 1,000, task loss only": (
+        {"method": "gradient", "keep": 8}, {"max_steps": 1000, "teacher": None}),
+    "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)": (
+        {"method": "gradient", "keep": 8}, {"max_steps": 1000, "hidden_weight": 1.0}),
     # last: Michel et al.'s 8 rescorings of the 4,000 snippets, per-example gradients, take over an hour here
     "michel + recovery 500": ({"method": "michel", "recover_steps": 500}, None),
+}
+
+
+#: the recovery losses compared on the targets' seeds: loss -> the lever rows at 16 heads (seeds 0, 1, 2; 500
+#: steps) and at 8 heads (seed 0; 1,000 steps); the distilled recovery's own rows are the recipe study's
+RECOVERY_LOSSES: dict[str, tuple[list[str], str]] = {
+    "task loss only (no distillation)": (
+        ["gradient + finetune 500, task loss only (no distillation)", "gradient + finetune 500, task loss only, seed 1",
+         "gradient + finetune 500, task loss only, seed 2"], "8 heads: gradient + finetune 1,000, task loss only"),
+    "distilled + hidden-state matching (weight 1)": (
+        ["gradient + finetune 500, distilled + hidden-state matching (weight 1)",
+         "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 1",
+         "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 2"],
+        "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)"),
 }
 
 
@@ -372,11 +415,12 @@ def _fixed_split(task: Task, folder: Path) -> tuple[Path, Path]:
 
 def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) -> dict[str, Any]:
     options = dict(spec)
-    method = options.pop("method")
+    method, keep, seed = options.pop("method"), options.pop("keep", 16), options.pop("seed", 0)
     if recovery is None:
-        return task.prune(16, method, **options)
+        return task.prune(keep, method, seed=seed, **options)
     start = time.perf_counter()
-    pruned = headcut.prune(task.path, method, keep=16, data=task.splits["train"], data_options=TRAIN_OPTIONS)
+    pruned = headcut.prune(task.path, method, keep=keep, data=task.splits["train"], seed=seed,
+                           data_options=TRAIN_OPTIONS)
     recovery = dict(recovery)
     teacher = recovery.pop("teacher", task.path)
     data, extra = task.splits["train"], {}
@@ -385,10 +429,11 @@ def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) ->
             data, dev = _fixed_split(task, Path(tmp))
             if "patience" in recovery:
                 extra["eval_data"] = dev
-        tuned = headcut.finetune(pruned.model, data, teacher=teacher, checkpoint_every=None,
+        tuned = headcut.finetune(pruned.model, data, teacher=teacher, checkpoint_every=None, seed=seed,
                                  data_options=TRAIN_OPTIONS, **extra, **recovery)
     after = task.held_out(tuned.model)
-    row = {"k": 16, "method": method, "options": {**options, "finetune": recovery}, "before": task.accuracy(),
+    row = {"k": keep, "method": method, "seed": seed, "options": {**options, "finetune": recovery},
+           "before": task.accuracy(),
            "after": after, "seconds": time.perf_counter() - start, "train_steps": 0,
            "recover_steps": recovery["max_steps"]}
     if tuned.result.early_stopping is not None:
@@ -442,6 +487,7 @@ def study_voita(tasks: Callable[[str], Task], store: Store, args: argparse.Names
 ITERATIVE = {
     "michel --step 2": {"step": 2},
     "michel --step 2 --abs-per batch --normalize none": {"step": 2, "abs_per": "batch", "normalize": "none"},
+    "michel --step 1 --abs-per batch --normalize none": {"step": 1, "abs_per": "batch", "normalize": "none"},
 }
 
 
@@ -570,7 +616,8 @@ STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], 
 }
 
 
-def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace) -> None:
+def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace,
+                extend: frozenset[str] = frozenset()) -> None:
     loaded: dict[str, Task] = {}
 
     def tasks(name: str) -> Task:
@@ -580,7 +627,7 @@ def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace) -> 
 
     for name in names:
         store = Store(name, name in rerun)
-        if store.complete:
+        if store.complete and name not in extend:
             continue
         log(f"study {name}")
         STUDIES[name](tasks, store, args)
@@ -592,6 +639,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--studies", default="all", help="studies to measure: all, none (only render) or names")
     ap.add_argument("--rerun", default="", help="studies to measure again although their results exist")
+    ap.add_argument("--extend", default="",
+                    help="complete studies to go on with: only the rows they lack are measured (after a K or a "
+                         "variant was added to this script)")
     ap.add_argument("--peer-python", default=None, help="python of the TextPruner environment")
     ap.add_argument("--peer-iters", type=int, default=16, help="TextPruner's n_iters (its best in its README: 16)")
     ap.add_argument("--peer-variants", default="uneven",
@@ -605,10 +655,12 @@ def main() -> None:
             log("no --peer-python: the peer study is skipped")
     else:
         names = [] if args.studies == "none" else [s for s in args.studies.split(",") if s]
-    wrong = [s for s in names if s not in STUDIES]
+    wrong = [s for s in [*names, *args.extend.split(",")] if s and s not in STUDIES]
     if wrong:
         ap.error(f"unknown study {wrong[0]!r}; studies: {', '.join(STUDIES)}")
-    run_studies(names, {s for s in args.rerun.split(",") if s}, args)
+    extend = frozenset(s for s in args.extend.split(",") if s)
+    run_studies([*names, *(s for s in extend if s not in names)], {s for s in args.rerun.split(",") if s}, args,
+                extend)
     from page_render import render
 
     print(render(RESULTS, DOCS))

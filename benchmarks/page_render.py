@@ -225,10 +225,11 @@ def _wall_times(data: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _levers(levers: dict[str, Any]) -> list[str]:
+def _levers(levers: dict[str, Any], recipe: dict[str, Any] | None) -> list[str]:
     lines = ["", "## Levers", "",
-             "Each lever of the training methods measured alone at 16 heads (seed 0; one run each, so differences "
-             "under about 0.8 points are within one standard error of the 2,808-snippet accuracy):", "",
+             "Each lever of the training methods measured alone at 16 heads (seed 0 unless the row says otherwise; "
+             "one run each, so differences under about 0.8 points are within one standard error of the "
+             "2,808-snippet accuracy):", "",
              "| lever | training steps | accuracy | below unpruned |", "|---|---|---|---|"]
     for row in levers["rows"]:
         steps = row.get("train_steps", 0) + row.get("recover_steps", 0)
@@ -238,6 +239,27 @@ def _levers(levers: dict[str, Any]) -> list[str]:
     missing = [name for name in LEVERS if name not in {r["lever"] for r in levers["rows"]}]
     if missing:
         lines += ["", "Not measured yet: " + "; ".join(missing) + "."]
+    return lines + _recovery_losses(levers, recipe)
+
+
+def _recovery_losses(levers: dict[str, Any], recipe: dict[str, Any] | None) -> list[str]:
+    """The recovery's loss over the targets' seeds: the recipe's distilled rows beside the levers' others."""
+    from page import RECOVERY_LOSSES
+
+    after = {r["lever"]: r["after"] for r in levers["rows"]}
+    mine = {(r["k"], r["seed"]): r["after"] for r in (recipe or {}).get("rows", [])}
+    table = {"distilled logits (the recipe, the default)": ([mine.get((16, s)) for s in range(3)], mine.get((8, 0)))}
+    for loss, (sixteen, eight) in RECOVERY_LOSSES.items():
+        table[loss] = [after.get(name) for name in sixteen], after.get(eight)
+    if sum(v is not None for seeds, eight in table.values() for v in [*seeds, eight]) < 5:
+        return []
+    lines = ["", "The recovery's loss over seeds (the cut of the same one-shot gradient scores; the seed also draws "
+             "the training order): 16 heads after 500 steps, 8 heads after 1,000 (accuracy in %):", "",
+             "| recovery loss | 16 heads, seed 0 | seed 1 | seed 2 | mean | 8 heads, seed 0 |",
+             "|---|---|---|---|---|---|"]
+    for loss, (seeds, eight) in table.items():
+        mean = statistics.mean(seeds) if all(v is not None for v in seeds) else None
+        lines.append(f"| {loss} | " + " | ".join(_fmt(v) for v in [*seeds, mean, eight]) + " |")
     return lines
 
 
@@ -465,7 +487,7 @@ def render(results: Path, docs: Path) -> Path:
         if data.get("peer") and data.get("oneshot"):
             lines += _peer_table(data, curves)
     if data.get("levers"):
-        lines += _levers(data["levers"])
+        lines += _levers(data["levers"], data.get("recipe"))
     if curves:
         lines += _claims(data, curves)
     conv = data.get("convention")
