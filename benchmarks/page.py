@@ -380,22 +380,29 @@ LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
         {"method": "gradient", "keep": 8}, {"max_steps": 1000, "teacher": None}),
     "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)": (
         {"method": "gradient", "keep": 8}, {"max_steps": 1000, "hidden_weight": 1.0}),
+    "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 1": (
+        {"method": "gradient", "keep": 8, "seed": 1}, {"max_steps": 1000, "hidden_weight": 1.0}),
+    "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 2": (
+        {"method": "gradient", "keep": 8, "seed": 2}, {"max_steps": 1000, "hidden_weight": 1.0}),
     # last: Michel et al.'s 8 rescorings of the 4,000 snippets, per-example gradients, take over an hour here
     "michel + recovery 500": ({"method": "michel", "recover_steps": 500}, None),
 }
 
 
-#: the recovery losses compared on the targets' seeds: loss -> the lever rows at 16 heads (seeds 0, 1, 2; 500
-#: steps) and at 8 heads (seed 0; 1,000 steps); the distilled recovery's own rows are the recipe study's
-RECOVERY_LOSSES: dict[str, tuple[list[str], str]] = {
+#: the recovery losses compared on the targets' seeds: loss -> the lever rows at 16 heads (500 steps) and at 8
+#: heads (1,000 steps), each for seeds 0, 1, 2 (None: not measured); the distilled recovery's are the recipe study's
+RECOVERY_LOSSES: dict[str, tuple[list[str | None], list[str | None]]] = {
     "task loss only (no distillation)": (
         ["gradient + finetune 500, task loss only (no distillation)", "gradient + finetune 500, task loss only, seed 1",
-         "gradient + finetune 500, task loss only, seed 2"], "8 heads: gradient + finetune 1,000, task loss only"),
+         "gradient + finetune 500, task loss only, seed 2"],
+        ["8 heads: gradient + finetune 1,000, task loss only", None, None]),
     "distilled + hidden-state matching (weight 1)": (
         ["gradient + finetune 500, distilled + hidden-state matching (weight 1)",
          "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 1",
          "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 2"],
-        "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)"),
+        ["8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)",
+         "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 1",
+         "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 2"]),
 }
 
 

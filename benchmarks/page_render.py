@@ -163,25 +163,32 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
     lines = ["", "**Against the peer** (TextPruner's iterative pruning, "
              f"{run['n_iters']} iterations, textpruner {run['textpruner']} with transformers {run['transformers']}, "
              "in its own virtual environment; nothing trained), on the same 512 calibration snippets, at every K it "
-             "reaches (multiples of the 6 layers; its last iteration can keep more heads than asked), against "
-             "headcut's best training-free method at as many heads or fewer. TextPruner's masks are evaluated by "
-             "headcut (its own figure in the last column):", "",
-             "| TextPruner asked | TextPruner kept | TextPruner | headcut heads | best headcut training-free method | "
-             "accuracy | `michel` (defaults) | best - TextPruner | TextPruner's own figure |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "reaches (multiples of the 6 layers; its last iteration can keep more heads than asked). Beside it, "
+             "headcut's best training-free method at the heads TextPruner kept, and headcut's best at as many heads "
+             "or fewer (a smaller model at least as accurate). TextPruner's masks are evaluated by headcut (its own "
+             "figure in the last column):", "",
+             "| TextPruner asked | TextPruner kept | TextPruner | headcut, same heads: best method | accuracy | "
+             "`michel` (defaults) | difference | headcut, as many heads or fewer: best | difference | "
+             "TextPruner's own figure |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     training_free = _training_free(data)
     for k in sorted({int(k) for r in peer["runs"].values() for k in r["ks"]}, reverse=True):
         theirs = _peer_at(peer, k)
         kept = theirs.get("kept", k)
-        # compared at the heads TextPruner really kept: headcut's largest K not above them
-        ours = max((q for c in training_free.values() for q in c if q <= kept), default=None)
-        if ours is None:
+        fewer = [(acc, q, m) for m, c in training_free.items() for q, acc in c.items() if q <= kept]
+        if not fewer:
             continue
-        have = {m: c[ours] for m, c in training_free.items() if ours in c}
-        best = max(have, key=lambda m: have[m])
-        lines.append(f"| {k} | {kept} | {theirs['accuracy']:.2f} | {ours} | {best} | {have[best]:.2f} | "
-                     f"{_fmt(training_free.get('michel', {}).get(ours))} | {have[best] - theirs['accuracy']:+.2f} | "
-                     f"{theirs['accuracy_textpruner']:.2f} |")
+        same = {m: c[kept] for m, c in training_free.items() if kept in c}
+        acc, q, m = max(fewer)
+        cells = [str(k), str(kept), f"{theirs['accuracy']:.2f}"]
+        if same:
+            best = max(same, key=lambda name: same[name])
+            cells += [best, f"{same[best]:.2f}", _fmt(training_free.get("michel", {}).get(kept)),
+                      f"{same[best] - theirs['accuracy']:+.2f}"]
+        else:
+            cells += ["(not measured at this K)", "", "", ""]
+        cells += [f"{m}, {q} heads: {acc:.2f}", f"{acc - theirs['accuracy']:+.2f}", f"{theirs['accuracy_textpruner']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     recipe = curves.get("headcut recipe (gradient + distilled recovery)")
     if recipe:
         pairs = []
@@ -248,18 +255,19 @@ def _recovery_losses(levers: dict[str, Any], recipe: dict[str, Any] | None) -> l
 
     after = {r["lever"]: r["after"] for r in levers["rows"]}
     mine = {(r["k"], r["seed"]): r["after"] for r in (recipe or {}).get("rows", [])}
-    table = {"distilled logits (the recipe, the default)": ([mine.get((16, s)) for s in range(3)], mine.get((8, 0)))}
-    for loss, (sixteen, eight) in RECOVERY_LOSSES.items():
-        table[loss] = [after.get(name) for name in sixteen], after.get(eight)
-    if sum(v is not None for seeds, eight in table.values() for v in [*seeds, eight]) < 5:
+    table = {"distilled logits (the recipe, the default)": [[mine.get((k, s)) for s in range(3)] for k in (16, 8)]}
+    for loss, names in RECOVERY_LOSSES.items():
+        table[loss] = [[after.get(name) if name else None for name in seeds] for seeds in names]
+    if sum(v is not None for runs in table.values() for seeds in runs for v in seeds) < 5:
         return []
     lines = ["", "The recovery's loss over seeds (the cut of the same one-shot gradient scores; the seed also draws "
              "the training order): 16 heads after 500 steps, 8 heads after 1,000 (accuracy in %):", "",
-             "| recovery loss | 16 heads, seed 0 | seed 1 | seed 2 | mean | 8 heads, seed 0 |",
-             "|---|---|---|---|---|---|"]
-    for loss, (seeds, eight) in table.items():
-        mean = statistics.mean(seeds) if all(v is not None for v in seeds) else None
-        lines.append(f"| {loss} | " + " | ".join(_fmt(v) for v in [*seeds, mean, eight]) + " |")
+             "| recovery loss | 16 heads: seed 0 | seed 1 | seed 2 | mean | 8 heads: seed 0 | seed 1 | seed 2 | mean |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for loss, runs in table.items():
+        cells = [v for seeds in runs
+                 for v in [*seeds, statistics.mean(seeds) if all(v is not None for v in seeds) else None]]
+        lines.append(f"| {loss} | " + " | ".join(_fmt(v) for v in cells) + " |")
     return lines
 
 
