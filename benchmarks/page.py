@@ -380,10 +380,6 @@ LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
         {"method": "gradient", "keep": 8}, {"max_steps": 1000, "teacher": None}),
     "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)": (
         {"method": "gradient", "keep": 8}, {"max_steps": 1000, "hidden_weight": 1.0}),
-    "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 1": (
-        {"method": "gradient", "keep": 8, "seed": 1}, {"max_steps": 1000, "hidden_weight": 1.0}),
-    "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 2": (
-        {"method": "gradient", "keep": 8, "seed": 2}, {"max_steps": 1000, "hidden_weight": 1.0}),
     # last: Michel et al.'s 8 rescorings of the 4,000 snippets, per-example gradients, take over an hour here
     "michel + recovery 500": ({"method": "michel", "recover_steps": 500}, None),
 }
@@ -400,9 +396,7 @@ RECOVERY_LOSSES: dict[str, tuple[list[str | None], list[str | None]]] = {
         ["gradient + finetune 500, distilled + hidden-state matching (weight 1)",
          "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 1",
          "gradient + finetune 500, distilled + hidden-state matching (weight 1), seed 2"],
-        ["8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)",
-         "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 1",
-         "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1), seed 2"]),
+        ["8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)", None, None]),
 }
 
 
