@@ -380,7 +380,7 @@ LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
         {"method": "gradient", "keep": 8}, {"max_steps": 1000, "teacher": None}),
     "8 heads: gradient + finetune 1,000, distilled + hidden-state matching (weight 1)": (
         {"method": "gradient", "keep": 8}, {"max_steps": 1000, "hidden_weight": 1.0}),
-    # last: Michel et al.'s 8 rescorings of the 4,000 snippets, per-example gradients, take over an hour here
+    # last, the slowest: Michel et al.'s 8 rescorings of the 4,000 snippets with per-example gradients (16 min)
     "michel + recovery 500": ({"method": "michel", "recover_steps": 500}, None),
 }
 

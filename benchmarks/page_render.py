@@ -187,7 +187,8 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
                       f"{same[best] - theirs['accuracy']:+.2f}"]
         else:
             cells += ["(not measured at this K)", "", "", ""]
-        cells += [f"{m}, {q} heads: {acc:.2f}", f"{acc - theirs['accuracy']:+.2f}", f"{theirs['accuracy_textpruner']:.2f}"]
+        cells += [f"{m}, {q} heads: {acc:.2f}", f"{acc - theirs['accuracy']:+.2f}",
+                  f"{theirs['accuracy_textpruner']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     recipe = curves.get("headcut recipe (gradient + distilled recovery)")
     if recipe:
@@ -260,8 +261,8 @@ def _recovery_losses(levers: dict[str, Any], recipe: dict[str, Any] | None) -> l
         table[loss] = [[after.get(name) if name else None for name in seeds] for seeds in names]
     if sum(v is not None for runs in table.values() for seeds in runs for v in seeds) < 5:
         return []
-    lines = ["", "The recovery's loss over seeds (the cut of the same one-shot gradient scores; the seed also draws "
-             "the training order): 16 heads after 500 steps, 8 heads after 1,000 (accuracy in %):", "",
+    lines = ["", "The recovery's loss over seeds (one-shot gradient scores, the cut, then the recovery, all with the "
+             "same seed): 16 heads after 500 steps, 8 heads after 1,000 (accuracy in %):", "",
              "| recovery loss | 16 heads: seed 0 | seed 1 | seed 2 | mean | 8 heads: seed 0 | seed 1 | seed 2 | mean |",
              "|---|---|---|---|---|---|---|---|---|"]
     for loss, runs in table.items():
