@@ -33,7 +33,8 @@ sentences of speeches it never saw):
 * ``voita``: Voita et al. (its lambda search: up to 5 training runs per K) at ``LEARNED_KS``.
 * ``iterative``: Michel et al.'s iterative pruning (``ITERATIVE``: two heads at a time with the paper's scores
   and with TextPruner's way of scoring; one head at a time with TextPruner's), read off its trajectory at every
-  K of ``KS`` and at the heads TextPruner kept where those are not in ``KS``.
+  K of ``KS`` and at the heads TextPruner kept where those are not in ``KS``; and on TextPruner's schedule
+  (``--rounds`` = the peer's ``--peer-iters``, scored its way), one run at each K TextPruner kept.
 * ``claims``: the lottery ticket against its re-initialised control at 16 heads (its convergence early-stopped
   on 500 training snippets it does not train on; both measured on the held-out snippets), and AUBER with its
   defaults.
@@ -232,14 +233,35 @@ class Store:
 
 # ---- studies ------------------------------------------------------------------------------------------
 
-def peer_kept(task: Task) -> list[int]:
-    """The heads the peer study's TextPruner runs really kept on ``task`` where that is not a K of ``KS`` (its
-    last iteration can keep more than asked: 13 for 12), so headcut is also measured at exactly those K."""
+def peer_ks(task: Task) -> list[int]:
+    """Every number of heads the peer study's TextPruner runs kept on ``task`` (largest first)."""
     path = RESULTS / "peer.json"
     if task.name != "rt" or not path.is_file():
         return []
     runs = json.loads(path.read_text()).get("runs", {}).values()
-    return sorted({r["kept"] for run in runs for r in run["ks"].values()} - set(KS), reverse=True)
+    return sorted({r["kept"] for run in runs for r in run["ks"].values()}, reverse=True)
+
+
+def peer_kept(task: Task) -> list[int]:
+    """The heads TextPruner kept (:func:`peer_ks`) where that is not a K of ``KS`` (its last iteration can keep
+    more than asked: 13 for 12), so headcut is also measured at exactly those K."""
+    return [k for k in peer_ks(task) if k not in KS]
+
+
+def _measured(task: Task, method: str, k: int, options: dict[str, Any] | None = None, seeds: int = 1) -> dict[str, Any]:
+    """One ``plan_prune`` run of a training-free ``method`` to ``k`` heads per seed: the held-out accuracy and the
+    run's seconds (means over the seeds; their spread when more than one)."""
+    accs, secs = [], []
+    for seed in range(seeds):
+        start = time.perf_counter()
+        r = plan_prune(task.model, None if method == "random" else task.cal,
+                       PruneConfig(method=method, keep=k, seed=seed), options)
+        secs.append(time.perf_counter() - start)
+        accs.append(task.accuracy(r.mask))
+    row = {"accuracy": statistics.mean(accs), "seconds": statistics.mean(secs)}
+    if len(accs) > 1:
+        row |= {"stdev": statistics.stdev(accs), "seeds": len(accs)}
+    return row
 
 
 def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any]) -> None:
@@ -265,17 +287,7 @@ def _oneshot(task: Task, store: Store, methods: Iterable[str]) -> None:
             continue
         for k in sorted({*KS, *peer_kept(task)}, reverse=True):
             def measure(method: str = method, k: int = k) -> dict[str, Any]:
-                seeds = range(RANDOM_SEEDS) if method == "random" else [0]
-                accs, secs = [], []
-                for seed in seeds:
-                    start = time.perf_counter()
-                    r = plan_prune(task.model, None if method == "random" else task.cal,
-                                   PruneConfig(method=method, keep=k, seed=seed))
-                    secs.append(time.perf_counter() - start)
-                    accs.append(task.accuracy(r.mask))
-                row = {"accuracy": statistics.mean(accs), "seconds": statistics.mean(secs)}
-                if len(accs) > 1:
-                    row |= {"stdev": statistics.stdev(accs), "seeds": len(accs)}
+                row = _measured(task, method, k, seeds=RANDOM_SEEDS if method == "random" else 1)
                 log(f"{method} K={k}: {row['accuracy']:.2f} %")
                 return row
 
@@ -344,7 +356,7 @@ LEVERS: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
     "pass, 500 steps, the papers' loss": ({"method": "pass", "max_steps": 500, "alpha": 0.0}, None),
     "pass, 500 steps, gates distilled (alpha 0.5)": ({"method": "pass", "max_steps": 500, "alpha": 0.5}, None),
     "pass, 500 steps, gates distilled (alpha 0.9)": ({"method": "pass", "max_steps": 500, "alpha": 0.9}, None),
-    "pass, as above, model lr 5e-5 instead of 2e-5 (gates 0.5)": (
+    "pass, alpha 0.9 as above, weights' lr 5e-5 instead of 2e-5 (gates' lr 0.5 as before)": (
         {"method": "pass", "max_steps": 500, "alpha": 0.9, "lr": 5e-5}, None),
     "pass, as above, gates first (100 steps on the fixed model), then joint": (
         {"method": "pass", "max_steps": 500, "alpha": 0.9, "gates_first": 100}, None),
@@ -496,6 +508,13 @@ def study_iterative(tasks: Callable[[str], Task], store: Store, args: argparse.N
     task = tasks("rt")
     for name, options in ITERATIVE.items():
         _trajectory(task, store, name, "michel", options)
+    # TextPruner's schedule too: each K its own run, the heads to remove split over the peer's n_iters rounds
+    # (larger first), scored its way; one run per K, as the steps depend on K
+    name = f"michel --rounds {args.peer_iters} --abs-per batch --normalize none"
+    options = {"rounds": args.peer_iters, "abs_per": "batch", "normalize": "none"}
+    for k in peer_ks(task):
+        row = store.row({"method": name, "k": k}, lambda k=k: _measured(task, "michel", k, options))
+        log(f"{name} K={k}: {row['accuracy']:.2f} %")
 
 
 def _lottery(task: Task) -> dict[str, Any]:
@@ -602,12 +621,15 @@ def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Name
 def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("convention")
     store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples)
+    # greedy-gnorm's one run first (it is stored only when done), then the quick methods; michel's and the
+    # recipe's runs of a few minutes each last, every one stored as it ends
+    _oneshot(task, store, ["greedy-gnorm"] + [m for m in ONESHOT if m not in ("greedy-gnorm", "michel")])
     for k in KS:
         options = recipe(k)
         method = options.pop("method")
         row = store.row({"method": "recipe", "k": k}, lambda: task.prune(k, method, **options))
         log(f"convention recipe K={k}: {row['after']:.2f} %")
-    _oneshot(task, store, [m for m in ONESHOT if m != "greedy-gnorm"] + ["greedy-gnorm"])
+    _oneshot(task, store, ["michel"])
 
 
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {

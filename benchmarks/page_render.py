@@ -190,6 +190,18 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
         cells += [f"{m}, {q} heads: {acc:.2f}", f"{acc - theirs['accuracy']:+.2f}",
                   f"{theirs['accuracy_textpruner']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    schedule = next((m for m in training_free if m.startswith(f"michel --rounds {run['n_iters']} ")), None)
+    if schedule:
+        diffs = []
+        for k in sorted({int(k) for r in peer["runs"].values() for k in r["ks"]}, reverse=True):
+            theirs = _peer_at(peer, k)
+            kept = theirs.get("kept", k)
+            if kept in training_free[schedule]:
+                diffs.append(f"{kept} heads {training_free[schedule][kept]:.2f} vs {theirs['accuracy']:.2f} "
+                             f"({training_free[schedule][kept] - theirs['accuracy']:+.2f})")
+        lines += ["", f"One configuration, not the best of many: `{schedule}` (TextPruner's own "
+                  f"schedule, {run['n_iters']} rounds to each K, and its way of scoring), one run per K, against "
+                  "TextPruner: " + "; ".join(diffs) + "."]
     recipe = curves.get("headcut recipe (gradient + distilled recovery)")
     if recipe:
         pairs = []
@@ -506,8 +518,9 @@ def render(results: Path, docs: Path) -> Path:
         conv_curves.update(_oneshot_curves({"rows": [r for r in conv["rows"] if r["method"] != "recipe"]}))
         lines += ["", "## A second task: the party of a convention speech's sentence", "",
                   "all-MiniLM-L6-v2 fine-tuned (two epochs) on 5,718 sentences of 2012 Democratic and Republican "
-                  "convention speeches to tell the speaker's party; evaluated on 1,481 sentences of speeches it never "
-                  f"saw (half of each party); unpruned {conv.get('unpruned', 0):.2f} % (chance 50 %).", ""]
+                  f"convention speeches to tell the speaker's party; evaluated on {conv.get('evaluation', 0):,} sentences "
+                  "of speeches it never saw (743 Democratic and 738 Republican: chance about 50 %); unpruned "
+                  f"{conv.get('unpruned', 0):.2f} %.", ""]
         if plots:
             _plot_curves(conv_curves, {}, conv["unpruned"], "Convention sentences (party): accuracy vs heads kept",
                          img / "convention-accuracy-vs-heads.png")

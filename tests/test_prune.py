@@ -323,6 +323,20 @@ def test_michel_rescores_the_masked_model_every_step(cals, monkeypatch):
     assert any(calls[0][n][h] != calls[1][n][h] for n, h in kept_after_first)
 
 
+def test_rounds_split_the_heads_to_remove_evenly_larger_steps_first(cals):
+    # 8 -> 1 heads in 3 rounds: 7 heads to remove, ceil(7/3) = 3, then ceil(4/2) = 2, then 2 (TextPruner's n_iters)
+    r = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="michel", keep=1), {"rounds": 3})
+    assert [p.heads for p in r.trajectory] == [8, 5, 3, 1] and r.scorings == 3
+    assert r.mask.total() == 1
+    # more rounds than heads to remove: one head a step, and the target is still met exactly
+    r = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="michel", keep=6), {"rounds": 5})
+    assert [p.heads for p in r.trajectory] == [8, 7, 6]
+    # a one-shot ranking cut in rounds keeps the same heads as cut at once (its ranking is fixed)
+    once = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="gradient", keep=3))
+    rounds = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="gradient", keep=3), {"rounds": 2})
+    assert rounds.mask == once.mask and [p.heads for p in rounds.trajectory] == [8, 5, 3] and rounds.scorings == 1
+
+
 def test_one_shot_scores_once(cals, monkeypatch):
     calls = []
     real = scoring.score
@@ -465,6 +479,9 @@ REFUSALS = [
     (["--method", "magnitude", "--keep", "4", "--abs-per", "batch"], ["--abs-per does not apply to magnitude"]),
     (["--method", "gradient", "--keep", "4", "--gqa", "x"], ["--gqa"]),
     (["--method", "gradient", "--keep", "4", "--step", "0"], ["--step"]),
+    (["--method", "michel", "--keep", "4", "--rounds", "0"], ["--rounds must be at least 1"]),
+    (["--method", "michel", "--keep", "4", "--rounds", "2", "--step", "2"], ["--step and --rounds", "give one"]),
+    (["--method", "dsp", "--keep", "4", "--rounds", "2"], ["--rounds does not apply to dsp"]),
     (["--method", "gradient", "--keep", "4", "--normalize", "x"], ["--normalize"]),
     (["--method", "gradient", "--keep", "4", "--max-drop", "-1", "--eval-data", "{dev}"], ["--max-drop"]),
 ]

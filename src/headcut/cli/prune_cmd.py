@@ -87,7 +87,7 @@ PRUNE_HELP = "\n\n".join([
     "rewind the rest to C; at K heads it converges from C with early stopping on the --eval-data loss (--patience "
     "evaluations, every --eval-every steps, at most --max-steps). --control reinit also trains the pruned structure "
     "from a fresh initialisation, for comparison. Checkpoints and --resume as for the learned-gate methods.",
-    "A method's own options (--step, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --gates-first, --sparsity-warmup, --alpha, --temperature, --lambda, "
+    "A method's own options (--step, --rounds, --normalize, --abs-per, --objective, --per; --mode, --gate-lr, --gates-first, --sparsity-warmup, --alpha, --temperature, --lambda, "
     "--lambda-trials, --cooldown, --lambda-step; --episodes, --reverse, --state, --reward-examples, --reward-metric, "
     "--allow-empty-layers, --layer-epochs, --patience; --reset-at, --prune-every, --per-step, --score-examples, "
     "--control; and the training options) are refused for a method that has "
@@ -138,6 +138,10 @@ def prune_cmd(
     step: Annotated[Optional[int], typer.Option(
         "--step", metavar="N", rich_help_panel="Method options", help="Score-based methods: heads removed per step "
         "(whole units: at most N, at least one); default: 10 % of the heads, 1 for greedy-gnorm.")] = None,
+    rounds: Annotated[Optional[int], typer.Option(
+        "--rounds", metavar="R", rich_help_panel="Method options", help="Score-based methods: reach K in R steps "
+        "instead of steps of --step, the heads to remove split evenly, the larger steps first (TextPruner's "
+        "schedule; an iterative method then scores R times whatever K).")] = None,
     normalize: Annotated[Optional[str], typer.Option(
         "--normalize", metavar="|".join(NORMALIZE), rich_help_panel="Method options",
         help="Score-based methods: divide each block's scores by their L2 norm; default: layer for michel, none "
@@ -266,7 +270,7 @@ def prune_cmd(
     if trajectory is not None and Path(trajectory).suffix.lower() != ".csv":
         raise HeadcutError(f"--trajectory must name a .csv file (a .png is written beside it), got {trajectory}")
     options: dict[str, Any] = {k: v for k, v in dict(
-        step=step, normalize=normalize, abs_per=abs_per, objective=objective, per=per, mode=mode, gate_lr=gate_lr,
+        step=step, rounds=rounds, normalize=normalize, abs_per=abs_per, objective=objective, per=per, mode=mode, gate_lr=gate_lr,
         gates_first=gates_first, sparsity_warmup=sparsity_warmup, alpha=alpha, temperature=temperature, lam=lam, lambda_trials=lambda_trials, cooldown=cooldown, lambda_step=lambda_step, episodes=episodes,
         reverse=reverse, state=state, reward_examples=reward_examples, reward_metric=reward_metric,
         allow_empty_layers=allow_empty_layers, layer_epochs=layer_epochs, patience=patience, reset_at=reset_at,

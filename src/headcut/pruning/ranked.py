@@ -9,6 +9,10 @@ The methods themselves are instances of :class:`ScoreMethod`, one module each: :
 * ``step``: heads removed per step (whole units: at most ``step``, at least one unit); None: the
   method's default (10 % of the heads for Michel et al., one head for Greedy-Gnorm). One-shot methods
   without ``--max-drop``/``--trajectory`` go to K in one step (their ranking is fixed anyway).
+* ``rounds``: reach the target in this many steps instead, the heads to remove split as evenly as
+  whole steps allow, the larger steps first (``ceil(left / rounds left)`` heads a step: TextPruner's
+  ``n_iters`` schedule); not with ``step``. The cost of a re-scoring method is then ``rounds``
+  scorings, whatever K.
 * ``normalize``: ``none`` or ``layer`` (divide each block's scores by their L2 norm); None: the
   method's default (``layer`` for michel, as Michel et al. §4.1).
 * ``abs_per`` (gradient scorer), ``objective`` and ``per`` (gnorm scorer): see
@@ -18,7 +22,7 @@ The methods themselves are instances of :class:`ScoreMethod`, one module each: :
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -42,11 +46,15 @@ class RankOptions:
     """Options of every score-based method (see the module's doc)."""
 
     step: int | None = None
+    rounds: int | None = None
     normalize: str | None = None
 
     def validate(self) -> None:
-        if self.step is not None and (isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 1):
-            raise HeadcutError(f"--step must be at least 1 head (got {self.step})")
+        for flag, value, what in (("--step", self.step, "head"), ("--rounds", self.rounds, "step")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise HeadcutError(f"{flag} must be at least 1 {what} (got {value})")
+        if self.step is not None and self.rounds is not None:
+            raise HeadcutError("--step and --rounds both set how many heads a step removes: give one of them")
         _choice("--normalize", self.normalize, NORMALIZE)
 
 
@@ -131,7 +139,7 @@ class ScoreMethod(MethodBase):
 
     def step(self, total: int, config: PruneConfig, options: RankOptions) -> tuple[int, bool]:
         stepwise = (self.rescoring or config.max_drop is not None or config.trajectory
-                    or options.step is not None)
+                    or options.step is not None or options.rounds is not None)
         return (options.step if options.step is not None else self.default_step(total)), stepwise
 
     def run(self, problem: Problem, options: RankOptions) -> PruneResult:
@@ -140,7 +148,8 @@ class ScoreMethod(MethodBase):
             raise HeadcutError(f"method {self.name} needs calibration data (its scorer is {self.scorer})")
         score_config = self.score_config(problem.config, options)
         ranker = Ranker(self, score_config, batches if self.entry.data != "none" else None)
-        result = run_search(problem.model, problem.blocks, problem.sets, problem.budget, ranker, problem.config,
+        budget = problem.budget if options.rounds is None else replace(problem.budget, rounds=options.rounds)
+        result = run_search(problem.model, problem.blocks, problem.sets, budget, ranker, problem.config,
                             problem.metric, problem.progress)
         result.score_config = score_config
         return result

@@ -9,7 +9,8 @@ fewest heads the units and ``--min-heads-per-block`` allow.
 
 **Steps.** Before each step the method's ranker gives the importance of the heads (re-scored on the
 masked model for the iterative methods); the step then removes the lowest-scoring units, in score
-order, at most ``--step`` heads but at least one unit, never a unit that would make the target
+order, at most ``--step`` heads (with ``--rounds R``: the heads left to remove divided by the steps
+left, rounded up, so R steps reach the target, the larger ones first) but at least one unit, never a unit that would make the target
 unreachable (only units of different sizes can do that). With ``--uniform`` a step moves every block
 to the next per-block count instead (each block keeps its top units). One-shot methods without
 ``--max-drop`` or ``--trajectory`` go to K in one step (the same mask: their ranking is fixed).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from torch import nn
@@ -63,8 +64,9 @@ def keep_from_sparsity(sparsity: float, total: int) -> int:
 @dataclass
 class Budget:
     """The resolved budget: ``total`` heads now, the search's ``target`` (K, or the --max-drop floor),
-    ``exact`` (K must be met: no --max-drop), heads per ``step``, ``levels`` (--uniform: the valid
-    per-block counts, else None) and the per-block ``floor``."""
+    ``exact`` (K must be met: no --max-drop), heads per ``step`` (or, with ``rounds``, the number of
+    steps to the target instead), ``levels`` (--uniform: the valid per-block counts, else None) and the
+    per-block ``floor``."""
 
     total: int
     target: int
@@ -73,6 +75,15 @@ class Budget:
     floor: int
     levels: list[int] | None
     valid: list[int]
+    rounds: int | None = None
+
+    def step_at(self, heads: int, steps_done: int) -> Budget:
+        """This step's budget: with ``rounds``, the heads left to remove split over the steps left
+        (rounded up: the larger steps first), else this budget."""
+        if self.rounds is None:
+            return self
+        left = max(self.rounds - steps_done, 1)
+        return replace(self, step=max(math.ceil((heads - self.target) / left), 1))
 
 
 def _why(sets: list[BlockSet], config: PruneConfig, blocks: int) -> str:
@@ -251,7 +262,7 @@ def run_search(
     while state.total() > budget.target:
         importance = ranker.importance(model, state.mask(blocks), progress)
         rescored = ranker.rescoring or len(points) == 1
-        removed = remove_step(state, importance, budget, config.uniform)
+        removed = remove_step(state, importance, budget.step_at(state.total(), len(points) - 1), config.uniform)
         if not removed:
             break  # nothing left that may go (units, floors)
         value = metric.measure(state.mask(blocks)) if evaluate_steps and metric is not None else None
