@@ -7,9 +7,9 @@
 Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with the machine, the versions and
 the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
 finished one is not measured again unless named in ``--rerun`` (from scratch) or ``--extend`` (only the rows
-it lacks, after a K or a variant was added here). The page is then rendered from every results
-file (``--studies none`` only renders). Progress goes to stderr. All the studies should take about 12 hours on 2
-CPU cores (an estimate: all but ``convention`` took 9.5 hours); each can be run on its own.
+it lacks, after a K or a variant was added here); given alone, these two measure only the studies they name. The page is then rendered from every results
+file (``--studies none`` only renders). Progress goes to stderr. All the studies should take about 13 hours on 2
+CPU cores (an estimate: all but ``convention`` took 10.4 hours); each can be run on its own.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
 heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real
@@ -660,7 +660,9 @@ def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--studies", default="all", help="studies to measure: all, none (only render) or names")
+    ap.add_argument("--studies", default=None,
+                    help="studies to measure: all (the default, unless --extend or --rerun names some), none (only "
+                         "render) or names")
     ap.add_argument("--rerun", default="", help="studies to measure again although their results exist")
     ap.add_argument("--extend", default="",
                     help="complete studies to go on with: only the rows they lack are measured (after a K or a "
@@ -671,6 +673,8 @@ def main() -> None:
                     help="uneven (heads per layer may differ: TextPruner's best) and/or even, comma-separated")
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the recipe's targets")
     args = ap.parse_args()
+    if args.studies is None:  # --extend/--rerun alone measure only what they name
+        args.studies = "none" if args.extend or args.rerun else "all"
     if args.studies == "all":
         names = list(STUDIES)
         if not args.peer_python:
@@ -678,12 +682,12 @@ def main() -> None:
             log("no --peer-python: the peer study is skipped")
     else:
         names = [] if args.studies == "none" else [s for s in args.studies.split(",") if s]
-    wrong = [s for s in [*names, *args.extend.split(",")] if s and s not in STUDIES]
+    wrong = [s for s in [*names, *args.extend.split(","), *args.rerun.split(",")] if s and s not in STUDIES]
     if wrong:
         ap.error(f"unknown study {wrong[0]!r}; studies: {', '.join(STUDIES)}")
     extend = frozenset(s for s in args.extend.split(",") if s)
-    run_studies([*names, *(s for s in extend if s not in names)], {s for s in args.rerun.split(",") if s}, args,
-                extend)
+    rerun = {s for s in args.rerun.split(",") if s}
+    run_studies(list(dict.fromkeys([*names, *extend, *rerun])), rerun, args, extend)
     from page_render import render
 
     print(render(RESULTS, DOCS))

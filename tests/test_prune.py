@@ -437,6 +437,17 @@ def test_cli_gqa_units(ckpts, data_dir, tmp_path, gqa, keep, kv):
         assert [b["kv_heads"] for b in info["blocks"]] == kv
 
 
+def test_cli_rounds(ckpts, data_dir, tmp_path):
+    out = tmp_path / "slim"
+    result = prune_cli(ckpts["bert"], data_dir, out, "--method", "michel", "--keep", "2", "--rounds", "2",
+                       "--abs-per", "batch", "--normalize", "none")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "headcut-report.json").read_text())
+    assert [p["heads"] for p in report["trajectory"]] == [8, 5, 2] and report["scorings"] == 2
+    assert report["options"]["rounds"] == 2 and report["options"]["step"] is None
+    assert report["heads"]["after"] == 2
+
+
 def test_cli_max_drop_with_trajectory(ckpts, data_dir, tmp_path):
     out, traj = tmp_path / "slim", tmp_path / "curve.csv"
     result = prune_cli(ckpts["bert"], data_dir, out, "--method", "greedy-gnorm", "--max-drop", "1", "--keep", "3",
