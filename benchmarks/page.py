@@ -43,7 +43,8 @@ sentences of speeches it never saw):
   has a GPU.
 * ``smollm``: SmolLM2-135M (30 layers x 3 KV groups) with KV groups removed (one-shot gradient scores on the
   first half of hamlet.txt): perplexity on the second half, KV-cache bytes and generation speed.
-* ``convention``: the second task: the training-free methods and the recipe at every K.
+* ``convention``: the second task: the training-free methods and the recipe at every K, the learned-gate
+  methods (``voita`` too) at ``LEARNED_KS`` as in ``learned``.
 """
 
 from __future__ import annotations
@@ -630,6 +631,10 @@ def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.
         row = store.row({"method": "recipe", "k": k}, lambda: task.prune(k, method, **options))
         log(f"convention recipe K={k}: {row['after']:.2f} %")
     _oneshot(task, store, ["michel"])
+    for method in [*LEARNED, "voita"]:  # the learned-gate methods as on the first task: 500 steps, the papers' loss
+        for k in LEARNED_KS:
+            row = store.row({"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500, alpha=0.0))
+            log(f"convention {method} K={k}: {row['after']:.2f} %")
 
 
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {

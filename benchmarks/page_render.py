@@ -515,6 +515,9 @@ def render(results: Path, docs: Path) -> Path:
     if conv and conv.get("rows"):
         conv_curves = {"headcut recipe (gradient + distilled recovery)": {
             r["k"]: r["after"] for r in conv["rows"] if r["method"] == "recipe" and "after" in r}}
+        for row in conv["rows"]:
+            if row["method"] != "recipe" and "after" in row:
+                conv_curves.setdefault(f"{row['method']} (learned, 500 steps)", {})[row["k"]] = row["after"]
         conv_curves.update(_oneshot_curves({"rows": [r for r in conv["rows"] if r["method"] != "recipe"]}))
         lines += ["", "## A second task: the party of a convention speech's sentence", "",
                   "all-MiniLM-L6-v2 fine-tuned (two epochs) on 5,718 sentences of 2012 Democratic and Republican "
