@@ -8,7 +8,7 @@ Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with t
 the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
 finished one is not measured again unless named in ``--rerun`` (from scratch) or ``--extend`` (only the rows
 it lacks, after a K or a variant was added here); given alone, these two measure only the studies they name. The page is then rendered from every results
-file (``--studies none`` only renders). Progress goes to stderr. All the studies should take about 13 hours on 2
+file (``--studies none`` only renders). Progress goes to stderr. All the studies should take about 14 hours on 2
 CPU cores (an estimate: all but ``convention`` took 10.4 hours); each can be run on its own.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
@@ -72,6 +72,7 @@ from headcut import offline
 from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
 from headcut.masks import HeadMask
+from headcut.progress import Reporter
 from headcut.pruning import Metric, eval_metric, plan_prune
 
 from classifier import convention_classifier, minilm_classifier
@@ -105,6 +106,20 @@ def log(message: str) -> None:
     print(f"[page {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def ticker(what: str, every: float = 30.0) -> Callable[[str, int, int | None], None]:
+    """``plan_prune``'s ``progress(phase, done, total)`` as a log line at most every ``every`` seconds (a
+    greedy-gnorm run takes most of an hour without another line)."""
+    last = time.monotonic()
+
+    def report(phase: str, done: int, total: int | None) -> None:
+        nonlocal last
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            log(f"{what}: {phase} {done}/{total if total is not None else '?'}")
+
+    return report
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     cpu = platform.processor() or platform.machine()
@@ -134,6 +149,8 @@ class Task:
     cal: Calibration
     dev: Calibration
     metric: Metric
+    #: the training runs' progress: a plain line every 30 s on stderr
+    progress: Reporter
 
     @classmethod
     def load(cls, name: str) -> Task:
@@ -146,7 +163,7 @@ class Task:
         cal = load_calibration(model, tok, DataConfig(path=str(splits["train"]), max_examples=CAL_EXAMPLES))
         dev = load_calibration(model, tok, DataConfig(path=str(splits["test"]), batch_size=64))
         return cls(name=name, path=path, splits=splits, model=model, cal=cal, dev=dev,
-                   metric=eval_metric(model, dev))
+                   metric=eval_metric(model, dev), progress=Reporter("lines"))
 
     def accuracy(self, mask: HeadMask | None = None) -> float:
         return 100.0 * self.metric.measure(mask or HeadMask.full(headcut.model_blocks(self.model)))
@@ -165,7 +182,7 @@ class Task:
         ``save_to``: also save the pruned model there."""
         start = time.perf_counter()
         pruned = headcut.prune(self.path, method, keep=k, data=self.splits["train"], eval_data=self.splits["test"],
-                               seed=seed, data_options=TRAIN_OPTIONS, **options)
+                               seed=seed, data_options=TRAIN_OPTIONS, progress=self.progress, **options)
         if save_to is not None:
             pruned.save(save_to, force=True)
         metric = pruned.report["metric"]
@@ -256,7 +273,7 @@ def _measured(task: Task, method: str, k: int, options: dict[str, Any] | None = 
     for seed in range(seeds):
         start = time.perf_counter()
         r = plan_prune(task.model, None if method == "random" else task.cal,
-                       PruneConfig(method=method, keep=k, seed=seed), options)
+                       PruneConfig(method=method, keep=k, seed=seed), options, progress=ticker(f"{method} K={k}"))
         secs.append(time.perf_counter() - start)
         accs.append(task.accuracy(r.mask))
     row = {"accuracy": statistics.mean(accs), "seconds": statistics.mean(secs)}
@@ -272,7 +289,7 @@ def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[
         return
     blocks = headcut.model_blocks(task.model)
     start = time.perf_counter()
-    r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), options)
+    r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), options, progress=ticker(name))
     seconds = time.perf_counter() - start
     for k in sorted({*KS, *peer_kept(task)}, reverse=True):
         store.row({"method": name, "k": k}, lambda k=k: {
@@ -434,7 +451,7 @@ def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) ->
         return task.prune(keep, method, seed=seed, **options)
     start = time.perf_counter()
     pruned = headcut.prune(task.path, method, keep=keep, data=task.splits["train"], seed=seed,
-                           data_options=TRAIN_OPTIONS)
+                           data_options=TRAIN_OPTIONS, progress=task.progress)
     recovery = dict(recovery)
     teacher = recovery.pop("teacher", task.path)
     data, extra = task.splits["train"], {}
@@ -444,7 +461,7 @@ def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) ->
             if "patience" in recovery:
                 extra["eval_data"] = dev
         tuned = headcut.finetune(pruned.model, data, teacher=teacher, checkpoint_every=None, seed=seed,
-                                 data_options=TRAIN_OPTIONS, **extra, **recovery)
+                                 data_options=TRAIN_OPTIONS, progress=task.progress, **extra, **recovery)
     after = task.held_out(tuned.model)
     row = {"k": keep, "method": method, "seed": seed, "options": {**options, "finetune": recovery},
            "before": task.accuracy(),
@@ -527,7 +544,7 @@ def _lottery(task: Task) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         data, dev = _fixed_split(task, Path(tmp))
         pruned = headcut.prune(task.path, "lottery", keep=16, data=data, eval_data=dev, control="reinit",
-                               alpha=0.0, data_options=TRAIN_OPTIONS)
+                               alpha=0.0, data_options=TRAIN_OPTIONS, progress=task.progress)
     row = {"k": 16, "method": "lottery", "options": {"control": "reinit", "alpha": 0.0, "eval_data": "dev-500"},
            "before": task.accuracy(),
            "after": task.held_out(pruned.model),
