@@ -10,8 +10,8 @@ fewest heads the units and ``--min-heads-per-block`` allow.
 **Steps.** Before each step the method's ranker gives the importance of the heads (re-scored on the
 masked model for the iterative methods); the step then removes the lowest-scoring units, in score
 order, at most ``--step`` heads (with ``--rounds R``: the heads left to remove divided by the steps
-left, rounded up, so R steps reach the target, the larger ones first) but at least one unit, never a unit that would make the target
-unreachable (only units of different sizes can do that). With ``--uniform`` a step moves every block
+left, rounded up, so R steps reach the target, the larger ones first) but at least one unit, never a
+unit that would make the target unreachable (only units of different sizes can do that). With ``--uniform`` a step moves every block
 to the next per-block count instead (each block keeps its top units). One-shot methods without
 ``--max-drop`` or ``--trajectory`` go to K in one step (the same mask: their ranking is fixed).
 
