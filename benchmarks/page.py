@@ -484,15 +484,19 @@ def study_levers(tasks: Callable[[str], Task], store: Store, args: argparse.Name
 MODELS = Path(tempfile.gettempdir()) / "headcut-page-models"
 
 
+def _learned(task: Task, store: Store, method: str, k: int, save_to: Path | None = None) -> None:
+    """One learned-gate run as the page measures them all: 500 steps of batch 8, the papers' loss."""
+    row = store.row({"method": method, "k": k},
+                    lambda: task.prune(k, method, max_steps=500, alpha=0.0, save_to=save_to))
+    log(f"{task.name} {method} K={k}: {row['after']:.2f} %")
+
+
 def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
     kept = {m: MODELS / f"{m}-16" for m in ("pass", "passconc")}
     for method in LEARNED:
         for k in LEARNED_KS:
-            save = kept.get(method) if k == 16 else None
-            row = store.row({"method": method, "k": k},
-                            lambda: task.prune(k, method, max_steps=500, alpha=0.0, save_to=save))
-            log(f"{method} K={k}: {row['after']:.2f} %")
+            _learned(task, store, method, k, kept.get(method) if k == 16 else None)
 
     def speed() -> dict[str, Any]:  # PASS §3.3: the concentrator's emptied layers make inference faster
         for method, folder in kept.items():
@@ -509,8 +513,7 @@ def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Nam
 def study_voita(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     task = tasks("rt")
     for k in LEARNED_KS:
-        row = store.row({"method": "voita", "k": k}, lambda: task.prune(k, "voita", max_steps=500, alpha=0.0))
-        log(f"voita K={k}: {row['after']:.2f} %")
+        _learned(task, store, "voita", k)
 
 
 #: iterative training-free variants beside the peer: name -> michel options (one run down to the smallest K
@@ -649,10 +652,9 @@ def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.
         row = store.row({"method": "recipe", "k": k}, lambda: task.prune(k, method, **options))
         log(f"convention recipe K={k}: {row['after']:.2f} %")
     _oneshot(task, store, ["michel"])
-    for method in [*LEARNED, "voita"]:  # the learned-gate methods as on the first task: 500 steps, the papers' loss
+    for method in [*LEARNED, "voita"]:  # as on the first task
         for k in LEARNED_KS:
-            row = store.row({"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500, alpha=0.0))
-            log(f"convention {method} K={k}: {row['after']:.2f} %")
+            _learned(task, store, method, k)
 
 
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {

@@ -172,9 +172,14 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
              "TextPruner's own figure |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     training_free = _training_free(data)
+    schedule = next((m for m in training_free if m.startswith(f"michel --rounds {run['n_iters']} ")), None)
+    diffs = []  # that one configuration (TextPruner's schedule) at every K
     for k in sorted({int(k) for r in peer["runs"].values() for k in r["ks"]}, reverse=True):
         theirs = _peer_at(peer, k)
         kept = theirs.get("kept", k)
+        if schedule and kept in training_free[schedule]:
+            ours = training_free[schedule][kept]
+            diffs.append(f"{kept} heads {ours:.2f} vs {theirs['accuracy']:.2f} ({ours - theirs['accuracy']:+.2f})")
         fewer = [(acc, q, m) for m, c in training_free.items() for q, acc in c.items() if q <= kept]
         if not fewer:
             continue
@@ -190,15 +195,7 @@ def _peer_table(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, flo
         cells += [f"{m}, {q} heads: {acc:.2f}", f"{acc - theirs['accuracy']:+.2f}",
                   f"{theirs['accuracy_textpruner']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    schedule = next((m for m in training_free if m.startswith(f"michel --rounds {run['n_iters']} ")), None)
-    if schedule:
-        diffs = []
-        for k in sorted({int(k) for r in peer["runs"].values() for k in r["ks"]}, reverse=True):
-            theirs = _peer_at(peer, k)
-            kept = theirs.get("kept", k)
-            if kept in training_free[schedule]:
-                diffs.append(f"{kept} heads {training_free[schedule][kept]:.2f} vs {theirs['accuracy']:.2f} "
-                             f"({training_free[schedule][kept] - theirs['accuracy']:+.2f})")
+    if diffs:
         lines += ["", f"One configuration, not the best of many: `{schedule}` (TextPruner's own "
                   f"schedule, {run['n_iters']} rounds to each K, and its way of scoring), one run per K, against "
                   "TextPruner: " + "; ".join(diffs) + "."]
