@@ -62,15 +62,22 @@ def _training_free(data: dict[str, dict[str, Any]]) -> dict[str, dict[int, float
     return {**_oneshot_curves(data.get("oneshot")), **_oneshot_curves(data.get("iterative"))}
 
 
+def _learned_curves(rows: list[dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """The learned-gate runs' curves (500 steps, the papers' loss): every row with an accuracy ``after``."""
+    curves: dict[str, dict[int, float]] = {}
+    for row in rows:
+        if "method" in row and "after" in row:
+            curves.setdefault(f"{row['method']} (learned, 500 steps)", {})[row["k"]] = row["after"]
+    return curves
+
+
 def _curves(data: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
     """Accuracy by heads kept on the README's classifier, per method and per peer run."""
     curves: dict[str, dict[int, float]] = {}
     recipe = [r for r in data.get("recipe", {}).get("rows", []) if r["seed"] == 0]
     if recipe:
         curves["headcut recipe (gradient + distilled recovery)"] = {r["k"]: r["after"] for r in recipe}
-    for row in data.get("learned", {}).get("rows", []) + data.get("voita", {}).get("rows", []):
-        if "method" in row:
-            curves.setdefault(f"{row['method']} (learned, 500 steps)", {})[row["k"]] = row["after"]
+    curves.update(_learned_curves(data.get("learned", {}).get("rows", []) + data.get("voita", {}).get("rows", [])))
     curves.update(_training_free(data))
     for variant, run in data.get("peer", {}).get("runs", {}).items():
         curves[f"textpruner ({variant})"] = {r.get("kept", int(k)): r["accuracy"] for k, r in run["ks"].items()}
@@ -512,9 +519,7 @@ def render(results: Path, docs: Path) -> Path:
     if conv and conv.get("rows"):
         conv_curves = {"headcut recipe (gradient + distilled recovery)": {
             r["k"]: r["after"] for r in conv["rows"] if r["method"] == "recipe" and "after" in r}}
-        for row in conv["rows"]:
-            if row["method"] != "recipe" and "after" in row:
-                conv_curves.setdefault(f"{row['method']} (learned, 500 steps)", {})[row["k"]] = row["after"]
+        conv_curves.update(_learned_curves([r for r in conv["rows"] if r["method"] != "recipe"]))
         conv_curves.update(_oneshot_curves({"rows": [r for r in conv["rows"] if r["method"] != "recipe"]}))
         lines += ["", "## A second task: the party of a convention speech's sentence", "",
                   "all-MiniLM-L6-v2 fine-tuned (two epochs) on 5,718 sentences of 2012 Democratic and Republican "

@@ -335,6 +335,10 @@ def test_rounds_split_the_heads_to_remove_evenly_larger_steps_first(cals):
     once = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="gradient", keep=3))
     rounds = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="gradient", keep=3), {"rounds": 2})
     assert rounds.mask == once.mask and [p.heads for p in rounds.trajectory] == [8, 5, 3] and rounds.scorings == 1
+    # with --uniform a round moves every block by whole levels, at most the round's heads: 8 -> 6 (3 allowed)
+    # -> 2 (the last round takes what is left)
+    r = plan_prune(make_model(*BERT), cals(BERT), PruneConfig(method="michel", keep=2, uniform=True), {"rounds": 2})
+    assert [p.heads for p in r.trajectory] == [8, 6, 2] and r.heads_after == {"self.0": 1, "self.1": 1}
 
 
 def test_one_shot_scores_once(cals, monkeypatch):

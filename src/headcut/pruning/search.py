@@ -11,9 +11,10 @@ fewest heads the units and ``--min-heads-per-block`` allow.
 masked model for the iterative methods); the step then removes the lowest-scoring units, in score
 order, at most ``--step`` heads (with ``--rounds R``: the heads left to remove divided by the steps
 left, rounded up, so R steps reach the target, the larger ones first) but at least one unit, never a
-unit that would make the target unreachable (only units of different sizes can do that). With ``--uniform`` a step moves every block
-to the next per-block count instead (each block keeps its top units). One-shot methods without
-``--max-drop`` or ``--trajectory`` go to K in one step (the same mask: their ranking is fixed).
+unit that would make the target unreachable (only units of different sizes can do that). With
+``--uniform`` a step moves every block to the next per-block count instead (each block keeps its top
+units; at most a step's heads away). One-shot methods without ``--max-drop`` or ``--trajectory`` go
+to K in one step (the same mask: their ranking is fixed).
 
 **Quality stop** (``--max-drop D``; Greedy-Gnorm's accuracy rule, arXiv:2602.04491 sec. 3.1.2): after each
 step the metric is measured; the first step that takes it more than D from the input model's (in the
