@@ -20,6 +20,10 @@ and the building blocks::
     headcut.slim(model, {"drop": {"self.0": [1, 2]}})    # heads physically removed
     headcut.save(model, "slim/", source="model/")       # loads back with headcut.load or transformers
 
+Every refusal is a :class:`HeadcutError`; the API's argument checks raise its subclasses
+:class:`HeadcutTypeError` (also a ``TypeError``) and :class:`HeadcutValueError` (also a ``ValueError``),
+naming the keyword (see :mod:`headcut.arguments`).
+
 Names are imported on first use, so ``import headcut`` (and the command line's ``--help`` and shell
 completion) does not load torch.
 """
@@ -39,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Pruned": "headcut.api", "Scores": "headcut.api", "Finetuned": "headcut.api", "Evaluation": "headcut.api",
     "Exported": "headcut.api", "Benchmark": "headcut.api",
     # building blocks
-    "load": "headcut.io", "save": "headcut.io", "SavedModel": "headcut.io",
+    "load": "headcut.api", "save": "headcut.api", "SavedModel": "headcut.io",
     "gated": "headcut.gating", "HeadGates": "headcut.gating",
     "slim": "headcut.surgery", "SlimResult": "headcut.surgery", "count_params": "headcut.surgery",
     "model_blocks": "headcut.surgery",
@@ -48,7 +52,7 @@ _EXPORTS: dict[str, str] = {
     # configurations
     "PruneConfig": "headcut.config", "ScoreConfig": "headcut.config", "TrainConfig": "headcut.config",
     "FinetuneConfig": "headcut.config", "BenchConfig": "headcut.config", "DataConfig": "headcut.data",
-    "HeadcutError": "headcut.errors",
+    "HeadcutError": "headcut.errors", "HeadcutValueError": "headcut.errors", "HeadcutTypeError": "headcut.errors",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

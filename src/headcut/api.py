@@ -24,6 +24,11 @@ headcut.bench(["model/", "slim/"], device="cpu")
   model have ``save(out, force=False)``: atomic, with the command line's checks (see
   :mod:`headcut.outputs`); ``force`` replaces only a folder headcut wrote.
 * ``progress``: a :class:`headcut.progress.Reporter` (default: silent).
+* **Errors**: every refusal is a :class:`~headcut.errors.HeadcutError`. Each function checks its arguments
+  first (:mod:`headcut.arguments`), before anything is loaded, read or written: a wrong kind of value is a
+  ``HeadcutTypeError`` (also a ``TypeError``), a value that cannot work a ``HeadcutValueError`` (also a
+  ``ValueError``), and the message names the keyword. ``headcut.load`` and ``headcut.save`` are
+  :func:`headcut.io.load` and :func:`headcut.io.save` with the same checks.
 
 The command line is a thin layer over these functions: it parses, calls one of them and renders the
 result, so the same arguments give the same result (and report) either way.
@@ -44,13 +49,14 @@ import torch
 from torch import nn
 
 from . import io
+from .arguments import checked, values
 from .catalog import METHODS, method_entry
 from .config import BenchConfig, FinetuneConfig, PruneConfig, ScoreConfig
 from .data import Calibration, DataConfig, looks_local
 from .errors import HeadcutError
 from .formats import check_formats, parse_formats
-from .masks import HeadMask
-from .outputs import OutputDir, OutputFile, check_paths, real_path
+from .masks import HeadMask, check_mask
+from .outputs import OutputDir, OutputFile, check_paths, real_path, special_kind
 from .progress import Reporter, Task, quiet
 from .reports import (
     FINETUNE_REPORT,
@@ -283,6 +289,7 @@ class Written:
     formats: tuple[str, ...] = ("safetensors",)
     gguf_type: str = "f16"
 
+    @checked("Written.save")
     def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
              formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> io.SavedModel:
         """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
@@ -290,13 +297,23 @@ class Written:
         (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
         from .formats import parse_formats
 
-        chosen = parse_formats(formats) if formats is not None else self.formats
+        with values():
+            chosen = parse_formats(formats) if formats is not None else self.formats
         return _save(self.model, out, self.source, force, self.report, self.REPORT, self.reads,
                      self.trust_remote_code, chosen, gguf_type or self.gguf_type)
 
 
+# ---- the building blocks' entry points ------------------------------------------------------------------
+
+#: :func:`headcut.io.load` with its arguments checked first (``headcut.load``)
+load = checked("load")(io.load)
+#: :func:`headcut.io.save` with its arguments checked first (``headcut.save``)
+save = checked("save")(io.save)
+
+
 # ---- info and evaluate ----------------------------------------------------------------------------------
 
+@checked("info")
 def info(model: ModelLike, *, task: str | None = None, allow_pickle: bool = False,
          trust_remote_code: bool = False) -> Any:
     """The attention blocks (name, kind, layer, heads, KV heads, head size), head total and parameter count
@@ -323,6 +340,7 @@ class Evaluation:
         return float(self.result.value)
 
 
+@checked("evaluate")
 def evaluate(model: ModelLike, data: Any, *, tokenizer: Any = None, task: str | None = None, split: str = "train",
              data_options: Mapping[str, Any] | None = None, seed: int = 0, progress: Reporter | None = None,
              allow_pickle: bool = False, trust_remote_code: bool = False) -> Evaluation:
@@ -331,7 +349,8 @@ def evaluate(model: ModelLike, data: Any, *, tokenizer: Any = None, task: str | 
     from .evaluation import evaluate as run_eval
 
     progress = progress or quiet()
-    _check_data_spec(data, "--data")
+    with values():
+        _check_data_spec(data, "--data")
     notes: list[str] = []
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     cal = _calibration(data, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
@@ -356,6 +375,7 @@ class Scores:
     notes: list[str] = field(default_factory=list)
 
 
+@checked("score")
 def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, normalize: str = "none",
           abs_per: str = "example", objective: str = "logits-norm", per: str = "batch", seed: int = 0,
           tokenizer: Any = None, task: str | None = None, split: str = "train",
@@ -368,13 +388,15 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
     from .surgery import model_blocks
 
     progress = progress or quiet()
-    config = ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per, seed=seed)
-    config.validate()
-    entry = scorer_entry(scorer)
-    if entry.needs_data and data is None:
-        raise HeadcutError(f"scorer {scorer} needs --data (value-l1, magnitude and random do not)")
-    if entry.needs_data:
-        _check_data_spec(data, "--data")
+    with values():
+        config = ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per,
+                             seed=seed)
+        config.validate()
+        entry = scorer_entry(scorer)
+        if entry.needs_data and data is None:
+            raise HeadcutError(f"scorer {scorer} needs --data (value-l1, magnitude and random do not)")
+        if entry.needs_data:
+            _check_data_spec(data, "--data")
     notes: list[str] = []
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     cal = None
@@ -405,6 +427,7 @@ class Exported(Written):
     slim: Any
 
 
+@checked("export")
 def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str], *, gqa: str = "auto",
            task: str | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
            formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
@@ -417,16 +440,19 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
     from .surgery import slim
 
     arguments = arguments if arguments is not None else _calls({"model": model, "gqa": gqa, "task": task})
-    if gqa not in GQA_POLICIES:
-        raise HeadcutError(f"unknown --gqa policy {gqa!r}; choose one of {', '.join(GQA_POLICIES)}")
+    with values():
+        if gqa not in GQA_POLICIES:
+            raise HeadcutError(f"unknown --gqa policy {gqa!r}; choose one of {', '.join(GQA_POLICIES)}")
+        chosen = parse_formats(formats)
     reads: dict[str, Any] = {}
     if isinstance(mask, (str, os.PathLike)):
         reads["--mask"] = real_path(mask)
         raw: Any = read_mask_file(mask)
     else:
         raw = mask.to_json() if isinstance(mask, HeadMask) else dict(mask)
+        with values():
+            check_mask(raw)  # its form, before the model is loaded (as a mask file's)
     notes: list[str] = []
-    chosen = parse_formats(formats)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, quiet())
     check_formats(loaded.module, chosen, gguf_type)
     if loaded.folder is not None:
@@ -498,6 +524,7 @@ class Pruned(Written):
     mask: HeadMask
     result: Any
 
+    @checked("Pruned.write_trajectory")
     def write_trajectory(self, csv_path: str | os.PathLike[str] | OutputFile, png: bool = True,
                          force: bool = False) -> list[Path]:
         """Write the trajectory (one row per step) to a ``.csv`` file, and its plot beside it as ``.png``
@@ -527,11 +554,12 @@ class Pruned(Written):
         finally:
             for temp in temps:
                 temp.unlink(missing_ok=True)
-        if not png:
-            png_file.path.unlink(missing_ok=True)  # a stale PNG of an earlier run
+        if not png and special_kind(png_file.path) is None:
+            png_file.path.unlink(missing_ok=True)  # a stale PNG of an earlier run (never a pipe or a device)
         return [csv_file.path] + ([png_file.path] if png else [])
 
 
+@checked("prune")
 def prune(
     model: ModelLike, method: str, *, keep: int | None = None, sparsity: float | None = None,
     max_drop: float | None = None, data: Any = None, eval_data: Any = None, uniform: bool = False,
@@ -564,42 +592,43 @@ def prune(
         uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed, trajectory=trajectory,
         task=task, split=split, eval_split=eval_split, data_options=data_options, device=device, **options))
     progress = progress or quiet()
-    config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
-                         min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed, trajectory=trajectory)
-    config.validate()
-    entry = method_entry(method)
-    chosen = get_method(method)
-    opts = make_options(chosen, options)
-    chosen.check(config, opts)
-    if max_drop is not None and eval_data is None:
-        raise HeadcutError("--max-drop needs --eval-data (the metric it watches)")
-    if trajectory and eval_data is None:
-        raise HeadcutError("--trajectory needs --eval-data (the metric after every step)")
-    if getattr(opts, "eval_every", None) is not None and eval_data is None:
-        raise HeadcutError("--eval-every needs --eval-data")
-    if not (isinstance(recover_steps, int) and recover_steps >= 0):
-        raise HeadcutError(f"--recover-steps must be a whole number >= 0 (got {recover_steps})")
-    if recover_steps and data is None:
-        raise HeadcutError("--recover-steps trains the pruned model: it needs --data (training data with labels)")
-    if entry.data != "none" and data is None:
-        free = [m.name for m in METHODS.values() if m.data == "none"]
-        what = "training data with labels" if entry.data == "training" else "calibration data"
-        raise HeadcutError(f"method {method} needs --data ({what}); {', '.join(free)} do not")
-    notes: list[str] = []
-    if data is not None and entry.data == "none" and not recover_steps:
-        notes.append(f"method {method} reads no data: --data was not used")
-        data = None
-    data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
-    training = entry.resumable  # the methods that checkpoint their training
-    if checkpoint_dir is not None and training:
-        from .training.engine import prepare_checkpoint_dir
+    with values():  # every value refused before any work, as a HeadcutValueError
+        config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
+                             min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed, trajectory=trajectory)
+        config.validate()
+        entry = method_entry(method)
+        chosen = get_method(method)
+        opts = make_options(chosen, options)
+        chosen.check(config, opts)
+        if max_drop is not None and eval_data is None:
+            raise HeadcutError("--max-drop needs --eval-data (the metric it watches)")
+        if trajectory and eval_data is None:
+            raise HeadcutError("--trajectory needs --eval-data (the metric after every step)")
+        if getattr(opts, "eval_every", None) is not None and eval_data is None:
+            raise HeadcutError("--eval-every needs --eval-data")
+        if not (isinstance(recover_steps, int) and recover_steps >= 0):
+            raise HeadcutError(f"--recover-steps must be a whole number >= 0 (got {recover_steps})")
+        if recover_steps and data is None:
+            raise HeadcutError("--recover-steps trains the pruned model: it needs --data (training data with labels)")
+        if entry.data != "none" and data is None:
+            free = [m.name for m in METHODS.values() if m.data == "none"]
+            what = "training data with labels" if entry.data == "training" else "calibration data"
+            raise HeadcutError(f"method {method} needs --data ({what}); {', '.join(free)} do not")
+        notes: list[str] = []
+        if data is not None and entry.data == "none" and not recover_steps:
+            notes.append(f"method {method} reads no data: --data was not used")
+            data = None
+        data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
+        training = entry.resumable  # the methods that checkpoint their training
+        if checkpoint_dir is not None and training:
+            from .training.engine import prepare_checkpoint_dir
 
-        prepare_checkpoint_dir(checkpoint_dir, resume, restart)
-    elif resume:
-        learned = ", ".join(m.name for m in METHODS.values() if m.resumable)
-        raise HeadcutError(f"--resume applies to the methods that keep checkpoints ({learned}), not to {method}")
-    dist, torch_device = _device(device)
-    chosen = parse_formats(formats)
+            prepare_checkpoint_dir(checkpoint_dir, resume, restart)
+        elif resume:
+            learned = ", ".join(m.name for m in METHODS.values() if m.resumable)
+            raise HeadcutError(f"--resume applies to the methods that keep checkpoints ({learned}), not to {method}")
+        dist, torch_device = _device(device)
+        chosen = parse_formats(formats)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     check_formats(loaded.module, chosen, gguf_type)
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
@@ -701,6 +730,7 @@ class Finetuned(Written):
     result: Any
 
 
+@checked("finetune")
 def finetune(
     model: ModelLike, data: Any, *, eval_data: Any = None, teacher: ModelLike | None = None,
     epochs: int | None = None, max_steps: int | None = None, lr: float = 5e-5, grad_accum: int = 1,
@@ -731,38 +761,38 @@ def finetune(
         labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
         device=device))
     progress = progress or quiet()
-    if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight):
-        raise HeadcutError("--alpha, --temperature and --hidden-weight need --distill-from TEACHER")
-    if eval_every is not None and eval_data is None:
-        raise HeadcutError("--eval-every needs --eval-data")
-    config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
-                            warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
-                            checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
-                            hidden_weight=hidden_weight, patience=patience)
-    config.validate()
-    if patience is not None and eval_data is None:
-        raise HeadcutError("--patience needs --eval-data (the metric it watches) and --eval-every")
-    if patience is not None:
-        if resume:
-            raise HeadcutError("--resume does not apply with --patience: an early-stopped run keeps no checkpoints")
-        checkpoint_dir = None  # the best weights live in memory; nothing to resume from
-    if data is None:
-        raise HeadcutError("no data given: pass --data FILE (or a datasets name)")
-    data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
+    with values():  # every value refused before any work, as a HeadcutValueError
+        if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight):
+            raise HeadcutError("--alpha, --temperature and --hidden-weight need --distill-from TEACHER")
+        if eval_every is not None and eval_data is None:
+            raise HeadcutError("--eval-every needs --eval-data")
+        config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
+                                warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
+                                checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
+                                hidden_weight=hidden_weight, patience=patience)
+        config.validate()
+        if patience is not None and eval_data is None:
+            raise HeadcutError("--patience needs --eval-data (the metric it watches) and --eval-every")
+        if patience is not None:
+            if resume:
+                raise HeadcutError("--resume does not apply with --patience: an early-stopped run keeps no checkpoints")
+            checkpoint_dir = None  # the best weights live in memory; nothing to resume from
+        data_spec, eval_spec = _specs(data, eval_data, split, eval_split, data_options, seed)
     if isinstance(teacher, (str, os.PathLike)):
         io.check_checkpoint(teacher, allow_pickle)
-    if checkpoint_dir is not None:
-        from .training.engine import prepare_checkpoint_dir
+    with values():
+        if checkpoint_dir is not None:
+            from .training.engine import prepare_checkpoint_dir
 
-        prepare_checkpoint_dir(checkpoint_dir, resume, restart)
-    elif resume:
-        raise HeadcutError("resume needs a checkpoint folder")
-    dist, torch_device = _device(device)
-    notes: list[str] = []
-    if labels is not None and isinstance(model, nn.Module):
-        raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels yourself)")
-    extra = {"labels": list(labels)} if labels is not None else {}
-    chosen = parse_formats(formats)
+            prepare_checkpoint_dir(checkpoint_dir, resume, restart)
+        elif resume:
+            raise HeadcutError("resume needs a checkpoint folder")
+        dist, torch_device = _device(device)
+        notes: list[str] = []
+        if labels is not None and isinstance(model, nn.Module):
+            raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels yourself)")
+        extra = {"labels": list(labels)} if labels is not None else {}
+        chosen = parse_formats(formats)
     loaded = _load(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed, **extra)
     check_formats(loaded.module, chosen, gguf_type)
     teacher_model = None
@@ -825,6 +855,7 @@ class Benchmark:
     cards: list[Path] = field(default_factory=list)
 
 
+@checked("bench")
 def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, names: Sequence[str] | None = None,
           task: str | None = None, progress: Reporter | None = None, allow_pickle: bool = False,
           trust_remote_code: bool = False, update_cards: bool = False, **settings: Any) -> Benchmark:
@@ -836,15 +867,16 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
     from .benchmark import bench as run_bench
     from .benchmark import report_json
 
-    if config is None:
-        allowed = {f.name for f in fields(BenchConfig)}
-        wrong = sorted(set(settings) - allowed)
-        if wrong:
-            raise HeadcutError(f"unknown bench setting {wrong[0]!r}; settings: {', '.join(sorted(allowed))}")
-        config = BenchConfig(**settings)
-    elif settings:
-        raise HeadcutError("give config= or settings, not both")
-    notes = config.validate()
+    with values():
+        if config is None:
+            allowed = {f.name for f in fields(BenchConfig)}
+            wrong = sorted(set(settings) - allowed)
+            if wrong:
+                raise HeadcutError(f"unknown bench setting {wrong[0]!r}; settings: {', '.join(sorted(allowed))}")
+            config = BenchConfig(**settings)
+        elif settings:
+            raise HeadcutError("give config= or settings, not both")
+        notes = config.validate()
     for m in models:  # refuse a missing folder before spending minutes on the others
         if isinstance(m, (str, os.PathLike)):
             io.check_checkpoint(m, allow_pickle)

@@ -61,6 +61,7 @@ import contextlib
 import ctypes
 import gc
 import math
+import os
 import platform
 import statistics
 import tempfile
@@ -76,6 +77,7 @@ from torch import nn
 
 from .config import BenchConfig
 from .errors import HeadcutError
+from .runtime import returned_cache
 from .surgery import count_params
 
 #: ``--dtype`` values
@@ -416,7 +418,7 @@ def bench_generation(model: nn.Module, inputs: dict[str, torch.Tensor], config: 
         new_tokens = out.sequences.shape[1] - 1  # decoder outputs start with the decoder start token
     else:
         new_tokens = out.sequences.shape[1] - prompt["input_ids"].shape[1]  # decoder-only outputs repeat the prompt
-    size = kv_cache_size(out.past_key_values)
+    size = kv_cache_size(returned_cache(out))
     del out
     times = time_calls(lambda: _generate(model, prompt, config.gen_tokens), config.gen_runs, device, step)
     median = statistics.median(times)
@@ -667,7 +669,7 @@ def _onnx_for(item: Any, model: nn.Module, stack: contextlib.ExitStack,
     """The ``model.onnx`` of a checkpoint folder, or an export into a temporary folder (and a note)."""
     from .formats.onnx import ONNX_FILE, export_onnx
 
-    folder = Path(item).expanduser() if isinstance(item, (str, Path)) else None
+    folder = Path(item).expanduser() if isinstance(item, (str, os.PathLike)) else None
     if folder is not None and (folder / ONNX_FILE).is_file():
         return folder / ONNX_FILE, None
     tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcut-onnx-")))
@@ -697,17 +699,17 @@ def bench(
     total)`` reports each stage (``load``, ``flops``, ``warmup``, ``runs``, ``generate``; ``onnx export``
     and ``onnxruntime ...`` for onnxruntime)."""
     from . import io
+    from .arguments import bench_config, bench_models, values
 
-    config.validate()
-    runtimes = config.runtimes()
-    if not models:
-        raise HeadcutError("no models to benchmark")
-    if names is not None and len(names) != len(models):
-        raise HeadcutError("names must match models one to one")
+    bench_models(models, names)
+    bench_config("config", config)
+    with values():
+        config.validate()
+        runtimes = config.runtimes()
     results: list[BenchResult] = []
     for i, item in enumerate(models):
         name = names[i] if names is not None else (
-            str(item) if isinstance(item, (str, Path)) else type(item).__name__.removeprefix("Headcut"))
+            os.fspath(item) if isinstance(item, (str, os.PathLike)) else type(item).__name__.removeprefix("Headcut"))
 
         def step(stage: str, done: int, total: int, i: int = i, name: str = name) -> None:
             if progress is not None:

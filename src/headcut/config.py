@@ -15,6 +15,7 @@ line reads its defaults from here without loading torch. Every ``validate`` rais
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from .catalog import (
     NORMALIZE,
     OBJECTIVES,
 )
-from .errors import HeadcutError
+from .errors import HeadcutValueError
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
 BENCH_RUNTIMES = ("torch", "onnxruntime")
@@ -40,12 +41,39 @@ DEFAULT_EPSILON = 1e-7
 
 def _choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
     if value not in valid:
-        raise HeadcutError(f"unknown {flag} {value!r}; choose one of {', '.join(str(v) for v in valid)}")
+        raise HeadcutValueError(f"unknown {flag} {value!r}; choose one of {', '.join(str(v) for v in valid)}")
 
 
 def _count(flag: str, value: Any, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise HeadcutError(f"{flag} must be an integer >= {low}, got {value!r}")
+        raise HeadcutValueError(f"{flag} must be an integer >= {low}, got {value!r}")
+
+
+def _finite(value: Any) -> bool:
+    """A finite real number (not a bool, not a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _real(flag: str, value: Any, low: float = -math.inf, high: float = math.inf, *,
+          low_open: bool = False, high_open: bool = False) -> None:
+    """Refuse a value that is not a finite real number in the range (``nan``, ``inf``, a bool or a string
+    included): one line naming the option and the valid range."""
+    ok = _finite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if ok:
+        return
+    if high == math.inf:
+        rule = ("positive" if low == 0 and low_open else f"{'>' if low_open else '>='} {low:g}") + " and finite"
+    else:
+        rule = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    raise HeadcutValueError(f"{flag} must be {rule} (got {value!r})")
+
+
+def _seed(flag: str, value: Any) -> None:
+    """A seed torch's generators take: an integer in [-2**63, 2**64)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not -(2**63) <= value < 2**64:
+        raise HeadcutValueError(f"{flag} must be an integer in [-2**63, 2**64) (got {value!r})")
 
 
 @dataclass
@@ -78,7 +106,7 @@ class ScoreConfig:
         _choice("--objective", self.objective, OBJECTIVES)
         _choice("--per", self.per, GNORM_PER)
         if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon < 1):
-            raise HeadcutError(f"epsilon must be a number in (0, 1), got {self.epsilon!r}")
+            raise HeadcutValueError(f"epsilon must be a number in (0, 1), got {self.epsilon!r}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,16 +141,16 @@ class PruneConfig:
 
         entry = method_entry(self.method)
         if self.keep is not None and self.sparsity is not None:
-            raise HeadcutError("give one budget: --keep or --sparsity, not both")
+            raise HeadcutValueError("give one budget: --keep or --sparsity, not both")
         budget_given = self.keep is not None or self.sparsity is not None or self.max_drop is not None
         if not budget_given and entry.budget == "required":
-            raise HeadcutError("no budget: pass --keep K, --sparsity S or --max-drop D")
+            raise HeadcutValueError("no budget: pass --keep K, --sparsity S or --max-drop D")
         if self.keep is not None and (not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 0):
-            raise HeadcutError(f"--keep must be a head count >= 0 (got {self.keep})")
-        if self.sparsity is not None and not (0.0 <= self.sparsity <= 1.0 and math.isfinite(self.sparsity)):
-            raise HeadcutError(f"--sparsity must be a fraction in [0, 1] (got {self.sparsity})")
-        if self.max_drop is not None and not (self.max_drop >= 0 and math.isfinite(self.max_drop)):
-            raise HeadcutError(f"--max-drop must be a number >= 0 in the metric's units (got {self.max_drop})")
+            raise HeadcutValueError(f"--keep must be a head count >= 0 (got {self.keep})")
+        if self.sparsity is not None and not (_finite(self.sparsity) and 0.0 <= self.sparsity <= 1.0):
+            raise HeadcutValueError(f"--sparsity must be a fraction in [0, 1] (got {self.sparsity!r})")
+        if self.max_drop is not None and not (_finite(self.max_drop) and self.max_drop >= 0):
+            raise HeadcutValueError(f"--max-drop must be a number >= 0 in the metric's units (got {self.max_drop!r})")
         _count("--min-heads-per-block", self.min_heads_per_block, 0)
         _choice("--gqa policy", self.gqa, GQA_POLICIES)
 
@@ -131,11 +159,9 @@ class PruneConfig:
 
 
 def check_distillation(alpha: float, temperature: float) -> None:
-    """Refuse a distillation weight outside [0, 1] or a temperature that is not positive."""
-    if not (isinstance(alpha, (int, float)) and 0.0 <= alpha <= 1.0):
-        raise HeadcutError(f"--alpha must be in [0, 1] (got {alpha})")
-    if not (isinstance(temperature, (int, float)) and temperature > 0.0 and math.isfinite(temperature)):
-        raise HeadcutError(f"--temperature must be positive (got {temperature})")
+    """Refuse a distillation weight outside [0, 1] or a temperature that is not positive and finite."""
+    _real("--alpha", alpha, 0.0, 1.0)
+    _real("--temperature", temperature, 0.0, low_open=True)
 
 
 @dataclass
@@ -173,7 +199,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         if self.epochs is not None and self.max_steps is not None:
-            raise HeadcutError("give --epochs or --max-steps, not both")
+            raise HeadcutValueError("give --epochs or --max-steps, not both")
         if self.epochs is not None:
             _count("--epochs", self.epochs, 1)
         if self.max_steps is not None:
@@ -184,32 +210,33 @@ class TrainConfig:
         _choice("schedule", self.schedule, ("linear", "constant"))
         if self.mode is not None:
             _choice("--mode", self.mode, MODES)
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0 and math.isfinite(self.lr)):
-            raise HeadcutError(f"--lr must be positive (got {self.lr})")
-        if self.gate_lr is not None and not (self.gate_lr > 0 and math.isfinite(self.gate_lr)):
-            raise HeadcutError(f"--gate-lr must be positive (got {self.gate_lr})")
-        if self.weight_decay < 0:
-            raise HeadcutError(f"weight_decay must be >= 0 (got {self.weight_decay})")
+        # every float: finite and in its range (nan, inf, a bool or a string refused, naming the option)
+        _real("--lr", self.lr, 0.0, low_open=True)
+        if self.gate_lr is not None:
+            _real("--gate-lr", self.gate_lr, 0.0, low_open=True)
+        _real("weight_decay", self.weight_decay, 0.0)
         if self.warmup_ratio is not None:
             if self.warmup_steps:
-                raise HeadcutError("give warmup_steps or warmup_ratio, not both")
-            if not 0.0 <= self.warmup_ratio < 1.0:
-                raise HeadcutError(f"warmup_ratio must be in [0, 1), not {self.warmup_ratio}")
+                raise HeadcutValueError("give warmup_steps or warmup_ratio, not both")
+            _real("warmup_ratio", self.warmup_ratio, 0.0, 1.0, high_open=True)
         for flag, value in (("--eval-every", self.eval_every), ("--checkpoint-every", self.checkpoint_every)):
             if value is not None:
                 _count(flag, value, 1)
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise HeadcutError(f"max_grad_norm must be positive, not {self.max_grad_norm}")
+        if self.max_grad_norm is not None:
+            _real("max_grad_norm", self.max_grad_norm, 0.0, low_open=True)
+        _seed("--seed", self.seed)
+        if not isinstance(self.shuffle, bool):
+            raise HeadcutValueError(f"shuffle must be True or False (got {self.shuffle!r})")
 
     def total_steps(self, num_batches: int) -> int:
         """Optimizer steps of the run over ``num_batches`` batches per epoch."""
         if self.max_steps is not None:
             return self.max_steps
         if self.epochs is None:
-            raise HeadcutError("give epochs or max_steps")
+            raise HeadcutValueError("give epochs or max_steps")
         steps = self.epochs * num_batches // self.grad_accum
         if steps < 1:
-            raise HeadcutError(
+            raise HeadcutValueError(
                 f"{self.epochs} epoch(s) of {num_batches} batch(es) make no optimizer step with "
                 f"grad_accum={self.grad_accum}"
             )
@@ -262,10 +289,8 @@ class FinetuneConfig(TrainConfig):
         if self.patience is not None:
             _count("--patience", self.patience, 1)
             if self.eval_every is None:
-                raise HeadcutError("--patience needs --eval-every N (and --eval-data): it counts evaluations")
-        if not (isinstance(self.hidden_weight, (int, float)) and self.hidden_weight >= 0
-                and math.isfinite(self.hidden_weight)):
-            raise HeadcutError(f"--hidden-weight must be >= 0 (got {self.hidden_weight})")
+                raise HeadcutValueError("--patience needs --eval-every N (and --eval-data): it counts evaluations")
+        _real("--hidden-weight", self.hidden_weight, 0.0)
 
     def resolved(self) -> FinetuneConfig:
         """The config with its defaults filled in (3 epochs when neither epochs nor max_steps is set)."""
@@ -298,7 +323,7 @@ class BenchConfig:
         parts = [p.strip().lower() for p in str(self.runtime).split(",") if p.strip()]
         unknown = [p for p in parts if p not in BENCH_RUNTIMES]
         if not parts or unknown:
-            raise HeadcutError(f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
+            raise HeadcutValueError(f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
                                f"{', '.join(BENCH_RUNTIMES)} or both comma-separated (torch,onnxruntime)")
         return tuple(r for r in BENCH_RUNTIMES if r in parts)
 
@@ -314,15 +339,15 @@ class BenchConfig:
         if self.attn_implementation is not None:
             _choice("--attn", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise HeadcutError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
+            raise HeadcutValueError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
         if self.device.startswith("cuda"):
             import torch
 
             if not torch.cuda.is_available():
-                raise HeadcutError(f"--device {self.device}: CUDA is not available (torch {torch.__version__})")
+                raise HeadcutValueError(f"--device {self.device}: CUDA is not available (torch {torch.__version__})")
             index = torch.device(self.device).index
             if index is not None and index >= torch.cuda.device_count():
-                raise HeadcutError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
+                raise HeadcutValueError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
         if "onnxruntime" in self.runtimes():
             self._check_onnxruntime()
         notes = []
@@ -334,14 +359,14 @@ class BenchConfig:
         import importlib.util
 
         if importlib.util.find_spec("onnxruntime") is None:
-            raise HeadcutError("--runtime onnxruntime needs onnxruntime: pip install 'headcut[onnx]' "
+            raise HeadcutValueError("--runtime onnxruntime needs onnxruntime: pip install 'headcut[onnx]' "
                                "(onnx, onnxscript, onnxruntime)")
         if self.device.startswith("cuda"):
             import onnxruntime
 
             providers = onnxruntime.get_available_providers()
             if "CUDAExecutionProvider" not in providers:
-                raise HeadcutError(
+                raise HeadcutValueError(
                     f"--runtime onnxruntime --device {self.device} needs onnxruntime's CUDAExecutionProvider; this "
                     f"onnxruntime {onnxruntime.__version__} has {', '.join(providers)}: pip install onnxruntime-gpu"
                 )

@@ -1,5 +1,23 @@
-"""headcut's user-facing error: the CLI prints its message on one line and exits with code 2."""
+"""headcut's user-facing errors: the CLI prints their message on one line and exits with code 2.
+
+:class:`HeadcutError` is the base every refusal derives from (the CLI catches it). The Python API's
+argument checks (:mod:`headcut.arguments`) raise the subclasses that are also Python's own kinds, so
+``except ValueError`` / ``except TypeError`` work as they would for any library:
+
+* :class:`HeadcutTypeError` (also a ``TypeError``): an argument of the wrong kind (a string where a
+  number is needed, a list where a mask is, a module that is not a transformers model);
+* :class:`HeadcutValueError` (also a ``ValueError``): an argument of the right kind with a value that
+  cannot work (a fraction outside [0, 1], an unknown choice, a checkpoint folder inside a file).
+"""
 
 
 class HeadcutError(Exception):
     """A problem with the user's input (path, mask, budget, flag) that headcut refuses to work with."""
+
+
+class HeadcutValueError(HeadcutError, ValueError):
+    """An argument of the right type whose value headcut refuses (out of range, unknown choice, ...)."""
+
+
+class HeadcutTypeError(HeadcutError, TypeError):
+    """An argument of a type headcut does not accept (named by its keyword, with what it accepts)."""

@@ -345,7 +345,10 @@ def finetune(
     history entry (its ``loss``, ...). ``dist``: this process's place in a data-parallel run
     (:mod:`headcut.distributed`); ``result.distributed`` then says how far the processes' weights
     differ at the end (0.0: identical). ``identity``: more of the run's identity for its checkpoints
-    (e.g. the model's and teacher's paths): a checkpoint whose identity or settings differ is refused."""
+    (e.g. the model's and teacher's paths): a checkpoint whose identity or settings differ is refused.
+    A run whose loss, gradients or weights become non-finite raises
+    :class:`headcut.training.TrainingDiverged` (a :class:`HeadcutError`); ``model`` is then left as it was
+    after the last good step or with the non-finite weights of the failed one, and must not be saved."""
     start = time.perf_counter()
     config.validate()
     config = config.resolved()

@@ -19,7 +19,6 @@ import inspect
 import json
 import os
 import pickle
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,10 +30,10 @@ import transformers
 from torch import nn
 
 from . import runtime
-from .adapters import adapter_for, adapter_for_config, runtime_mixins
+from .adapters import MISSING, Adapter, adapter_for, adapter_for_config, adapter_for_model_type, runtime_mixins
 from .catalog import TASKS
 from .errors import HeadcutError
-from .outputs import OutputDir, check_paths, inside
+from .outputs import OutputDir, check_paths, inside, os_error
 from .record import check_record, expected_values
 from .sources import looks_like_path
 
@@ -99,6 +98,7 @@ def stored_values(folder: Path) -> int:
     for f in weight_files(folder):
         if not f.is_file():
             raise HeadcutError(f"{folder}: weight file {f.name} is missing")
+        readable(f)
         try:
             with safe_open(f, "pt") as handle:
                 for key in handle.keys():
@@ -112,12 +112,32 @@ def stored_values(folder: Path) -> int:
     return total
 
 
+def readable(file: Path) -> None:
+    """Refuse a file this process may not read: ``cannot read PATH: permission denied``."""
+    try:
+        with open(file, "rb"):
+            pass
+    except PermissionError as exc:
+        raise os_error("read", file, exc) from None
+
+
 def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | None:
     """Validate a local checkpoint folder; return None for a hub id. One-line errors.
 
     Refuses a folder without config.json or weights, pickle-only weights without ``allow_pickle``,
-    symbolic links (of the config or weights) that point outside the checkpoint, and safetensors
-    files whose header is damaged or truncated."""
+    symbolic links (of the config or weights) that point outside the checkpoint, safetensors files
+    whose header is damaged or truncated, and a folder or file headcut would read (the config, the
+    weights, the tokenizer and other side files) that this process may not read."""
+    try:
+        return _check_checkpoint(path, allow_pickle)
+    except PermissionError as exc:  # the folder itself: listing it, or the status of a file in it
+        culprit = Path(exc.filename) if exc.filename is not None else Path(path)
+        if culprit.parent == Path(path).expanduser():
+            culprit = Path(path)  # a file's status needs only the folder's permission
+        raise os_error("read", culprit, exc) from None
+
+
+def _check_checkpoint(path: str | Path, allow_pickle: bool) -> Path | None:
     p = Path(path).expanduser()
     if not p.exists():
         if looks_like_path(str(path)):
@@ -144,26 +164,112 @@ def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | Non
                 and not link_ok(f, root):
             raise HeadcutError(f"{p / f.name} is a symbolic link to {f.resolve()}, outside the checkpoint; "
                                "headcut follows links only inside it: copy the file in")
+    for f in files:
+        if f.name == "config.json" or f.name.endswith(".index.json") or f.name in SIDE_FILES \
+                or (not safe and f.name.endswith(PICKLE_SUFFIXES)):
+            readable(f)
     if safe:
         stored_values(p)
     return p
 
 
-def model_class(config: Any, task: str | None = None) -> type:
-    """The transformers class to load ``config`` with (``task`` picks an Auto class)."""
+def model_class(config: Any, task: str | None = None, where: str | Path = "config.json") -> type:
+    """The transformers class to load ``config`` with (``task`` picks an Auto class, else the
+    config's ``architectures``, else the bare model). An ``architectures`` entry that is not a
+    transformers class of the config's family is refused (``where`` names the config in the message):
+    loading something else would leave the checkpoint's own weights unused."""
+    return resolve_class(type(config), config.model_type, getattr(config, "architectures", None), task, where)
+
+
+def resolve_class(config_class: type, model_type: str, architectures: Any, task: str | None,
+                  where: str | Path) -> type:
+    """:func:`model_class` from a config class and the ``architectures`` of a config.json (before the
+    config itself is built)."""
     if task is not None:
         if task not in TASKS:
             raise HeadcutError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
         auto = getattr(transformers, TASKS[task])
         try:
-            return auto._model_mapping[type(config)]
+            return auto._model_mapping[config_class]
         except KeyError:
-            raise HeadcutError(f"{config.model_type} has no {task} model in transformers") from None
-    for name in getattr(config, "architectures", None) or []:
-        cls = getattr(transformers, name.removeprefix("Headcut"), None)
-        if isinstance(cls, type):
-            return cls
-    return transformers.AutoModel._model_mapping[type(config)]
+            raise HeadcutError(f"{model_type} has no {task} model in transformers") from None
+    if architectures is not None and not (isinstance(architectures, list)
+                                          and all(isinstance(a, str) for a in architectures)):
+        raise HeadcutError(f"{where}: \"architectures\" must be a list of class names, got {architectures!r:.80}")
+    for name in architectures or []:
+        plain = name.removeprefix("Headcut")
+        cls = getattr(transformers, plain, None) if plain.isidentifier() and not plain.startswith("_") else None
+        base = getattr(cls, "config_class", None)
+        if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and isinstance(base, type)
+                and issubclass(config_class, base)):
+            raise HeadcutError(f"{where} names the architecture {name[:80]!r}, which is not a {model_type} model class "
+                               "of transformers: correct \"architectures\" in config.json, or pass --task to choose "
+                               "the model class")
+        return cls
+    try:
+        return transformers.AutoModel._model_mapping[config_class]
+    except KeyError:
+        raise HeadcutError(f"{model_type} has no base model in transformers") from None
+
+
+def read_config_file(folder: Path) -> dict[str, Any]:
+    """The JSON object of ``folder/config.json`` (one-line errors: unreadable, not JSON, too deep)."""
+    path = folder / "config.json"
+    try:
+        raw = json.loads(path.read_bytes())
+    except PermissionError as exc:
+        raise os_error("read", path, exc) from None
+    except RecursionError:
+        raise HeadcutError(f"cannot read the config of {folder}: {path} is nested too deeply") from None
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+        raise HeadcutError(f"cannot read the config of {folder}: {_first_line(exc)}") from None
+    if not isinstance(raw, dict):
+        raise HeadcutError(f"cannot read the config of {folder}: {path} is not a JSON object")
+    return raw
+
+
+def _raw_lookup(raw: dict[str, Any], config_class: type, where: str) -> Callable[[str], Any]:
+    """``get(field)`` over a config.json's values: the field under its own name or an alias of
+    ``config_class.attribute_map``, else the class default, else MISSING."""
+    aliases: dict[str, list[str]] = {}
+    for alias, name in (getattr(config_class, "attribute_map", None) or {}).items():
+        aliases.setdefault(name, []).append(alias)
+
+    def get(name: str) -> Any:
+        given = [n for n in (name, *aliases.get(name, ())) if n in raw]
+        if len({json.dumps(raw[n]) for n in given}) > 1:
+            raise HeadcutError(f"{where} gives {given[0]} and {given[1]} (the same field) different values; "
+                               "nothing was loaded")
+        if given:
+            return raw[given[0]]
+        default = getattr(config_class, name, MISSING)
+        return default if default is None or isinstance(default, (int, float, str)) else MISSING
+
+    return get
+
+
+def check_config_numbers(adapter: Adapter, get: Callable[[str], Any], labels: Any, cls: type, where: str,
+                         stored: int | None = None) -> None:
+    """Refuse a config whose head, layer or size fields are not positive integers (or whose widths
+    their head counts do not divide), a classifier without labels, and, given the values the
+    weights hold (``stored``), a config that describes far more: all from the numbers alone, before
+    anything is built. ``get``: see :meth:`Adapter.config_numbers`; ``labels``: its num_labels."""
+    try:
+        numbers = adapter.config_numbers(get)
+    except ValueError as exc:
+        raise HeadcutError(f"{where}: {exc}; nothing was loaded") from None
+    if isinstance(labels, bool) or not isinstance(labels, int) or labels < 0:
+        raise HeadcutError(f"{where}: num_labels is {labels!r:.40}; it must be a positive integer; nothing was loaded")
+    name = cls.__name__.removeprefix("Headcut")
+    if labels == 0 and name.endswith("Classification"):
+        raise HeadcutError(f"{where}: num_labels is 0, but {name} needs at least one label; nothing was loaded")
+    if stored is None:
+        return
+    width = next((numbers[s.width] for s in adapter.stacks if numbers.get(s.width)), 1) or 1
+    described = adapter.min_values(numbers, name) + labels * width
+    if described > SIZE_SLACK * stored + SIZE_MARGIN:
+        raise HeadcutError(f"{where} describes at least {described:,} values but the weights hold {stored:,}; "
+                           "the config does not match the weights (damaged or crafted); nothing was loaded")
 
 
 def cut_class(cls: type) -> type:
@@ -203,36 +309,62 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _check_loading(model: nn.Module, config: Any, info: dict[str, Any], path: str | Path,
-                   notes: list[str] | None) -> None:
-    """Refuse missing or unexpected tensors; a new task head (``--task`` other than the checkpoint's
-    own class) may be missing and the checkpoint's own head unused: those become notes."""
+def _check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None,
+                   new_head: bool = False) -> None:
+    """Refuse missing, unexpected or mis-shaped tensors, naming the first few. Only a new task head
+    (``new_head``: an explicit ``--task`` other than the checkpoint's own class) may be missing, and
+    the checkpoint's own head unused: those become notes."""
     cls_name = type(model).__name__.removeprefix("Headcut")
-    own = cls_name in (getattr(config, "architectures", None) or [])
     prefix = getattr(model, "base_model_prefix", "")
     is_base = model.base_model is model
     missing = sorted(info.get("missing_keys") or [])
     unexpected = sorted(info.get("unexpected_keys") or [])
-    mismatched = sorted(str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys") or [])
+    mismatched = sorted((tuple(k) if isinstance(k, (tuple, list)) else (k,)) for k in info.get("mismatched_keys") or [])
 
     def shown(keys: list[str]) -> str:
         return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
 
+    def shape(value: Any) -> str:
+        return "(" + ", ".join(map(str, value)) + ")" if isinstance(value, (tuple, list, torch.Size)) else str(value)
+
     if mismatched:
-        raise HeadcutError(f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({shown(mismatched)})")
-    base_missing = missing if own or is_base else [k for k in missing if k.startswith(prefix + ".")]
+        names = [f"{k[0]}: {shape(k[1])} in the weights, {shape(k[2])} in the model" if len(k) == 3 else str(k[0])
+                 for k in mismatched]
+        raise HeadcutError(f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({shown(names)}); "
+                           "the checkpoint is damaged or does not match its config.json")
+    base_missing = missing if not new_head or is_base else [k for k in missing if k.startswith(prefix + ".")]
     if base_missing:
         raise HeadcutError(f"cannot load {path}: {len(base_missing)} tensor(s) missing from its weights "
                            f"({shown(base_missing)}); the checkpoint is damaged or does not match its config.json")
-    if unexpected and own:
+    if unexpected and not new_head:
         raise HeadcutError(f"cannot load {path}: {len(unexpected)} unexpected tensor(s) in its weights "
-                           f"({shown(unexpected)}); the checkpoint is damaged or does not match its config.json")
+                           f"({shown(unexpected)}) that {cls_name} does not use; the checkpoint is damaged or does "
+                           "not match its config.json")
     if notes is not None:
         head = [k for k in missing if k not in base_missing]
         if head:
             notes.append(f"{cls_name} has a new task head: {len(head)} tensor(s) initialised at random ({shown(head)})")
         if unexpected:
             notes.append(f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({shown(unexpected)})")
+
+
+def _precheck_config(local: Path, task: str | None, stored: int | None, where: str) -> None:
+    """The checks of config.json that need no config object and no model: its family, its model
+    class, its numbers and the size they describe against the weights' headers (``stored``)."""
+    raw = read_config_file(local)
+    model_type = raw.get("model_type")
+    if model_type is None:
+        return  # AutoConfig may still tell the family from the folder's name; checked after it
+    adapter = adapter_for_model_type(model_type)
+    config_class = transformers.CONFIG_MAPPING[model_type] if model_type in transformers.CONFIG_MAPPING else None
+    if config_class is None:
+        return  # a family headcut knows but this transformers does not: AutoConfig says so next
+    cls = resolve_class(config_class, model_type, raw.get("architectures"), task, where)
+    if "num_labels" in raw:
+        labels = raw["num_labels"]
+    else:
+        labels = len(raw["id2label"]) if isinstance(raw.get("id2label"), dict) else 2
+    check_config_numbers(adapter, _raw_lookup(raw, config_class, where), labels, cls, where, stored)
 
 
 def set_labels(config: Any, cls: type, labels: list[str], path: str | Path) -> None:
@@ -280,29 +412,40 @@ def load(
     """
     local = check_checkpoint(path, allow_pickle)
     source = str(local) if local is not None else str(path)
+    where = str(local / "config.json") if local is not None else f"{path} (config.json)"
+    stored = None
+    if local is not None:
+        stored = stored_values(local) if any(f.name.endswith(".safetensors") for f in local.iterdir()) else None
+        _precheck_config(local, task, stored, where)
     try:
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except PermissionError as exc:
+        raise os_error("read", exc.filename if exc.filename is not None else path, exc) from None
     except Exception as exc:  # a damaged or crafted config.json: any parse error is the user's input
         raise HeadcutError(f"cannot read the config of {path}: {_first_line(exc)}") from None
     has_cut = getattr(config, "headcut", None) is not None
     if getattr(config, "auto_map", None) and not has_cut and not trust_remote_code:
         raise HeadcutError(f"{path} ships its own model code; pass --trust-remote-code to run it")
-    adapter_for_config(config)
-    cls = model_class(config, task)
+    adapter = adapter_for_config(config)
+    cls = model_class(config, task, where)
+    check_config_numbers(adapter, lambda name: getattr(config, name, MISSING), config.num_labels, cls, where, stored)
     if labels is not None:
         set_labels(config, cls, labels, path)
     skeleton = check_record(config, cls, str(path))
-    if local is not None and any(f.name.endswith(".safetensors") for f in local.iterdir()):
-        stored, described = stored_values(local), expected_values(skeleton)
+    if stored is not None:
+        described = expected_values(skeleton)
         if described > SIZE_SLACK * stored + SIZE_MARGIN:
             raise HeadcutError(f"{path}: config.json describes {described:,} values but the weights hold {stored:,}; "
                                "the config does not match the weights (damaged or crafted); nothing was loaded")
     del skeleton
+    own = cls.__name__ in (getattr(config, "architectures", None) or [])
     if has_cut:
         cls = cut_class(cls)
+    # mis-shaped tensors come back in the loading info (and are refused by name below) instead of an
+    # error that points at a report headcut keeps quiet
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype if dtype is not None else "auto",
-                              "output_loading_info": True}
+                              "output_loading_info": True, "ignore_mismatched_sizes": True}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     kwargs["use_safetensors"] = None if allow_pickle else True
@@ -314,9 +457,14 @@ def load(
                            "loader stopped them; they could run code)") from None
     except HeadcutError:
         raise
-    except Exception as exc:  # damaged weights, wrong shapes, unreadable files
-        raise HeadcutError(f"cannot load {path}: {_first_line(exc)}") from None
-    _check_loading(model, config, info, path, notes)
+    except PermissionError as exc:
+        raise os_error("read", exc.filename if exc.filename is not None else path, exc) from None
+    except Exception as exc:  # damaged weights, unreadable files
+        why = _first_line(exc)
+        if "above report" in why or "CONVERSION" in why:
+            why = f"transformers could not convert its weights to {cls.__name__.removeprefix('Headcut')}"
+        raise HeadcutError(f"cannot load {path}: {why}") from None
+    _check_loading(model, info, path, notes, new_head=task is not None and not own)
     if device:
         model.to(device)
     return model.eval()
@@ -423,11 +571,15 @@ def copy_side_files(source: str | Path | None, dest: Path, trust_remote_code: bo
         if not link_ok(f, root):
             notes.append(f"{f.name} not copied: it is a symbolic link to {f.resolve()}, outside the checkpoint")
             continue
+        try:
+            data = f.read_bytes()
+        except PermissionError as exc:  # a read error, not one of writing the output
+            raise os_error("read", f, exc) from None
         if f.suffix == ".json":
-            text = _clean_auto_map(f.name, f.read_text(encoding="utf-8", errors="replace"), trust_remote_code, notes)
+            text = _clean_auto_map(f.name, data.decode("utf-8", errors="replace"), trust_remote_code, notes)
             (dest / f.name).write_text(text, encoding="utf-8")
         else:
-            shutil.copyfile(f, dest / f.name)
+            (dest / f.name).write_bytes(data)
         copied.append(f.name)
     if skipped:
         notes.append(f"not copied (code): {', '.join(skipped)}")

@@ -46,30 +46,68 @@ class HeadMask:
 
 
 def read_mask_file(path: str | Path) -> dict[str, Any]:
-    """Read a mask JSON file (one-line errors for missing or malformed files)."""
+    """Read a mask JSON file and check its form (:func:`check_mask`); one-line errors for missing,
+    unreadable or malformed files."""
     p = Path(path)
     if not p.is_file():
         raise HeadcutError(f"mask file not found: {p}")
     try:
-        return json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HeadcutError(f"mask file {p} is not valid JSON: {exc}") from None
+        raw = json.loads(p.read_bytes())
+    except PermissionError:
+        raise HeadcutError(f"cannot read {p}: permission denied") from None
+    except RecursionError:
+        raise HeadcutError(f"mask file {p} is nested too deeply to be a mask "
+                           '(expected {"keep": {block: [heads]}} or {"drop": ...})') from None
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+        raise HeadcutError(f"mask file {p} is not valid JSON: {str(exc).strip().splitlines()[0]}") from None
+    try:
+        check_mask(raw)
+    except HeadcutError as exc:
+        raise HeadcutError(f"mask file {p}: {exc}") from None
+    return raw
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_mask(raw: Any) -> tuple[str, Mapping[str, Any]]:
+    """Check the form of mask-file JSON (or the same as Python objects) without a model: an object
+    with exactly one of ``keep`` or ``drop``, mapping block names to lists of distinct head indices
+    (integers; not booleans, floats, strings or null). Returns the mode and its entries."""
+    if not isinstance(raw, Mapping):
+        raise HeadcutError('a mask must be a JSON object {"keep": {...}} or {"drop": {...}}, '
+                           f"not {type(raw).__name__}")
+    modes = [k for k in ("keep", "drop") if k in raw]
+    extra = sorted(map(str, set(raw) - {"keep", "drop"}))
+    if len(modes) != 1 or extra:
+        raise HeadcutError('a mask needs exactly one of "keep" or "drop" (and nothing else)')
+    mode = modes[0]
+    entries = raw[mode]
+    if not isinstance(entries, Mapping):
+        what = "null" if entries is None else type(entries).__name__
+        raise HeadcutError(f'mask "{mode}" must map block names to lists of head indices, not {what}')
+    for name, heads in entries.items():
+        if not isinstance(name, str):
+            raise HeadcutError(f'mask "{mode}" names block {name!r:.40}: block names are strings such as "self.0"')
+        if heads is None:
+            raise HeadcutError(f'mask entry for block {name} is null: give a list of head indices '
+                               f'(an empty list {"drops every head" if mode == "keep" else "drops none"})')
+        if not isinstance(heads, (list, tuple)) or not all(_is_index(h) for h in heads):
+            bad = heads if not isinstance(heads, (list, tuple)) else next(h for h in heads if not _is_index(h))
+            found = json.dumps(bad) if bad is None or isinstance(bad, bool) else repr(bad)[:40]
+            raise HeadcutError(f"mask entry for block {name} must be a list of integers (head indices; found {found})")
+        if len(set(heads)) != len(heads):
+            dup = next(h for h in heads if heads.count(h) > 1)
+            raise HeadcutError(f"head index {dup} repeated in mask entry for block {name}")
+    return mode, entries
 
 
 def resolve_mask(raw: Mapping[str, Any] | HeadMask, blocks: list[Block]) -> HeadMask:
     """Validate ``raw`` (mask-file JSON or a HeadMask) against ``blocks``; return a complete HeadMask."""
     if isinstance(raw, HeadMask):
         raw = {"keep": raw.keep}
-    if not isinstance(raw, Mapping):
-        raise HeadcutError('a mask must be a JSON object {"keep": {...}} or {"drop": {...}}')
-    modes = [k for k in ("keep", "drop") if k in raw]
-    extra = sorted(set(raw) - {"keep", "drop"})
-    if len(modes) != 1 or extra:
-        raise HeadcutError('a mask needs exactly one of "keep" or "drop" (and nothing else)')
-    mode = modes[0]
-    entries = raw[mode]
-    if not isinstance(entries, Mapping):
-        raise HeadcutError(f'mask "{mode}" must map block names to lists of head indices')
+    mode, entries = check_mask(raw)
     by_name = {b.name: b for b in blocks}
     unknown = [n for n in entries if n not in by_name]
     if unknown:
@@ -78,20 +116,15 @@ def resolve_mask(raw: Mapping[str, Any] | HeadMask, blocks: list[Block]) -> Head
         raise HeadcutError(f"unknown block name {unknown[0]!r} in mask; this model's blocks: {shown}")
     keep: dict[str, list[int]] = {}
     for block in blocks:
-        heads = entries.get(block.name)
-        if heads is None:
+        if block.name not in entries:
             keep[block.name] = list(range(block.heads))  # unnamed: kept (keep) or not dropped (drop)
             continue
-        if not isinstance(heads, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in heads):
-            raise HeadcutError(f"mask entry for {block.name} must be a list of integers")
+        heads = list(entries[block.name])
         bad = [h for h in heads if not 0 <= h < block.heads]
         if bad:
             raise HeadcutError(
                 f"head index {bad[0]} out of range for block {block.name} (it has {block.heads} heads: 0..{block.heads - 1})"
             )
-        if len(set(heads)) != len(heads):
-            dup = next(h for h in heads if heads.count(h) > 1)
-            raise HeadcutError(f"head index {dup} repeated in mask entry for block {block.name}")
         chosen = sorted(heads)
         keep[block.name] = chosen if mode == "keep" else [h for h in range(block.heads) if h not in set(chosen)]
     return HeadMask(keep)

@@ -15,16 +15,31 @@
 * **One writer.** :class:`RunLock` (an exclusive lock file ``.NAME.headcut-lock`` beside the output)
   refuses a second run that writes the same output, and a second trainer on the same checkpoint
   folder, while the first one is alive. The operating system releases the lock of a killed process.
+* **Special files are never replaced.** A rename only ever replaces a regular file (after resolving
+  symbolic links). An output file that names a descriptor of the process (``/dev/stdout``,
+  ``/dev/stderr``, ``/dev/fd/N`` as a shell's ``>(cmd)`` gives, ``/proc/self/fd/N``) is written
+  through that descriptor; a character device (``/dev/null``, a terminal) or a named pipe, also
+  through a symbolic link, is opened and written through (see :class:`OutputFile` for a pipe with no
+  reader). Nothing is created beside such a file (no temporary, lock or probe file, no sweep), and
+  ``--force`` is not needed. Sockets, block devices and other special files are refused, and so is
+  an ``--out`` folder that is any of these.
+* **Names the file system takes.** A path with a name longer than the file system allows (NAME_MAX,
+  255 bytes on most) is refused up front; the temporary, old-copy and lock names of a long but legal
+  name embed a shortened copy of it (its start and a hash), so they fit too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import shutil
+import stat
+import sys
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,12 +60,51 @@ OLD_TAG = ".headcut-old-"
 LOCK_TAG = ".headcut-lock"
 #: the suffix of the resume-checkpoint folder a training command keeps beside ``--out``
 CHECKPOINT_SUFFIX = ".headcut-checkpoint"
+#: the longest name most file systems take (bytes); used where the file system cannot be asked
+NAME_MAX = 255
+#: the longest copy of a name that headcut's own files beside it embed (bytes): the rest of NAME_MAX
+#: leaves room for ``.``, a tag, a pid, a random part and a short suffix
+EMBED_MAX = 200
+#: the longest suffix a temporary file keeps of its target's name (bytes)
+SUFFIX_MAX = 16
+#: seconds between the lines a write to a named pipe with no reader prints while it waits
+FIFO_NOTICE_S = 15.0
+
+
+def _cut(name: str, size: int) -> str:
+    """The longest start of ``name`` whose encoded form has at most ``size`` bytes."""
+    out, used = [], 0
+    for ch in name:
+        n = len(os.fsencode(ch))
+        if used + n > size:
+            break
+        out.append(ch)
+        used += n
+    return "".join(out)
+
+
+def embedded_name(name: str) -> str:
+    """The copy of ``name`` that headcut's files beside it (temporaries, old copies, lock) embed: the
+    name itself, or for a name too long to leave room for the additions, its start and a hash of the
+    whole (the same for the same name, so a later run still recognises them)."""
+    raw = os.fsencode(name)
+    if len(raw) <= EMBED_MAX:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:12]
+    return f"{_cut(name, EMBED_MAX - len(digest) - 1)}~{digest}"
+
+
+def _temp_suffix(name: str) -> str:
+    suffix = Path(name).suffix
+    return suffix if len(os.fsencode(suffix)) <= SUFFIX_MAX else ""
 
 
 def checkpoint_dir_for(out: str | os.PathLike[str]) -> Path:
-    """The checkpoint folder of a run writing ``out``: ``<out>.headcut-checkpoint`` beside it."""
+    """The checkpoint folder of a run writing ``out``: ``<out>.headcut-checkpoint`` beside it (for a
+    name too long for that, the shortened copy of :func:`embedded_name`)."""
     path = Path(out).expanduser()
-    return path.with_name(path.name + CHECKPOINT_SUFFIX)
+    name = path.name if len(os.fsencode(path.name + CHECKPOINT_SUFFIX)) <= NAME_MAX else embedded_name(path.name)
+    return path.with_name(name + CHECKPOINT_SUFFIX)
 
 
 def real_path(path: str | os.PathLike[str]) -> Path:
@@ -73,6 +127,102 @@ def os_error(action: str, path: str | os.PathLike[str], exc: OSError) -> Headcut
     elif exc.errno in (errno.EACCES, errno.EPERM):
         why = "permission denied"
     return HeadcutError(f"cannot {action} {path}: {why}")
+
+
+def _name_max(path: Path) -> tuple[int, int]:
+    """The longest name and path (bytes) the file system of ``path`` (or its nearest existing folder) takes."""
+    folder = path
+    while True:
+        try:
+            if folder.is_dir():
+                break
+        except OSError:
+            pass
+        if folder.parent == folder:
+            break
+        folder = folder.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):
+        return NAME_MAX, 4096
+
+
+def check_names(path: str | os.PathLike[str], flag: str) -> None:
+    """Refuse a path with a name longer than its file system allows (NAME_MAX), or a path too long as a
+    whole (PATH_MAX), before anything touches it (the system would answer ENAMETOOLONG)."""
+    full = Path(os.path.abspath(Path(path).expanduser()))
+    name_max, path_max = _name_max(full.parent)
+    for part in full.parts[1:]:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            shown = part if len(part) <= 40 else part[:32] + "..." + part[-5:]
+            raise HeadcutError(f"{flag}: the name {shown} is {size} bytes long and the file system allows at most "
+                               f"{name_max}; choose a shorter name")
+    size = len(os.fsencode(str(full)))
+    if size >= path_max:
+        raise HeadcutError(f"{flag}: the path is {size} bytes long and the file system allows at most {path_max - 1}; "
+                           "choose a shorter path")
+
+
+_DESCRIPTOR = re.compile(r"^/(?:dev/(?:fd/(\d+)|(stdin|stdout|stderr))|proc/(self|thread-self|\d+)/fd/(\d+))$")
+_STD = {"stdin": 0, "stdout": 1, "stderr": 2}
+
+
+def descriptor_of(path: str | os.PathLike[str]) -> int | None:
+    """The descriptor number when ``path`` names one of this process's descriptors (``/dev/stdout``,
+    ``/dev/stderr``, ``/dev/fd/N`` as a shell's ``>(cmd)`` gives, ``/proc/self/fd/N``), also through
+    symbolic links; else None."""
+    text = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    for _ in range(8):
+        m = _DESCRIPTOR.match(text)
+        if m:
+            fd_dev, std, proc, fd_proc = m.groups()
+            if proc is not None and proc not in ("self", "thread-self") and int(proc) != os.getpid():
+                return None
+            return _STD[std] if std else int(fd_dev if fd_dev is not None else fd_proc)
+        try:
+            target = os.readlink(text)
+        except OSError:
+            return None
+        text = os.path.normpath(os.path.join(os.path.dirname(text), target))
+    return None
+
+
+#: what :func:`special_kind` calls each kind of file that is neither a regular file nor a folder
+_KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"),
+          (stat.S_ISBLK, "block device"))
+#: kinds an output file is written through (never replaced)
+THROUGH = ("descriptor", "character device", "named pipe")
+_NOCTTY = getattr(os, "O_NOCTTY", 0)  # opening a terminal never makes it this process's controlling one
+
+
+def special_kind(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a folder (after resolving symbolic links):
+    ``descriptor`` (see :func:`descriptor_of`), ``character device``, ``named pipe``, ``socket``,
+    ``block device`` or ``special file``; None for a regular file, a folder or a path that does not
+    exist (a broken link included)."""
+    if descriptor_of(path) is not None:
+        return "descriptor"
+    try:
+        mode = os.stat(Path(path).expanduser()).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return next((kind for test, kind in _KINDS if test(mode)), "special file")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _flush_std() -> None:
+    """Flush Python's stdout and stderr, so what they hold comes before bytes written to a descriptor."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 def check_paths(
@@ -183,7 +333,8 @@ def remove_stale(target: Path, all_of_them: bool = False) -> list[Path]:
     parent = target.parent
     if not parent.is_dir():
         return []
-    pattern = re.compile(rf"^\.{re.escape(target.name)}(?:{re.escape(TMP_TAG)}|{re.escape(OLD_TAG)})(\d+)-")
+    name = re.escape(embedded_name(target.name))
+    pattern = re.compile(rf"^\.{name}(?:{re.escape(TMP_TAG)}|{re.escape(OLD_TAG)})(\d+)-")
     removed = []
     for entry in parent.iterdir():
         m = pattern.match(entry.name)
@@ -202,7 +353,7 @@ class RunLock:
 
     def __init__(self, target: str | os.PathLike[str], what: str = "writing", wait: bool = False) -> None:
         self.target = real_path(target)
-        self.path = self.target.with_name(f".{self.target.name}{LOCK_TAG}")
+        self.path = self.target.with_name(f".{embedded_name(self.target.name)}{LOCK_TAG}")
         self.what = what
         self.wait = wait
         self._fd: int | None = None
@@ -303,6 +454,11 @@ class OutputDir:
             return
         if p.is_symlink() and not p.exists():
             raise HeadcutError(f"{self.flag} {p} is a broken symbolic link")
+        kind = special_kind(p)
+        if kind is not None:
+            kind = "descriptor of this process" if kind == "descriptor" else kind
+            raise HeadcutError(f"{self.flag} {p} is a {kind}, not a folder; headcut writes a folder there and never "
+                               "replaces special files: choose another path")
         if not p.is_dir():
             raise HeadcutError(f"{self.flag} {p} exists and is not a folder; headcut writes a folder there")
         if not any(p.iterdir()) or self.owned:
@@ -316,6 +472,7 @@ class OutputDir:
 
     def check(self) -> OutputDir:
         """Refuse what cannot or may not be written, before any work (one-line errors)."""
+        check_names(self.path, self.flag)
         self._existing_ok()
         parent = real_path(self.path).parent
         ancestor = parent
@@ -354,7 +511,8 @@ class OutputDir:
             with deferred_signals():
                 try:
                     final.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}{TMP_TAG}{os.getpid()}-", dir=final.parent))
+                    prefix = f".{embedded_name(final.name)}{TMP_TAG}{os.getpid()}-"
+                    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=final.parent))
                 except OSError as exc:
                     raise os_error("write", self.path, exc) from None
             try:
@@ -372,7 +530,7 @@ class OutputDir:
         _usual_modes(tmp)
         if final.is_dir() and any(final.iterdir()):
             self._existing_ok()
-            old = final.with_name(f".{final.name}{OLD_TAG}{os.getpid()}-{os.urandom(4).hex()}")
+            old = final.with_name(f".{embedded_name(final.name)}{OLD_TAG}{os.getpid()}-{os.urandom(4).hex()}")
             try:
                 os.rename(final, old)
                 os.rename(tmp, final)
@@ -397,15 +555,42 @@ class OutputDir:
 
 class OutputFile:
     """A single output file (``--json``, ``--trajectory``, ``--plot``): checked up front, written
-    through a temporary file beside it and renamed, so it is whole or absent."""
+    through a temporary file beside it and renamed, so it is whole or absent.
+
+    A special file is never replaced (see the module's docstring): a descriptor of this process
+    (``/dev/stdout``, ``/dev/fd/N``), a character device or a named pipe (FIFO), also behind a
+    symbolic link, is written through, with nothing created beside it; :meth:`temp` then gives a
+    private temporary in the system's temporary folder, whose bytes :meth:`commit` copies through.
+    Sockets, block devices and other special files are refused by :meth:`check`.
+
+    A named pipe with no reader: the write waits for one (a reader may well start later, as with
+    ``mkfifo``), printing a plain line on stderr at once and every ``FIFO_NOTICE_S`` (15) seconds while
+    it waits; Ctrl-C or SIGTERM stops it like any other wait. A reader that goes away mid-write ends
+    in a one-line error (a broken pipe)."""
 
     def __init__(self, path: str | os.PathLike[str], flag: str, force: bool = True) -> None:
         self.path = Path(path).expanduser()
         self.flag = flag
         self.force = force
 
+    def special(self) -> str | None:
+        """What the output is when it is written through (``descriptor``, ``character device``, ``named
+        pipe``); None for a regular file or a new one. Any other special file is refused."""
+        kind = special_kind(self.path)
+        if kind is None or kind in THROUGH:
+            return kind
+        raise HeadcutError(f"{self.flag} {self.path} is a {kind}: headcut writes regular files, and writes through "
+                           "character devices (such as /dev/stdout) and pipes, nothing else; give a file path")
+
     def check(self) -> OutputFile:
+        """Refuse what cannot or may not be written, before any work (one-line errors)."""
         p = self.path
+        check_names(p, self.flag)
+        kind = self.special()
+        if kind == "descriptor":
+            self._descriptor()
+        if kind is not None:
+            return self  # written through: nothing is probed, swept or replaced beside a special file
         if p.is_dir():
             raise HeadcutError(f"{self.flag} {p} is a folder; give a file path")
         if p.exists() and not self.force:
@@ -417,12 +602,49 @@ class OutputFile:
         remove_stale(real_path(p))
         return self
 
+    def _descriptor(self) -> int:
+        """The descriptor the output names, open for writing in this process (else a one-line error)."""
+        fd = descriptor_of(self.path)
+        assert fd is not None
+        if fcntl is None:  # pragma: no cover - Windows
+            return fd
+        try:
+            mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        except (OSError, OverflowError):
+            raise HeadcutError(f"{self.flag} {self.path}: descriptor {fd} is not open in this process") from None
+        if mode == os.O_RDONLY:
+            raise HeadcutError(f"{self.flag} {self.path}: descriptor {fd} is open for reading only") from None
+        return fd
+
     def temp(self) -> Path:
-        """A fresh temporary path beside the file (rename it over the file with :meth:`commit`)."""
+        """A fresh temporary path beside the file (rename it over the file with :meth:`commit`); for an
+        output written through, a private temporary file in the system's temporary folder."""
+        if self.special() is not None:
+            fd, name = tempfile.mkstemp(prefix=f"headcut-through-{os.getpid()}-", suffix=_temp_suffix(self.path.name))
+            os.close(fd)
+            return Path(name)
+        check_names(self.path, self.flag)
         final = real_path(self.path)
-        return final.with_name(f".{final.name}{TMP_TAG}{os.getpid()}-{os.urandom(4).hex()}{final.suffix}")
+        return final.with_name(f".{embedded_name(final.name)}{TMP_TAG}{os.getpid()}-{os.urandom(4).hex()}"
+                               f"{_temp_suffix(final.name)}")
 
     def commit(self, tmp: Path) -> None:
+        """Move the finished temporary ``tmp`` into place: a rename over a regular file (or none), or
+        its bytes written through a special file (and ``tmp`` removed)."""
+        try:
+            through = self.special() is not None
+        except HeadcutError:
+            _remove(tmp)
+            raise
+        if through:
+            try:
+                data = tmp.read_bytes()
+            except OSError as exc:
+                raise os_error("write", self.path, exc) from None
+            finally:
+                _remove(tmp)
+            self.write_through(data)
+            return
         with contextlib.suppress(OSError):
             tmp.chmod(0o666 & ~_umask())
         try:
@@ -431,10 +653,53 @@ class OutputFile:
             _remove(tmp)
             raise os_error("write", self.path, exc) from None
 
-    def write_text(self, text: str) -> None:
+    def write_through(self, data: bytes) -> None:
+        """Write ``data`` through the special file the output names (see the class docstring)."""
+        kind = self.special()
+        if kind is None:  # a regular file (again): the atomic write
+            self.write_bytes(data)
+            return
+        _flush_std()
+        fd = self._descriptor() if kind == "descriptor" else None
+        try:
+            if fd is not None:
+                _write_all(fd, data)
+                return
+            fd = self._open_pipe() if kind == "named pipe" else os.open(self.path, os.O_WRONLY | _NOCTTY)
+            try:
+                _write_all(fd, data)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise os_error("write", self.path, exc) from None
+
+    def _open_pipe(self) -> int:
+        """Open the named pipe for writing; wait (saying so on stderr) while it has no reader."""
+        said: float | None = None
+        while True:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | _NOCTTY)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                now = time.monotonic()
+                if said is None or now - said >= FIFO_NOTICE_S:
+                    print(f"waiting for a reader of the named pipe {self.path} ({self.flag}); open it for reading, "
+                          "or press Ctrl-C", file=sys.stderr, flush=True)
+                    said = now
+                time.sleep(0.05)
+                continue
+            os.set_blocking(fd, True)
+            return fd
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write ``data`` to the output: atomically, or through a special file."""
+        if self.special() is not None:
+            self.write_through(data)
+            return
         tmp = self.temp()
         try:
-            tmp.write_text(text)
+            tmp.write_bytes(data)
         except OSError as exc:
             _remove(tmp)
             raise os_error("write", self.path, exc) from None
@@ -442,6 +707,10 @@ class OutputFile:
             _remove(tmp)
             raise
         self.commit(tmp)
+
+    def write_text(self, text: str) -> None:
+        """Write ``text`` (UTF-8) to the output: atomically, or through a special file."""
+        self.write_bytes(text.encode("utf-8"))
 
 
 def atomic_dir(out: str | os.PathLike[str], force: bool = False, owned: bool = False) -> contextlib.AbstractContextManager[Path]:

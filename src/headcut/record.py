@@ -129,7 +129,8 @@ def check_record(config: Any, cls: type, where: str) -> nn.Module:
     adapter = adapter_for_config(config)
     try:
         skeleton = uncut_model(config, cls)
-    except (ValueError, TypeError, AttributeError, RuntimeError, IndexError, KeyError, OverflowError) as exc:
+    except (ValueError, TypeError, AttributeError, RuntimeError, IndexError, KeyError, OverflowError,
+            ZeroDivisionError) as exc:  # the numbers were checked before; this is the last net
         raise HeadcutError(f"{where}: cannot build {cls.__name__} from config.json "
                            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
     record = getattr(config, "headcut", None)

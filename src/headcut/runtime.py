@@ -140,6 +140,27 @@ def _first_hidden(args: tuple, kwargs: dict) -> torch.Tensor:
     return kwargs["hidden_states"]
 
 
+#: the keywords under which transformers hands a KV cache to a model or an attention module, and returns it:
+#: ``cache`` from transformers 5.24 on, ``past_key_values`` before
+CACHE_KEYWORDS = ("cache", "past_key_values")
+
+
+def passed_cache(kwargs: dict[str, Any]) -> Any:
+    """The KV cache an attention module was given (under either keyword), or None."""
+    for key in CACHE_KEYWORDS:
+        if kwargs.get(key) is not None:
+            return kwargs[key]
+    return None
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a model's output carries (under either name), or None."""
+    for key in CACHE_KEYWORDS:
+        if key in output.keys():
+            return output[key]
+    return None
+
+
 def write_cache_placeholder(module: nn.Module, cache: Any, length: int, like: torch.Tensor) -> None:
     """Give an attention layer without heads a one-feature cache entry per new position.
 
@@ -181,7 +202,7 @@ class HeadcutEmptyAttention:
         if self._hc_norm is not None:
             out = getattr(self, self._hc_norm)(hidden + out)
         if self._hc_cache and kwargs.get("key_value_states") is None:
-            write_cache_placeholder(self, kwargs.get("past_key_values"), length, hidden)
+            write_cache_placeholder(self, passed_cache(kwargs), length, hidden)
         weights = hidden.new_zeros(batch, 0, length, length)
         return (out,) + (None,) * (self._hc_outputs - 2) + (weights,)
 

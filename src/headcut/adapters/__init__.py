@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import HeadcutError
 from .albert import AlbertAdapter
 from .bart import BartAdapter
-from .base import Adapter, Block, BlockCut, EmptyStyle, Registry
+from .base import MISSING, Adapter, Block, BlockCut, EmptyStyle, Registry, Stack
 from .bert import BertAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
@@ -41,14 +41,20 @@ def supported_model_types() -> list[str]:
     return sorted(_REGISTRY.adapters)
 
 
-def adapter_for_config(config: Any) -> Adapter:
-    """The adapter of ``config.model_type``, or a one-line error naming the supported types."""
-    model_type = getattr(config, "model_type", None)
-    adapter = _REGISTRY.adapters.get(model_type)
+def adapter_for_model_type(model_type: Any) -> Adapter:
+    """The adapter of a ``model_type`` (as config.json names it), or a one-line error naming the
+    supported types."""
+    adapter = _REGISTRY.adapters.get(model_type) if isinstance(model_type, str) else None
     if adapter is None:
         raise HeadcutError(
             f"unsupported architecture {model_type!r}; supported: {', '.join(supported_model_types())}"
         )
+    return adapter
+
+
+def adapter_for_config(config: Any) -> Adapter:
+    """The adapter of ``config.model_type``, or a one-line error naming the supported types."""
+    adapter = adapter_for_model_type(getattr(config, "model_type", None))
     try:
         adapter.check_config(config)
     except ValueError as exc:
@@ -70,6 +76,6 @@ def runtime_mixins() -> dict[str, type]:
 
 
 __all__ = [
-    "Adapter", "Block", "BlockCut", "EmptyStyle", "adapter_for", "adapter_for_config",
-    "runtime_mixins", "supported_model_types",
+    "MISSING", "Adapter", "Block", "BlockCut", "EmptyStyle", "Stack", "adapter_for", "adapter_for_config",
+    "adapter_for_model_type", "runtime_mixins", "supported_model_types",
 ]

@@ -33,7 +33,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedConfig
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, make_block
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, make_block
 
 
 def group_of_layer(layer: int, num_layers: int, num_groups: int) -> int:
@@ -67,6 +67,9 @@ def _copy_group(group: nn.Module) -> nn.Module:
 class AlbertAdapter(Adapter):
     family = "albert"
     model_types = ("albert",)
+    # the attention modules built: one per inner layer of every group (layers share them)
+    stacks = (Stack(("num_hidden_groups", "inner_group_num"), "hidden_size", "num_attention_heads"),)
+    count_fields = ("num_hidden_layers", "embedding_size", "intermediate_size", "vocab_size", "max_position_embeddings")
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:

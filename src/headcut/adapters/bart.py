@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, stack_blocks
 
 #: (block kind, layer stack, attention inside a layer), in block order
 _ATTENTIONS = (
@@ -38,6 +38,10 @@ _ATTENTIONS = (
 class BartAdapter(Adapter):
     family = "bart"
     model_types = ("bart", "marian")
+    stacks = (Stack(("encoder_layers",), "d_model", "encoder_attention_heads", kind="encoder"),
+              Stack(("decoder_layers",), "d_model", "decoder_attention_heads", kind="decoder"))
+    count_fields = ("encoder_ffn_dim", "decoder_ffn_dim", "vocab_size", "decoder_vocab_size", "max_position_embeddings")
+    optional_fields = {"decoder_vocab_size": "vocab_size"}
     cached_kinds = ("decoder",)
 
     def blocks(self, base: nn.Module) -> list[Block]:
@@ -48,6 +52,11 @@ class BartAdapter(Adapter):
                 o=f"{attn}.out_proj", head_dim="head_dim", kind=kind,
             )
         return out
+
+    def built_stacks(self, cls_name: str) -> tuple[Stack, ...]:
+        if cls_name.endswith("ForCausalLM"):  # the decoder alone
+            return tuple(s for s in self.stacks if s.kind == "decoder")
+        return self.stacks
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         return {"num_heads": len(cut.q)}

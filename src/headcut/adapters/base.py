@@ -7,6 +7,8 @@ be slimmed again) and turns a cut into runtime ops (see :mod:`headcut.runtime`).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -80,6 +82,36 @@ class EmptyStyle:
             "_hc_o": self.o, "_hc_dropout": self.dropout, "_hc_norm": self.norm,
             "_hc_cache": self.cache, "_hc_outputs": self.outputs,
         }
+
+
+#: what a config lookup returns for a field that neither config.json nor its config class has
+MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack of attention layers as a family's config describes it (config field names).
+
+    ``layers``: fields whose product is the number of attention modules built (ALBERT: groups times
+    inner layers); ``width``: the model width; ``heads``: the head count; ``head_dim``: a field that may
+    give the head size explicitly (else ``width // heads``, and ``width`` must be a multiple of
+    ``heads``); ``kind``: ``encoder``/``decoder`` for the stacks of encoder-decoder families."""
+
+    layers: tuple[str, ...]
+    width: str
+    heads: str
+    head_dim: str | None = None
+    kind: str = "self"
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        # null, true and false as config.json writes them
+        shown = json.dumps(value) if value is None or isinstance(value, bool) else f"{value!r:.40}"
+        raise ValueError(f"{name} is {shown}; it must be a positive integer")
+    if value <= 0:
+        raise ValueError(f"{name} is {value}; it must be a positive integer")
+    return value
 
 
 def rows_op(path: str, heads: list[int], head_dim: int, sections: int = 1) -> dict[str, Any]:
@@ -193,6 +225,67 @@ class Adapter:
 
     def check_config(self, config: Any) -> None:
         """Refuse configurations of the family that headcut cannot cut exactly."""
+
+    # ---- the numbers of a config, checked before any model is built ---------------------------------
+
+    #: the attention stacks a config describes (for the checks below and the size bound)
+    stacks: ClassVar[tuple[Stack, ...]] = ()
+    #: further config fields that must be positive integers (sizes and counts)
+    count_fields: ClassVar[tuple[str, ...]] = ()
+    #: fields that may be null: the value of the named field is used instead (None: derived later)
+    optional_fields: ClassVar[dict[str, str | None]] = {}
+    #: (a, b): field a must be a multiple of field b
+    multiples: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def config_numbers(self, get: Callable[[str], Any]) -> dict[str, int | None]:
+        """The head, layer and size fields of a config, validated: ``get(field)`` returns the field's
+        value, or :data:`MISSING` where the config has no such field. Raises ValueError naming the
+        field (not a positive integer, a null that may not be one, a width its head count does not
+        divide)."""
+        fields: list[str] = []
+        for stack in self.stacks:
+            fields += [*stack.layers, stack.width, stack.heads] + ([stack.head_dim] if stack.head_dim else [])
+        fields += self.count_fields
+        numbers: dict[str, int | None] = {}
+        for name in dict.fromkeys(fields):
+            value = get(name)
+            if value is MISSING:
+                continue
+            if value is None and name in self.optional_fields:
+                numbers[name] = None
+                continue
+            numbers[name] = _positive(name, value)
+        for name, fallback in self.optional_fields.items():
+            if numbers.get(name) is None and fallback is not None and numbers.get(fallback) is not None:
+                numbers[name] = numbers[fallback]
+        pairs = list(self.multiples)
+        for stack in self.stacks:
+            if stack.head_dim is None or numbers.get(stack.head_dim) is None:
+                pairs.append((stack.width, stack.heads))
+        for a, b in pairs:
+            va, vb = numbers.get(a), numbers.get(b)
+            if va is not None and vb is not None and va % vb:
+                raise ValueError(f"{a} {va} is not a multiple of {b} {vb}")
+        return numbers
+
+    def built_stacks(self, cls_name: str) -> tuple[Stack, ...]:
+        """The stacks a model class ``cls_name`` of the family builds (encoder-decoder families
+        override this for their encoder-only or decoder-only classes)."""
+        return self.stacks
+
+    def min_values(self, numbers: dict[str, int | None], cls_name: str) -> int:
+        """A lower bound of the values a model of class ``cls_name`` with these (validated) numbers
+        holds: the query and output projections of every attention module. Computed from the numbers
+        alone, so a config of a million layers is measured without building anything."""
+        total = 0
+        for stack in self.built_stacks(cls_name):
+            layers = 1
+            for name in stack.layers:
+                layers *= numbers.get(name) or 1
+            width, heads = numbers.get(stack.width) or 1, numbers.get(stack.heads) or 1
+            head_dim = (numbers.get(stack.head_dim) if stack.head_dim else None) or max(width // heads, 1)
+            total += layers * 2 * width * heads * head_dim
+        return total
 
 
 @dataclass

@@ -12,12 +12,14 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, stack_blocks
+from .base import Adapter, Block, BlockCut, Stack, stack_blocks
 
 
 class BertAdapter(Adapter):
     family = "bert"
     model_types = ("bert", "roberta", "xlm-roberta", "electra")
+    stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads"),)
+    count_fields = ("intermediate_size", "vocab_size", "max_position_embeddings", "embedding_size")
 
     def blocks(self, base: nn.Module) -> list[Block]:
         return stack_blocks(

@@ -25,12 +25,15 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, rows_op, stack_blocks
+from .base import Adapter, Block, BlockCut, Stack, rows_op, stack_blocks
 
 
 class DebertaV2Adapter(Adapter):
     family = "deberta-v2"
     model_types = ("deberta-v2",)
+    stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "attention_head_size"),)
+    count_fields = ("intermediate_size", "vocab_size", "max_position_embeddings")
+    optional_fields = {"attention_head_size": None}
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:

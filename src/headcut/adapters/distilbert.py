@@ -15,12 +15,14 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, stack_blocks
 
 
 class DistilBertAdapter(Adapter):
     family = "distilbert"
     model_types = ("distilbert",)
+    stacks = (Stack(("n_layers",), "dim", "n_heads"),)
+    count_fields = ("hidden_dim", "vocab_size", "max_position_embeddings")
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:

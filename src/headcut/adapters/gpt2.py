@@ -32,6 +32,7 @@ from .base import (
     EmptyStyle,
     cols_op,
     mixin_op,
+    Stack,
     rows_op,
     set_op,
     stack_blocks,
@@ -52,6 +53,9 @@ class HeadcutEmptyConv1D:
 class GPT2Adapter(Adapter):
     family = "gpt2"
     model_types = ("gpt2",)
+    stacks = (Stack(("n_layer",), "n_embd", "n_head"),)
+    count_fields = ("n_inner", "vocab_size", "n_positions")
+    optional_fields = {"n_inner": None}
     runtime_mixins = (HeadcutEmptyConv1D,)
 
     def blocks(self, base: nn.Module) -> list[Block]:

@@ -11,12 +11,16 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, stack_blocks
 
 
 class LlamaAdapter(Adapter):
     family = "llama"
     model_types = ("llama", "qwen2", "mistral")
+    stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "head_dim"),)
+    count_fields = ("num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings")
+    optional_fields = {"head_dim": None, "num_key_value_heads": "num_attention_heads"}
+    multiples = (("num_attention_heads", "num_key_value_heads"),)
     gqa = True
 
     def blocks(self, base: nn.Module) -> list[Block]:

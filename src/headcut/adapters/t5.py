@@ -33,11 +33,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..runtime import write_cache_placeholder
+from ..runtime import passed_cache, write_cache_placeholder
 from .base import (
     Adapter,
     Block,
     BlockCut,
+    Stack,
     cols_op,
     mixin_op,
     rows_op,
@@ -85,9 +86,10 @@ class HeadcutT5Attention:
         mask: torch.Tensor | None = None,
         key_value_states: torch.Tensor | None = None,
         position_bias: torch.Tensor | None = None,
-        past_key_values: Any = None,
         **kwargs: Any,
     ) -> tuple:
+        # the cache comes as ``cache`` (transformers >= 5.24) or ``past_key_values``; passed on as it came
+        past_key_values = passed_cache(kwargs)
         batch, length = hidden_states.shape[0], hidden_states.shape[1]
         past_seen = past_key_values.get_seq_length(self.layer_idx) if past_key_values is not None else 0
         if isinstance(past_seen, torch.Tensor):
@@ -95,8 +97,7 @@ class HeadcutT5Attention:
         if self._hc_heads:
             selected = None if position_bias is None else self._hc_select(position_bias)
             out, used, weights = super().forward(
-                hidden_states, mask=mask, key_value_states=key_value_states, position_bias=selected,
-                past_key_values=past_key_values, **kwargs,
+                hidden_states, mask=mask, key_value_states=key_value_states, position_bias=selected, **kwargs,
             )
             if position_bias is None:
                 position_bias = self._hc_full_bias(used.shape[-2], used.shape[-1], used, past_seen)
@@ -120,6 +121,10 @@ class HeadcutT5Attention:
 class T5Adapter(Adapter):
     family = "t5"
     model_types = ("t5",)
+    stacks = (Stack(("num_layers",), "d_model", "num_heads", "d_kv", kind="encoder"),
+              Stack(("num_decoder_layers",), "d_model", "num_heads", "d_kv", kind="decoder"))
+    count_fields = ("d_ff", "vocab_size", "relative_attention_num_buckets", "relative_attention_max_distance")
+    optional_fields = {"num_decoder_layers": "num_layers"}
     runtime_mixins = (HeadcutT5Attention,)
     cached_kinds = ("decoder",)
 
@@ -131,6 +136,11 @@ class T5Adapter(Adapter):
                 head_dim="key_value_proj_dim", kind=kind,
             )
         return out
+
+    def built_stacks(self, cls_name: str) -> tuple[Stack, ...]:
+        if cls_name.endswith(("EncoderModel", "ForTokenClassification")):  # the encoder alone
+            return tuple(s for s in self.stacks if s.kind == "encoder")
+        return self.stacks
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         n = len(cut.q)

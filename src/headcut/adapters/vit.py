@@ -15,12 +15,15 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, stack_blocks
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, stack_blocks
 
 
 class ViTAdapter(Adapter):
     family = "vit"
     model_types = ("vit",)
+    stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "head_dim"),)
+    count_fields = ("intermediate_size", "num_channels")
+    optional_fields = {"head_dim": None}
     cached_kinds = ()
 
     def blocks(self, base: nn.Module) -> list[Block]:

@@ -12,9 +12,11 @@ import contextlib
 import functools
 import inspect
 import json
+import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -108,7 +110,8 @@ class Out:
 
 
 def write_json(data: Any, dest: str | None) -> None:
-    """Write ``data`` as JSON to a file (atomically), or to stdout for ``-``."""
+    """Write ``data`` as JSON to a file (atomically), or to stdout for ``-``; a special file (``/dev/stdout``,
+    ``/dev/fd/N``, a device, a named pipe) is written through, never replaced (see :class:`OutputFile`)."""
     if dest is None:
         return
     text = json.dumps(data, indent=2, sort_keys=False) + "\n"
@@ -148,6 +151,54 @@ def stop_on_signals() -> None:
             signal.signal(getattr(signal, name), handler)
 
 
+#: the loggers whose records a command holds (besides the root logger, which the others propagate to)
+HELD_LOGGERS = ("transformers", "datasets", "huggingface_hub", "torch", "accelerate", "fsspec", "filelock")
+
+
+class _Held(logging.Handler):
+    """Keeps the log records it is given (see :func:`held_diagnostics`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.NOTSET)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextmanager
+def held_diagnostics() -> Iterator[None]:
+    """Hold the Python warnings and library log records a command raises until it ends.
+
+    A command that is refused (a :class:`HeadcutError`) or interrupted drops them, so its refusal is the
+    one line it prints; a command that finishes shows them on stderr after its work, through the
+    handlers and filters they would have met."""
+    held = _Held()
+    loggers = [logging.getLogger(name) for name in ("", *HELD_LOGGERS)]
+    saved = [(lg, list(lg.handlers), lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = [held]
+        lg.propagate = False
+    ok = True
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield
+    except (HeadcutError, KeyboardInterrupt):
+        ok = False
+        raise
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.handlers = handlers
+            lg.propagate = propagate
+        if ok:
+            for w in caught:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+            for record in held.records:
+                logger = logging.getLogger(record.name)
+                if logger.isEnabledFor(record.levelno):
+                    logger.handle(record)
+
+
 def handle_errors(fn: F) -> F:
     """Turn HeadcutError (bad user input) into a one-line error and exit code 2; an interruption
     (Ctrl-C, SIGTERM, SIGHUP) into a one-line note and exit code 128 + the signal's number."""
@@ -155,7 +206,8 @@ def handle_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with held_diagnostics():
+                return fn(*args, **kwargs)
         except HeadcutError as exc:
             fail(str(exc))
         except KeyboardInterrupt as exc:
@@ -256,7 +308,8 @@ def _choices(values: Any) -> Callable[[str], list[str]]:
 
 DATA_HELP = (
     "Data file: .csv, .tsv, .json, .jsonl, .parquet or .txt (one example per line; for causal LMs one text cut "
-    "into --seq-len blocks); text formats may be compressed (.gz, .bz2, .xz, .zst). Any other name is a datasets "
+    "into --seq-len blocks); text formats may be compressed (.gz, .bz2, .xz, .zst). A pipe or /dev/stdin works "
+    "too, with --data-format, e.g. --data <(zcat rows.csv.gz) --data-format csv. Any other name is a datasets "
     "name NAME[:CONFIG] read with --split (needs the Hub or its cache)."
 )
 JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout alone; the tables then go to stderr)."
@@ -309,6 +362,8 @@ class DataOptions:
     max_examples: Optional[int] = None
     seq_len: int = 128
     batch_size: int = 16
+    data_format: Optional[str] = None
+    encoding: str = "utf-8"
 
     def for_api(self) -> dict[str, Any]:
         """The options :func:`headcut.api` functions take as ``data_options`` (``split`` apart)."""
@@ -344,6 +399,13 @@ def _data_option_params() -> list[inspect.Parameter]:
         opt("seq_len", int, d.seq_len, "--seq-len", metavar="N",
             help="Tokens per example: truncation length, or causal-LM block size."),
         opt("batch_size", int, d.batch_size, "--batch-size", metavar="N", help="Examples per forward."),
+        opt("data_format", Optional[str], None, "--data-format", metavar="FORMAT",
+            help="Format of data whose name does not say it (a pipe such as <(zcat rows.csv.gz), /dev/stdin, a file "
+                 "without a known suffix): csv, tsv, json, jsonl, parquet or txt, optionally compressed (csv.gz; a "
+                 "pipe's compression is also recognised from its bytes). Applies to every data path (--data, and "
+                 "--eval-data where the command has it); a name with a known suffix is read by its suffix."),
+        opt("encoding", str, d.encoding, "--encoding", metavar="ENCODING",
+            help="Text encoding of csv, tsv, json, jsonl and txt data, e.g. latin-1, cp1252, utf-16."),
     ]
 
 

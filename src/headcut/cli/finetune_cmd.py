@@ -108,6 +108,11 @@ def finetune_cmd(
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the fine-tuned model in")
     settings: dict[str, Any] = training.given()
+    from ..config import FinetuneConfig
+
+    # refused in the flags' words before anything is read (the API checks the same values by keyword)
+    FinetuneConfig(**settings, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight, patience=patience,
+                   seed=seed).validate()
     data_cfg = data_spec(data, data_options.split, data_options, seed)
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
     ckpt = checkpoint_dir_for(out)

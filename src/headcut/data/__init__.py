@@ -6,7 +6,8 @@ One module per job:
 * :mod:`~headcut.data.config`: :class:`DataConfig` and the plain constants (task names, usual column
   names, file formats); standard library only.
 * :mod:`~headcut.data.files`: where the rows come from: local files (``.csv``, ``.tsv``, ``.json``,
-  ``.jsonl``, ``.parquet``, ``.txt``, compressed text), ``datasets`` names ``NAME[:CONFIG]``, or a
+  ``.jsonl``, ``.parquet``, ``.txt``, compressed text; ``.txt`` read lazily), pipes and devices (with
+  ``DataConfig.data_format``), ``datasets`` names ``NAME[:CONFIG]``, or a
   ``datasets.Dataset``/``DatasetDict``/list of dict rows passed to :func:`load_calibration`.
 * :mod:`~headcut.data.columns`: which columns and rows are used (usual names, seeded shuffle,
   ``max_examples``), texts and label ids.

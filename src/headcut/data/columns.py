@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import HeadcutError
-from .config import DataConfig
+from .config import MIN_LINES_READ, DataConfig
 
 __all__ = ["Rows", "label_ids", "pick"]
 
@@ -142,10 +142,16 @@ class Rows:
         """The texts of column ``col`` in ``rows``, checked to be strings."""
         return _texts(self.column(col, rows), rows, col, self.source)
 
-    def lines(self) -> list[str]:
-        """The non-blank lines of a text file, selected."""
-        values = list(self.ds["text"])
-        keep = [i for i, v in enumerate(values) if v is not None and v.strip()]
-        if not keep:
+    def lines(self, max_chars: int) -> list[str]:
+        """The non-blank lines of a text file (``ds``: a :class:`~headcut.data.files.TextFile`), each cut to
+        ``max_chars`` characters, selected; with ``max_examples`` the file is read only as far as that needs
+        (at least :data:`~headcut.data.config.MIN_LINES_READ` lines, so a smaller ``max_examples`` still
+        gives a prefix of a larger one)."""
+        limit = None if self.max_examples is None else max(self.max_examples, MIN_LINES_READ)
+        values, stopped = self.ds.lines(max_chars, limit)
+        if not values:
             raise HeadcutError(f"{self.source} has no usable examples: every line is blank")
-        return [values[keep[i]] for i in self.select(len(keep))]
+        if stopped:
+            self.notes.append(f"read the first {len(values)} non-blank lines of {self.source}: enough for "
+                              f"--max-examples {self.max_examples} (the rest was not read)")
+        return [values[i] for i in self.select(len(values))]

@@ -6,11 +6,14 @@ help from this module without importing torch, transformers or datasets.
 * **Tasks** (:func:`headcut.data.detect_task`, from the model's head): :data:`TASK_NAMES`.
 * **Columns**: the explicit ones first, else the first of the usual names that the data has
   (:data:`TEXT_COLUMNS` ...).
-* **Files**: :data:`FILE_FORMATS` by suffix, optionally compressed (:data:`COMPRESSIONS`).
+* **Files**: :data:`FILE_FORMATS` by suffix, optionally compressed (:data:`COMPRESSIONS`); a path whose name
+  does not tell its format (a pipe, ``/dev/stdin``, a file without a known suffix) takes
+  ``DataConfig.data_format`` (:func:`parse_format`).
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +22,7 @@ from ..sources import COMPRESSIONS
 
 __all__ = [
     "COMPRESSIONS", "FILE_FORMATS", "LABEL_COLUMNS", "PAIR_COLUMNS", "SOURCE_COLUMNS", "SUPPORTED_HEADS",
-    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "DataConfig",
+    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "DataConfig", "parse_format",
 ]
 
 #: the tasks :func:`headcut.data.detect_task` returns
@@ -45,6 +48,34 @@ FILE_FORMATS: dict[str, tuple[str, dict[str, Any]]] = {
     ".txt": ("text", {}),
 }
 
+#: with ``max_examples``, a ``.txt`` file is read only as far as it needs, but at least this many lines
+#: (one example per line) or tokens (causal-LM blocks), so that a smaller ``max_examples`` still selects
+#: a prefix of a larger one's examples (see :class:`headcut.data.columns.Rows`)
+MIN_LINES_READ = 100_000
+MIN_TOKENS_READ = 1 << 18
+#: a text is cut to ``seq_len`` times this many characters before tokenizing (the tokenizer keeps
+#: ``seq_len`` tokens of it anyway): a huge line or cell never reaches the tokenizer whole
+CHARS_PER_TOKEN = 32
+
+#: what ``--data-format`` takes (for messages)
+FORMAT_NAMES = "csv, tsv, json, jsonl, parquet or txt"
+
+
+def parse_format(text: str) -> tuple[str, str | None]:
+    """``(suffix, compression)`` of a ``--data-format`` value such as ``csv``, ``.jsonl`` or ``txt.gz``."""
+    parts = [p for p in str(text).strip().lower().split(".") if p]
+    compression = None
+    if len(parts) == 2 and "." + parts[1] in COMPRESSIONS:
+        compression = "." + parts.pop()
+    suffix = "." + parts[0] if len(parts) == 1 else ""
+    if suffix not in FILE_FORMATS or (compression and suffix == ".parquet"):
+        raise HeadcutError(
+            f"--data-format {text!r} is not a data format; use {FORMAT_NAMES}, optionally compressed "
+            f"({', '.join(c.lstrip('.') for c in COMPRESSIONS)}; not parquet), e.g. --data-format csv.gz"
+        )
+    return suffix, compression
+
+
 #: names of tokenizer files; a local checkpoint folder needs one of them
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
@@ -59,7 +90,9 @@ class DataConfig:
     ``path``: a data file, or a ``datasets`` name ``NAME[:CONFIG]`` (``config_name``, when given,
     overrides the ``:CONFIG`` part); ``split`` is used for ``datasets`` names only (a local file is a
     single split), and to pick the split of an in-memory ``DatasetDict``. Column names ``None``: detected
-    from the usual names.
+    from the usual names. ``data_format``: the format of a path whose name does not tell it (a pipe,
+    ``/dev/stdin``, a file without a known suffix), e.g. ``"csv"`` or ``"txt.gz"``; a name with a known
+    suffix is read by its suffix. ``encoding``: of the text formats (csv, tsv, json, jsonl, txt).
     """
 
     path: str
@@ -75,6 +108,8 @@ class DataConfig:
     batch_size: int = 16
     seed: int = 0
     mlm_probability: float = 0.15
+    data_format: str | None = None
+    encoding: str = "utf-8"
 
     def validate(self, need_path: bool = True) -> None:
         """One-line errors for values that cannot work (``need_path=False``: the rows are given in memory)."""
@@ -88,3 +123,14 @@ class DataConfig:
             raise HeadcutError(f"--max-examples must be at least 1 (got {self.max_examples})")
         if not 0.0 < self.mlm_probability <= 1.0:
             raise HeadcutError(f"mlm_probability must be in (0, 1] (got {self.mlm_probability})")
+        if self.data_format is not None:
+            parse_format(self.data_format)
+        try:
+            known = getattr(codecs.lookup(str(self.encoding)), "_is_text_encoding", True)  # not rot13, hex ...
+        except LookupError:
+            known = False
+        if not known:
+            raise HeadcutError(
+                f"--encoding {self.encoding!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, cp1252 "
+                "or utf-16"
+            )

@@ -3,7 +3,9 @@
 * **Tasks** (:func:`detect_task`, from the model's head): ``classification``, ``causal-lm``,
   ``seq2seq`` and ``masked-lm``.
 * **Examples**: one per usable row (see :mod:`headcut.data.columns`), truncated to ``seq_len`` tokens; a
-  ``.txt`` file for a causal LM is cut into blocks instead (:mod:`headcut.data.blocks`).
+  ``.txt`` file for a causal LM is cut into blocks instead (:mod:`headcut.data.blocks`). Texts are cut to
+  ``seq_len`` x :data:`~headcut.data.config.CHARS_PER_TOKEN` characters before tokenizing, and tokenized a
+  few hundred at a time: a huge text costs no more than a normal one, and Ctrl-C or SIGTERM stop promptly.
 * **Batches** are padded on the right to their longest example (``attention_mask`` 0 on padding) and
   carry ``labels`` for the task's loss: class ids ``(B,)`` for classification; the input ids for a
   causal LM; the target ids for seq2seq; the original ids of the masked positions for a masked LM.
@@ -28,9 +30,11 @@ import torch
 from torch import nn
 
 from ..errors import HeadcutError
+from ..outputs import os_error
 from .blocks import lm_blocks
 from .columns import Rows, label_ids, pick
 from .config import (
+    CHARS_PER_TOKEN,
     LABEL_COLUMNS,
     PAIR_COLUMNS,
     SOURCE_COLUMNS,
@@ -163,6 +167,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(p) if p.is_dir() else str(path),
                                                                trust_remote_code=trust_remote_code)
+    except PermissionError as exc:
+        raise os_error("read", exc.filename or path, exc) from None
     except Exception as exc:  # transformers raises OSError, ValueError, TypeError, ImportError ...
         raise HeadcutError(f"cannot load the tokenizer of {path}: {first_line(exc)}") from None
     if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
@@ -237,6 +243,33 @@ def _mask_tokens(ids: list[int], special: list[int], mask_id: int, vocab: int, p
 
 Examples = list[dict[str, Any]]
 
+#: texts per tokenizer call (one call is one uninterruptible stretch of native code)
+ENCODE_BATCH = 256
+
+
+def _cut(texts: Sequence[str], seq_len: int) -> list[str]:
+    """The texts cut to what ``seq_len`` tokens can use (see :data:`~headcut.data.config.CHARS_PER_TOKEN`)."""
+    limit = seq_len * CHARS_PER_TOKEN
+    return [t[:limit] for t in texts]
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None, target: bool = False,
+            **options: Any) -> dict[str, list[Any]]:
+    """``tokenizer(texts[, pairs])`` (``target``: as target texts), :data:`ENCODE_BATCH` texts per call; its
+    fields as lists."""
+    out: dict[str, list[Any]] = {}
+    for i in range(0, max(len(texts), 1), ENCODE_BATCH):
+        part = list(texts[i:i + ENCODE_BATCH])
+        if target:
+            enc = tokenizer(text_target=part, **options)
+        elif pairs is not None:
+            enc = tokenizer(part, list(pairs[i:i + ENCODE_BATCH]), **options)
+        else:
+            enc = tokenizer(part, **options)
+        for key, values in enc.items():
+            out.setdefault(key, []).extend(values)
+    return out
+
 
 def _classification(r: Rows, model: nn.Module, tokenizer: Any, config: DataConfig,
                     columns: dict[str, str]) -> Examples:
@@ -250,13 +283,11 @@ def _classification(r: Rows, model: nn.Module, tokenizer: Any, config: DataConfi
     if pair_col is not None:
         columns["text_pair"] = pair_col
     rows = r.usable(text_col, pair_col, label_col)
-    texts = r.texts(text_col, rows)
+    texts = _cut(r.texts(text_col, rows), config.seq_len)
     labels = label_ids(r.column(label_col, rows), rows, label_col, source, model.config)
     options: dict[str, Any] = {"truncation": True, "max_length": config.seq_len, "verbose": False}
-    if pair_col is not None:
-        enc = tokenizer(texts, r.texts(pair_col, rows), **options)
-    else:
-        enc = tokenizer(texts, **options)
+    pairs = _cut(r.texts(pair_col, rows), config.seq_len) if pair_col is not None else None
+    enc = _encode(tokenizer, texts, pairs, **options)
     types = "token_type_ids" in enc and _accepts(model, "token_type_ids")
     examples = []
     for i, ids in enumerate(enc["input_ids"]):
@@ -278,8 +309,10 @@ def _seq2seq(r: Rows, tokenizer: Any, config: DataConfig, columns: dict[str, str
     columns.update({"source": src_col, "target": tgt_col})
     rows = r.usable(src_col, tgt_col)
     targets = r.texts(tgt_col, rows)
-    enc = tokenizer(r.texts(src_col, rows), truncation=True, max_length=config.seq_len, verbose=False)
-    tgt = tokenizer(text_target=targets, truncation=True, max_length=config.seq_len, verbose=False)
+    enc = _encode(tokenizer, _cut(r.texts(src_col, rows), config.seq_len), truncation=True,
+                  max_length=config.seq_len, verbose=False)
+    tgt = _encode(tokenizer, _cut(targets, config.seq_len), target=True, truncation=True, max_length=config.seq_len,
+                  verbose=False)
     examples = []
     for ids, target_ids, target in zip(enc["input_ids"], tgt["input_ids"], targets):
         if ids and target_ids:
@@ -296,15 +329,15 @@ def _texts_per_row(r: Rows, task: str, model: nn.Module, tokenizer: Any, config:
     """One example per row (or non-blank line): masked LM, or causal LM from a table."""
     if is_txt:
         columns["text"] = "text"
-        texts = r.lines()
+        texts = r.lines(config.seq_len * CHARS_PER_TOKEN)
     else:
         text_col = pick(r.names, config.text_col, TEXT_COLUMNS, "text", "--text-col", r.source)
         assert text_col is not None
         columns["text"] = text_col
         rows = r.usable(text_col)
-        texts = r.texts(text_col, rows)
-    enc = tokenizer(texts, truncation=True, max_length=config.seq_len, verbose=False,
-                    return_special_tokens_mask=task == "masked-lm")
+        texts = _cut(r.texts(text_col, rows), config.seq_len)
+    enc = _encode(tokenizer, texts, truncation=True, max_length=config.seq_len, verbose=False,
+                  return_special_tokens_mask=task == "masked-lm")
     examples = []
     if task == "masked-lm":
         vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)

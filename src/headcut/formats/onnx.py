@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadcutError
+from ..runtime import CACHE_KEYWORDS, returned_cache
 
 #: the largest max abs difference from PyTorch (float32) an export may have
 ONNX_TOLERANCE = 1e-4
@@ -57,7 +58,7 @@ OPSET = 18
 EXTERNAL_DATA_BYTES = 2_000_000_000
 EXTRA_HINT = "pip install 'headcut[onnx]' (onnx, onnxscript, onnxruntime)"
 #: output fields of a transformers forward that are not exported
-_SKIPPED_OUTPUTS = ("loss", "past_key_values", "hidden_states", "attentions", "cross_attentions")
+_SKIPPED_OUTPUTS = ("loss", *CACHE_KEYWORDS, "hidden_states", "attentions", "cross_attentions")
 
 
 @dataclass
@@ -138,7 +139,12 @@ def check_onnx(model: nn.Module) -> None:
 
 
 def _generates(model: nn.Module) -> bool:
-    return bool(getattr(model, "can_generate", lambda: False)()) and _accepts(model, "past_key_values")
+    return bool(getattr(model, "can_generate", lambda: False)()) and _cache_keyword(model) is not None
+
+
+def _cache_keyword(model: nn.Module) -> str | None:
+    """The keyword the model's forward takes its KV cache under (``cache`` or ``past_key_values``), or None."""
+    return next((k for k in CACHE_KEYWORDS if _accepts(model, k)), None)
 
 
 def _spec(model: nn.Module) -> _Spec:
@@ -161,7 +167,7 @@ def _spec(model: nn.Module) -> _Spec:
         raise HeadcutError(f"{type(model).__name__}: its forward returns no tensor to export")
     layers = 0
     if kind == "decoder":
-        cache = getattr(out, "past_key_values", None)
+        cache = returned_cache(out)
         if cache is None or not hasattr(cache, "layers"):
             raise HeadcutError(f"ONNX export: {type(model).__name__} returns no transformers KV cache")
         layers = len(cache.layers)
@@ -224,13 +230,14 @@ class _Graph(nn.Module):
         n = len(self.spec.inputs)
         kwargs: dict[str, Any] = dict(zip(self.spec.inputs, args[:n]))
         if self.spec.kind == "decoder":
-            kwargs.update(past_key_values=_cache(self.model.config, list(args[n:])), use_cache=True)
+            kwargs[_cache_keyword(self.model) or "past_key_values"] = _cache(self.model.config, list(args[n:]))
+            kwargs["use_cache"] = True
         elif _accepts(self.model, "use_cache"):
             kwargs["use_cache"] = False
         out = self.model(**kwargs, return_dict=True)
         result = [out[k] for k in self.spec.outputs]
         if self.spec.kind == "decoder":
-            for layer in out.past_key_values.layers:
+            for layer in returned_cache(out).layers:
                 result += [layer.keys, layer.values]
         return tuple(result)
 
@@ -243,7 +250,7 @@ def _past_shapes(model: nn.Module, spec: _Spec) -> list[tuple[int, int]]:
     """(heads, head_dim) of each cached key and value tensor, in graph order."""
     sample = _sample(model, "decoder", spec.inputs, batch=1, length=2)
     with torch.no_grad():
-        cache = model(**sample, use_cache=True, return_dict=True).past_key_values
+        cache = returned_cache(model(**sample, use_cache=True, return_dict=True))
     return [(int(t.shape[1]), int(t.shape[3])) for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
@@ -396,16 +403,17 @@ def _parity(model: nn.Module, spec: _Spec, folder: Path) -> tuple[float, str]:
     got = runner.run({k: v.numpy() for k, v in batch.items()})
     worst = _max_diff(ref[spec.outputs[0]], got[spec.outputs[0]], mask)
     if spec.kind == "decoder":  # two cached steps, feeding the presents back
-        cache, ids = ref.past_key_values, ref.logits[:, -1].argmax(-1, keepdim=True)
+        cache, ids = returned_cache(ref), ref.logits[:, -1].argmax(-1, keepdim=True)
         presents = runner.presents(got)
         for _ in range(2):
             mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
             step = {"input_ids": ids, "attention_mask": mask, "position_ids": _positions(mask, 1)}
             with torch.no_grad():
-                ref = model(**step, past_key_values=cache, use_cache=True, return_dict=True)
+                ref = model(**step, **{_cache_keyword(model) or "past_key_values": cache}, use_cache=True,
+                            return_dict=True)
             got = runner.run({k: v.numpy() for k, v in step.items()}, past=presents)
             worst = max(worst, _max_diff(ref.logits, got["logits"], None))
-            cache, ids, presents = ref.past_key_values, ref.logits[:, -1].argmax(-1, keepdim=True), runner.presents(got)
+            cache, ids, presents = returned_cache(ref), ref.logits[:, -1].argmax(-1, keepdim=True), runner.presents(got)
     return worst, runner.version
 
 

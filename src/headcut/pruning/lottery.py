@@ -65,7 +65,7 @@ from ..evaluation import evaluate
 from ..finetuning import DistillationLoss, unpruned_teacher
 from ..gating import HeadGates
 from ..masks import HeadMask
-from ..training.engine import EarlyStopping, Trainer, atomic_save, digest, read_state
+from ..training.engine import EarlyStopping, Trainer, TrainingDiverged, atomic_save, digest, first_nonfinite, read_state
 from .base import PruneResult, TrajectoryPoint, score_masked
 from .method import MethodBase, Problem
 from .search import Budget, remove_step
@@ -242,6 +242,17 @@ class LotteryMethod(MethodBase):
         return options.per_step or 1, True
 
     def run(self, problem: Problem, options: LotteryOptions) -> PruneResult:
+        try:
+            return self._run(problem, options)
+        except TrainingDiverged as exc:
+            ckpt = Path(problem.checkpoint_dir) if problem.checkpoint_dir is not None else None
+            if ckpt is None or not (ckpt / STATE_NAME).is_file():
+                raise
+            # the state file is written only after a training that passed the engine's checks: it is good
+            raise TrainingDiverged(f"{exc}; the last good state of the run is kept in {ckpt} (start over with "
+                                   "--force)", exc.step, ckpt) from None
+
+    def _run(self, problem: Problem, options: LotteryOptions) -> PruneResult:
         start = time.perf_counter()
         model, blocks, sets, config = problem.model, problem.blocks, problem.sets, problem.config
         train = problem.data
@@ -284,7 +295,7 @@ class LotteryMethod(MethodBase):
                            loss_fn=teacher, **kw)
 
         # ---- step 1-2: the late-resetting checkpoint C (or the resumed run's)
-        saved = _load_state(ckpt, identity) if (problem.resume and ckpt is not None) else None
+        saved = _load_state(ckpt, identity, options.reset_at) if (problem.resume and ckpt is not None) else None
         if saved is not None:
             reset = saved["reset"]
             state.kept = [tuple(k) for k in saved["kept"]]
@@ -433,17 +444,41 @@ def _save_state(ckpt: Path | None, identity: dict[str, Any], reset: dict[str, An
     }, ckpt / STATE_NAME)
 
 
-def _load_state(ckpt: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+def _load_state(ckpt: Path, identity: dict[str, Any], reset_at: int) -> dict[str, Any] | None:
+    """The saved state of an interrupted run with this ``identity``; a one-line error for another run's
+    state or a damaged one (a late-resetting checkpoint C with non-finite tensors or at another step)."""
     path = ckpt / STATE_NAME
     if not path.is_file():
         return None
     saved = read_state(path, STATE_FORMAT)
-    if saved.get("identity") != identity:
-        theirs, mine = saved.get("identity") or {}, identity
+    if not isinstance(saved.get("identity"), dict):
+        raise _damaged(path, "it holds no run identity")
+    if saved["identity"] != identity:
+        theirs, mine = saved["identity"], identity
         changed = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
         raise HeadcutError(f"{path} belongs to a run with other settings or data ({', '.join(changed)} differ); "
                            "resume with the same settings, or start over without --resume")
+    reset = saved.get("reset")
+    if not isinstance(reset, dict) or any(k not in reset for k in ("model", "gates", "optimizer", "scheduler", "step")):
+        raise _damaged(path, "its late-resetting checkpoint is incomplete")
+    step = reset["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step != reset_at:
+        raise _damaged(path, f"its late-resetting checkpoint is at step {step!r}, not at --reset-at {reset_at}")
+    bad = first_nonfinite({k: reset[k] for k in ("model", "gates", "optimizer")})
+    if bad is not None:
+        raise _damaged(path, f"its late-resetting checkpoint holds non-finite values (nan or inf) in {bad}")
+    kept = saved.get("kept")
+    if not isinstance(kept, list) or not all(isinstance(k, (list, tuple)) for k in kept):
+        raise _damaged(path, "its list of kept heads is not a list")
+    for key in ("iterations", "trajectory"):
+        if not isinstance(saved.get(key), list):
+            raise _damaged(path, f"its {key} are not a list")
     return saved
+
+
+def _damaged(path: Path, why: str) -> HeadcutError:
+    return HeadcutError(f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without --resume "
+                        "(and with --force)")
 
 
 METHOD = LotteryMethod()

@@ -5,9 +5,10 @@ from .engine import (
     EarlyStopping,
     TrainConfig,
     Trainer,
+    TrainingDiverged,
     TrainResult,
     default_loss,
     lr_factor,
 )
 
-__all__ = ["CHECKPOINT_NAME", "EarlyStopping", "TrainConfig", "TrainResult", "Trainer", "default_loss", "lr_factor"]
+__all__ = ["CHECKPOINT_NAME", "EarlyStopping", "TrainConfig", "TrainingDiverged", "TrainResult", "Trainer", "default_loss", "lr_factor"]

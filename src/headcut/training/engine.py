@@ -43,6 +43,13 @@
   once the watched metric has not improved for ``patience`` evaluations in a row, and the weights of
   the best evaluation are put back when :meth:`Trainer.train` returns. Such a run writes no
   checkpoints (the best weights would have to be saved with them).
+* **Divergence.** A step whose loss (averaged over its micro-batches and processes) or gradient norm
+  (with ``max_grad_norm``) is not finite stops the run before the optimizer step, and so does a step that
+  leaves a non-finite weight (one fused max-abs reduction over the trained tensors per step):
+  :meth:`Trainer.train` raises :class:`TrainingDiverged` (a one-line :class:`HeadcutError` naming the step,
+  the cause and the learning rates), so nothing downstream saves a model. Every checkpoint is written after
+  that check, so the one left in ``checkpoint_dir`` holds the last good (finite) state;
+  :meth:`Trainer.resume` refuses a checkpoint holding non-finite tensors or an impossible step.
 * **Several processes** (``dist``, :mod:`headcut.distributed`): each process trains on its shard of the
   batches and the gradients are averaged over the processes after every step's backward passes, so
   all processes stay identical; only the main process writes checkpoints.
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import os
 import tempfile
 import time
@@ -82,6 +90,48 @@ EvalFn = Callable[[int], dict[str, Any]]
 ProgressFn = Callable[[int, "int | None"], None]
 AfterStepFn = Callable[[int], "dict[str, Any] | None"]
 StepFn = Callable[[dict[str, Any]], None]
+
+
+class TrainingDiverged(HeadcutError):
+    """A run whose loss, gradients or weights became non-finite (nan or inf). ``step``: the optimizer step
+    (1-based) it happened at; ``checkpoint``: the folder keeping the last good resume checkpoint, or None
+    when none was written."""
+
+    def __init__(self, message: str, step: int, checkpoint: Path | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every element of every tensor is finite: one fused max-abs reduction per device and dtype
+    (a nan or inf anywhere makes it nan or inf) and one synchronisation."""
+    tensors = [t.detach() for t in tensors if t.is_floating_point() or t.is_complex()]
+    if not tensors:
+        return True
+    with torch.no_grad():
+        return bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, norm_type=math.inf)))
+
+
+def first_nonfinite(value: Any, name: str = "", floats: bool = False) -> str | None:
+    """The dotted name of the first floating tensor (with ``floats``: or Python float) in nested dicts/lists
+    ``value`` that holds a nan or an inf (``name`` itself for a bare one); None when every one is finite."""
+    if isinstance(value, torch.Tensor):
+        if (value.is_floating_point() or value.is_complex()) and not bool(torch.isfinite(value).all()):
+            return name or "a tensor"
+        return None
+    if floats and isinstance(value, float) and not math.isfinite(value):
+        return name or "a number"
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = first_nonfinite(item, f"{name}.{key}" if name else str(key), floats)
+        if found is not None:
+            return found
+    return None
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def has_checkpoint(checkpoint_dir: str | Path) -> bool:
@@ -400,6 +450,8 @@ class Trainer:
         self._rng_cpu: torch.Tensor | None = None
         self._rng_cuda: torch.Tensor | None = None
         self._in_loop = False
+        #: the step of the checkpoint this run wrote or resumed from (the last good one), None: none yet
+        self._saved_step: int | None = None
         self._device = next(iter(model.parameters())).device
         shapes = {k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}
         self.identity: dict[str, Any] = {
@@ -460,11 +512,17 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise HeadcutError("no checkpoint_dir was given")
         dest = self.checkpoint_dir / CHECKPOINT_NAME
+        # the loop checks the trained tensors every step; this also covers buffers and anything set from
+        # outside. Every process checks (their weights are the same), so none waits alone at the barrier.
+        if not all_finite(list(self.model.state_dict().values()) + self.gates):
+            raise self._diverged(self.step, "the weights are not finite", update=False)
         if not self.dist.main:
             self.dist.barrier()
+            self._saved_step = self.step
             return dest
         atomic_save(self.state(), dest)
         self.dist.barrier()
+        self._saved_step = self.step
         return dest
 
     def snapshot(self) -> dict[str, Any]:
@@ -516,14 +574,31 @@ class Trainer:
                    if k not in state]
         if missing:
             raise HeadcutError(f"{path} is damaged (no {missing[0]!r}); start over without --resume")
+
+        def damaged(why: str) -> HeadcutError:
+            return HeadcutError(f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without "
+                                "--resume (and with --force)")
+
+        step = state["step"]
+        if not _whole(step) or step < 0:
+            raise damaged(f"its step {step!r} is not a whole number >= 0")
+        if not isinstance(state["identity"], dict):
+            raise damaged("it holds no run identity")
         changed = _differences(state["identity"], self.identity)
         if changed:
             shown = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
             raise HeadcutError(f"{path} belongs to a run with other settings or data, so it cannot be resumed "
                                f"by this one ({shown}); resume with the same settings, or start over without "
                                "--resume")
-        if state["step"] > self.total_steps:
-            raise HeadcutError(f"{path}: checkpoint is at step {state['step']}, past this run's {self.total_steps} steps")
+        if step > self.total_steps:
+            raise HeadcutError(f"{path}: checkpoint is at step {step}, past this run's {self.total_steps} steps; "
+                               f"resume with a run of at least {step} steps, or start over without --resume")
+        self._check_position(state, damaged)
+        for what, key in (("weights", "model"), ("gates", "gates"), ("optimizer state", "optimizer"),
+                          ("method's state", "extra")):
+            bad = first_nonfinite(state.get(key), floats=key == "extra")
+            if bad is not None:
+                raise damaged(f"non-finite values (nan or inf) in its {what}, at {bad}")
         try:
             self._restore_training(state)
             self.step = state["step"]
@@ -534,6 +609,8 @@ class Trainer:
             self._rng_cpu = state["rng_cpu"]
             self._rng_cuda = state["rng_cuda"]
             self.history = list(state["history"])
+            if self._rng_cpu is not None:
+                torch.Generator().set_state(self._rng_cpu)  # a damaged RNG state fails here, not in the loop
             if self.extra_state is not None:
                 if state.get("extra") is None:
                     raise HeadcutError(f"{path}: the checkpoint holds no state for this run's method")
@@ -544,6 +621,38 @@ class Trainer:
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
                                "--resume") from None
+        self._saved_step = step
+
+    def _check_position(self, state: dict[str, Any], damaged: Callable[[str], HeadcutError]) -> None:
+        """The checkpoint's place in the data (epoch, position and order) must be one this run can continue."""
+        n = len(self.batches)
+        epoch, position, order = state.get("epoch"), state.get("position"), state.get("order")
+        if not _whole(epoch) or epoch < 0:
+            raise damaged(f"its epoch {epoch!r} is not a whole number >= 0")
+        if not _whole(position) or not 0 <= position <= n:
+            raise damaged(f"its position {position!r} in the epoch is not in [0, {n}]")
+        if order is not None:
+            if (not isinstance(order, torch.Tensor) or order.dtype != torch.int64 or order.dim() != 1
+                    or order.numel() != n or not torch.equal(order.sort().values, torch.arange(n))):
+                raise damaged(f"its batch order is not an order of the {n} batches")
+        if not isinstance(state["history"], list):
+            raise damaged("its history is not a list")
+
+    def _diverged(self, step: int, what: str, update: bool = True) -> TrainingDiverged:
+        """The one-line error of a run that became non-finite at ``step``; ``update``: whether an update
+        (a learning rate) may be the cause."""
+        cfg = self.config
+        kept = self.checkpoint_dir if self._saved_step is not None else None
+        if update:
+            lrs = [(f"lr {cfg.lr:g}", "--lr")] if self.model_params else []
+            lrs += [(f"gate lr {cfg.gate_lr:g}", "--gate-lr")] if self.gates else []
+            cause = f" ({', '.join(v for v, _ in lrs)}); lower {' or '.join(f for _, f in lrs)} and start over"
+        else:
+            cause = "; start over"
+        where = (f"; the last good checkpoint (step {self._saved_step}) is kept in {kept} (start over with --force)"
+                 if kept is not None else "")
+        return TrainingDiverged(f"training diverged at step {step}: {what}{cause}; no model was written{where}",
+                                step, kept)
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -596,6 +705,10 @@ class Trainer:
     def _loop(self) -> None:
         cfg = self.config
         trained = self.model_params + self.gates
+        if not all_finite(trained):  # the model given (every step after this one is checked)
+            named = {**dict(self.model.named_parameters()), **{f"gates.{i}": g for i, g in enumerate(self.gates)}}
+            raise HeadcutError(f"the weights hold non-finite values (nan or inf) before training, in "
+                               f"{first_nonfinite(named)}: the model is damaged; nothing was trained or written")
         last_saved = self.step if self._rng_cpu is not None else -1
         self._train_mode()
         self.optimizer.zero_grad(set_to_none=True)
@@ -620,6 +733,9 @@ class Trainer:
                 shared = torch.tensor([loss_sum])
                 self.dist.mean_(grads + [shared])
                 loss_sum = float(shared)
+            # every process has the same averaged loss, so all of them stop at the same step
+            if not math.isfinite(loss_sum):
+                raise self._diverged(self.step + 1, f"the loss is {loss_sum / cfg.grad_accum}")
             entry: dict[str, Any] = {"step": self.step + 1, "epoch": self.epoch, "loss": loss_sum / cfg.grad_accum}
             entry["lr"] = lrs[0]
             if self.gates:
@@ -631,6 +747,9 @@ class Trainer:
                     entry["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model_params, cfg.max_grad_norm))
                 if self.gates:
                     entry["gate_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.gates, cfg.max_grad_norm))
+                norms = [v for k, v in entry.items() if k.endswith("grad_norm")]
+                if not all(math.isfinite(v) for v in norms):
+                    raise self._diverged(self.step + 1, f"the gradient norm is {next(v for v in norms if not math.isfinite(v))}")
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -639,6 +758,8 @@ class Trainer:
             if self.after_step is not None:
                 with torch.no_grad():
                     entry.update({k: _plain(v) for k, v in (self.after_step(self.step) or {}).items()})
+            if not all_finite(trained):
+                raise self._diverged(self.step, "the weights are not finite after the update")
             stop = False
             if cfg.eval_every is not None and self.step % cfg.eval_every == 0 and self.eval_fn is not None:
                 self.model.eval()

@@ -1,0 +1,61 @@
+"""A refusal is one line: the warnings and library log lines a command raised before it was refused are
+dropped with it; a command that finishes still shows them (after its work). Run in a subprocess: pytest
+captures warnings and log records itself."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import logging, sys, warnings
+    import typer
+    from headcut.cli.common import handle_errors
+    from headcut.errors import HeadcutError
+
+    app = typer.Typer()
+
+    @app.command()
+    @handle_errors
+    def work(refuse: bool = False) -> None:
+        warnings.warn("a library's warning", UserWarning)
+        logging.getLogger("transformers.modeling_utils").warning("a transformers log line")
+        logging.getLogger("some.library").error("a root-propagated log line")
+        if refuse:
+            raise HeadcutError("the request is refused")
+        print("result")
+
+    app()
+""")
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", SCRIPT, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_refusal_drops_earlier_warnings_and_log_lines():
+    result = _run("--refuse")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: the request is refused"]
+    assert result.stdout == ""
+
+
+def test_finished_command_still_shows_them():
+    result = _run()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "result"
+    assert "a library's warning" in result.stderr
+    assert "a transformers log line" in result.stderr
+    assert "a root-propagated log line" in result.stderr
+
+
+def test_loggers_restored_after_a_command():
+    from helpers import run
+
+    root_before = list(logging.getLogger().handlers)
+    tf_before = list(logging.getLogger("transformers").handlers)
+    run("info", "/nonexistent/model")
+    assert logging.getLogger().handlers == root_before
+    assert logging.getLogger("transformers").handlers == tf_before
