@@ -59,3 +59,27 @@ def test_loggers_restored_after_a_command():
     run("info", "/nonexistent/model")
     assert logging.getLogger().handlers == root_before
     assert logging.getLogger("transformers").handlers == tf_before
+
+
+LONG = "y" * 300  # longer than any file system's name limit (255 bytes on most)
+
+
+def test_input_names_too_long_are_one_line_errors(tmp_path):
+    from helpers import one_line_error, run, save_tiny
+
+    model = save_tiny(tmp_path / "m", "bert", "BertForSequenceClassification")
+    one_line_error(run("info", tmp_path / LONG), "longer than the file system allows")
+    one_line_error(run("eval", model, "--data", tmp_path / f"{LONG}.csv"), "longer than the file system allows")
+    one_line_error(run("export", model, "--mask", tmp_path / f"{LONG}.json", "--out", tmp_path / "o"),
+                   "longer than the file system allows")
+    assert not (tmp_path / "o").exists()
+
+
+def test_input_name_too_long_from_python_is_a_headcut_error(tmp_path):
+    import pytest
+
+    import headcut
+
+    with pytest.raises(headcut.HeadcutError, match="longer than the file system allows") as caught:
+        headcut.info(str(tmp_path / LONG))
+    assert isinstance(caught.value, ValueError)

@@ -142,6 +142,7 @@ def test_text_from_a_pipe_for_a_causal_lm(tmp_path):
 
 
 def test_named_pipe_without_a_writer_is_waited_for_aloud(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(data_files, "FIRST_NOTICE_S", 0.1)
     monkeypatch.setattr(data_files, "WAIT_NOTICE_S", 0.1)
     fifo = tmp_path / "rows"
     os.mkfifo(fifo)

@@ -32,17 +32,21 @@ SMALL = {"seq_len": 16, "batch_size": 4}
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("diverge")
+    """The module's folder: the tiny classifier in models/m, its training rows in train.csv."""
+    folder = tmp_path_factory.mktemp("diverge")
+    save_tiny(folder / "models" / "m", "bert", CLS)
+    write_rows(folder / "train.csv", cls_rows(16, seed=0))
+    return folder
 
 
 @pytest.fixture(scope="module")
 def model_dir(root) -> Path:
-    return save_tiny(root / "models" / "m", "bert", CLS)
+    return root / "models" / "m"
 
 
 @pytest.fixture(scope="module")
 def train_csv(root) -> Path:
-    return write_rows(root / "train.csv", cls_rows(16, seed=0))
+    return root / "train.csv"
 
 
 @pytest.fixture(autouse=True)

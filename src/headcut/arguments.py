@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError
+from .outputs import file_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,9 +88,17 @@ def number(name: str, value: Any) -> None:
         raise HeadcutValueError(f"{name} must be a finite number, got {value!r}")
 
 
-def boolean(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise _wrong(name, "True or False", value)
+def instance_of(kind: type, what: str) -> Rule:
+    """A rule: the value is a ``kind`` (``what`` says so in the message)."""
+
+    def check(name: str, value: Any) -> None:
+        if not isinstance(value, kind):
+            raise _wrong(name, what, value)
+
+    return check
+
+
+boolean = instance_of(bool, "True or False")
 
 
 def text(name: str, value: Any) -> None:
@@ -300,14 +309,8 @@ def formats(name: str, value: Any) -> None:
             raise _wrong(f"{name}[{i}]", "a format name (safetensors, onnx, gguf)", item)
 
 
-def a_dict(name: str, value: Any) -> None:
-    if not isinstance(value, dict):
-        raise _wrong(name, "a dict", value)
-
-
-def a_list(name: str, value: Any) -> None:
-    if not isinstance(value, list):
-        raise _wrong(name, "a list", value)
+a_dict = instance_of(dict, "a dict")
+a_list = instance_of(list, "a list")
 
 
 def function(name: str, value: Any) -> None:
@@ -495,7 +498,13 @@ def checked(function: str) -> Callable[[F], F]:
                 raise HeadcutTypeError(f"{function.split('.')[-1]}(): {exc}") from None
             bound.apply_defaults()
             check(function, bound.arguments)
-            return fn(*args, **kwargs)
+            try:
+                return fn(*args, **kwargs)
+            except OSError as exc:  # a file the checks did not foresee: a headcut error naming it, still
+                error = file_error(exc)
+                if error is None:
+                    raise
+                raise HeadcutValueError(str(error)) from None
 
         return wrapper  # type: ignore[return-value]
 

@@ -126,7 +126,20 @@ def os_error(action: str, path: str | os.PathLike[str], exc: OSError) -> Headcut
         why = "the file system is read-only"
     elif exc.errno in (errno.EACCES, errno.EPERM):
         why = "permission denied"
-    return HeadcutError(f"cannot {action} {path}: {why}")
+    elif exc.errno == errno.ENAMETOOLONG:
+        why = "a name in the path is longer than the file system allows"
+    shown = os.fsdecode(path)
+    if len(shown) > 120:
+        shown = shown[:56] + "..." + shown[-56:]
+    return HeadcutError(f"cannot {action} {shown}: {why}")
+
+
+def file_error(exc: OSError) -> HeadcutError | None:
+    """The one-line error of an ``OSError`` about a named file that got past the checks (a path too long
+    for the file system, a folder that cannot be listed, ...); None when the error names no file."""
+    if exc.filename is None:
+        return None
+    return os_error("use", exc.filename, exc)
 
 
 def _name_max(path: Path) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..catalog import DEVICES, GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS, TASKS
 from ..errors import HeadcutError
-from ..outputs import OutputDir, OutputFile, check_paths
+from ..outputs import OutputDir, OutputFile, check_paths, file_error
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -210,6 +210,11 @@ def handle_errors(fn: F) -> F:
                 return fn(*args, **kwargs)
         except HeadcutError as exc:
             fail(str(exc))
+        except OSError as exc:  # a file the checks did not foresee: one line naming it, still
+            error = file_error(exc)
+            if error is None:
+                raise
+            fail(str(error))
         except KeyboardInterrupt as exc:
             signum = int(getattr(exc, "signum", signal.SIGINT))
             name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)

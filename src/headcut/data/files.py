@@ -49,7 +49,8 @@ from ..errors import HeadcutError
 from ..sources import looks_local
 from .config import COMPRESSIONS, FILE_FORMATS, FORMAT_NAMES, DataConfig, parse_format
 
-#: seconds between the "waiting for data" lines while a pipe stays silent
+#: seconds of silence on a pipe before the first "waiting for data" line, and between the later ones
+FIRST_NOTICE_S = 2.0
 WAIT_NOTICE_S = 10.0
 #: bytes read at a time from a file or pipe
 CHUNK = 1 << 18
@@ -141,7 +142,7 @@ def data_source(path: str, data_format: str | None = None) -> DataSource:
 
 class _PipeReader(io.RawIOBase):
     """A pipe or device opened without blocking and polled: a pipe with no writer does not hang the open,
-    a silent one gets a line on stderr every :data:`WAIT_NOTICE_S` seconds, and signals stop the wait."""
+    a silent one gets a line on stderr after :data:`FIRST_NOTICE_S` seconds and every :data:`WAIT_NOTICE_S` after, and signals stop the wait."""
 
     def __init__(self, path: Path, shown: str) -> None:
         super().__init__()
@@ -157,15 +158,17 @@ class _PipeReader(io.RawIOBase):
 
     def _wait(self) -> None:
         """Until the pipe has data or its end (Linux: a FIFO opened before any writer reports neither)."""
+        timeout = FIRST_NOTICE_S
         while True:
             if hasattr(select, "poll"):
                 poller = select.poll()
                 poller.register(self.fd, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
-                ready = bool(poller.poll(WAIT_NOTICE_S * 1000))
+                ready = bool(poller.poll(timeout * 1000))
             else:  # pragma: no cover - platforms without poll()
-                ready = bool(select.select([self.fd], [], [], WAIT_NOTICE_S)[0])
+                ready = bool(select.select([self.fd], [], [], timeout)[0])
             if ready:
                 return
+            timeout = WAIT_NOTICE_S
             if self.received:
                 what = f"more data on {self.shown} ({self.received / 1e6:.1f} MB read so far)"
             else:
