@@ -9,6 +9,7 @@ after every test that its bytes are unchanged."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,24 @@ def test_a_damaged_lottery_state_is_refused(model_dir, train_csv, tmp_path):
     torch.save(state, path)
     with pytest.raises(HeadcutError, match="at step -3, not at --reset-at 1"):
         headcut.prune(str(model_dir), "lottery", resume=True, **kwargs)
+
+
+def test_a_model_with_a_block_cut_to_zero_heads_trains(model_dir, train_csv, tmp_path):
+    """Its empty projections (zero-size weights) are no reason to stop: finiteness is checked on the rest."""
+    from headcut.training.engine import all_finite
+
+    assert all_finite([torch.zeros(0, 4), torch.ones(3)])
+    assert not all_finite([torch.zeros(0, 4), torch.tensor([1.0, float("nan")])])
+    slim = tmp_path / "slim"
+    assert run("export", model_dir, "--mask", _mask(tmp_path, {"drop": {"self.0": [0, 1, 2, 3]}}),
+               "--out", slim).exit_code == 0
+    out = tmp_path / "tuned"
+    result = run("finetune", slim, "--data", train_csv, "--max-steps", "2", "--out", out, "--seq-len", "16")
+    assert result.exit_code == 0, result.output
+    assert (out / "config.json").is_file()
+
+
+def _mask(folder: Path, mask: dict) -> Path:
+    path = folder / "mask.json"
+    path.write_text(json.dumps(mask))
+    return path

@@ -106,7 +106,9 @@ class TrainingDiverged(HeadcutError):
 def all_finite(tensors: list[torch.Tensor]) -> bool:
     """Whether every element of every tensor is finite: one fused max-abs reduction per device and dtype
     (a nan or inf anywhere makes it nan or inf) and one synchronisation."""
-    tensors = [t.detach() for t in tensors if t.is_floating_point() or t.is_complex()]
+    # empty tensors (the projections of a block cut to zero heads) hold nothing to check, and an inf-norm
+    # of one has no identity
+    tensors = [t.detach() for t in tensors if (t.is_floating_point() or t.is_complex()) and t.numel()]
     if not tensors:
         return True
     with torch.no_grad():
