@@ -15,8 +15,8 @@ import headcut
 
 
 def model_of(family: str, cls_name: str, seed: int = 0, **overrides: object) -> torch.nn.Module:
-    """Like tiny_models.make_model (config ``overrides`` applied), with larger random weights: every
-    head then moves the output far more than the tolerance (tiny_models' default init moves some
+    """Like helpers.make_model (config ``overrides`` applied), with larger random weights: every
+    head then moves the output far more than the tolerance (the helpers' default init moves some
     outputs by only ~1e-5 per head), so a wrong cut cannot hide."""
     config = make_config(family)
     config.initializer_range = 0.2

@@ -1,4 +1,4 @@
-"""The Python API (issue 12): the README's example runs as written, the command line and the API give the
+"""The Python API: the README's example runs as written, the command line and the API give the
 same result for the same arguments, objects are accepted where paths are, and every registered method
 implements the one method interface."""
 
@@ -96,7 +96,8 @@ def test_objects_are_accepted_where_paths_are(workdir):
     scores = headcut.score(model, "magnitude")
     assert set(scores.scores.blocks) == {"self.0", "self.1"}
     # a loaded model remembers its folder (its tokenizer comes from there); one built in memory needs tokenizer=
-    assert headcut.evaluate(headcut.load(workdir / "model"), str(workdir / "dev.csv")).value >= 0
+    by_model = headcut.evaluate(headcut.load(workdir / "model"), str(workdir / "dev.csv"))
+    assert by_model.value == headcut.evaluate(str(workdir / "model"), str(workdir / "dev.csv")).value
     from helpers import make_model
 
     with pytest.raises(HeadcutError, match="tokenizer="):

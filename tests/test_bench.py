@@ -39,7 +39,7 @@ GEN_KEYS = {
     "new_tokens", "runs_ms", "median_ms", "tokens_per_s", "kv_cache_bytes", "kv_cache_positions",
     "kv_bytes_per_token", "cross_kv_cache_bytes", "cross_kv_cache_positions", "cross_kv_bytes_per_token", "speedup",
 }
-# tiny Llama (tests/tiny_models.py): 3 layers, hidden 48, 6 query heads and 2 KV heads of size 8
+# tiny Llama (helpers.make_model): 3 layers, hidden 48, 6 query heads and 2 KV heads of size 8
 LLAMA = dict(layers=3, hidden=48, heads=6, kv_heads=2, head_dim=8, ffn=37, vocab=99)
 
 

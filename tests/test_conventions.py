@@ -1,4 +1,4 @@
-"""The command line as shell users expect it (issue 11): results on stdout, progress and logs on stderr,
+"""The command line as shell users expect it: results on stdout, progress and logs on stderr,
 ``--json -`` alone on stdout, no ANSI codes outside a terminal, plain progress lines in logs, no
 transformers load reports, help with plain metavars and examples, and completion without torch."""
 
@@ -83,17 +83,29 @@ def test_progress_lines_in_a_log_and_quiet(tiny, tmp_path, monkeypatch):
     assert quiet.exit_code == 0 and "training gates" not in quiet.stderr and "note:" not in quiet.stderr
 
 
-def test_progress_reporter_lines_only_for_long_tasks():
-    import io
-    import time
+class _Clock:
+    """A monotonic clock the test moves by hand (no real sleeps)."""
 
+    now = 0.0
+
+    @classmethod
+    def monotonic(cls) -> float:
+        return cls.now
+
+
+def test_progress_reporter_lines_only_for_long_tasks(monkeypatch):
+    import io
+
+    import headcut.progress
+
+    monkeypatch.setattr(headcut.progress, "time", _Clock)
     stream = io.StringIO()
     with Reporter("lines", stream=stream, every=0.05) as progress:
         quick = progress.task("quick", 3, "steps")
         quick.update(3)
         slow = progress.task("slow", 4, "steps")
         for i in range(1, 5):
-            time.sleep(0.06)
+            _Clock.now += 0.06
             slow.update(i, loss=1.0 / i)
     lines = stream.getvalue().splitlines()
     assert not any(ln.startswith("quick") for ln in lines)  # a quick task stays silent

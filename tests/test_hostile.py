@@ -1,4 +1,4 @@
-"""Hostile and damaged input (issue 10): every case gives a one-line ``error: ...`` and exit code 2 (or
+"""Hostile and damaged input: every case gives a one-line ``error: ...`` and exit code 2 (or
 does the safe thing), never touches the input and leaves nothing half-written.
 
 The module-wide fixture ``model_dir`` is a tiny BERT classifier with a tokenizer; an autouse fixture
@@ -357,10 +357,7 @@ def test_crafted_record_is_refused_before_allocation(case, model_dir, tmp_path):
     slim = slimmed(tmp_path, model_dir)
     change, why = CRAFTED[case]
     edit_record(slim, change)
-    start = time.perf_counter()
-    result = run("info", slim)
-    one_line_error(result, why)
-    assert time.perf_counter() - start < 30
+    one_line_error(run("info", slim), why)
     with pytest.raises(HeadcutError, match=why.split()[0]):
         headcut.load(slim)
 

@@ -1,4 +1,4 @@
-"""The Python API refuses bad arguments with headcut's own errors (issue 29): every public function checks
+"""The Python API refuses bad arguments with headcut's own errors: every public function checks
 its arguments at the edge (:mod:`headcut.arguments`) and raises a :class:`HeadcutError` that is also a
 ``TypeError`` (wrong kind of value) or ``ValueError`` (a value that cannot work), on one line naming the
 keyword the caller passed, before anything is loaded, read or written.

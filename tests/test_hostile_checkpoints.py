@@ -1,4 +1,4 @@
-"""Hostile checkpoints and masks (issue 29): crafted config.json numbers and architectures, unreadable
+"""Hostile checkpoints and masks: crafted config.json numbers and architectures, unreadable
 checkpoint files, and malformed masks. Every case is one ``error:`` line (exit 2) from the CLI and a
 HeadcutError from Python, before any model is built or anything is written."""
 

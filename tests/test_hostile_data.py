@@ -1,4 +1,4 @@
-"""Hostile data inputs (issue 29): pipes and devices read as streams (with --data-format), a pipe without a
+"""Hostile data inputs: pipes and devices read as streams (with --data-format), a pipe without a
 writer waited for aloud and stoppable, one-line refusals with nothing printed before them (and the encoding
 to pass), and huge lines read lazily with bounded memory and no temporary files left behind."""
 

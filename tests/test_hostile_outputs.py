@@ -1,4 +1,4 @@
-"""Outputs onto special files and over-long names (issue 29): a device, a named pipe, a descriptor of the
+"""Outputs onto special files and over-long names: a device, a named pipe, a descriptor of the
 process (``/dev/stdout``, ``/dev/fd/N``) or a symbolic link to one is written through, never replaced;
 sockets and block devices are refused in one line, and so is an ``--out`` that is any of them; a name
 longer than the file system takes is refused up front, and a long legal one works (its temporaries fit)."""

@@ -1,4 +1,4 @@
-"""Training that diverges (issue 29): a run whose loss, gradients or weights become non-finite stops with a
+"""Training that diverges: a run whose loss, gradients or weights become non-finite stops with a
 one-line error (exit 2), writes no model and keeps only finite resume checkpoints; a float option that is
 nan, inf or not a number is refused before any work; a damaged resume checkpoint (non-finite tensors, an
 impossible step) is refused with one line.

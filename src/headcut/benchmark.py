@@ -76,9 +76,9 @@ import transformers
 from torch import nn
 
 from .config import BenchConfig
-from .errors import HeadcutError
+from .errors import HeadcutError, first_line
 from .runtime import returned_cache
-from .surgery import count_params
+from .surgery import count_params, weights_bytes
 
 #: ``--dtype`` values
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -389,11 +389,6 @@ def _describe(inputs: dict[str, torch.Tensor]) -> str:
     return ", ".join(f"{k} {tuple(v.shape)}" for k, v in inputs.items())
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 # ----------------------------------------------------------------------------------------------
 # benchmarking
 
@@ -448,11 +443,6 @@ def _heads(model: nn.Module) -> tuple[int | None, int | None]:
     return sum(b.heads for b in blocks), sum(b.kv_heads for b in blocks)
 
 
-def _weights_bytes(model: nn.Module) -> int:
-    tensors = list(model.parameters()) + list(model.buffers())
-    return _storages_bytes(tensors)
-
-
 def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
                 progress: Callable[[str, int, int], None] | None = None) -> BenchResult:
     """Benchmark a loaded model (moved in place to ``config.device`` / ``config.dtype`` if given).
@@ -484,7 +474,7 @@ def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
             flops, by_op = count_flops(model, inputs)
         except (RuntimeError, ValueError, IndexError, TypeError) as exc:
             raise HeadcutError(
-                f"{label}: the forward fails on inputs {_describe(inputs)}: {_first_line(exc)}"
+                f"{label}: the forward fails on inputs {_describe(inputs)}: {first_line(exc)}"
             ) from None
         report("flops", 1, 1)
 
@@ -515,7 +505,7 @@ def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
                 generation = bench_generation(model, inputs, config,
                                               lambda i: report("generate", i, config.gen_runs))
             except (RuntimeError, ValueError, IndexError) as exc:
-                raise HeadcutError(f"{label}: generation fails: {_first_line(exc)}") from None
+                raise HeadcutError(f"{label}: generation fails: {first_line(exc)}") from None
             if generation.new_tokens != config.gen_tokens:
                 notes.append(f"generation produced {generation.new_tokens} tokens, not {config.gen_tokens}")
         threads = torch.get_num_threads()
@@ -537,7 +527,7 @@ def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
         heads=heads,
         kv_heads=kv_heads,
         params=count_params(model),
-        weights_bytes=_weights_bytes(model),
+        weights_bytes=weights_bytes(model),
         flops=flops,
         flops_by_op=by_op,
         runs_ms=times,
@@ -623,7 +613,7 @@ def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, nam
         try:
             return call()
         except Exception as exc:  # onnxruntime's own exception types
-            raise HeadcutError(f"{label}: onnxruntime fails on inputs {_describe(inputs)}: {_first_line(exc)}") \
+            raise HeadcutError(f"{label}: onnxruntime fails on inputs {_describe(inputs)}: {first_line(exc)}") \
                 from None
 
     rss = _RssPeak()
@@ -646,7 +636,7 @@ def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, nam
         except HeadcutError:
             raise
         except Exception as exc:
-            raise HeadcutError(f"{label}: generation in onnxruntime fails: {_first_line(exc)}") from None
+            raise HeadcutError(f"{label}: generation in onnxruntime fails: {first_line(exc)}") from None
     median = statistics.median(times)
     b = config.batch_size
     heads, kv_heads = _heads(model)

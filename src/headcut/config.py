@@ -39,7 +39,8 @@ BENCH_RUNTIMES = ("torch", "onnxruntime")
 DEFAULT_EPSILON = 1e-7
 
 
-def _choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
+def check_choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
+    """Refuse a value that is not one of ``valid`` (one line naming the option and the choices)."""
     if value not in valid:
         raise HeadcutValueError(f"unknown {flag} {value!r}; choose one of {', '.join(str(v) for v in valid)}")
 
@@ -101,10 +102,10 @@ class ScoreConfig:
         from .catalog import scorer_entry
 
         scorer_entry(self.scorer)
-        _choice("--normalize", self.normalize, NORMALIZE)
-        _choice("--abs-per", self.abs_per, ABS_PER)
-        _choice("--objective", self.objective, OBJECTIVES)
-        _choice("--per", self.per, GNORM_PER)
+        check_choice("--normalize", self.normalize, NORMALIZE)
+        check_choice("--abs-per", self.abs_per, ABS_PER)
+        check_choice("--objective", self.objective, OBJECTIVES)
+        check_choice("--per", self.per, GNORM_PER)
         if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon < 1):
             raise HeadcutValueError(f"epsilon must be a number in (0, 1), got {self.epsilon!r}")
 
@@ -152,7 +153,7 @@ class PruneConfig:
         if self.max_drop is not None and not (_finite(self.max_drop) and self.max_drop >= 0):
             raise HeadcutValueError(f"--max-drop must be a number >= 0 in the metric's units (got {self.max_drop!r})")
         _count("--min-heads-per-block", self.min_heads_per_block, 0)
-        _choice("--gqa policy", self.gqa, GQA_POLICIES)
+        check_choice("--gqa policy", self.gqa, GQA_POLICIES)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,9 +208,9 @@ class TrainConfig:
         _count("--grad-accum", self.grad_accum, 1)
         _count("--warmup-steps", self.warmup_steps, 0)
         _count("--gates-first", self.gates_first, 0)
-        _choice("schedule", self.schedule, ("linear", "constant"))
+        check_choice("schedule", self.schedule, ("linear", "constant"))
         if self.mode is not None:
-            _choice("--mode", self.mode, MODES)
+            check_choice("--mode", self.mode, MODES)
         # every float: finite and in its range (nan, inf, a bool or a string refused, naming the option)
         _real("--lr", self.lr, 0.0, low_open=True)
         if self.gate_lr is not None:
@@ -335,9 +336,9 @@ class BenchConfig:
         if self.threads is not None:
             _count("--threads", self.threads, 1)
         if self.dtype is not None:
-            _choice("--dtype", self.dtype, DTYPE_NAMES)
+            check_choice("--dtype", self.dtype, DTYPE_NAMES)
         if self.attn_implementation is not None:
-            _choice("--attn", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+            check_choice("--attn", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise HeadcutValueError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
         if self.device.startswith("cuda"):

@@ -11,6 +11,14 @@ argument checks (:mod:`headcut.arguments`) raise the subclasses that are also Py
 """
 
 
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message (its type name when it has none)."""
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__
+
+
 class HeadcutError(Exception):
     """A problem with the user's input (path, mask, budget, flag) that headcut refuses to work with."""
 

@@ -32,7 +32,7 @@ from torch import nn
 from . import runtime
 from .adapters import MISSING, Adapter, adapter_for, adapter_for_config, adapter_for_model_type, runtime_mixins
 from .catalog import TASKS
-from .errors import HeadcutError
+from .errors import HeadcutError, first_line
 from .outputs import OutputDir, check_paths, inside, os_error
 from .record import check_record, expected_values
 from .sources import looks_like_path
@@ -222,7 +222,7 @@ def read_config_file(folder: Path) -> dict[str, Any]:
     except RecursionError:
         raise HeadcutError(f"cannot read the config of {folder}: {path} is nested too deeply") from None
     except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
-        raise HeadcutError(f"cannot read the config of {folder}: {_first_line(exc)}") from None
+        raise HeadcutError(f"cannot read the config of {folder}: {first_line(exc)}") from None
     if not isinstance(raw, dict):
         raise HeadcutError(f"cannot read the config of {folder}: {path} is not a JSON object")
     return raw
@@ -302,11 +302,6 @@ def quiet_transformers() -> Iterator[None]:
             logging.enable_progress_bar()
         if hub_bars:
             huggingface_hub.utils.enable_progress_bars()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None,
@@ -423,7 +418,7 @@ def load(
     except PermissionError as exc:
         raise os_error("read", exc.filename if exc.filename is not None else path, exc) from None
     except Exception as exc:  # a damaged or crafted config.json: any parse error is the user's input
-        raise HeadcutError(f"cannot read the config of {path}: {_first_line(exc)}") from None
+        raise HeadcutError(f"cannot read the config of {path}: {first_line(exc)}") from None
     has_cut = getattr(config, "headcut", None) is not None
     if getattr(config, "auto_map", None) and not has_cut and not trust_remote_code:
         raise HeadcutError(f"{path} ships its own model code; pass --trust-remote-code to run it")
@@ -460,7 +455,7 @@ def load(
     except PermissionError as exc:
         raise os_error("read", exc.filename if exc.filename is not None else path, exc) from None
     except Exception as exc:  # damaged weights, unreadable files
-        why = _first_line(exc)
+        why = first_line(exc)
         if "above report" in why or "CONVERSION" in why:
             why = f"transformers could not convert its weights to {cls.__name__.removeprefix('Headcut')}"
         raise HeadcutError(f"cannot load {path}: {why}") from None

@@ -59,6 +59,15 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers (a storage shared by tied weights counted once)."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in list(model.parameters()) + list(model.buffers()):
+        storage = t.untyped_storage()
+        seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+    return sum(seen.values())
+
+
 def model_blocks(model: nn.Module) -> list[Block]:
     """The model's attention blocks as they are now."""
     return adapter_for(model).blocks(model.base_model)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..errors import HeadcutError
+from ..errors import HeadcutError, first_line
 from ..sources import looks_local
 from .config import COMPRESSIONS, FILE_FORMATS, FORMAT_NAMES, DataConfig, parse_format
 
@@ -64,14 +64,6 @@ MIN_FREE_BYTES = 512 << 20
 TEMP_PREFIX = "headcut-data-"
 #: first bytes of compressed data -> its suffix
 MAGIC = {b"\x1f\x8b": ".gz", b"BZh": ".bz2", b"\xfd7zXZ\x00": ".xz", b"\x28\xb5\x2f\xfd": ".zst"}
-
-def first_line(exc: BaseException) -> str:
-    """The first non-blank line of an exception's message (its type name when it has none)."""
-    for line in str(exc).splitlines():
-        if line.strip():
-            return line.strip()
-    return type(exc).__name__
-
 
 def _root_message(exc: BaseException) -> str:
     """The most specific message of an exception chain (datasets wraps the parser's error)."""

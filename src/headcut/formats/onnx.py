@@ -49,6 +49,7 @@ from torch import nn
 
 from ..errors import HeadcutError
 from ..runtime import CACHE_KEYWORDS, returned_cache
+from ..surgery import weights_bytes
 
 #: the largest max abs difference from PyTorch (float32) an export may have
 ONNX_TOLERANCE = 1e-4
@@ -270,7 +271,8 @@ def _quiet_exporter() -> Iterator[None]:
             lg.setLevel(level)
 
 
-def _first_line(exc: BaseException) -> str:
+def _export_message(exc: BaseException) -> str:
+    """The first line of an exporter error that says something (not its banner or a traceback header)."""
     for line in str(exc).splitlines():
         line = line.strip()
         if line and not line.startswith(("Failed to export the model with torch.export", "Traceback")):
@@ -284,13 +286,6 @@ def _export_copy(model: nn.Module) -> nn.Module:
     if all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params):
         return model
     return copy.deepcopy(model).to(device="cpu", dtype=torch.float32)
-
-
-def _weights_bytes(model: nn.Module) -> int:
-    seen = {}
-    for t in list(model.parameters()) + list(model.buffers()):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
 
 
 def export_onnx(model: nn.Module, folder: Path, *, check: bool = True) -> OnnxExport:
@@ -311,7 +306,7 @@ def export_onnx(model: nn.Module, folder: Path, *, check: bool = True) -> OnnxEx
     try:
         spec = _spec(source)
         names_in, names_out, args, shapes = _trace_inputs(source, spec)
-        external = _weights_bytes(source) > EXTERNAL_DATA_BYTES
+        external = weights_bytes(source) > EXTERNAL_DATA_BYTES
         for stale in (path, folder / (ONNX_FILE + ".data")):
             stale.unlink(missing_ok=True)
         name = type(source).__name__.removeprefix("Headcut")
@@ -322,7 +317,7 @@ def export_onnx(model: nn.Module, folder: Path, *, check: bool = True) -> OnnxEx
                     dynamic_shapes=(tuple(shapes),), opset_version=OPSET, verbose=False, optimize=True,
                 )
             except Exception as exc:  # the exporter raises many kinds; the first line says what failed
-                raise HeadcutError(f"ONNX export of {name} failed: {_first_line(exc)}") from None
+                raise HeadcutError(f"ONNX export of {name} failed: {_export_message(exc)}") from None
             program.save(str(path), external_data=external)
         import onnx
 
@@ -452,7 +447,7 @@ class OnnxRunner:
         try:
             self.session = ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own exception types
-            raise HeadcutError(f"onnxruntime cannot load {self.path}: {_first_line(exc)}") from None
+            raise HeadcutError(f"onnxruntime cannot load {self.path}: {_export_message(exc)}") from None
         self.device = device
         self.version = f"onnxruntime {ort.__version__}"
         self.threads = threads

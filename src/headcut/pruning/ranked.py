@@ -27,18 +27,13 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
-from ..config import PruneConfig, ScoreConfig
+from ..config import PruneConfig, ScoreConfig, check_choice
 from ..errors import HeadcutError
 from ..masks import HeadMask
 from ..scoring.base import Batch
 from .base import PruneProgress, PruneResult, batches_of, score_masked
 from .method import MethodBase, Problem
 from .search import run_search
-
-
-def _choice(flag: str, value: str | None, valid: tuple[str, ...]) -> None:
-    if value is not None and value not in valid:
-        raise HeadcutError(f"unknown {flag} {value!r}; choose one of {', '.join(valid)}")
 
 
 @dataclass
@@ -55,7 +50,8 @@ class RankOptions:
                 raise HeadcutError(f"{flag} must be at least 1 {what} (got {value})")
         if self.step is not None and self.rounds is not None:
             raise HeadcutError("--step and --rounds both set how many heads a step removes: give one of them")
-        _choice("--normalize", self.normalize, NORMALIZE)
+        if self.normalize is not None:
+            check_choice("--normalize", self.normalize, NORMALIZE)
 
 
 @dataclass
@@ -66,7 +62,7 @@ class GradientOptions(RankOptions):
 
     def validate(self) -> None:
         super().validate()
-        _choice("--abs-per", self.abs_per, ABS_PER)
+        check_choice("--abs-per", self.abs_per, ABS_PER)
 
 
 @dataclass
@@ -79,8 +75,8 @@ class GnormOptions(RankOptions):
 
     def validate(self) -> None:
         super().validate()
-        _choice("--objective", self.objective, OBJECTIVES)
-        _choice("--per", self.per, GNORM_PER)
+        check_choice("--objective", self.objective, OBJECTIVES)
+        check_choice("--per", self.per, GNORM_PER)
 
 
 OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {"gradient": GradientOptions, "gnorm": GnormOptions}
