@@ -27,7 +27,7 @@ from pathlib import Path
 from classifier import minilm_classifier
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.evaluation import evaluate
 from headcut.masks import HeadMask

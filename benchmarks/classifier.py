@@ -14,24 +14,28 @@ The demo (``scripts/demo.sh``) and the benchmark scripts use it; it is the same 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 from headcut.progress import Reporter
 
 
-def _build(out: Path, train: Path, labels: tuple[str, ...], epochs: int, data_options: dict, quiet: bool) -> Path:
-    """all-MiniLM-L6-v2 given a head for ``labels`` and fine-tuned on ``train`` (lr 5e-5, seed 0) into ``out``,
-    unless it is there already."""
+def _build(out: Path, train: Callable[[Reporter], Path], labels: tuple[str, ...], epochs: int, data_options: dict,
+           quiet: bool) -> Path:
+    """all-MiniLM-L6-v2 given a head for ``labels`` and fine-tuned on ``train(progress)`` (the training file,
+    prepared if need be; lr 5e-5, seed 0) into ``out``, unless it is there already. One reporter for it all:
+    preparing the data, loading, fine-tuning and saving give a plain line at least every 30 s in a log."""
     if (out / "model.safetensors").is_file():
         return out
     with Reporter("quiet" if quiet else "auto") as progress:
         tuned = headcut.finetune(
-            offline.minilm_dir(), train, task="sequence-classification", labels=list(labels), epochs=epochs,
-            lr=5e-5, seed=0, data_options=data_options, progress=progress,
+            offline.minilm_dir(), train(progress), task="sequence-classification", labels=list(labels),
+            epochs=epochs, lr=5e-5, seed=0, data_options=data_options, progress=progress,
         )
-    tuned.save(out)
+        with progress.step(f"saving the classifier to {out}"):
+            tuned.save(out)
     return out
 
 
@@ -40,19 +44,19 @@ def minilm_classifier(examples: int = 4_000, quiet: bool = False) -> Path:
     out = offline.cache_dir() / f"minilm-rotten-tomatoes-{examples}"
     if (out / "model.safetensors").is_file():
         return out
-    return _build(out, offline.rotten_tomatoes_splits()["train"], offline.RT_LABELS, 1,
-                  {"max_examples": examples, "batch_size": 32, "seq_len": 64}, quiet)
+    return _build(out, lambda progress: offline.rotten_tomatoes_splits(progress=progress)["train"],
+                  offline.RT_LABELS, 1, {"max_examples": examples, "batch_size": 32, "seq_len": 64}, quiet)
 
 
 def convention_classifier(quiet: bool = False) -> Path:
     """The benchmarks' second real task: all-MiniLM-L6-v2 given a democrat/republican head and fine-tuned on
-    the sentences of the 2012 convention speeches (:func:`headcut.offline.convention_splits`: 5,718 training
+    the sentences of the 2012 convention speeches (:func:`headcut_offline.convention_splits`: 5,718 training
     sentences; two epochs, batch 32, 64 tokens, lr 5e-5); cached like :func:`minilm_classifier`."""
     out = offline.cache_dir() / "minilm-convention-2012"
     if (out / "model.safetensors").is_file():
         return out
-    return _build(out, offline.convention_splits()["train"], offline.PARTY_LABELS, 2,
-                  {"batch_size": 32, "seq_len": 64}, quiet)
+    return _build(out, lambda progress: offline.convention_splits(progress=progress)["train"],
+                  offline.PARTY_LABELS, 2, {"batch_size": 32, "seq_len": 64}, quiet)
 
 
 if __name__ == "__main__":

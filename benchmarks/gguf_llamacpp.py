@@ -35,7 +35,7 @@ import torch
 import transformers
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 from headcut.formats.gguf import export_gguf
 from headcut.io import copy_side_files
 

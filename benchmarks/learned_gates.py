@@ -22,7 +22,7 @@ from pathlib import Path
 from classifier import minilm_classifier
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.finetuning import finetune

@@ -37,7 +37,7 @@ import torch
 from classifier import minilm_classifier
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.evaluation import evaluate

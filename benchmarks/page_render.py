@@ -15,6 +15,8 @@ from typing import Any
 
 from headcut.pruning import method_names
 
+from page_levers import LEVERS, RECOVERY_LOSSES
+
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
@@ -258,8 +260,6 @@ def _levers(levers: dict[str, Any], recipe: dict[str, Any] | None) -> list[str]:
     for row in levers["rows"]:
         steps = row.get("train_steps", 0) + row.get("recover_steps", 0)
         lines.append(f"| {row['lever']} | {steps} | {row['after']:.2f} | {row['before'] - row['after']:.2f} |")
-    from page import LEVERS  # the levers page.py measures, in its order
-
     missing = [name for name in LEVERS if name not in {r["lever"] for r in levers["rows"]}]
     if missing:
         lines += ["", "Not measured yet: " + "; ".join(missing) + "."]
@@ -268,8 +268,6 @@ def _levers(levers: dict[str, Any], recipe: dict[str, Any] | None) -> list[str]:
 
 def _recovery_losses(levers: dict[str, Any], recipe: dict[str, Any] | None) -> list[str]:
     """The recovery's loss over the targets' seeds: the recipe's distilled rows beside the levers' others."""
-    from page import RECOVERY_LOSSES
-
     after = {r["lever"]: r["after"] for r in levers["rows"]}
     mine = {(r["k"], r["seed"]): r["after"] for r in (recipe or {}).get("rows", [])}
     table = {"distilled logits (the recipe, the default)": [[mine.get((k, s)) for s in range(3)] for k in (16, 8)]}

@@ -22,7 +22,7 @@ import time
 from classifier import minilm_classifier
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.masks import HeadMask
 from headcut.pruning import PruneConfig, eval_metric, plan_prune

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 
 
 def perplexity(model, ids: torch.Tensor, block: int) -> float:

@@ -26,7 +26,7 @@ say() { printf '\n== %s\n' "$*" >&2; }
 
 say "preparing the classifier (fine-tuned once, then cached in ${HEADCUT_CACHE:-~/.cache/headcut})"
 model=$(python "$here/benchmarks/classifier.py")
-read -r train test < <(python -c "from headcut.offline import rotten_tomatoes_splits as s; d = s(); print(d['train'], d['test'])")
+read -r train test < <(python -c "from headcut_offline import rotten_tomatoes_splits as s; d = s(); print(d['train'], d['test'])")
 headcut info "$model"
 
 say "which heads matter? (Greedy-Gnorm scores on 512 training snippets)"

@@ -135,7 +135,7 @@ def test_every_registered_method_implements_the_interface(name):
     for attr in ("check", "step", "run"):
         assert callable(getattr(method, attr))
     assert entry.data in ("none", "calibration", "training") and entry.citation
-    with pytest.raises(HeadcutError, match=f"--nope does not apply to {re.escape(name)}"):
+    with pytest.raises(HeadcutError, match=f"nope does not apply to {re.escape(name)}"):
         make_options(method, {"nope": 1})
 
 

@@ -370,9 +370,9 @@ def test_language_models_are_rewarded_by_the_loss(tmp_path):
 
 
 def test_options_validate():
-    with pytest.raises(HeadcutError, match="--reward-examples"):
+    with pytest.raises(HeadcutError, match="reward_examples"):
         AuberOptions(reward_examples=1).validate()
-    with pytest.raises(HeadcutError, match="--reward-metric"):
+    with pytest.raises(HeadcutError, match="reward_metric"):
         AuberOptions(reward_metric="bleu").validate()
 
 

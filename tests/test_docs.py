@@ -35,3 +35,9 @@ def test_every_command_is_documented():
     for name in names:
         assert f"headcut {name}" in readme, name
         assert f"`{name}`" in changelog or f"headcut {name}" in changelog, name
+
+
+def test_generated_reference_is_current():
+    from headcut.cli.reference import update
+
+    assert update(ROOT, check=True) == [], "run: python -m headcut.cli.reference"

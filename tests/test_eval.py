@@ -300,7 +300,7 @@ def test_cli_eval_task_flag_picks_the_head(tmp_path):
 
 
 def _real_paths() -> tuple[Path, Path]:
-    from headcut import offline
+    import headcut_offline as offline
     from headcut.errors import HeadcutError
 
     try:

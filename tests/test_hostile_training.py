@@ -199,13 +199,13 @@ def test_a_model_with_nan_weights_is_refused_before_training():
     ("weight_decay", "0.1", "weight_decay"),
     ("max_grad_norm", math.inf, "max_grad_norm"),
     ("warmup_ratio", "0.1", "warmup_ratio"),
-    ("gate_lr", "0.5", "--gate-lr"),
-    ("lr", True, "--lr"),
-    ("alpha", True, "--alpha"),
-    ("temperature", True, "--temperature"),
-    ("hidden_weight", True, "--hidden-weight"),
-    ("seed", 2**70, "--seed"),
-    ("seed", 1.5, "--seed"),
+    ("gate_lr", "0.5", "gate_lr must"),
+    ("lr", True, "lr must"),
+    ("alpha", True, "alpha must"),
+    ("temperature", True, "temperature must"),
+    ("hidden_weight", True, "hidden_weight must"),
+    ("seed", 2**70, "seed must"),
+    ("seed", 1.5, "seed must"),
 ])
 def test_float_options_must_be_finite_numbers_in_range(field, value, needle):
     for cls in (FinetuneConfig, DistillOptions):

@@ -276,7 +276,7 @@ def test_learned_methods_refuse_score_flags():
     for config in (PruneConfig(method="pass", keep=3, max_drop=0.1), PruneConfig(method="voita", keep=3, trajectory=True)):
         with pytest.raises(HeadcutError, match="score-based"):
             plan_prune(model, cal, config)
-    with pytest.raises(HeadcutError, match="--step does not apply to dsp"):
+    with pytest.raises(HeadcutError, match="step does not apply to dsp"):
         plan_prune(model, cal, PruneConfig(method="dsp", keep=3), {"step": 2})
     with pytest.raises(HeadcutError, match="keeps every head"):
         plan_prune(model, cal, PruneConfig(method="pass", keep=8))
@@ -437,7 +437,7 @@ def test_lag_sparsity_warmup_raises_the_target_linearly():
     assert targets == pytest.approx([0.1875, 0.375, 0.5625, 0.75, 0.75, 0.75])
     plain = LAG(slots, 2, LAGOptions(), ctx)
     assert plain.gates(0)[2]["target_sparsity"] == 0.75
-    with pytest.raises(HeadcutError, match="--sparsity-warmup"):
+    with pytest.raises(HeadcutError, match="sparsity_warmup"):
         LAGOptions(sparsity_warmup=-1).validate()
     result = run("prune", "x", "--method", "pass", "--keep", "2", "--sparsity-warmup", "3", "--data", "d.csv",
                  "--out", "o")

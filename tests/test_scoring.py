@@ -439,7 +439,7 @@ def test_errors_name_the_choices():
             score(classifier, [unlabelled], config)
     # Greedy-Gnorm's own objective, the logits' norm, needs no labels (the default)
     assert finite(score(classifier, [unlabelled], "gnorm"))
-    with pytest.raises(headcut.HeadcutError, match="abs-per"):
+    with pytest.raises(headcut.HeadcutError, match="abs_per"):
         score(model, None, ScoreConfig(scorer="magnitude", abs_per="token"))
     with pytest.raises(headcut.HeadcutError, match="objective"):
         score(model, None, ScoreConfig(scorer="gnorm", objective="accuracy"))

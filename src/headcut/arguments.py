@@ -261,6 +261,12 @@ def checkpoint_dir(name: str, value: Any) -> None:
         return
 
 
+def bool_or_path(name: str, value: Any) -> None:
+    """True/False, or a path (``prune(trajectory="curve.csv")``)."""
+    if not isinstance(value, bool):
+        path(name, value)
+
+
 def output(name: str, value: Any) -> None:
     """Where a model is written: a path, or an :class:`~headcut.outputs.OutputDir` checked by its maker."""
     from .outputs import OutputDir
@@ -431,7 +437,8 @@ RULES: dict[str, dict[str, Rule]] = {
     "prune": {
         "model": model, "method": registered(_method), "keep": optional(integer), "sparsity": optional(number),
         "max_drop": optional(number), "data": optional(data), "uniform": boolean, "min_heads_per_block": integer,
-        "gqa": text, "trajectory": boolean, "recover_steps": integer, "options": anything,
+        "gqa": text, "trajectory": bool_or_path, "recover_steps": integer,
+        "out": optional(output), "force": boolean, "options": anything,
         **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,
     },
     "score": {
@@ -443,7 +450,8 @@ RULES: dict[str, dict[str, Rule]] = {
         "max_steps": optional(integer), "lr": number, "grad_accum": integer, "warmup_steps": integer,
         "weight_decay": number, "eval_every": optional(integer), "checkpoint_every": optional(integer),
         "alpha": number, "temperature": number, "hidden_weight": number, "patience": optional(integer),
-        "labels": optional(strings), **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,
+        "labels": optional(strings), "out": optional(output), "force": boolean, **_MODEL_IN, **_DATA_IN,
+        **_WRITES, **_TRAINS,
     },
     "evaluate": {"model": model, "data": data, **_MODEL_IN, **_DATA_IN},
     "export": {"model": model, "mask": mask, "gqa": text, **_MODEL_IN, **_WRITES},
@@ -504,7 +512,7 @@ def checked(function: str) -> Callable[[F], F]:
                 error = file_error(exc)
                 if error is None:
                     raise
-                raise HeadcutValueError(str(error)) from None
+                raise HeadcutValueError(Exception.__str__(error)) from None
 
         return wrapper  # type: ignore[return-value]
 
@@ -520,4 +528,4 @@ def values() -> Iterator[None]:
     except HeadcutError as exc:
         if type(exc) is not HeadcutError:
             raise
-        raise HeadcutValueError(str(exc)) from None
+        raise HeadcutValueError(Exception.__str__(exc)) from None

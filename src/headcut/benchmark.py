@@ -447,8 +447,9 @@ def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
                 progress: Callable[[str, int, int], None] | None = None) -> BenchResult:
     """Benchmark a loaded model (moved in place to ``config.device`` / ``config.dtype`` if given).
 
-    ``progress(stage, done, total)`` is called as the stages advance. Bad settings and forwards that
-    fail on the synthetic inputs raise a one-line :class:`HeadcutError`."""
+    ``progress(stage, done, total)`` is called as the stages advance (a :meth:`headcut.progress.Reporter.stages`
+    shows them as tasks). Bad settings and forwards that fail on the synthetic inputs raise a one-line
+    :class:`HeadcutError`."""
     config.validate()
     notes: list[str] = []
     device = torch.device(config.device)

@@ -64,22 +64,6 @@ OBJECTIVES = ("logits-norm", "loss")
 GNORM_PER = ("batch", "example")
 #: learned-gate training modes
 MODES = ("joint", "pipelined")
-#: AUBER's state features (``--state``): the paper's value-matrix L1 norm and its ablations
-AUBER_STATES = ("value-l1", "query", "key", "value-l2")
-#: metrics an AUBER reward may watch (``--reward-metric``; accuracy, macro_f1 and mcc: classification)
-REWARD_METRICS = ("accuracy", "macro_f1", "mcc", "loss")
-#: auber: mini-dev examples each reward is measured on, by default (pruning/auber.py says why)
-AUBER_REWARD_EXAMPLES = 128
-#: lottery defaults (pruning/lottery.py says why): steps to the late-resetting checkpoint, steps per
-#: iteration, evaluations without improvement that end the convergence, confidence examples
-LOTTERY_RESET_AT = 80
-LOTTERY_PRUNE_EVERY = 40
-LOTTERY_PATIENCE = 10
-LOTTERY_SCORE_EXAMPLES = 512
-#: lottery's ``--control`` values (Table 5's re-initialised structure)
-LOTTERY_CONTROLS = ("reinit",)
-
-
 @dataclass(frozen=True)
 class ScorerEntry:
     """A scorer of ``headcut score``: ``target`` is ``module:object`` of its :class:`~headcut.scoring.Scorer`."""
@@ -101,7 +85,8 @@ class MethodEntry:
     agent chooses the heads, layer by layer) or ``rewind`` (trained, pruned and rewound to an early
     checkpoint, round after round); ``budget``: ``required`` (--keep/--sparsity/--max-drop)
     or ``optional`` (the method decides how many heads go; --keep/--sparsity is an upper bound on the
-    heads kept)."""
+    heads kept); ``options``: ``module:Class`` of its options dataclass (read without importing the module,
+    see :mod:`headcut.options`: its flags, ``--help`` and completion come from it)."""
 
     name: str
     target: str
@@ -109,6 +94,7 @@ class MethodEntry:
     paper: str
     data: str
     kind: str
+    options: str = ""
     budget: str = "required"
 
     @property
@@ -147,18 +133,24 @@ SCORERS: dict[str, ScorerEntry] = {s.name: s for s in (
 )}
 
 
+def _rank_options(scorer: str) -> str:
+    """The options class of a method ranked by ``scorer``."""
+    own = {"gradient": "GradientOptions", "gnorm": "GnormOptions"}
+    return f"headcut.pruning.ranked:{own.get(scorer, 'RankOptions')}"
+
+
 def _one_shot(scorer: str, paper: str) -> MethodEntry:
     what = "a seeded random mask (--seed)" if scorer == "random" else f"remove the heads {scorer} ranks least important"
     data = "calibration" if SCORERS[scorer].needs_data else "none"
     return MethodEntry(scorer, f"headcut.pruning.oneshot:{scorer.replace('-', '_').upper()}", f"one-shot: {what}",
-                       paper, data, "score")
+                       paper, data, "score", _rank_options(scorer))
 
 
 def _inverse(scorer: str) -> MethodEntry:
     data = "calibration" if SCORERS[scorer].needs_data else "none"
     return MethodEntry(f"inverse-{scorer}", f"headcut.pruning.oneshot:INVERSE_{scorer.replace('-', '_').upper()}",
                        f"one-shot, reversed: remove the heads {scorer} ranks most important first (diagnostic)",
-                       "gnorm §4.1, §4.2.2", data, "score")
+                       "gnorm §4.1, §4.2.2", data, "score", _rank_options(scorer))
 
 
 #: every method, in the order ``headcut prune --help`` lists them
@@ -173,39 +165,40 @@ METHODS: dict[str, MethodEntry] = {m.name: m for m in (
     *(_inverse(s) for s in ("gradient", "confidence", "entropy", "value-l1", "magnitude")),
     MethodEntry("michel", "headcut.pruning.michel:METHOD",
                 "iterative: remove the lowest |dL/dg| heads in steps of 10 %, re-scoring each step (Michel et al.)",
-                "michel (as DSP §4.2.1 states it)", "calibration", "score"),
+                "michel (as DSP §4.2.1 states it)", "calibration", "score", _rank_options("gradient")),
     MethodEntry("greedy-gnorm", "headcut.pruning.greedy_gnorm:METHOD",
                 "iterative: remove the lowest-Gnorm head, re-compute, repeat (Greedy-Gnorm, Algorithm 1)",
-                "gnorm §3.1", "calibration", "score"),
+                "gnorm §3.1", "calibration", "score", _rank_options("gnorm")),
     MethodEntry("inverse-gnorm", "headcut.pruning.greedy_gnorm:INVERSE",
                 "iterative, reversed: remove the highest-Gnorm head, re-compute, repeat (diagnostic)",
-                "gnorm §4.1", "calibration", "score"),
+                "gnorm §4.1", "calibration", "score", _rank_options("gnorm")),
     MethodEntry("pass", "headcut.pruning.pass_gates:METHOD",
                 "learned: Hard Concrete gates driven to almost-sure sparsity by R_pass, with clipping and re-opening "
-                "(PASS)", "pass §3.2, §3.4", "training", "learned"),
+                "(PASS)", "pass §3.2, §3.4", "training", "learned", "headcut.pruning.pass_gates:PassOptions"),
     MethodEntry("passconc", "headcut.pruning.passconc:METHOD",
                 "learned: PASS plus the concentrator, which gathers the kept heads in few layers (PASSCONC)",
-                "pass §3.3", "training", "learned"),
+                "pass §3.3", "training", "learned", "headcut.pruning.pass_gates:PassOptions"),
     MethodEntry("dsp", "headcut.pruning.dsp:METHOD",
                 "learned: Gumbel soft top-K gates with an annealed temperature, exactly K heads (DSP)",
-                "dsp §3", "training", "learned"),
+                "dsp §3", "training", "learned", "headcut.pruning.dsp:DSPOptions"),
     MethodEntry("ste", "headcut.pruning.ste:METHOD",
                 "learned: hard top-K gates with straight-through gradients, exactly K heads (DSP's STE baseline)",
-                "dsp §4.2.3", "training", "learned"),
+                "dsp §4.2.3", "training", "learned", "headcut.pruning.gate_training:GateOptions"),
     MethodEntry("voita", "headcut.pruning.voita:METHOD",
                 "learned: Hard Concrete gates with an L0 penalty whose lambda is searched to reach K (Voita et al.)",
-                "dsp §4.2.2", "training", "learned"),
+                "dsp §4.2.2", "training", "learned", "headcut.pruning.voita:VoitaOptions"),
     MethodEntry("auber", "headcut.pruning.auber:METHOD",
                 "agent: a DQN prunes each layer in turn, rewarded by the change of a held-out metric, and decides "
                 "how many heads go; fine-tunes after each layer (AUBER; for small data)",
-                "auber §4, §5.1", "training", "agent", budget="optional"),
+                "auber §4, §5.1", "training", "agent", "headcut.pruning.auber:AuberOptions",
+                budget="optional"),
     MethodEntry("lottery", "headcut.pruning.lottery:METHOD",
                 "iterative with late resetting: train, remove the least confident heads (encoder, decoder and cross "
                 "ranked together), rewind to an early checkpoint, repeat; then converge (lottery ticket)",
-                "lottery §4, §7", "training", "rewind"),
+                "lottery §4, §7", "training", "rewind", "headcut.pruning.lottery:LotteryOptions"),
     MethodEntry("lag", "headcut.pruning.lag:METHOD",
                 "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)",
-                "pass §4.1.2", "training", "learned"),
+                "pass §4.1.2", "training", "learned", "headcut.pruning.lag:LAGOptions"),
 )}
 
 def method_entry(name: str) -> MethodEntry:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from .catalog import (
     OBJECTIVES,
 )
 from .errors import HeadcutValueError
+from .options import TRAINING_PANEL, OptionError, check_fields, option
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
 BENCH_RUNTIMES = ("torch", "onnxruntime")
@@ -39,15 +39,21 @@ BENCH_RUNTIMES = ("torch", "onnxruntime")
 DEFAULT_EPSILON = 1e-7
 
 
+def _field(flag: str) -> str:
+    """The field an option is named by (``--max-steps`` -> ``max_steps``; a field name stays)."""
+    return flag.removeprefix("--").replace("-", "_").split(" ")[0]
+
+
 def check_choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
     """Refuse a value that is not one of ``valid`` (one line naming the option and the choices)."""
     if value not in valid:
-        raise HeadcutValueError(f"unknown {flag} {value!r}; choose one of {', '.join(str(v) for v in valid)}")
+        raise OptionError("unknown {%s} {v!r}; choose one of {c}" % _field(flag), v=value,
+                          c=", ".join(str(v) for v in valid))
 
 
 def _count(flag: str, value: Any, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise HeadcutValueError(f"{flag} must be an integer >= {low}, got {value!r}")
+        raise OptionError("{%s} must be an integer >= %d (got {v!r})" % (_field(flag), low), v=value)
 
 
 def _finite(value: Any) -> bool:
@@ -68,13 +74,13 @@ def _real(flag: str, value: Any, low: float = -math.inf, high: float = math.inf,
         rule = ("positive" if low == 0 and low_open else f"{'>' if low_open else '>='} {low:g}") + " and finite"
     else:
         rule = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    raise HeadcutValueError(f"{flag} must be {rule} (got {value!r})")
+    raise OptionError("{%s} must be %s (got {v!r})" % (_field(flag), rule), v=value)
 
 
 def _seed(flag: str, value: Any) -> None:
     """A seed torch's generators take: an integer in [-2**63, 2**64)."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not -(2**63) <= value < 2**64:
-        raise HeadcutValueError(f"{flag} must be an integer in [-2**63, 2**64) (got {value!r})")
+        raise OptionError("{%s} must be an integer in [-2**63, 2**64) (got {v!r})" % _field(flag), v=value)
 
 
 @dataclass
@@ -91,23 +97,23 @@ class ScoreConfig:
     rectification constant."""
 
     scorer: str = "gradient"
-    normalize: str = "none"
-    abs_per: str = "example"
-    objective: str = "logits-norm"
-    per: str = "batch"
+    normalize: str = option("none", choices=NORMALIZE, help="Divide each block's scores by their L2 norm "
+                            "(Michel et al. 4.1).")
+    abs_per: str = option("example", choices=ABS_PER, help="gradient: |dL/dg| per example (Michel et al.) or per "
+                          "batch (TextPruner).")
+    objective: str = option("logits-norm", choices=OBJECTIVES, help="gnorm: gradient of the logits' norm (the "
+                            "paper's) or of the task loss.")
+    per: str = option("batch", choices=GNORM_PER, help="gnorm: gradient norms of every batch (the authors' code) or "
+                      "every example.")
     seed: int = 0
-    epsilon: float = DEFAULT_EPSILON
+    epsilon: float = option(DEFAULT_EPSILON, low=0, high=1, low_open=True, high_open=True, cli=False,
+                            help="entropy: the rectification constant.")
 
     def validate(self) -> None:
         from .catalog import scorer_entry
 
         scorer_entry(self.scorer)
-        check_choice("--normalize", self.normalize, NORMALIZE)
-        check_choice("--abs-per", self.abs_per, ABS_PER)
-        check_choice("--objective", self.objective, OBJECTIVES)
-        check_choice("--per", self.per, GNORM_PER)
-        if not (isinstance(self.epsilon, (int, float)) and 0 < self.epsilon < 1):
-            raise HeadcutValueError(f"epsilon must be a number in (0, 1), got {self.epsilon!r}")
+        check_fields(self)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,18 +127,20 @@ class PruneConfig:
     left) and ``sparsity`` (fraction removed: keep = floor((1 - s) * heads)), or ``max_drop`` (stop
     before the metric drops by more than this, in the metric's own units; score-based methods) with
     ``keep``/``sparsity`` optional as a floor. A method that decides the count itself (``auber``)
-    needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same number of heads in every block.
-    ``min_heads_per_block``: never take a block below this. ``gqa``: the grouped-query policy (units
-    and slimming). ``seed``: every random choice of the method. ``trajectory``: measure the metric
-    after every step (score-based methods; needs evaluation data)."""
+    needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same
+    number of heads in every block. ``min_heads_per_block``: never take a block below this. ``gqa``: the
+    grouped-query policy (units and slimming). ``seed``: every random choice of the method. ``trajectory``:
+    measure the metric after every step (score-based methods; needs evaluation data)."""
 
     method: str = "gradient"
-    keep: int | None = None
-    sparsity: float | None = None
-    max_drop: float | None = None
-    uniform: bool = False
-    min_heads_per_block: int = 0
-    gqa: str = "auto"
+    keep: int | None = option(None, low=0, metavar="K", help="Heads to keep (exactly; auber: at most).")
+    sparsity: float | None = option(None, low=0, high=1, metavar="S", help="Fraction of heads to remove: K = "
+                                    "floor((1 - S) x heads).")
+    max_drop: float | None = option(None, low=0, metavar="D", help="Score-based methods: remove heads step by step "
+                                    "while the --eval-data metric stays within D of the unpruned model.")
+    uniform: bool = option(False, help="Keep the same number of heads in every block.")
+    min_heads_per_block: int = option(0, low=0, metavar="M", help="Never take a block below M heads.")
+    gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", help="Grouped-query attention policy.")
     seed: int = 0
     trajectory: bool = False
 
@@ -142,18 +150,11 @@ class PruneConfig:
 
         entry = method_entry(self.method)
         if self.keep is not None and self.sparsity is not None:
-            raise HeadcutValueError("give one budget: --keep or --sparsity, not both")
+            raise OptionError("give one budget: {keep} or {sparsity}, not both")
         budget_given = self.keep is not None or self.sparsity is not None or self.max_drop is not None
         if not budget_given and entry.budget == "required":
-            raise HeadcutValueError("no budget: pass --keep K, --sparsity S or --max-drop D")
-        if self.keep is not None and (not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 0):
-            raise HeadcutValueError(f"--keep must be a head count >= 0 (got {self.keep})")
-        if self.sparsity is not None and not (_finite(self.sparsity) and 0.0 <= self.sparsity <= 1.0):
-            raise HeadcutValueError(f"--sparsity must be a fraction in [0, 1] (got {self.sparsity!r})")
-        if self.max_drop is not None and not (_finite(self.max_drop) and self.max_drop >= 0):
-            raise HeadcutValueError(f"--max-drop must be a number >= 0 in the metric's units (got {self.max_drop!r})")
-        _count("--min-heads-per-block", self.min_heads_per_block, 0)
-        check_choice("--gqa policy", self.gqa, GQA_POLICIES)
+            raise OptionError("no budget: give {keep}, {sparsity} or {max_drop}")
+        check_fields(self)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,8 +162,11 @@ class PruneConfig:
 
 def check_distillation(alpha: float, temperature: float) -> None:
     """Refuse a distillation weight outside [0, 1] or a temperature that is not positive and finite."""
-    _real("--alpha", alpha, 0.0, 1.0)
-    _real("--temperature", temperature, 0.0, low_open=True)
+    _real("alpha", alpha, 0.0, 1.0)
+    _real("temperature", temperature, 0.0, low_open=True)
+
+
+T = TRAINING_PANEL
 
 
 @dataclass
@@ -179,67 +183,56 @@ class TrainConfig:
     sampling. ``mode``: ``joint`` (model and gates trained) or ``pipelined`` (model frozen, gates
     only); None: the method's default. ``gates_first``: see the field."""
 
-    epochs: int | None = None
-    max_steps: int | None = None
-    lr: float = 5e-5
-    gate_lr: float | None = None
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    warmup_ratio: float | None = None
-    schedule: str = "linear"
-    grad_accum: int = 1
-    max_grad_norm: float | None = 1.0
-    eval_every: int | None = None
-    checkpoint_every: int | None = 100
+    epochs: int | None = option(None, low=1, panel=T, help="Passes over --data (default: finetune 3; learned gates "
+                                "3 joint, 1 pipelined; auber's final fine-tune at most 2).")
+    max_steps: int | None = option(None, low=1, panel=T, help="Optimizer steps in all (instead of --epochs; "
+                                   "lottery: the most its convergence may take, default 15 x --prune-every).")
+    lr: float = option(5e-5, low=0, low_open=True, metavar="LR", panel=T,
+                       help="Peak learning rate of the model's weights (AdamW, linear decay).")
+    gate_lr: float | None = option(None, low=0, low_open=True, metavar="LR",
+                                   help="Learned gates: the gates' learning rate (default: the paper's).")
+    weight_decay: float = option(0.0, low=0, cli=False, help="AdamW weight decay.")
+    warmup_steps: int = option(0, low=0, panel=T, help="Linear warmup steps.")
+    warmup_ratio: float | None = option(None, low=0, high=1, high_open=True, cli=False,
+                                        help="Warmup as a fraction of the steps (instead of warmup_steps).")
+    schedule: str = option("linear", choices=("linear", "constant"), cli=False,
+                           help="Learning-rate schedule after warmup.")
+    grad_accum: int = option(1, low=1, panel=T, help="Batches per optimizer step.")
+    max_grad_norm: float | None = option(1.0, low=0, low_open=True, cli=False,
+                                         help="Gradient clipping per parameter group (None: off).")
+    eval_every: int | None = option(None, low=1, panel=T, help="Evaluate --eval-data every N steps (lottery's "
+                                    "convergence: default --prune-every / 2).")
+    checkpoint_every: int | None = option(100, low=1, panel=T, help="Write the resume checkpoint every N steps "
+                                          "(lottery writes one after every iteration instead).")
     seed: int = 0
-    shuffle: bool = True
-    mode: str | None = "joint"
+    shuffle: bool = option(True, cli=False, help="Shuffle the batches every epoch.")
+    mode: str | None = option("joint", choices=MODES, help="Learned gates: joint (train the model with the gates) "
+                              "or pipelined (frozen model).")
     #: ``joint`` training with gates: the model's weights stay fixed for the first N steps (the gates
     #: learn alone, as in ``pipelined``), then train with the gates (``--gates-first``; 0: joint from the start)
-    gates_first: int = 0
+    gates_first: int = option(0, low=0, help="Learned gates, joint mode: the model's weights stay fixed for the "
+                              "first N steps (the gates learn alone), then train with the gates; 0: joint from the "
+                              "start.")
 
     def validate(self) -> None:
         if self.epochs is not None and self.max_steps is not None:
-            raise HeadcutValueError("give --epochs or --max-steps, not both")
-        if self.epochs is not None:
-            _count("--epochs", self.epochs, 1)
-        if self.max_steps is not None:
-            _count("--max-steps", self.max_steps, 1)
-        _count("--grad-accum", self.grad_accum, 1)
-        _count("--warmup-steps", self.warmup_steps, 0)
-        _count("--gates-first", self.gates_first, 0)
-        check_choice("schedule", self.schedule, ("linear", "constant"))
-        if self.mode is not None:
-            check_choice("--mode", self.mode, MODES)
-        # every float: finite and in its range (nan, inf, a bool or a string refused, naming the option)
-        _real("--lr", self.lr, 0.0, low_open=True)
-        if self.gate_lr is not None:
-            _real("--gate-lr", self.gate_lr, 0.0, low_open=True)
-        _real("weight_decay", self.weight_decay, 0.0)
-        if self.warmup_ratio is not None:
-            if self.warmup_steps:
-                raise HeadcutValueError("give warmup_steps or warmup_ratio, not both")
-            _real("warmup_ratio", self.warmup_ratio, 0.0, 1.0, high_open=True)
-        for flag, value in (("--eval-every", self.eval_every), ("--checkpoint-every", self.checkpoint_every)):
-            if value is not None:
-                _count(flag, value, 1)
-        if self.max_grad_norm is not None:
-            _real("max_grad_norm", self.max_grad_norm, 0.0, low_open=True)
-        _seed("--seed", self.seed)
-        if not isinstance(self.shuffle, bool):
-            raise HeadcutValueError(f"shuffle must be True or False (got {self.shuffle!r})")
+            raise OptionError("give {epochs} or {max_steps}, not both")
+        check_fields(self)
+        if self.warmup_ratio is not None and self.warmup_steps:
+            raise OptionError("give {warmup_steps} or {warmup_ratio}, not both")
+        _seed("seed", self.seed)
 
     def total_steps(self, num_batches: int) -> int:
         """Optimizer steps of the run over ``num_batches`` batches per epoch."""
         if self.max_steps is not None:
             return self.max_steps
         if self.epochs is None:
-            raise HeadcutValueError("give epochs or max_steps")
+            raise OptionError("give {epochs} or {max_steps}")
         steps = self.epochs * num_batches // self.grad_accum
         if steps < 1:
-            raise HeadcutValueError(
-                f"{self.epochs} epoch(s) of {num_batches} batch(es) make no optimizer step with "
-                f"grad_accum={self.grad_accum}"
+            raise OptionError(
+                "{epochs}=%d over %d batch(es) makes no optimizer step with {grad_accum}=%d"
+                % (self.epochs, num_batches, self.grad_accum)
             )
         return steps
 
@@ -260,12 +253,10 @@ class DistillOptions(TrainConfig):
     method received it (:func:`headcut.finetuning.unpruned_teacher`); ``alpha`` 0 (the default): the paper's
     task loss alone."""
 
-    alpha: float = 0.0
-    temperature: float = 2.0
-
-    def validate(self) -> None:
-        super().validate()
-        check_distillation(self.alpha, self.temperature)
+    alpha: float = option(0.0, low=0, high=1, metavar="A", help="Weight in [0, 1] of distillation from the unpruned "
+                          "model (logit KL at --temperature) in every training step; 0: the paper's task loss alone.")
+    temperature: float = option(2.0, low=0, low_open=True, metavar="T",
+                                help="Distillation temperature with --alpha.")
 
 
 @dataclass
@@ -276,22 +267,24 @@ class FinetuneConfig(TrainConfig):
     ``temperature``: softmax temperature of the distillation term; both need a teacher. ``alpha=0.5``
     and ``temperature=2.0`` are the usual distillation defaults (Hinton et al., 2015)."""
 
-    alpha: float = 0.5
-    temperature: float = 2.0
+    alpha: float = option(0.5, low=0, high=1, metavar="A", help="Weight of the distillation loss (0: task loss "
+                          "only, 1: distillation only); needs --distill-from.")
+    temperature: float = option(2.0, low=0, low_open=True, metavar="T",
+                                help="Softmax temperature of the distillation loss.")
     #: weight of hidden-state matching to the teacher (:func:`headcut.finetuning.hidden_matching`); 0: off
-    hidden_weight: float = 0.0
+    hidden_weight: float = option(0.0, low=0, metavar="W", help="Weight of hidden-state matching to the teacher "
+                                  "(needs --distill-from); 0: off.")
     #: early stopping: stop after this many evaluations (every ``eval_every`` steps) without a better eval
     #: metric and keep the best weights; None: train to the end
-    patience: int | None = None
+    patience: int | None = option(None, low=1, help="Early stopping: stop after N evaluations without a better "
+                                  "--eval-data metric and keep the best weights (needs --eval-every).")
+
+    HIDDEN = ("mode", "gate_lr", "gates_first")
 
     def validate(self) -> None:
         super().validate()
-        check_distillation(self.alpha, self.temperature)
-        if self.patience is not None:
-            _count("--patience", self.patience, 1)
-            if self.eval_every is None:
-                raise HeadcutValueError("--patience needs --eval-every N (and --eval-data): it counts evaluations")
-        _real("--hidden-weight", self.hidden_weight, 0.0)
+        if self.patience is not None and self.eval_every is None:
+            raise OptionError("{patience} needs {eval_every} N (and {eval_data}): it counts evaluations")
 
     def resolved(self) -> FinetuneConfig:
         """The config with its defaults filled in (3 epochs when neither epochs nor max_steps is set)."""
@@ -338,17 +331,10 @@ class BenchConfig:
         if self.dtype is not None:
             check_choice("--dtype", self.dtype, DTYPE_NAMES)
         if self.attn_implementation is not None:
-            check_choice("--attn", self.attn_implementation, ATTN_IMPLEMENTATIONS)
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise HeadcutValueError(f"unknown --device {self.device!r}; choose cpu or cuda (or cuda:N)")
-        if self.device.startswith("cuda"):
-            import torch
+            check_choice("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        from .devices import check_device
 
-            if not torch.cuda.is_available():
-                raise HeadcutValueError(f"--device {self.device}: CUDA is not available (torch {torch.__version__})")
-            index = torch.device(self.device).index
-            if index is not None and index >= torch.cuda.device_count():
-                raise HeadcutValueError(f"--device {self.device}: only {torch.cuda.device_count()} CUDA device(s)")
+        check_device(self.device, auto=False)
         if "onnxruntime" in self.runtimes():
             self._check_onnxruntime()
         notes = []

@@ -74,14 +74,15 @@ class Dist:
         return float(diff)
 
     def device(self, requested: str) -> torch.device:
-        """The device this process trains on: ``cpu``, ``cuda`` (this process's GPU: ``cuda:local_rank``
-        in a multi-process run) or ``auto`` (cuda when available)."""
-        if requested not in ("auto", "cpu", "cuda"):
-            raise HeadcutError(f"--device must be auto, cpu or cuda (got {requested!r})")
-        use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
-        if requested == "cuda" and not torch.cuda.is_available():
-            raise HeadcutError("--device cuda: no CUDA device is available to torch here")
-        if not use_cuda:
+        """The device this process trains on (:func:`headcut.devices.check_device`): ``cpu``, ``mps``, ``cuda:N``,
+        ``cuda`` (this process's GPU: ``cuda:local_rank`` in a multi-process run) or ``auto`` (cuda when
+        available)."""
+        from .devices import check_device
+
+        check_device(requested)
+        if requested in ("cpu", "mps") or requested.startswith("cuda:"):
+            return torch.device(requested)
+        if requested == "auto" and not torch.cuda.is_available():
             return torch.device("cpu")
         return torch.device("cuda", self.local_rank if self.active else torch.cuda.current_device())
 

@@ -10,6 +10,9 @@ argument checks (:mod:`headcut.arguments`) raise the subclasses that are also Py
   cannot work (a fraction outside [0, 1], an unknown choice, a checkpoint folder inside a file).
 """
 
+from collections.abc import Callable
+
+
 
 def first_line(exc: BaseException) -> str:
     """The first non-blank line of an exception's message (its type name when it has none)."""
@@ -19,8 +22,28 @@ def first_line(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+#: marks an option's name inside a message (see :func:`label`)
+MARK = "\x00"
+
+
+def label(name: str) -> str:
+    """An option named inside a message by its Python keyword (``keep``): ``str(error)`` shows the keyword,
+    the command line shows the flag (``--keep``) or argument (``MODEL``) it parsed into that keyword
+    (:meth:`HeadcutError.render`). One refusal, worded for whoever made the request."""
+    return f"{MARK}{name}{MARK}"
+
+
 class HeadcutError(Exception):
-    """A problem with the user's input (path, mask, budget, flag) that headcut refuses to work with."""
+    """A problem with the user's input (path, mask, budget, flag) that headcut refuses to work with. Options
+    named in the message with :func:`label` read as Python keywords in ``str(error)``."""
+
+    def render(self, name_of: Callable[[str], str] = str) -> str:
+        """The message with each labelled option named by ``name_of(keyword)``."""
+        parts = Exception.__str__(self).split(MARK)
+        return "".join(name_of(p) if i % 2 else p for i, p in enumerate(parts))
+
+    def __str__(self) -> str:
+        return self.render()
 
 
 class HeadcutValueError(HeadcutError, ValueError):

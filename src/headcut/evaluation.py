@@ -16,6 +16,8 @@ Metrics by task (all under ``torch.inference_mode`` with the model in eval mode;
 * **masked-lm**: ``loss`` and ``perplexity`` over the masked tokens only. Primary: perplexity.
 
 Positions whose label is -100 (padding, unmasked tokens) are never scored.
+
+Progress: ``progress(done, total)`` after every batch (the caller's task; without it, silent).
 """
 
 from __future__ import annotations
@@ -119,7 +121,7 @@ def _bleu_available() -> bool:
 def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress | None = None, *,
              bleu: bool = True) -> EvalResult:
     """Evaluate ``model`` on ``calibration`` (see the module's doc). ``bleu=False`` skips generation
-    for seq2seq models."""
+    for seq2seq models. ``progress``: see the module's doc."""
     task = calibration.task
     if task not in PRIMARY:
         raise HeadcutError(f"cannot evaluate task {task!r}; known tasks: {', '.join(PRIMARY)}")

@@ -336,12 +336,14 @@ def finetune(
     on_step: Callable[[dict[str, Any]], None] | None = None,
     dist: Dist | None = None,
     identity: dict[str, Any] | None = None,
+    eval_progress: ProgressFn | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` in place on ``train`` (see the module's doc); returns the history and the
     eval metric before and after. ``checkpoint_dir``: where the engine writes ``checkpoint.pt`` (every
     ``checkpoint_every`` steps and at the end); ``resume=True`` continues from it (``model`` must be the
     model the interrupted run started from, with the same data and config). The model is left in
-    eval mode. ``progress(done, total)`` is called after every step, then ``on_step`` with the step's
+    eval mode. ``progress(done, total)`` is called after every step (``eval_progress(done, total)`` after every
+    evaluation batch), then ``on_step`` with the step's
     history entry (its ``loss``, ...). ``dist``: this process's place in a data-parallel run
     (:mod:`headcut.distributed`); ``result.distributed`` then says how far the processes' weights
     differ at the end (0.0: identical). ``identity``: more of the run's identity for its checkpoints
@@ -366,13 +368,13 @@ def finetune(
     result = FinetuneResult(config=config, task=train.task, steps=0, distilled=teacher is not None)
     if eval_calibration is not None:
         result.metric, result.higher_is_better = PRIMARY[eval_calibration.task]
-        before = evaluate(model, eval_calibration, bleu=False)
+        before = evaluate(model, eval_calibration, eval_progress, bleu=False)
         result.eval_before, result.metric_before = dict(before.metrics), before.value
 
     eval_fn = None
     if eval_calibration is not None and config.eval_every is not None:
         def eval_fn(step: int) -> dict[str, Any]:
-            return dict(evaluate(model, eval_calibration, bleu=False).metrics)
+            return dict(evaluate(model, eval_calibration, eval_progress, bleu=False).metrics)
 
     early = None
     if config.patience is not None:
@@ -404,7 +406,7 @@ def finetune(
             "model_max_difference": dist.max_difference([p.detach() for p in model.parameters()]),
         }
     if eval_calibration is not None:
-        after = evaluate(model, eval_calibration, bleu=False)
+        after = evaluate(model, eval_calibration, eval_progress, bleu=False)
         result.eval_after, result.metric_after = dict(after.metrics), after.value
     result.seconds = time.perf_counter() - start
     return result

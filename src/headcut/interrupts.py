@@ -47,3 +47,12 @@ def deferred_signals() -> Iterator[None]:
             signal.signal(number, handler)  # type: ignore[arg-type]
         if pending:
             signal.raise_signal(pending[0])
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, or SIGTERM/SIGHUP turned into the same clean stop (``signum``: the signal's number)."""
+
+    def __init__(self, signum: int = signal.SIGINT, hint: str | None = None) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.hint = hint

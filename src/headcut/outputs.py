@@ -735,3 +735,67 @@ def atomic_dir(out: str | os.PathLike[str], force: bool = False, owned: bool = F
             yield tmp
 
     return run()
+
+
+# ---- a command's outputs, checked before its work --------------------------------------------------------
+
+def local_input(value: Any) -> Path | None:
+    """The local path of an input given as a path or a Hub/datasets name (None when not local)."""
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return p if p.exists() or p.is_symlink() else None
+
+
+def plan_outputs(
+    *,
+    reads: Mapping[str, Any],
+    files: Mapping[str, Any] | None = None,
+    out: Path | None = None,
+    force: bool = False,
+    checkpoint: Path | None = None,
+    file_force: Mapping[str, bool] | None = None,
+) -> tuple[OutputDir | None, dict[str, OutputFile]]:
+    """Check every output of a command before its work starts (see :mod:`headcut.outputs`).
+
+    ``reads``: flag -> input (paths, Hub ids or datasets names; only local ones are checked);
+    ``files``: flag -> output file (``-`` and None skipped); ``out``: the output folder;
+    ``checkpoint``: a folder the run may remove (its resume checkpoint); ``file_force``: files that
+    need ``--force`` to be replaced. Returns the checked output folder and files."""
+    file_paths = {flag: Path(p).expanduser() for flag, p in (files or {}).items() if p not in (None, "-")}
+    check_paths(
+        reads={flag: local_input(v) for flag, v in reads.items()},
+        writes=file_paths,
+        replaces={"--out": out, "the checkpoint folder": checkpoint},
+    )
+    target = OutputDir(out, force).check() if out is not None else None
+    checked = {
+        flag: OutputFile(p, flag, force=force or not (file_force or {}).get(flag, False)).check()
+        for flag, p in file_paths.items()
+    }
+    return target, checked
+
+
+@contextmanager
+def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: Path | None) -> Iterator[None]:
+    """The work of a job that writes ``out``: the output locked (on the main process of a data-parallel run),
+    and an interruption that says where the resume checkpoint is and how to resume (training jobs)."""
+    import signal
+
+    from .interrupts import Interrupted
+
+    with target if main else contextlib.nullcontext():
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            if checkpoint is None:
+                raise
+            signum = getattr(exc, "signum", signal.SIGINT)
+            from .training.engine import has_checkpoint
+
+            if has_checkpoint(checkpoint):
+                hint = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "
+                        "command with --resume to continue")
+            else:
+                hint = f"nothing was written to {out}; no checkpoint had been written yet"
+            raise Interrupted(signum, hint) from None

@@ -25,6 +25,7 @@ from . import (  # noqa: E402,F401
     export_cmd,
     finetune_cmd,
     info_cmd,
+    methods_cmd,
     prune_cmd,
     score_cmd,
 )

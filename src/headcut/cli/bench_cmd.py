@@ -71,8 +71,8 @@ def bench(
     models: Annotated[list[str], typer.Argument(
         help="Checkpoint folders (or Hugging Face Hub ids); the first is the baseline.", metavar="MODEL...",
         show_default=False, autocompletion=complete_folders)],
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda (cuda:N).", metavar="DEVICE",
-                                        autocompletion=_choices(("cpu", "cuda")))] = _D.device,
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or mps.", metavar="DEVICE",
+                                        autocompletion=_choices(("cpu", "cuda", "mps")))] = _D.device,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward.", metavar="N")] = _D.batch_size,
     seq_len: Annotated[int, typer.Option(
         "--seq-len", help="Tokens per example (the prompt length for generation).", metavar="N")] = _D.seq_len,
@@ -84,7 +84,7 @@ def bench(
     dtype: Annotated[Optional[str], typer.Option(
         "--dtype", metavar="DTYPE", autocompletion=_choices(DTYPE_NAMES),
         help=f"Load in this dtype ({', '.join(DTYPE_NAMES)}); default: the checkpoint's.")] = None,
-    attn: Annotated[Optional[str], typer.Option(
+    attn_implementation: Annotated[Optional[str], typer.Option(
         "--attn", metavar="IMPL", autocompletion=_choices(ATTN_IMPLEMENTATIONS),
         help=f"Attention implementation ({', '.join(ATTN_IMPLEMENTATIONS)}); default: transformers'.")] = None,
     gen_tokens: Annotated[int, typer.Option(
@@ -112,7 +112,7 @@ def bench(
 
     config = BenchConfig(
         device=device, batch_size=batch_size, seq_len=seq_len, runs=runs, warmup=warmup, threads=threads,
-        dtype=dtype, attn_implementation=attn, gen_tokens=gen_tokens, gen_runs=gen_runs, seed=seed,
+        dtype=dtype, attn_implementation=attn_implementation, gen_tokens=gen_tokens, gen_runs=gen_runs, seed=seed,
         runtime=runtime,
     )
     log = Out(json_out, quiet)

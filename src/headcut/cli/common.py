@@ -8,7 +8,6 @@ module imports no torch: ``--help`` and completion stay fast.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import json
@@ -17,7 +16,7 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -28,9 +27,11 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from ..catalog import DEVICES, GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS, TASKS
+from ..catalog import GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS, TASKS
 from ..errors import HeadcutError
-from ..outputs import OutputDir, OutputFile, check_paths, file_error
+from ..options import OptionSpec, cli_name
+from ..interrupts import Interrupted
+from ..outputs import OutputDir, OutputFile, file_error, local_input, plan_outputs  # noqa: F401 (the commands use them)
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,8 +53,20 @@ def _tidy(params: list[Any]) -> list[Any]:
     return params
 
 
+def _help_width() -> None:
+    """Outside a terminal (``--help | less``, a CI log) lay the help out 120 columns wide, not rich's 80."""
+    import typer.rich_utils as rich_utils
+
+    if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
+        rich_utils.MAX_WIDTH = 120
+
+
 class TidyCommand(TyperCommand):
     """A command whose help shows plain metavars (see :func:`_tidy`)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _help_width()
+        super().format_help(ctx, formatter)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _tidy(super().get_params(ctx))
@@ -61,6 +74,10 @@ class TidyCommand(TyperCommand):
 
 class TidyGroup(TyperGroup):
     """The command group, with the same help as :class:`TidyCommand`."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        _help_width()
+        super().format_help(ctx, formatter)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _tidy(super().get_params(ctx))
@@ -130,15 +147,6 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, or SIGTERM/SIGHUP turned into the same clean stop (``signum``: the signal's number)."""
-
-    def __init__(self, signum: int = signal.SIGINT, hint: str | None = None) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.hint = hint
-
-
 def stop_on_signals() -> None:
     """Make SIGTERM (a cancelled CI job, a pre-empted node) and SIGHUP (a closed terminal) stop a run the
     way Ctrl-C does: temporary outputs removed, resume checkpoints kept."""
@@ -199,6 +207,22 @@ def held_diagnostics() -> Iterator[None]:
                     logger.handle(record)
 
 
+def flag_namer() -> Callable[[str], str]:
+    """How the running command names a Python keyword in a message: by the flag or argument that parses into
+    it (``keep`` -> ``--keep``, ``lam`` -> ``--lambda``, ``model`` -> ``MODEL``)."""
+    from typer.main import get_current_context  # typer's own click, not the installed one
+
+    ctx = get_current_context(silent=True)
+    names: dict[str, str] = {}
+    if ctx is not None:
+        for param in ctx.command.get_params(ctx):
+            if getattr(param, "param_type_name", "") == "argument":
+                names[param.name] = param.metavar or param.name.upper()
+            elif param.name and param.opts:
+                names.setdefault(param.name, max(param.opts, key=len))
+    return lambda name: names.get(name) or cli_name(name)
+
+
 def handle_errors(fn: F) -> F:
     """Turn HeadcutError (bad user input) into a one-line error and exit code 2; an interruption
     (Ctrl-C, SIGTERM, SIGHUP) into a one-line note and exit code 128 + the signal's number."""
@@ -209,7 +233,7 @@ def handle_errors(fn: F) -> F:
             with held_diagnostics():
                 return fn(*args, **kwargs)
         except HeadcutError as exc:
-            fail(str(exc))
+            fail(exc.render(flag_namer()))
         except OSError as exc:  # a file the checks did not foresee: one line naming it, still
             error = file_error(exc)
             if error is None:
@@ -227,65 +251,14 @@ def handle_errors(fn: F) -> F:
 
 @contextmanager
 def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None, log: Out) -> Iterator[None]:
-    """The work of a command that writes ``out``: the output locked (on the main process of a
-    data-parallel run), progress closed at the end, and an interruption that says where the resume
-    checkpoint is and how to resume (training commands)."""
-    with target if main else contextlib.nullcontext():
-        try:
+    """:func:`headcut.outputs.locked_output`, with the progress closed at the end."""
+    from ..outputs import locked_output
+
+    try:
+        with locked_output(target, main, out, checkpoint):
             yield
-        except KeyboardInterrupt as exc:
-            if checkpoint is None:
-                raise
-            signum = getattr(exc, "signum", signal.SIGINT)
-            from ..training.engine import has_checkpoint
-
-            if has_checkpoint(checkpoint):
-                hint = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "
-                        "command with --resume to continue")
-            else:
-                hint = f"nothing was written to {out}; no checkpoint had been written yet"
-            raise Interrupted(signum, hint) from None
-        finally:
-            log.close()
-
-
-# ---- outputs ----------------------------------------------------------------------------------------------
-
-def local_input(value: Any) -> Path | None:
-    """The local path of an input given as a path or a Hub/datasets name (None when not local)."""
-    if value is None:
-        return None
-    p = Path(value).expanduser()
-    return p if p.exists() or p.is_symlink() else None
-
-
-def plan_outputs(
-    *,
-    reads: Mapping[str, Any],
-    files: Mapping[str, Any] | None = None,
-    out: Path | None = None,
-    force: bool = False,
-    checkpoint: Path | None = None,
-    file_force: Mapping[str, bool] | None = None,
-) -> tuple[OutputDir | None, dict[str, OutputFile]]:
-    """Check every output of a command before its work starts (see :mod:`headcut.outputs`).
-
-    ``reads``: flag -> input (paths, Hub ids or datasets names; only local ones are checked);
-    ``files``: flag -> output file (``-`` and None skipped); ``out``: the output folder;
-    ``checkpoint``: a folder the run may remove (its resume checkpoint); ``file_force``: files that
-    need ``--force`` to be replaced. Returns the checked output folder and files."""
-    file_paths = {flag: Path(p).expanduser() for flag, p in (files or {}).items() if p not in (None, "-")}
-    check_paths(
-        reads={flag: local_input(v) for flag, v in reads.items()},
-        writes=file_paths,
-        replaces={"--out": out, "the checkpoint folder": checkpoint},
-    )
-    target = OutputDir(out, force).check() if out is not None else None
-    checked = {
-        flag: OutputFile(p, flag, force=force or not (file_force or {}).get(flag, False)).check()
-        for flag, p in file_paths.items()
-    }
-    return target, checked
+    finally:
+        log.close()
 
 
 # ---- completion -------------------------------------------------------------------------------------------
@@ -311,15 +284,10 @@ def _choices(values: Any) -> Callable[[str], list[str]]:
 
 # ---- shared options ---------------------------------------------------------------------------------------
 
-DATA_HELP = (
-    "Data file: .csv, .tsv, .json, .jsonl, .parquet or .txt (one example per line; for causal LMs one text cut "
-    "into --seq-len blocks); text formats may be compressed (.gz, .bz2, .xz, .zst). A pipe or /dev/stdin works "
-    "too, with --data-format, e.g. --data <(zcat rows.csv.gz) --data-format csv. Any other name is a datasets "
-    "name NAME[:CONFIG] read with --split (needs the Hub or its cache)."
-)
+DATA_HELP = ("Data: a .csv, .tsv, .json, .jsonl, .parquet or .txt file (maybe compressed), a pipe with --data-format, "
+             "or a datasets name NAME[:CONFIG] (docs/data.md).")
 JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout alone; the tables then go to stderr)."
-FORCE_HELP = ("Replace an existing non-empty --out, but only a folder headcut wrote (it holds a headcut report or "
-              "record); any other folder is refused, and so is an --out that is, holds or lies inside an input.")
+FORCE_HELP = ("Replace an existing non-empty --out, but only a folder headcut wrote; never an input (docs/outputs.md).")
 
 ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", metavar="MODEL",
                                          show_default=False, autocompletion=complete_folders)]
@@ -335,9 +303,7 @@ Task = Annotated[Optional[str], typer.Option(
 Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
 OutputFormat = Annotated[str, typer.Option(
     "--format", metavar="FORMATS", autocompletion=_choices(OUTPUT_FORMATS),
-    help="What the output folder holds, comma-separated: safetensors (weights plain transformers loads), onnx "
-         "(model.onnx, checked against PyTorch in onnxruntime; extra \\[onnx]), gguf (llama.cpp, Llama family; "
-         "extra \\[gguf]); e.g. safetensors,onnx. Every folder also gets a model card (README.md).")]
+    help="What --out holds, comma-separated: safetensors, onnx (extra \\[onnx]), gguf (llama.cpp; extra \\[gguf]).")]
 GgufType = Annotated[str, typer.Option(
     "--gguf-type", metavar="TYPE", autocompletion=_choices(GGUF_TYPES),
     help=f"GGUF tensor type of the weight matrices with --format gguf: {', '.join(GGUF_TYPES)}.")]
@@ -348,8 +314,15 @@ Gqa = Annotated[str, typer.Option(
 Out_ = Annotated[Optional[Path], typer.Option("--out", help="Output folder (written atomically).", metavar="DIR",
                                               show_default=False)]
 MethodOpt = Annotated[Optional[str], typer.Option(
-    "--method", help=f"Pruning method: {', '.join(METHODS)} (see below).", metavar="METHOD", show_default=False,
+    "--method", help="Pruning method (headcut methods lists them).", metavar="METHOD", show_default=False,
     autocompletion=_choices(METHODS))]
+Resume = Annotated[bool, typer.Option(
+    "--resume", metavar="", rich_help_panel="Training options",
+    help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps may grow).")]
+Device = Annotated[Optional[str], typer.Option(
+    "--device", metavar="DEVICE", rich_help_panel="Training options", autocompletion=_choices(("auto", "cpu", "cuda", "mps")),
+    help="auto (CUDA when available; the default), cpu, cuda, cuda:N or mps; under accelerate launch/torchrun each "
+         "process takes its own GPU.")]
 ScorerOpt = Annotated[str, typer.Option(
     "--scorer", help=f"Scorer: {', '.join(SCORERS)} (see above).", metavar="SCORER",
     autocompletion=_choices(SCORERS))]
@@ -405,13 +378,67 @@ def _data_option_params() -> list[inspect.Parameter]:
             help="Tokens per example: truncation length, or causal-LM block size."),
         opt("batch_size", int, d.batch_size, "--batch-size", metavar="N", help="Examples per forward."),
         opt("data_format", Optional[str], None, "--data-format", metavar="FORMAT",
-            help="Format of data whose name does not say it (a pipe such as <(zcat rows.csv.gz), /dev/stdin, a file "
-                 "without a known suffix): csv, tsv, json, jsonl, parquet or txt, optionally compressed (csv.gz; a "
-                 "pipe's compression is also recognised from its bytes). Applies to every data path (--data, and "
-                 "--eval-data where the command has it); a name with a known suffix is read by its suffix."),
+            help="Format of data whose name does not say it (a pipe, /dev/stdin): csv, tsv, json, jsonl, parquet or "
+                 "txt, optionally compressed (csv.gz)."),
         opt("encoding", str, d.encoding, "--encoding", metavar="ENCODING",
             help="Text encoding of csv, tsv, json, jsonl and txt data, e.g. latin-1, cp1252, utf-16."),
     ]
+
+
+def spec_parameters(specs: list[OptionSpec], *, hidden: bool = False,
+                    skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """Command parameters for declared options (:mod:`headcut.options`): flag, help, metavar, choices and panel
+    from the declaration, the default shown in the help; every default is None (not given: the library
+    applies the declared default)."""
+    out = []
+    for spec in specs:
+        if not spec.meta.cli or spec.name in skip:
+            continue
+        kind = {"int": int, "float": float, "str": str, "bool": bool}[spec.kind]
+        shown = spec.default_text()
+        text = escape(spec.help) + (f" Default: {escape(shown)}." if shown is not None else "")
+        info = typer.Option(spec.flag, help=text, metavar=spec.metavar, rich_help_panel=spec.meta.panel,
+                            hidden=hidden, show_default=False,
+                            autocompletion=_choices(spec.meta.choices) if spec.meta.choices else None)
+        out.append(inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                     annotation=Annotated[Optional[kind], info]))
+    return out
+
+
+def click_params(parameters: list[inspect.Parameter]) -> list[Any]:
+    """:func:`spec_parameters` as click parameters (for a command that adds them while it parses), made the way
+    typer makes a command's own."""
+    from typer.main import _get_param
+    from typer.utils import get_params_from_function
+
+    def holder(**kwargs: Any) -> None:
+        return None
+
+    holder.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    return [_get_param(meta) for meta in get_params_from_function(holder).values()]
+
+
+def with_specs(cls: type, name: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Give a command the declared options of ``cls`` (:func:`spec_parameters`), handed to it as keyword
+    ``name``: a dict of the options given on the command line."""
+    from ..options import specs
+
+    def decorate(fn: F) -> F:
+        params = spec_parameters(specs(cls), skip=skip)
+        names = [p.name for p in params]
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != name]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            given = {n: kwargs.pop(n) for n in names if n in kwargs}
+            kwargs[name] = {k: v for k, v in given.items() if v is not None}
+            return fn(*args, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=own + params)  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def with_options(builder: Callable[[], list[inspect.Parameter]], cls: type, name: str) -> Callable[[F], F]:
@@ -438,66 +465,6 @@ def with_options(builder: Callable[[], list[inspect.Parameter]], cls: type, name
 def with_data_options(fn: F) -> F:
     """Give a command the data options (``--split``, ``--text-col``, ..., ``--batch-size``) as ``data_options``."""
     return with_options(_data_option_params, DataOptions, "data_options")(fn)
-
-
-@dataclass
-class TrainOptions:
-    """The training options of ``prune`` (learned-gate methods) and ``finetune`` (declared once, see
-    :func:`with_training_options`); None: the command's or method's default."""
-
-    epochs: Optional[int] = None
-    max_steps: Optional[int] = None
-    lr: Optional[float] = None
-    warmup_steps: Optional[int] = None
-    grad_accum: Optional[int] = None
-    eval_every: Optional[int] = None
-    checkpoint_every: Optional[int] = None
-    resume: bool = False
-    device: Optional[str] = None
-
-    def given(self) -> dict[str, Any]:
-        """The training settings given on the command line (not --resume or --device)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ("resume", "device") and getattr(self, f.name) is not None}
-
-
-def _training_option_params() -> list[inspect.Parameter]:
-    def opt(name: str, annotation: Any, default: Any, *flags: str, help: str, metavar: str = "N",
-            autocompletion: Any = None) -> inspect.Parameter:
-        info = typer.Option(*flags, help=help, metavar=metavar, rich_help_panel="Training options",
-                            autocompletion=autocompletion)
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                 annotation=Annotated[annotation, info])
-
-    return [
-        opt("epochs", Optional[int], None, "--epochs",
-            help="Passes over --data (default: finetune 3; learned gates 3 joint, 1 pipelined; auber's final "
-                 "fine-tune at most 2)."),
-        opt("max_steps", Optional[int], None, "--max-steps",
-            help="Optimizer steps in all (instead of --epochs; lottery: the most its convergence may take, default "
-                 "15 x --prune-every)."),
-        opt("lr", Optional[float], None, "--lr", metavar="LR",
-            help="Peak learning rate of the model's weights (AdamW, linear decay; default: finetune 5e-5, learned "
-                 "gates 2e-5, auber 2e-6; lottery 2e-5, constant)."),
-        opt("warmup_steps", Optional[int], None, "--warmup-steps", help="Linear warmup steps (default 0)."),
-        opt("grad_accum", Optional[int], None, "--grad-accum", help="Batches per optimizer step (default 1)."),
-        opt("eval_every", Optional[int], None, "--eval-every",
-            help="Evaluate --eval-data every N steps (lottery's convergence: default --prune-every / 2)."),
-        opt("checkpoint_every", Optional[int], None, "--checkpoint-every",
-            help="Write the resume checkpoint every N steps (default 100; lottery writes one after every "
-                 "iteration instead)."),
-        opt("resume", bool, False, "--resume", metavar="",
-            help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps "
-                 "may grow)."),
-        opt("device", Optional[str], None, "--device", metavar="DEVICE", autocompletion=_choices(DEVICES),
-            help="auto (CUDA when available; the default), cpu or cuda; under accelerate launch/torchrun each "
-                 "process takes its own GPU."),
-    ]
-
-
-def with_training_options(fn: F) -> F:
-    """Give a command the training options (``--epochs`` ... ``--device``) as ``training``."""
-    return with_options(_training_option_params, TrainOptions, "training")(fn)
 
 
 def data_spec(path: str, split: str, options: DataOptions, seed: int) -> Any:

@@ -3,13 +3,12 @@ teacher; saved the same way (``headcut-finetune.json`` inside it, written in the
 
 from __future__ import annotations
 
-import shutil
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from ..errors import HeadcutError
-from ..outputs import checkpoint_dir_for
+from ..config import FinetuneConfig
 from ..reports import FINETUNE_REPORT
 from . import app
 from .common import (
@@ -25,17 +24,17 @@ from .common import (
     OutputFormat,
     Quiet,
     Task,
+    Device,
+    Resume,
     TidyCommand,
-    TrainOptions,
     TrustRemote,
     complete_folders,
     data_spec,
     examples,
     handle_errors,
-    locked_run,
     plan_outputs,
     with_data_options,
-    with_training_options,
+    with_specs,
 )
 from .prune_cmd import _arguments
 
@@ -57,7 +56,7 @@ FINETUNE_HELP = "\n\n".join([
     "headcut finetune encoder/ --task sequence-classification --labels neg,pos --data train.csv --out classifier/"))
 @handle_errors
 @with_data_options
-@with_training_options
+@with_specs(FinetuneConfig, "settings")
 def finetune_cmd(
     model: ModelArg,
     data: Annotated[str, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)],
@@ -67,20 +66,9 @@ def finetune_cmd(
         "differ from it): the metric before/after, and every --eval-every steps.")] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
                                             metavar="SPLIT")] = "validation",
-    distill_from: Annotated[Optional[str], typer.Option(
+    teacher: Annotated[Optional[str], typer.Option(
         "--distill-from", metavar="TEACHER", autocompletion=complete_folders,
         help="Teacher checkpoint (same vocabulary or labels): distil its outputs.")] = None,
-    alpha: Annotated[float, typer.Option(
-        "--alpha", metavar="A", help="Weight of the distillation term in [0, 1] (the usual default 0.5).")] = 0.5,
-    temperature: Annotated[float, typer.Option(
-        "--temperature", metavar="T", help="Distillation temperature (the usual default 2.0).")] = 2.0,
-    hidden_weight: Annotated[float, typer.Option(
-        "--hidden-weight", metavar="W", help="With --distill-from: add W x the relative distance of every "
-        "layer's hidden states to the teacher's (hidden-state matching; the teacher then runs on every step). "
-        "0 (default): logits only.")] = 0.0,
-    patience: Annotated[Optional[int], typer.Option(
-        "--patience", metavar="N", help="Early stopping: stop after N evaluations (every --eval-every steps on "
-        "--eval-data) without a better metric, and keep the best weights (no resume checkpoints then).")] = None,
     labels: Annotated[Optional[str], typer.Option(
         "--labels", metavar="NAME,NAME,...", help="The classes of a new classification head (with --task "
         "sequence-classification on a checkpoint without one): train a classifier from a base encoder.")] = None,
@@ -88,7 +76,9 @@ def finetune_cmd(
                                         "checkpoint folder.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N",
                                       help="Seed: data shuffling and masking, batch order and dropout.")] = 0,
-    output_format: OutputFormat = "safetensors",
+    resume: Resume = False,
+    device: Device = None,
+    formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     json_out: JsonOut = None,
     task: Task = None,
@@ -96,49 +86,31 @@ def finetune_cmd(
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
-    training: TrainOptions = TrainOptions(),
+    settings: Optional[dict] = None,
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
     from .. import api
-    from ..formats import parse_formats
 
-    parse_formats(output_format)  # a bad --format is refused before anything is read
-
-    arguments = _arguments(locals())
+    settings = settings or {}
+    arguments = _arguments({**{k: v for k, v in locals().items() if k not in ("settings", "api")}, **settings})
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the fine-tuned model in")
-    settings: dict[str, Any] = training.given()
-    from ..config import FinetuneConfig
-
-    # refused in the flags' words before anything is read (the API checks the same values by keyword)
-    FinetuneConfig(**settings, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight, patience=patience,
-                   seed=seed).validate()
     data_cfg = data_spec(data, data_options.split, data_options, seed)
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
-    ckpt = checkpoint_dir_for(out)
-    target, _ = plan_outputs(
-        reads={"MODEL": model, "--data": data, "--eval-data": eval_data, "--distill-from": distill_from},
-        files={"--json": json_out}, out=out, force=force, checkpoint=ckpt,
-    )
-    assert target is not None
-    from ..distributed import from_env
-
-    dist = from_env()
+    plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
     log = Out(json_out, quiet)
-    with locked_run(target, dist.main, out, ckpt, log):
+    try:
         tuned = api.finetune(
-            model, data_cfg, eval_data=eval_cfg, teacher=distill_from, alpha=alpha, temperature=temperature,
-            hidden_weight=hidden_weight, patience=patience, seed=seed, task=task,
+            model, data_cfg, eval_data=eval_cfg, teacher=teacher, seed=seed, task=task,
             labels=labels.split(",") if labels is not None else None, split=data_options.split,
-            eval_split=eval_split, data_options=data_options.for_api(), device=training.device, checkpoint_dir=ckpt,
-            resume=training.resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type, arguments=arguments,
-            **settings,
+            eval_split=eval_split, data_options=data_options.for_api(), device=device, resume=resume, restart=force,
+            progress=log.progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, formats=formats,
+            gguf_type=gguf_type, out=out, force=force, arguments=arguments, **settings,
         )
-        if not dist.main:
-            return
-        tuned.save(target)
-        shutil.rmtree(ckpt, ignore_errors=True)
+    finally:
+        log.close()
+    if not tuned.report.get("out"):
+        return  # a data-parallel run's other processes save nothing
     from .render import finetune_summary
 
     for line in finetune_summary(tuned.report, tuned.result, FINETUNE_REPORT):

@@ -10,10 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..reports import STOPPED
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
+from ..reports import metric_text as _fmt
 
 
 def _mib(n: int | None) -> str:
@@ -150,7 +147,10 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         arrow = "higher is better" if metric["higher_is_better"] else "lower is better"
         summary.add_row(f"{metric['name']} ({arrow})", _fmt(metric["before"]), _fmt(metric["after"]))
     out.append(summary)
-    if (metric is not None and report.get("lottery") is None
+    from ..pruning import get_method
+
+    own = get_method(report["method"]).summary(report, result)  # a method's own lines (lottery, auber)
+    if (metric is not None and (own is None or own.trajectory)
             and any(p.metric is not None and p.step > 0 for p in result.trajectory)):
         curve = Table(title="trajectory", box=box.SIMPLE_HEAD)
         for col in ("step", "heads", metric["name"], "within"):
@@ -179,13 +179,9 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         out.append(f"trained {run.steps} steps ({run.mode}{resumed}), task loss {first[loss]:.4f} -> "
                    f"{last[loss]:.4f}, {run.seconds:.1f} s; kept the top {result.target} heads by {run.ranking}; "
                    f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
-    elif report.get("lottery") is not None:
-        out += _lottery_summary(report["lottery"], metric["name"] if metric is not None else None)
-        out.append(f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
-    elif report.get("auber") is not None:
-        out += _auber_summary(report["auber"])
-        out.append(f"{result.scorings} reward evaluation{'s' if result.scorings != 1 else ''}, "
-                   f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
+    elif own is not None:
+        out += own.items
+        out.append(f"{own.lead}{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
     else:
         out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
                    f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
@@ -199,65 +195,6 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
             line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after recovery {_fmt(metric['after'])}"
         out.append(line)
     return out + formats_lines(report)
-
-
-def _lottery_summary(lottery: dict[str, Any], metric: str | None) -> list[Any]:
-    """The lottery's iterations (heads removed by kind, eval metric after training and after pruning),
-    its convergence and the control."""
-    table = Table(title=f"lottery, iteration by iteration ({lottery['prune_every']} steps from the checkpoint at "
-                        f"step {lottery['reset_at']}, then rewound)", box=box.SIMPLE_HEAD)
-    for col in ("iteration", "removed", "heads left", f"{metric or 'metric'} trained", "pruned", "seconds"):
-        table.add_column(col, justify="left" if col == "removed" else "right")
-    for it in lottery["iterations"]:
-        kinds = ", ".join(f"{n} {kind}" for kind, n in it["removed_by_kind"].items())
-        table.add_row(str(it["iteration"]), kinds, str(it["heads"]), _fmt(it["metric_trained"]),
-                      _fmt(it["metric_pruned"]), f"{it['seconds']:.1f}")
-    out: list[Any] = [table]
-    if lottery.get("resumed_at") is not None:
-        out.append(f"resumed after iteration {lottery['resumed_at']}")
-    conv = lottery.get("converge")
-    if conv is not None:
-        stop = conv.get("early_stopping")
-        if stop is not None:
-            how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
-                   else f"ran to step {conv['steps']}")
-            out.append(f"converged from step {conv['from_step']}: {how}; kept the weights of step {stop['best_step']} "
-                       f"(eval loss {_fmt(stop['best'])})")
-        else:
-            out.append(f"converged from step {conv['from_step']} to step {conv['steps']} ({conv['note']})")
-    control = lottery.get("control")
-    if control is not None:
-        shown = f"{metric} {_fmt(control['metric'])}" if control["metric"] is not None else "no --eval-data"
-        out.append(f"control (the same heads, re-initialised, {control['steps']} steps): {shown}")
-    return out
-
-
-def _auber_summary(auber: dict[str, Any]) -> list[Any]:
-    """AUBER's layers (heads pruned, mini-dev metric before, pruned, fine-tuned) and its final fine-tune."""
-    name = auber["reward_metric"]
-    table = Table(title=f"auber, layer by layer ({name} on mini-dev; {auber['episodes']} episodes per layer)",
-                  box=box.SIMPLE_HEAD)
-    for col in ("layer", "pruned heads", "before", "pruned", "fine-tuned", "evaluations", "replayed", "seconds"):
-        table.add_column(col, justify="left" if col in ("layer", "pruned heads") else "right")
-    for layer in auber["layers"]:
-        pruned = ",".join(map(str, layer["pruned"])) or "none"
-        if layer["forced"]:
-            pruned += f" ({layer['forced']} by the bound)"
-        table.add_row(layer["layer"], pruned, _fmt(layer["before"]), _fmt(layer["pruned_metric"]),
-                      _fmt(layer["tuned_metric"]), str(layer["evaluations"]),
-                      f"{layer['replay']} layer{'s' if layer['replay'] != 1 else ''}" if layer["replay"] else "-", f"{layer['seconds']:.1f}")
-    out: list[Any] = [table]
-    if auber.get("reward_metric_why"):
-        out.append(f"reward: {name} ({auber['reward_metric_why']})")
-    final = auber.get("final")
-    if final is not None:
-        stop = final["early_stopping"]
-        how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
-               else f"ran all {final['steps']} steps")
-        out.append(f"final fine-tune on {final['examples']:,} examples: {how}; kept the weights of step "
-                   f"{stop['best_step']} ({name} {_fmt(stop['best'])} on {final['held_out']:,} held-out training "
-                   f"examples, {_fmt(final['start'])} before it)")
-    return out
 
 
 # ---- finetune -----------------------------------------------------------------------------------------

@@ -77,7 +77,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..catalog import AUBER_REWARD_EXAMPLES, AUBER_STATES, REWARD_METRICS
 from ..config import DistillOptions, PruneConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
@@ -87,10 +86,12 @@ from ..gating import HeadGates
 from ..layer_cache import LayerReplay
 from ..learned.dqn import Agent, Transition
 from ..masks import HeadMask
+from ..reports import metric_text as _fmt
+from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer
 from .base import PruneResult, TrajectoryPoint
-from .method import MethodBase, Problem
+from .method import MethodBase, Problem, Summary
 from .search import Budget, keep_from_sparsity
 from .units import BlockSet
 
@@ -100,6 +101,14 @@ REWARD_SCALE = 100.0
 SPLIT = (1, 2)
 #: evaluations per epoch of the final fine-tune (its early stopping)
 EVALS_PER_EPOCH = 20
+
+
+#: the state features (``state``): the paper's value-matrix L1 norm and its ablations
+AUBER_STATES = ("value-l1", "query", "key", "value-l2")
+#: metrics a reward may watch (``reward_metric``; accuracy, macro_f1 and mcc: classification)
+REWARD_METRICS = ("accuracy", "macro_f1", "mcc", "loss")
+#: mini-dev examples each reward is measured on, by default (the module's doc says why)
+AUBER_REWARD_EXAMPLES = 128
 
 
 @dataclass
@@ -116,30 +125,21 @@ class AuberOptions(DistillOptions):
     both fine-tunes distil from the unpruned model (:class:`headcut.config.DistillOptions`; 0: the paper's
     task loss)."""
 
-    episodes: int = 150
-    reverse: bool = False
-    state: str = "value-l1"
-    reward_examples: int = AUBER_REWARD_EXAMPLES
-    reward_metric: str | None = None
-    allow_empty_layers: bool = False
-    layer_epochs: int = 1
-    patience: int = 20
+    episodes: int = option(150, low=1, help="DQN episodes per layer (the paper's 150).")
+    reverse: bool = option(False, help="Process the last layer first (the paper's AUBER-Reverse ablation).")
+    state: str = option("value-l1", choices=AUBER_STATES, help="The state feature: the L1 norm of each head's value "
+                        "matrix (the paper's), or the query, key or value L2 ablations.")
+    reward_examples: int = option(AUBER_REWARD_EXAMPLES, low=2, help="Mini-dev examples each reward is measured on.")
+    reward_metric: str | None = option(None, choices=REWARD_METRICS, help="The metric the reward is the change of "
+                                       "(default: a classifier's accuracy when the rewards see all of mini-dev, as in "
+                                       "the paper, else its loss; the loss for language models).")
+    allow_empty_layers: bool = option(False, help="Let the agent prune a layer's last head (by default one stays).")
+    layer_epochs: int = option(1, low=0, help="Fine-tuning epochs on mini-train after each layer (0: none).")
+    patience: int = option(20, low=1, help="Evaluations without improvement that stop the final fine-tune.")
     lr: float = 2e-6
 
     #: fields the prune run sets itself, or that AUBER does not use
     HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "eval_every", "checkpoint_every", "gates_first")
-
-    def validate(self) -> None:
-        super().validate()
-        for flag, value, low in (("--episodes", self.episodes, 1), ("--reward-examples", self.reward_examples, 2),
-                                 ("--layer-epochs", self.layer_epochs, 0), ("--patience", self.patience, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise HeadcutError(f"{flag} must be an integer >= {low}, got {value!r}")
-        if self.state not in AUBER_STATES:
-            raise HeadcutError(f"unknown --state {self.state!r}; choose one of {', '.join(AUBER_STATES)}")
-        if self.reward_metric is not None and self.reward_metric not in REWARD_METRICS:
-            raise HeadcutError(f"unknown --reward-metric {self.reward_metric!r}; choose one of "
-                               f"{', '.join(REWARD_METRICS)}")
 
 
 # ---- the layer's units and state -----------------------------------------------------------------------
@@ -432,6 +432,10 @@ class AuberMethod(MethodBase):
             raise HeadcutError(f"auber keeps {why} ({least} heads in all), more than the upper bound {upper}; "
                                "raise --keep" + ("" if options.allow_empty_layers else " or pass --allow-empty-layers"))
 
+    def summary(self, report: dict[str, Any], result: PruneResult) -> Summary:
+        n = result.scorings
+        return Summary(summary_items(report["auber"]), lead=f"{n} reward evaluation{'s' if n != 1 else ''}, ")
+
     def run(self, problem: Problem, options: AuberOptions) -> PruneResult:
         start = time.perf_counter()
         data = problem.data
@@ -613,6 +617,39 @@ class AuberMethod(MethodBase):
             "history": [{k: e[k] for k in ("step", "loss", "eval") if k in e} for e in trained.history],
             "seconds": trained.seconds, "config": cfg.to_json(),
         }
+
+
+# ---- the end-of-run summary ------------------------------------------------------------------------------
+
+def summary_items(auber: dict[str, Any]) -> list[Any]:
+    """AUBER's layers (heads pruned, mini-dev metric before, pruned, fine-tuned) and its final fine-tune."""
+    from rich import box
+    from rich.table import Table
+
+    name = auber["reward_metric"]
+    table = Table(title=f"auber, layer by layer ({name} on mini-dev; {auber['episodes']} episodes per layer)",
+                  box=box.SIMPLE_HEAD)
+    for col in ("layer", "pruned heads", "before", "pruned", "fine-tuned", "evaluations", "replayed", "seconds"):
+        table.add_column(col, justify="left" if col in ("layer", "pruned heads") else "right")
+    for layer in auber["layers"]:
+        pruned = ",".join(map(str, layer["pruned"])) or "none"
+        if layer["forced"]:
+            pruned += f" ({layer['forced']} by the bound)"
+        table.add_row(layer["layer"], pruned, _fmt(layer["before"]), _fmt(layer["pruned_metric"]),
+                      _fmt(layer["tuned_metric"]), str(layer["evaluations"]),
+                      f"{layer['replay']} layer{'s' if layer['replay'] != 1 else ''}" if layer["replay"] else "-", f"{layer['seconds']:.1f}")
+    out: list[Any] = [table]
+    if auber.get("reward_metric_why"):
+        out.append(f"reward: {name} ({auber['reward_metric_why']})")
+    final = auber.get("final")
+    if final is not None:
+        stop = final["early_stopping"]
+        how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
+               else f"ran all {final['steps']} steps")
+        out.append(f"final fine-tune on {final['examples']:,} examples: {how}; kept the weights of step "
+                   f"{stop['best_step']} ({name} {_fmt(stop['best'])} on {final['held_out']:,} held-out training "
+                   f"examples, {_fmt(final['start'])} before it)")
+    return out
 
 
 METHOD = AuberMethod()

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..errors import HeadcutError
+from ..options import option
 from ..learned import TemperatureSchedule, gumbel_soft_topk, soft_topk
 from .gate_training import (
     Context,
@@ -66,12 +66,8 @@ class DSPOptions(GateOptions):
     """DSP: the gate-training options plus ``cooldown``, eq. 24's N_cooldown (None: 25,000, or 68 % of a
     shorter run)."""
 
-    cooldown: int | None = None
-
-    def validate(self) -> None:
-        super().validate()
-        if self.cooldown is not None and self.cooldown < 1:
-            raise HeadcutError(f"--cooldown must be at least 1 step (got {self.cooldown})")
+    cooldown: int | None = option(None, low=1, help="Temperature cooldown steps, eq. 24's N_cooldown (default "
+                                  "25,000, or 68 % of a shorter run).")
 
 
 class DSP(GateLearner):

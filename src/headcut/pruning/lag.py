@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..errors import HeadcutError
+from ..options import option
 from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots
 
 
@@ -37,12 +37,8 @@ class LAGOptions(GateOptions):
     """LAG: the gate-training options plus ``sparsity_warmup`` (steps over which the target sparsity rises
     linearly from 0; 0: the fixed target from the first step)."""
 
-    sparsity_warmup: int = 0
-
-    def validate(self) -> None:
-        super().validate()
-        if not (isinstance(self.sparsity_warmup, int) and self.sparsity_warmup >= 0):
-            raise HeadcutError(f"--sparsity-warmup must be a whole number of steps >= 0 (got {self.sparsity_warmup})")
+    sparsity_warmup: int = option(0, low=0, help="Raise the target sparsity linearly from 0 over the first N steps "
+                                  "(CoFi's schedule); 0: the paper's fixed target.")
 
 
 class LAG(ConcreteLearner):

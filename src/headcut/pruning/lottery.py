@@ -51,13 +51,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..catalog import (
-    LOTTERY_CONTROLS,
-    LOTTERY_PATIENCE,
-    LOTTERY_PRUNE_EVERY,
-    LOTTERY_RESET_AT,
-    LOTTERY_SCORE_EXAMPLES,
-)
 from ..config import DistillOptions, PruneConfig, ScoreConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
@@ -65,15 +58,27 @@ from ..evaluation import evaluate
 from ..finetuning import DistillationLoss, unpruned_teacher
 from ..gating import HeadGates
 from ..masks import HeadMask
+from ..reports import metric_text as _fmt
+from ..options import option
 from ..training.engine import EarlyStopping, Trainer, TrainingDiverged, atomic_save, digest, first_nonfinite, read_state
 from .base import PruneResult, TrajectoryPoint, score_masked
-from .method import MethodBase, Problem
+from .method import MethodBase, Problem, Summary
 from .search import Budget, remove_step
 from .units import UnitState
 
 #: the file of the run's state in the checkpoint folder
 STATE_NAME = "lottery.pt"
 STATE_FORMAT = 1
+
+
+#: defaults (the module's doc says why): steps to the late-resetting checkpoint, steps per iteration,
+#: evaluations without improvement that end the convergence, confidence examples
+LOTTERY_RESET_AT = 80
+LOTTERY_PRUNE_EVERY = 40
+LOTTERY_PATIENCE = 10
+LOTTERY_SCORE_EXAMPLES = 512
+#: ``control`` values (Table 5's re-initialised structure)
+LOTTERY_CONTROLS = ("reinit",)
 
 
 @dataclass
@@ -88,12 +93,18 @@ class LotteryOptions(DistillOptions):
     ``alpha``/``temperature``: every training phase (C, the iterations, the convergence, the control) distils
     from the unpruned model (:class:`headcut.config.DistillOptions`; 0: the paper's task loss)."""
 
-    reset_at: int = LOTTERY_RESET_AT
-    prune_every: int = LOTTERY_PRUNE_EVERY
-    per_step: int | None = None
-    patience: int = LOTTERY_PATIENCE
-    score_examples: int = LOTTERY_SCORE_EXAMPLES
-    control: str | None = None
+    reset_at: int = option(LOTTERY_RESET_AT, low=1, metavar="STEPS", help="Training steps to the late-resetting "
+                           "checkpoint C.")
+    prune_every: int = option(LOTTERY_PRUNE_EVERY, low=1, metavar="STEPS", help="Training steps from the checkpoint "
+                              "before each pruning decision.")
+    per_step: int | None = option(None, low=1, help="Heads removed per iteration (default: attention layers / 2, as "
+                                  "the paper).")
+    patience: int = option(LOTTERY_PATIENCE, low=1, help="Evaluations without a lower --eval-data loss that end the "
+                           "convergence.")
+    score_examples: int = option(LOTTERY_SCORE_EXAMPLES, low=1, help="Examples the attention confidence is averaged "
+                                 "over.")
+    control: str | None = option(None, choices=LOTTERY_CONTROLS, help="Also train the pruned structure "
+                                 "re-initialised, as long as the ticket (the paper's control); the report shows both.")
     lr: float = 2e-5
     schedule: str = "constant"
 
@@ -103,15 +114,6 @@ class LotteryOptions(DistillOptions):
 
     def validate(self) -> None:
         super().validate()
-        for flag, value, low in (("--reset-at", self.reset_at, 1), ("--prune-every", self.prune_every, 1),
-                                 ("--patience", self.patience, 1), ("--score-examples", self.score_examples, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise HeadcutError(f"{flag} must be an integer >= {low}, got {value!r}")
-        if self.per_step is not None and (not isinstance(self.per_step, int) or isinstance(self.per_step, bool)
-                                          or self.per_step < 1):
-            raise HeadcutError(f"--per-step must be an integer >= 1, got {self.per_step!r}")
-        if self.control is not None and self.control not in LOTTERY_CONTROLS:
-            raise HeadcutError(f"unknown --control {self.control!r}; choose {', '.join(LOTTERY_CONTROLS)}")
         if self.schedule != "constant":
             raise HeadcutError("the lottery rewinds its LR schedule with the weights: it trains at a constant rate "
                                "after warmup")
@@ -240,6 +242,10 @@ class LotteryMethod(MethodBase):
 
     def step(self, total: int, config: PruneConfig, options: LotteryOptions) -> tuple[int, bool]:
         return options.per_step or 1, True
+
+    def summary(self, report: dict[str, Any], result: PruneResult) -> Summary:
+        metric = report["metric"]["name"] if report.get("metric") is not None else None
+        return Summary(summary_items(report["lottery"], metric), trajectory=False)
 
     def run(self, problem: Problem, options: LotteryOptions) -> PruneResult:
         try:
@@ -479,6 +485,42 @@ def _load_state(ckpt: Path, identity: dict[str, Any], reset_at: int) -> dict[str
 def _damaged(path: Path, why: str) -> HeadcutError:
     return HeadcutError(f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without --resume "
                         "(and with --force)")
+
+
+# ---- the end-of-run summary ------------------------------------------------------------------------------
+
+def summary_items(lottery: dict[str, Any], metric: str | None) -> list[Any]:
+    """The lottery's iterations (heads removed by kind, eval metric after training and after pruning),
+    its convergence and the control."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"lottery, iteration by iteration ({lottery['prune_every']} steps from the checkpoint at "
+                        f"step {lottery['reset_at']}, then rewound)", box=box.SIMPLE_HEAD)
+    for col in ("iteration", "removed", "heads left", f"{metric or 'metric'} trained", "pruned", "seconds"):
+        table.add_column(col, justify="left" if col == "removed" else "right")
+    for it in lottery["iterations"]:
+        kinds = ", ".join(f"{n} {kind}" for kind, n in it["removed_by_kind"].items())
+        table.add_row(str(it["iteration"]), kinds, str(it["heads"]), _fmt(it["metric_trained"]),
+                      _fmt(it["metric_pruned"]), f"{it['seconds']:.1f}")
+    out: list[Any] = [table]
+    if lottery.get("resumed_at") is not None:
+        out.append(f"resumed after iteration {lottery['resumed_at']}")
+    conv = lottery.get("converge")
+    if conv is not None:
+        stop = conv.get("early_stopping")
+        if stop is not None:
+            how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
+                   else f"ran to step {conv['steps']}")
+            out.append(f"converged from step {conv['from_step']}: {how}; kept the weights of step {stop['best_step']} "
+                       f"(eval loss {_fmt(stop['best'])})")
+        else:
+            out.append(f"converged from step {conv['from_step']} to step {conv['steps']} ({conv['note']})")
+    control = lottery.get("control")
+    if control is not None:
+        shown = f"{metric} {_fmt(control['metric'])}" if control["metric"] is not None else "no --eval-data"
+        out.append(f"control (the same heads, re-initialised, {control['steps']} steps): {shown}")
+    return out
 
 
 METHOD = LotteryMethod()

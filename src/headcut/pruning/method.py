@@ -33,21 +33,13 @@ from ..config import PruneConfig
 from ..data import Calibration
 from ..distributed import Dist
 from ..errors import HeadcutError
+from ..options import OptionError, specs
 from .base import Metric, PruneProgress, PruneResult
 from .search import Budget
 from .units import BlockSet
 
 #: ``on_step(history entry)`` after every training step of a learned method
 StepLog = Callable[[dict[str, Any]], None]
-
-#: flags whose option field has another name
-FLAG_OF = {"lam": "--lambda"}
-
-
-def flag(field_name: str) -> str:
-    """The command-line flag of an option field (``lambda_step`` -> ``--lambda-step``)."""
-    return FLAG_OF.get(field_name, "--" + field_name.replace("_", "-"))
-
 
 @dataclass
 class Problem:
@@ -93,6 +85,17 @@ class Method(Protocol):
     def run(self, problem: Problem, options: Any) -> PruneResult: ...
 
 
+@dataclass
+class Summary:
+    """A method's own part of ``headcut prune``'s end-of-run summary: ``items`` (rich tables and lines),
+    ``lead`` (what comes before "N s in all; saved to ...") and whether the step-by-step ``trajectory`` table
+    is shown too."""
+
+    items: list[Any]
+    lead: str = ""
+    trajectory: bool = True
+
+
 class MethodBase:
     """Shared parts of the method classes (their registry entry and options handling)."""
 
@@ -107,6 +110,10 @@ class MethodBase:
         return None
 
     def check_units(self, sets: list[BlockSet], budget: Budget, config: PruneConfig, options: Any) -> None:
+        return None
+
+    def summary(self, report: dict[str, Any], result: PruneResult) -> Summary | None:
+        """The method's own lines in the end-of-run summary (None: the shared scoring or training lines)."""
         return None
 
 
@@ -132,8 +139,8 @@ def make_options(method: Method, given: Any = None) -> Any:
         hidden = getattr(cls, "HIDDEN", ())
         wrong = [k for k in given if k not in names or k in hidden]
         if wrong:
-            own = ", ".join(flag(n) for n in sorted(names) if n not in hidden) or "none"
-            raise HeadcutError(f"{flag(wrong[0])} does not apply to {method.name} (its options: {own})")
+            own = ", ".join("{%s}" % s.name for s in specs(cls) if s.meta.cli) or "none"
+            raise OptionError("{%s} does not apply to %s (its options: %s)" % (wrong[0], method.name, own))
         options = cls(**given)
     else:
         raise HeadcutError(f"options of {method.name} must be a dict or {cls.__name__}, not {type(given).__name__}")

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from ..config import ScoreConfig
-from ..errors import HeadcutError
+from ..options import option
 from ..learned import LambdaSchedule, r_pass
 from ..scoring import score
 from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots, fitted
@@ -71,12 +71,8 @@ class PassOptions(GateOptions):
     """PASS and PASSCONC: the gate-training options plus ``lambda_step``, eq. 16's n_step (None: 1,000,
     or steps / 6 for a run under 6,000 steps)."""
 
-    lambda_step: int | None = None
-
-    def validate(self) -> None:
-        super().validate()
-        if self.lambda_step is not None and self.lambda_step < 1:
-            raise HeadcutError(f"--lambda-step must be at least 1 step (got {self.lambda_step})")
+    lambda_step: int | None = option(None, low=1, help="n_step of the lambda schedule, eq. 16 (default 1,000, or "
+                                     "steps / 6 under 6,000 steps).")
 
 
 class PASS(ConcreteLearner):

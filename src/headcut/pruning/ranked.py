@@ -27,9 +27,10 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
-from ..config import PruneConfig, ScoreConfig, check_choice
+from ..config import PruneConfig, ScoreConfig
 from ..errors import HeadcutError
 from ..masks import HeadMask
+from ..options import OptionError, check_fields, option
 from ..scoring.base import Batch
 from .base import PruneProgress, PruneResult, batches_of, score_masked
 from .method import MethodBase, Problem
@@ -40,29 +41,26 @@ from .search import run_search
 class RankOptions:
     """Options of every score-based method (see the module's doc)."""
 
-    step: int | None = None
-    rounds: int | None = None
-    normalize: str | None = None
+    step: int | None = option(None, low=1, help="Heads removed per step (whole units: at most N, at least one); "
+                              "default: 10 % of the heads, 1 for greedy-gnorm.")
+    rounds: int | None = option(None, low=1, metavar="R", help="Reach K in R steps instead of steps of --step, the "
+                                "heads to remove split evenly, the larger steps first (TextPruner's schedule; an "
+                                "iterative method then scores R times whatever K).")
+    normalize: str | None = option(None, choices=NORMALIZE, help="Divide each block's scores by their L2 norm; "
+                                   "default: layer for michel, none otherwise.")
 
     def validate(self) -> None:
-        for flag, value, what in (("--step", self.step, "head"), ("--rounds", self.rounds, "step")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise HeadcutError(f"{flag} must be at least 1 {what} (got {value})")
+        check_fields(self)
         if self.step is not None and self.rounds is not None:
-            raise HeadcutError("--step and --rounds both set how many heads a step removes: give one of them")
-        if self.normalize is not None:
-            check_choice("--normalize", self.normalize, NORMALIZE)
+            raise OptionError("{step} and {rounds} both set how many heads a step removes: give one of them")
 
 
 @dataclass
 class GradientOptions(RankOptions):
     """Options of the methods ranked by the gradient scorer: ``abs_per`` example (Michel et al.) or batch."""
 
-    abs_per: str = "example"
-
-    def validate(self) -> None:
-        super().validate()
-        check_choice("--abs-per", self.abs_per, ABS_PER)
+    abs_per: str = option("example", choices=ABS_PER, help="|dL/dg| per example (Michel et al.) or per batch "
+                          "(TextPruner).")
 
 
 @dataclass
@@ -70,13 +68,10 @@ class GnormOptions(RankOptions):
     """Options of the methods ranked by Gnorm: ``objective`` (logits-norm, the paper's; or loss) and
     ``per`` (the gradient norms of every batch, or of every example)."""
 
-    objective: str = "logits-norm"
-    per: str = "batch"
-
-    def validate(self) -> None:
-        super().validate()
-        check_choice("--objective", self.objective, OBJECTIVES)
-        check_choice("--per", self.per, GNORM_PER)
+    objective: str = option("logits-norm", choices=OBJECTIVES, help="Gradient of the logits' norm (the paper's) "
+                            "or of the task loss.")
+    per: str = option("batch", choices=GNORM_PER, help="Gradient norms of every batch (the authors' code) or every "
+                      "example (the paper's per-sentence description).")
 
 
 OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {"gradient": GradientOptions, "gnorm": GnormOptions}

@@ -39,6 +39,7 @@ import torch
 
 from ..data import Calibration
 from ..errors import HeadcutError
+from ..options import option
 from .base import PruneResult
 from .gate_training import (
     ConcreteLearner,
@@ -60,15 +61,9 @@ DEFAULT_LAMBDA = 0.0015
 class VoitaOptions(GateOptions):
     """Voita et al.: the gate-training options plus ``lam``, eq. 23's lambda (``--lambda``)."""
 
-    lam: float | None = None
-    lambda_trials: int = 5
-
-    def validate(self) -> None:
-        super().validate()
-        if self.lam is not None and not (self.lam >= 0 and math.isfinite(self.lam)):
-            raise HeadcutError(f"--lambda must be a number >= 0 (got {self.lam})")
-        if isinstance(self.lambda_trials, bool) or not isinstance(self.lambda_trials, int) or self.lambda_trials < 1:
-            raise HeadcutError(f"lambda_trials must be at least 1 (got {self.lambda_trials})")
+    lam: float | None = option(None, low=0, flag="--lambda", metavar="L", help="The L0 penalty's weight, eq. 23 "
+                               "(default: searched so that the gates keep K heads).")
+    lambda_trials: int = option(5, low=1, help="Training runs of the lambda search.")
 
 
 class Voita(ConcreteLearner):

@@ -1,0 +1,327 @@
+"""The job skeleton every command shares: loading the model (or taking a loaded one), reading data into
+calibration batches, checking data specs, choosing the device, the progress bars of training jobs, saving
+a model with its report and card (:class:`Written`), and the report's record of the arguments.
+
+Each command is one module beside this one (``info``, ``evaluate``, ``score``, ``export``, ``prune``,
+``finetune``, ``bench``), a function a user calls as ``headcut.<command>`` (see :mod:`headcut.api`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+from torch import nn
+import torch
+
+from .. import io
+from ..arguments import checked, values
+from ..data import Calibration, DataConfig, looks_local
+from ..errors import HeadcutError, label
+from ..formats import check_formats
+from ..outputs import OutputDir, check_paths, real_path
+from ..progress import Reporter, Task
+from ..reports import PRUNE_REPORT, weights_bytes
+
+
+ModelLike = str | os.PathLike[str] | nn.Module
+
+
+# ---- models, tokenizers and data ------------------------------------------------------------------
+
+@dataclass
+class LoadedModel:
+    """A model the API works on: the module, its name for reports, and its local folder (or None)."""
+
+    module: nn.Module
+    name: str
+    folder: Path | None
+    given_module: bool = False
+
+
+def source_folder(model: nn.Module) -> Path | None:
+    path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    p = Path(path).expanduser() if path else None
+    return p if p is not None and (p / "config.json").is_file() else None
+
+
+def load_model(model: ModelLike, task: str | None, allow_pickle: bool, trust_remote_code: bool, notes: list[str],
+          progress: Reporter, seed: int = 0, **kwargs: Any) -> LoadedModel:
+    """Load ``model`` (a module is used as it is). Weights the checkpoint lacks (a new task head) are
+    initialised from ``seed``, so the same command gives the same model; the global RNG is left as it was."""
+    if isinstance(model, nn.Module):
+        folder = source_folder(model)
+        return LoadedModel(model, str(folder) if folder is not None else type(model).__name__.removeprefix("Headcut"),
+                      folder, given_module=True)
+    name = str(model)
+    with progress.step(f"loading {name}"), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, notes=notes,
+                         **kwargs)
+    local = Path(model).expanduser()
+    return LoadedModel(module, name, local if local.is_dir() else None)
+
+
+def check_data_spec(spec: Any, flag: str) -> None:
+    """Refuse a missing local data file before minutes of model loading."""
+    path = spec.path if isinstance(spec, DataConfig) else spec
+    if isinstance(path, (str, os.PathLike)):
+        text = str(path)
+        if not text.strip():
+            raise HeadcutError(f"no data given: pass {flag} FILE (or a datasets name)")
+        if looks_local(text) and not Path(text).expanduser().exists():
+            raise HeadcutError(f"data file not found: {text}")
+
+
+def data_config(spec: Any, split: str, data_options: Mapping[str, Any] | None, seed: int) -> DataConfig:
+    if isinstance(spec, DataConfig):
+        config = spec
+    else:
+        path = str(spec) if isinstance(spec, (str, os.PathLike)) else "<in-memory dataset>"
+        options = dict(data_options or {})
+        allowed = {f.name for f in fields(DataConfig)} - {"path", "split", "seed"}
+        wrong = sorted(set(options) - allowed)
+        if wrong:
+            raise HeadcutError(f"unknown data option {wrong[0]!r}; data options: {', '.join(sorted(allowed))}")
+        config = DataConfig(path=path, split=split, seed=seed, **options)
+    config.validate()
+    return config
+
+
+def calibration(spec: Any, model: LoadedModel, tokenizer: Any, split: str, data_options: Mapping[str, Any] | None,
+                 seed: int, trust_remote_code: bool, progress: Reporter, what: str) -> Calibration | None:
+    """``spec`` (see the module's doc) as model-ready batches."""
+    if spec is None or isinstance(spec, Calibration):
+        return spec
+    config = data_config(spec, split, data_options, seed)
+    from ..data import load_calibration, load_tokenizer
+
+    if tokenizer is None:
+        if model.folder is None and model.given_module:
+            raise HeadcutError("pass tokenizer= for a model that was not loaded from a checkpoint folder")
+        source = str(model.folder) if model.folder is not None else model.name
+        with io.quiet_transformers():
+            tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
+    dataset = None if isinstance(spec, (str, os.PathLike, DataConfig)) else spec
+    with progress.step(f"reading {what}"):
+        return load_calibration(model.module, tokenizer, config, dataset=dataset)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def same_data(a: Any, b: Any) -> str | None:
+    """Why two data specs are the same data (the same file, files with identical bytes, the same
+    ``datasets`` name, config and split, or the same object), else None."""
+    if a is b:
+        return "both are the same object"
+    if not (isinstance(a, DataConfig) and isinstance(b, DataConfig)):
+        return None
+    if looks_local(a.path) and looks_local(b.path):
+        pa, pb = Path(a.path).expanduser(), Path(b.path).expanduser()
+        if not (pa.is_file() and pb.is_file()):
+            return None
+        if os.path.samefile(pa, pb):
+            return f"both are {a.path}"
+        if pa.stat().st_size == pb.stat().st_size and file_digest(pa) == file_digest(pb):
+            return f"{a.path} and {b.path} have identical contents"
+        return None
+    if a.path == b.path and a.split == b.split and a.config_name == b.config_name:
+        return f"both are {a.path} split {a.split}"
+    return None
+
+
+def data_specs(data: Any, eval_data: Any, split: str, eval_split: str, data_options: Mapping[str, Any] | None,
+           seed: int) -> tuple[Any, Any]:
+    """The data and eval-data specs as DataConfigs where they are names; refuses the same data twice."""
+    for spec, flag in ((data, label('data')), (eval_data, label('eval_data'))):
+        if spec is not None:
+            check_data_spec(spec, flag)
+    as_config = (str, os.PathLike)
+    d = data_config(data, split, data_options, seed) if isinstance(data, as_config) else data
+    e = data_config(eval_data, eval_split, data_options, seed) if isinstance(eval_data, as_config) else eval_data
+    if d is not None and e is not None:
+        why = same_data(d, e)
+        if why:
+            raise HeadcutError(f"{label('data')} and {label('eval_data')} are the same data ({why}): training or "
+                               "calibration data and evaluation data must differ; hold out part of the data for "
+                               f"{label('eval_data')}")
+    return d, e
+
+
+def pick_device(device: str | None) -> Any:
+    from ..distributed import from_env
+
+    dist = from_env()
+    return dist, dist.device(device or "auto")
+
+
+def move(model: nn.Module, device: Any) -> None:
+    if next(model.parameters()).device != device:
+        model.to(device)
+
+
+def plain_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """A function's arguments as plain JSON values (for a report's ``arguments``)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in ("progress", "tokenizer") or value is None:
+            continue
+        if isinstance(value, (str, int, float, bool)):
+            out[key] = value
+        elif isinstance(value, os.PathLike):
+            out[key] = str(value)
+        elif isinstance(value, DataConfig):
+            out[key] = asdict(value)
+        elif isinstance(value, Mapping):
+            out[key] = plain_arguments(dict(value))
+        else:
+            out[key] = f"<{type(value).__name__}>"
+    return out
+
+
+# ---- saving -----------------------------------------------------------------------------------------
+
+def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source: Path | None, force: bool,
+          report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool,
+          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> io.SavedModel:
+    """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
+    ``formats`` filled in); ``formats``: see :mod:`headcut.formats`."""
+    import json
+
+    from ..formats import write_formats
+    from ..modelcard import write_card
+
+    check_formats(model, formats, gguf_type)
+    target_path = out.path if isinstance(out, OutputDir) else Path(out)
+    check_paths(reads={k: v for k, v in reads.items() if v is not None}, writes={}, replaces={"--out": target_path})
+    report["out"] = str(target_path)
+
+    def write(folder: Path) -> None:
+        if tuple(formats) != ("safetensors",):
+            report["formats"] = write_formats(model, folder, formats, gguf_type)
+        if isinstance(report.get("size_bytes"), dict):
+            report["size_bytes"]["after"] = weights_bytes(folder) if "safetensors" in formats else None
+        write_card(folder, model, report, source=source, formats=report.get("formats"),
+                   has_weights="safetensors" in formats)
+        (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
+
+    saved = io.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
+                    trust_remote_code=trust_remote_code)
+    if saved.notes:
+        report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
+    return saved
+
+
+def local_reads(**specs: Any) -> dict[str, Path | None]:
+    out: dict[str, Path | None] = {}
+    for name, spec in specs.items():
+        path = spec.path if isinstance(spec, DataConfig) else spec
+        if isinstance(path, (str, os.PathLike)) and Path(path).expanduser().exists():
+            out[name] = real_path(path)
+    return out
+
+
+# ---- results that write a model ---------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class Written:
+    """What the commands that write a model return: ``model``, ``report`` (what the report file inside the
+    output and ``--json`` hold) and ``save(out)``, which writes both atomically (see the module's doc)."""
+
+    REPORT: ClassVar[str] = PRUNE_REPORT
+
+    model: nn.Module
+    report: dict[str, Any]
+    source: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    reads: dict[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+    formats: tuple[str, ...] = ("safetensors",)
+    gguf_type: str = "f16"
+
+    @checked("Written.save")
+    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
+             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> io.SavedModel:
+        """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
+        replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
+        (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
+        from ..formats import parse_formats
+
+        with values():
+            chosen = parse_formats(formats) if formats is not None else self.formats
+        return save_model(self.model, out, self.source, force, self.report, self.REPORT, self.reads,
+                     self.trust_remote_code, chosen, gguf_type or self.gguf_type)
+
+
+def spec_path(spec: Any) -> Any:
+    """The path of a data spec given as a path or DataConfig (None otherwise)."""
+    if isinstance(spec, DataConfig):
+        return spec.path
+    return spec if isinstance(spec, (str, os.PathLike)) else None
+
+
+
+# ---- the building blocks' entry points ------------------------------------------------------------------
+
+#: :func:`headcut.io.load` with its arguments checked first (``headcut.load``)
+load = checked("load")(io.load)
+#: :func:`headcut.io.save` with its arguments checked first (``headcut.save``)
+save = checked("save")(io.save)
+
+
+
+class Bars:
+    """``progress(phase, done, total)`` of :func:`headcut.pruning.plan_prune` (and training steps) as
+    reporter tasks; ``train``: the label of the training phase."""
+
+    UNITS = {"prune": "heads", "score": "batches", "eval": "batches", "train": "steps", "agent": "episodes"}
+
+    def __init__(self, reporter: Reporter, method: str, metric: str | None, train: str | None = None) -> None:
+        self.reporter = reporter
+        self.labels = {"prune": f"pruning ({method}, heads removed)", "score": "scoring", "eval": "evaluating",
+                       "train": train or f"training gates ({method})", "agent": f"training the {method} agent"}
+        self.metric = metric
+        self.tasks: dict[str, Task] = {}
+        self.last_metric: Any = None
+
+    def __call__(self, phase: str, done: int, total: int | None) -> None:
+        task = self.tasks.get(phase)
+        if task is None or task.finished or done < task.done:
+            if task is not None and not task.finished:
+                task.finish()
+            label = self.labels.get(phase, phase)
+            task = self.tasks[phase] = self.reporter.task(label, total, self.UNITS.get(phase, ""))
+        task.update(done, total)
+
+    def on_step(self, entry: dict[str, Any]) -> None:
+        """A training step's history entry: its loss, temperature/lambda, open heads and the last metric; or
+        an agent's episode (``phase`` ``agent``): its layer, epsilon, mean reward and heads pruned."""
+        phase = entry.get("phase", "train")
+        task = self.tasks.get(phase)
+        if task is None:
+            return
+        if phase != "train":
+            task.fields.update({k: v for k, v in entry.items() if k != "phase"})
+            return
+        fields_: dict[str, Any] = {"loss": entry.get("task_loss", entry.get("loss"))}
+        for key, shown in (("kl", "KL"), ("tau", "tau"), ("lambda", "lambda"), ("open", "open heads")):
+            if key in entry:
+                fields_[shown] = entry[key]
+        if self.metric is not None and isinstance(entry.get("eval"), dict) and self.metric in entry["eval"]:
+            self.last_metric = entry["eval"][self.metric]
+        if self.last_metric is not None and self.metric is not None:
+            fields_[self.metric] = self.last_metric
+        task.fields.update(fields_)
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.finish()

@@ -1,0 +1,81 @@
+"""``headcut.bench``: time models on synthetic inputs (``headcut bench``; the timing is :mod:`headcut.benchmark`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .. import io
+from ..arguments import checked, values
+from ..config import BenchConfig
+from ..errors import HeadcutError
+from ..progress import Reporter, Task, quiet
+from .base import ModelLike
+
+
+@dataclass
+class Benchmark:
+    """What :func:`bench` measured: one :class:`headcut.benchmark.BenchResult` per model (speed-up and FLOP
+    ratio relative to the first) and the report ``headcut bench --json`` writes."""
+
+    results: list[Any]
+    config: BenchConfig
+    report: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    cards: list[Path] = field(default_factory=list)
+
+
+@checked("bench")
+def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, names: Sequence[str] | None = None,
+          task: str | None = None, progress: Reporter | None = None, allow_pickle: bool = False,
+          trust_remote_code: bool = False, update_cards: bool = False, **settings: Any) -> Benchmark:
+    """Time ``models`` on synthetic inputs (``headcut bench``): latency, throughput, FLOPs, memory, and
+    generation speed and KV-cache size for decoders. ``settings``: fields of :class:`BenchConfig`
+    (``device``, ``batch_size``, ``seq_len``, ``runs``, ``runtime="torch,onnxruntime"`` for a row per
+    model and runtime, ...), or pass ``config``. ``update_cards``: write the measured speed-up into the model
+    card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
+    from ..benchmark import bench as run_bench
+    from ..benchmark import report_json
+
+    with values():
+        if config is None:
+            allowed = {f.name for f in fields(BenchConfig)}
+            wrong = sorted(set(settings) - allowed)
+            if wrong:
+                raise HeadcutError(f"unknown bench setting {wrong[0]!r}; settings: {', '.join(sorted(allowed))}")
+            config = BenchConfig(**settings)
+        elif settings:
+            raise HeadcutError("give config= or settings, not both")
+        notes = config.validate()
+    for m in models:  # refuse a missing folder before spending minutes on the others
+        if isinstance(m, (str, os.PathLike)):
+            io.check_checkpoint(m, allow_pickle)
+    progress = progress or quiet()
+    tasks: dict[tuple[int, str], Task] = {}
+
+    def on_progress(index: int, name: str, stage: str, done: int, total: int) -> None:
+        task = tasks.get((index, stage))
+        if task is None:
+            task = tasks[(index, stage)] = progress.task(f"[{index + 1}/{len(models)}] {name}: {stage}", total, "")
+        task.update(done, total)
+
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: [t.finish() for t in tasks.values()])
+        results = run_bench(list(models), config, names=names, task=task, allow_pickle=allow_pickle,
+                            trust_remote_code=trust_remote_code, progress=on_progress)
+    report = report_json(results, config)
+    for r in results:
+        notes += [f"{r.name}: {n}" for n in r.notes]
+    cards: list[Path] = []
+    if update_cards:
+        from ..benchmark import device_name
+        from ..modelcard import update_speed
+
+        threads = f", {results[0].threads} threads" if results and config.device == "cpu" else ""
+        cards, skipped = update_speed(results, list(models), f"{device_name(config.device)} ({config.device}{threads})")
+        notes += skipped
+    return Benchmark(results=results, config=config, report=report, notes=notes, cards=cards)

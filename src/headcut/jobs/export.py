@@ -1,0 +1,63 @@
+"""``headcut.export``: remove the heads a mask drops (``headcut export``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..arguments import checked, values
+from ..errors import HeadcutError, label
+from ..formats import check_formats, parse_formats
+from ..masks import HeadMask, check_mask
+from ..outputs import real_path
+from ..progress import quiet
+from ..reports import export_report
+from .base import ModelLike, Written, load_model, plain_arguments
+
+
+@dataclass(kw_only=True)
+class Exported(Written):
+    """A model with the heads of a mask removed (:func:`export`): ``model`` (slimmed in place), ``slim``
+    (:class:`headcut.surgery.SlimResult`) and ``report``; ``save(out)`` writes it with
+    ``headcut-report.json``."""
+
+    slim: Any
+
+
+@checked("export")
+def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str], *, gqa: str = "auto",
+           task: str | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
+           formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
+           arguments: dict[str, Any] | None = None) -> Exported:
+    """Remove the heads ``mask`` drops (``headcut export``): a mask dict ``{"keep"|"drop": {block: [heads]}}``,
+    a :class:`HeadMask` or a mask JSON file. ``formats``/``gguf_type``: what ``save`` writes (see
+    :mod:`headcut.formats`), checked here before the work."""
+    from ..catalog import GQA_POLICIES
+    from ..masks import read_mask_file
+    from ..surgery import slim
+
+    arguments = arguments if arguments is not None else plain_arguments({"model": model, "gqa": gqa, "task": task})
+    with values():
+        if gqa not in GQA_POLICIES:
+            raise HeadcutError(f"unknown {label('gqa')} policy {gqa!r}; choose one of {', '.join(GQA_POLICIES)}")
+        chosen = parse_formats(formats)
+    reads: dict[str, Any] = {}
+    if isinstance(mask, (str, os.PathLike)):
+        reads["--mask"] = real_path(mask)
+        raw: Any = read_mask_file(mask)
+    else:
+        raw = mask.to_json() if isinstance(mask, HeadMask) else dict(mask)
+        with values():
+            check_mask(raw)  # its form, before the model is loaded (as a mask file's)
+    notes: list[str] = []
+    loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, quiet())
+    check_formats(loaded.module, chosen, gguf_type)
+    if loaded.folder is not None:
+        reads["MODEL"] = real_path(loaded.folder)
+    result = slim(loaded.module, raw, gqa=gqa)
+    notes += result.notes
+    report = export_report(model=loaded.name, arguments=arguments, mask=raw, gqa=gqa, slimmed=result, notes=notes)
+    return Exported(model=loaded.module, slim=result, report=report, source=loaded.folder, notes=notes,
+                    reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)

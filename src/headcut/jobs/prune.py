@@ -1,0 +1,352 @@
+"""``headcut.prune``: check the request (:func:`prune_request`, the one check the command line makes too),
+choose heads with a method, remove them, optionally recover and save (``headcut prune``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..arguments import checked, values
+from ..catalog import METHODS, method_entry
+from ..config import FinetuneConfig, PruneConfig
+from ..data import Calibration
+from ..errors import HeadcutError, label
+from ..formats import check_formats, parse_formats
+from ..masks import HeadMask
+from ..outputs import OutputDir, OutputFile, real_path, special_kind
+from ..progress import Reporter, quiet
+from ..reports import prune_report, weights_bytes, write_trajectory_csv, write_trajectory_png
+from .base import (
+    Bars,
+    ModelLike,
+    Written,
+    calibration,
+    data_specs,
+    load_model,
+    local_reads,
+    move,
+    plain_arguments,
+    spec_path,
+    pick_device,
+)
+
+
+@dataclass(kw_only=True)
+class Pruned(Written):
+    """What :func:`prune` produced: ``model`` (slimmed), ``mask`` (kept heads, the input model's
+    numbering: ``export --mask`` replays it), ``report`` (what ``headcut-report.json`` and ``--json`` hold)
+    and ``result`` (:class:`headcut.pruning.PruneResult`: trajectory, training run, ...). ``save(out)``
+    writes the model with its report; ``write_trajectory(csv)`` the metric after every step."""
+
+    mask: HeadMask
+    result: Any
+    #: the trajectory files :func:`prune` wrote (with ``out`` and a ``trajectory`` path)
+    written: list[Path] = field(default_factory=list)
+
+    @checked("Pruned.write_trajectory")
+    def write_trajectory(self, csv_path: str | os.PathLike[str] | OutputFile, png: bool = True,
+                         force: bool = False) -> list[Path]:
+        """Write the trajectory (one row per step) to a ``.csv`` file, and its plot beside it as ``.png``
+        when matplotlib is installed (and ``png``); returns the files written."""
+        import importlib.util
+
+        csv_file = csv_path if isinstance(csv_path, OutputFile) else OutputFile(csv_path, "--trajectory", force=force)
+        if csv_file.path.suffix.lower() != ".csv":
+            raise HeadcutError(f"{label('trajectory')} must name a .csv file (a .png is written beside it), got {csv_file.path}")
+        png_file = OutputFile(csv_file.path.with_suffix(".png"), "--trajectory (its PNG)", force=csv_file.force)
+        if not isinstance(csv_path, OutputFile):
+            csv_file.check()
+        png = png and importlib.util.find_spec("matplotlib") is not None
+        if png:
+            png_file.check()
+        temps: list[Path] = []
+        try:
+            temps.append(csv_file.temp())
+            write_trajectory_csv(temps[0], self.result)
+            if png:
+                temps.append(png_file.temp())
+                name = Path(self.report["model"]).name
+                write_trajectory_png(temps[1], self.result, f"{name}: {self.result.method}")
+            for temp, final in zip(temps, (csv_file, png_file)):
+                final.commit(temp)
+            temps = []
+        finally:
+            for temp in temps:
+                temp.unlink(missing_ok=True)
+        if not png and special_kind(png_file.path) is None:
+            png_file.path.unlink(missing_ok=True)  # a stale PNG of an earlier run (never a pipe or a device)
+        return [csv_file.path] + ([png_file.path] if png else [])
+
+
+@checked("prune")
+def prune(
+    model: ModelLike, method: str, *, keep: int | None = None, sparsity: float | None = None,
+    max_drop: float | None = None, data: Any = None, eval_data: Any = None, uniform: bool = False,
+    min_heads_per_block: int = 0, gqa: str = "auto", seed: int = 0, trajectory: bool = False,
+    tokenizer: Any = None, task: str | None = None, split: str = "train", eval_split: str = "validation",
+    data_options: Mapping[str, Any] | None = None, device: str | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
+    progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
+    formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0,
+    out: str | os.PathLike[str] | None = None, force: bool = False,
+    arguments: dict[str, Any] | None = None, **options: Any,
+) -> Pruned:
+    """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
+    data. Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
+    while the eval metric stays within D; score-based methods), met exactly in whole units or refused
+    with the nearest valid budgets before any data is read. ``options``: the method's own options (e.g.
+    ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
+    refuses the others). ``checkpoint_dir``/``resume``/``restart``: a learned method's resume checkpoint
+    (``restart`` discards a stale one). ``device``: where to score or train (auto: CUDA when available).
+    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`), checked before the work.
+    ``recover_steps`` N > 0: after the cut, N steps of recovery fine-tuning on ``data``, distilled from the
+    unpruned model (``finetune``'s loss and defaults: lr 5e-5, alpha 0.5, temperature 2); the report's
+    ``recovery`` has its curve, and ``metric.after`` is the recovered model's (``after_pruning``: before
+    the recovery). ``trajectory``: True, or a ``.csv`` path to write it to (with its plot beside it). ``out``:
+    save the result there (atomically; ``force`` replaces only a folder headcut wrote): the output paths are
+    checked and locked before any work, and a learned method's resume checkpoint is ``OUT.headcut-checkpoint``
+    unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
+    request = prune_request(**{k: v for k, v in locals().items() if k not in ("options", "arguments")},
+                             options=options)
+    with request.lock():
+        pruned = _prune(request, arguments)
+        if request.target is not None and request.dist.main:
+            pruned.save(request.target)
+            if request.checkpoint_dir is not None and request.own_checkpoint:
+                import shutil
+
+                shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
+            if request.trajectory_file is not None:
+                pruned.written = pruned.write_trajectory(request.trajectory_file)
+    return pruned
+
+
+@dataclass
+class PruneRequest:
+    """A prune request checked before any work (:func:`prune_request`)."""
+
+    given: dict[str, Any]
+    config: PruneConfig
+    entry: Any
+    options: Any
+    notes: list[str]
+    data_spec: Any
+    eval_spec: Any
+    dist: Any
+    device: Any
+    formats: tuple[str, ...]
+    checkpoint_dir: Path | None
+    own_checkpoint: bool
+    target: OutputDir | None
+    trajectory_file: OutputFile | None
+
+    def lock(self) -> Any:
+        from ..outputs import locked_output
+
+        if self.target is None:
+            return contextlib.nullcontext()
+        return locked_output(self.target, self.dist.main, self.target.path, self.checkpoint_dir)
+
+
+def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop: Any, data: Any, eval_data: Any,
+                   uniform: bool, min_heads_per_block: int, gqa: str, seed: int, trajectory: Any, tokenizer: Any,
+                   task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
+                   resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
+                   formats: Any, gguf_type: str, recover_steps: int, out: Any, force: bool,
+                   options: dict[str, Any]) -> PruneRequest:
+    """Every refusal a prune request can get before a model is loaded: budget, method and options and their
+    combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
+    this one check; its messages name keywords, which the command line shows as flags)."""
+    from ..outputs import checkpoint_dir_for, plan_outputs
+    from ..pruning import get_method, make_options
+
+    given = dict(model=model, method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data,
+                 eval_data=eval_data, uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed,
+                 trajectory=trajectory, tokenizer=tokenizer, task=task, split=split, eval_split=eval_split,
+                 data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
+                 restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                 gguf_type=gguf_type, recover_steps=recover_steps, options=options)
+    L = label
+    with values():  # every value refused before any work, as a HeadcutValueError
+        config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
+                             min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed,
+                             trajectory=trajectory is not False and trajectory is not None)
+        config.validate()
+        entry = method_entry(method)
+        chosen = get_method(method)
+        opts = make_options(chosen, options)
+        chosen.check(config, opts)
+        if max_drop is not None and eval_data is None:
+            raise HeadcutError(f"{L('max_drop')} needs {L('eval_data')} (the metric it watches)")
+        if config.trajectory and eval_data is None:
+            raise HeadcutError(f"{L('trajectory')} needs {L('eval_data')} (the metric after every step)")
+        if isinstance(trajectory, (str, os.PathLike)) and Path(trajectory).suffix.lower() != ".csv":
+            raise HeadcutError(f"{L('trajectory')} must name a .csv file (a .png is written beside it), got "
+                               f"{trajectory}")
+        if getattr(opts, "eval_every", None) is not None and eval_data is None:
+            raise HeadcutError(f"{L('eval_every')} needs {L('eval_data')}")
+        if not (isinstance(recover_steps, int) and recover_steps >= 0):
+            raise HeadcutError(f"{L('recover_steps')} must be a whole number >= 0 (got {recover_steps})")
+        if recover_steps and data is None:
+            raise HeadcutError(f"{L('recover_steps')} trains the pruned model: it needs {L('data')} (training data "
+                               "with labels)")
+        if entry.data != "none" and data is None:
+            free = [m.name for m in METHODS.values() if m.data == "none"]
+            what = "training data with labels" if entry.data == "training" else "calibration data"
+            raise HeadcutError(f"method {method} needs {L('data')} ({what}); {', '.join(free)} do not")
+        if resume and not entry.resumable:
+            learned = ", ".join(m.name for m in METHODS.values() if m.resumable)
+            raise HeadcutError(f"{L('resume')} applies to the methods that keep checkpoints ({learned}), not to "
+                               f"{method}")
+        if device is not None and entry.data != "training":
+            trains = ", ".join(m.name for m in METHODS.values() if m.data == "training")
+            raise HeadcutError(f"{L('device')} applies to the methods that train ({trains}), not to {method}")
+        notes: list[str] = []
+        if data is not None and entry.data == "none" and not recover_steps:
+            notes.append(f"method {method} reads no data: {L('data')} was not used")
+            data = None
+        data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
+        dist, torch_device = pick_device(device)
+        chosen_formats = parse_formats(formats)
+        own_checkpoint = checkpoint_dir is None and out is not None and entry.resumable
+        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else (
+            checkpoint_dir_for(out) if own_checkpoint else None)
+        target, trajectory_file = None, None
+        if out is not None:
+            traj = Path(trajectory) if isinstance(trajectory, (str, os.PathLike)) else None
+            target, files = plan_outputs(
+                reads={L("model"): model if isinstance(model, (str, os.PathLike)) else None,
+                       L("data"): spec_path(data), L("eval_data"): spec_path(eval_data)},
+                files={L("trajectory"): traj, f"{L('trajectory')} (its PNG)": traj.with_suffix(".png") if traj else None},
+                file_force={L("trajectory"): True, f"{L('trajectory')} (its PNG)": True},
+                out=Path(out), force=force, checkpoint=ckpt if entry.resumable else None,
+            )
+            trajectory_file = files.get(L("trajectory"))
+        if ckpt is not None and entry.resumable:
+            from ..training.engine import prepare_checkpoint_dir
+
+            prepare_checkpoint_dir(ckpt, resume, restart or (force and own_checkpoint))
+    return PruneRequest(given=given, config=config, entry=entry, options=opts, notes=notes, data_spec=data_spec,
+                         eval_spec=eval_spec, dist=dist, device=torch_device, formats=chosen_formats,
+                         checkpoint_dir=ckpt if entry.resumable else None, own_checkpoint=own_checkpoint,
+                         target=target, trajectory_file=trajectory_file)
+
+
+def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
+    """The work of :func:`prune` on a checked request."""
+    from ..pruning import check_budget, plan_prune
+    from ..surgery import slim
+
+    g = request.given
+    model, method, data, eval_data = g["model"], g["method"], g["data"], g["eval_data"]
+    keep, sparsity, max_drop, uniform = g["keep"], g["sparsity"], g["max_drop"], g["uniform"]
+    min_heads_per_block, gqa, seed, trajectory = g["min_heads_per_block"], g["gqa"], g["seed"], g["trajectory"]
+    tokenizer, task, split, eval_split = g["tokenizer"], g["task"], g["split"], g["eval_split"]
+    data_options, device, resume = g["data_options"], g["device"], g["resume"]
+    progress, allow_pickle, trust_remote_code = g["progress"], g["allow_pickle"], g["trust_remote_code"]
+    gguf_type, recover_steps, options = g["gguf_type"], g["recover_steps"], g["options"]
+    config, entry, opts, notes = request.config, request.entry, request.options, request.notes
+    data_spec, eval_spec, dist, torch_device = request.data_spec, request.eval_spec, request.dist, request.device
+    chosen, checkpoint_dir = request.formats, request.checkpoint_dir
+    training = entry.resumable
+
+    start = time.perf_counter()
+    arguments = arguments if arguments is not None else plain_arguments(dict(
+        model=model, method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data, eval_data=eval_data,
+        uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed, trajectory=trajectory,
+        task=task, split=split, eval_split=eval_split, data_options=data_options, device=device, **options))
+    progress = progress or quiet()
+    loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
+    check_formats(loaded.module, chosen, gguf_type)
+    check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
+    cal = calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
+    eval_cal = calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,
+                            "eval data")
+    for c, what in ((cal, "data"), (eval_cal, "eval data")):
+        if c is not None:
+            notes += [f"{what}: {n}" for n in c.notes]
+    if checkpoint_dir is not None and training and dist.main and not resume:
+        from ..training.engine import clear_checkpoint_dir
+
+        clear_checkpoint_dir(checkpoint_dir)
+    dist.barrier()
+
+    from ..evaluation import PRIMARY
+
+    metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
+    train_label = {"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(entry.kind)
+    bars = Bars(progress, method, metric, train=train_label)
+    move(loaded.module, torch_device)
+    identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
+    from ..finetuning import frozen_teacher
+
+    unpruned = frozen_teacher(loaded.module) if recover_steps else None
+    try:
+        result = plan_prune(loaded.module, cal, config, opts, eval_calibration=eval_cal, progress=bars,
+                            on_step=bars.on_step, checkpoint_dir=checkpoint_dir if training else None, resume=resume,
+                            dist=dist, identity=identity)
+    finally:
+        bars.close()
+    loaded.module.to("cpu")
+    run = result.training
+    if run is not None:
+        last_open = run.history[-1].get("open") if run.history else None
+        if run.moved is None and last_open is not None and last_open != result.target:
+            notes.append(f"training ended with {last_open:g} heads open, not {result.target}: the gates had not "
+                         "converged, so keeping the top heads changed the trained model; more steps (--epochs, "
+                         "--max-steps) let them settle")
+        if run.moved is not None:
+            notes.append(f"{method} kept {run.own_kept:g} heads by its own rule (gate > 0.5); the adjustment to "
+                         f"--keep {result.target} moved {run.moved} head(s)")
+    slimmed = slim(loaded.module, result.mask, gqa=gqa)
+    result.slim = slimmed
+    notes += slimmed.notes
+    recovery = None
+    if unpruned is not None:
+        recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device)
+        result.metric_after, pruned_metric = recovery.metric_after, result.metric_after
+        del unpruned
+    report = prune_report(
+        model=loaded.name, arguments=arguments, result=result, slimmed=slimmed,
+        size_before=weights_bytes(loaded.folder), data=cal.to_json() if cal is not None else None,
+        eval_data=eval_cal.to_json() if eval_cal is not None else None, seconds=time.perf_counter() - start,
+        notes=notes,
+    )
+    if recovery is not None:
+        report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
+                              "config": recovery.config.to_json(), "seconds": recovery.seconds,
+                              "history_summary": recovery.summary(), "curve": recovery.history}
+        if report.get("metric") is not None:
+            report["metric"]["after_pruning"] = pruned_metric
+    reads = local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec})
+    return Pruned(model=loaded.module, mask=result.mask, report=report, result=result, source=loaded.folder,
+                  notes=notes, reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
+
+
+def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
+             seed: int, progress: Reporter, metric: str | None, device: Any) -> Any:
+    """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
+    model): :func:`headcut.finetuning.finetune` with its defaults."""
+    from ..finetuning import finetune as run_finetune
+
+    if cal is None:
+        raise HeadcutError(f"{label('recover_steps')} needs training data with labels ({label('data')})")
+    bars = Bars(progress, "recovery", metric, train=f"recovery fine-tuning (distilled, {steps} steps)")
+    move(model, device)
+    move(teacher, device)
+    try:
+        recovered = run_finetune(model, cal, FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None),
+                                 teacher=teacher, eval_calibration=eval_cal, progress=lambda d, t: bars("train", d, t),
+                                 eval_progress=lambda d, t: bars("eval", d, t),
+                                 on_step=bars.on_step)
+    finally:
+        bars.close()
+    model.to("cpu")
+    return recovered

@@ -1,0 +1,184 @@
+"""Every option is declared once (a field of its options dataclass) and reaches the command line, its help,
+completion and the Python API with the same default; a bad request gets the same refusal from both, before
+any model is loaded, naming the flag on the command line and the keyword in Python."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import sys
+
+import pytest
+
+import headcut
+import headcut.api
+import headcut.jobs.prune
+from headcut.catalog import METHODS, resolve
+from headcut.errors import HeadcutError
+from headcut.options import specs, static_specs
+from headcut.pruning import get_method, make_options
+from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_declarations_read_from_source_match_the_classes(name):
+    entry = METHODS[name]
+    assert resolve(entry.options) is get_method(name).Options
+    assert static_specs(entry.options) == specs(get_method(name).Options)
+
+
+def _sample(spec):
+    """A valid value of ``spec`` different from its default, as a flag argument and as a Python value."""
+    if spec.kind == "bool":
+        return [], True
+    if spec.meta.choices:
+        value = next(c for c in spec.meta.choices if c != spec.default)
+        return [value], value
+    if spec.kind == "int":
+        value = max(int(spec.meta.low or 0), 1) + 2
+        return [str(value)], value
+    value = 0.25 if spec.meta.high is not None else 0.5
+    return [str(value)], value
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_option_reaches_the_cli_and_the_api_with_the_same_default(name, monkeypatch, tmp_path):
+    declared = [s for s in specs(get_method(name).Options) if s.meta.cli]
+    options = make_options(get_method(name))  # the API's defaults: the declared ones
+    for spec in declared:
+        assert getattr(options, spec.name) == spec.default, spec.name
+    shown = run("prune", "--method", name, "--help").stdout
+    for spec in declared:
+        assert spec.flag in shown, spec.flag
+    seen = {}
+
+    def fake_prune(model, method, **kwargs):
+        seen.update(kwargs)
+        raise HeadcutError("stopped before any work")
+
+    monkeypatch.setattr(headcut.api, "prune", fake_prune)
+    args = []
+    expected = {}
+    for spec in declared:
+        if spec.name in ("epochs",) and any(s.name == "max_steps" for s in declared):
+            continue  # one of epochs and max_steps
+        flag_args, value = _sample(spec)
+        args += [spec.flag, *flag_args]
+        expected[spec.name] = value
+    result = run("prune", tmp_path / "m", "--method", name, "--keep", 2, "--out", tmp_path / "o", *args)
+    one_line_error(result, "stopped before any work")
+    for key, value in expected.items():
+        assert seen[key] == value, key
+
+
+def test_method_help_is_short_and_scoped():
+    text = subprocess.run([sys.executable, "-m", "headcut", "prune", "--method", "pass", "--help"],
+                          capture_output=True, text=True, check=True).stdout
+    assert len(text.splitlines()) < 120
+    assert "--lambda-step" in text and "--episodes" not in text and "--reset-at" not in text
+    plain = subprocess.run([sys.executable, "-m", "headcut", "prune", "--help"], capture_output=True, text=True,
+                           check=True).stdout
+    assert "--lambda-step" not in plain and "headcut methods" in plain
+
+
+def test_completion_offers_the_method_options_without_torch():
+    code = ("import os, sys\nos.environ.update(COMP_WORDS='headcut prune --method voita --lam', COMP_CWORD='4', "
+            "_HEADCUT_COMPLETE='complete_bash')\nfrom headcut.cli import main\ntry:\n    main()\nexcept SystemExit:\n"
+            "    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["--lambda", "--lambda-trials"]
+    assert done.stderr.strip().endswith("NO-TORCH")
+
+
+def test_methods_command_lists_and_describes():
+    listed = run("methods")
+    assert listed.exit_code == 0 and all(name in listed.stdout for name in METHODS)
+    one = run("methods", "voita", "--json", "-")
+    assert one.exit_code == 0
+    import json
+
+    info = json.loads(one.stdout)
+    flags = {o["keyword"]: o["flag"] for o in info["options"]}
+    assert flags["lam"] == "--lambda" and info["paper"].startswith("Li, Cotterell & Sachan")
+    one_line_error(run("methods", "nope"), "unknown method 'nope'")
+
+
+# ---- the bad-request table ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("requests")
+    model = save_tiny(root / "model", "bert", "BertForSequenceClassification")
+    data = write_rows(root / "train.csv", cls_rows(12))
+    dev = write_rows(root / "dev.csv", cls_rows(12, seed=1))
+    return root, model, data, dev
+
+
+#: (command-line arguments after MODEL, the same request in Python, what the refusal says (keyword form))
+BAD = [
+    (["--method", "gnorm", "--keep", "-1"], dict(method="gnorm", keep=-1), "{keep} must be an integer >= 0"),
+    (["--method", "gnorm", "--keep", "2", "--sparsity", "0.5"], dict(method="gnorm", keep=2, sparsity=0.5),
+     "give one budget: {keep} or {sparsity}, not both"),
+    (["--method", "gnorm"], dict(method="gnorm"), "no budget: give {keep}, {sparsity} or {max_drop}"),
+    (["--method", "gnorm", "--sparsity", "1.5"], dict(method="gnorm", sparsity=1.5), "{sparsity} must be in [0, 1]"),
+    (["--method", "michel", "--max-drop", "0.1", "DATA"], dict(method="michel", max_drop=0.1, data="DATA"),
+     "{max_drop} needs {eval_data}"),
+    (["--method", "voita", "--keep", "2", "--lambda", "-1", "DATA"], dict(method="voita", keep=2, lam=-1.0,
+                                                                          data="DATA"), "{lam} must be >= 0 and finite"),
+    (["--method", "gnorm", "--keep", "2", "--lambda", "0.1", "DATA"], dict(method="gnorm", keep=2, lam=0.1,
+                                                                           data="DATA"),
+     "{lam} does not apply to gnorm"),
+    (["--method", "gnorm", "--keep", "2", "--step", "2", "--rounds", "2", "DATA"],
+     dict(method="gnorm", keep=2, step=2, rounds=2, data="DATA"), "{step} and {rounds} both set"),
+    (["--method", "pass", "--keep", "2", "--device", "cuda:x", "DATA"], dict(method="pass", keep=2, device="cuda:x",
+                                                                             data="DATA"), "unknown {device} 'cuda:x'"),
+    (["--method", "pass", "--keep", "2", "--device", "cuda:3", "DATA"], dict(method="pass", keep=2, device="cuda:3",
+                                                                             data="DATA"), "{device} cuda:3:"),
+    (["--method", "gnorm", "--keep", "2", "--device", "cpu", "DATA"], dict(method="gnorm", keep=2, device="cpu",
+                                                                           data="DATA"),
+     "{device} applies to the methods that train"),
+    (["--method", "gnorm", "--keep", "2", "--resume", "DATA"], dict(method="gnorm", keep=2, resume=True, data="DATA"),
+     "{resume} applies to the methods that keep checkpoints"),
+    (["--method", "pass", "--keep", "2"], dict(method="pass", keep=2), "method pass needs {data}"),
+    (["--method", "pass", "--keep", "2", "--mode", "sideways", "DATA"],
+     dict(method="pass", keep=2, mode="sideways", data="DATA"), "unknown {mode} 'sideways'"),
+    (["--method", "gnorm", "--keep", "2", "--trajectory", "t.txt", "DATA", "EVAL"],
+     dict(method="gnorm", keep=2, trajectory="t.txt", data="DATA", eval_data="EVAL"), "{trajectory} must name a .csv"),
+    (["--method", "gnorm", "--keep", "2", "DATA", "--out", "MODEL/inside"],
+     dict(method="gnorm", keep=2, data="DATA", out="MODEL/inside"), "{out}"),
+]
+FLAGS = {"keep": "--keep", "sparsity": "--sparsity", "max_drop": "--max-drop", "eval_data": "--eval-data",
+         "lam": "--lambda", "step": "--step", "rounds": "--rounds", "device": "--device", "resume": "--resume",
+         "data": "--data", "mode": "--mode", "trajectory": "--trajectory", "out": "--out"}
+
+
+@pytest.mark.parametrize("args,kwargs,says", BAD, ids=[" ".join(a[:4]) for a, _, _ in BAD])
+def test_a_bad_request_gets_the_same_refusal_from_cli_and_python(folders, monkeypatch, args, kwargs, says):
+    root, model, data, dev = folders
+    where = {"DATA": str(data), "EVAL": str(dev), "MODEL": str(model)}
+
+    def put(value):
+        return re.sub("DATA|EVAL|MODEL", lambda m: where[m.group(0)], value) if isinstance(value, str) else value
+
+    def no_loading(*a, **k):
+        raise AssertionError("the request was not refused before loading the model")
+
+    monkeypatch.setattr(headcut.jobs.prune, "load_model", no_loading)
+    cli_args = []
+    for a in args:
+        if a in ("DATA", "EVAL"):
+            cli_args += ["--data" if a == "DATA" else "--eval-data", where[a]]
+        else:
+            cli_args.append(put(a))
+    if "--out" not in cli_args:
+        cli_args += ["--out", str(root / "out")]
+    cli_text = one_line_error(run("prune", model, *cli_args)).removeprefix("error: ")
+    with pytest.raises(HeadcutError) as caught:
+        headcut.prune(str(model), **{k: put(v) for k, v in kwargs.items()})
+    py_text = str(caught.value)
+    as_keywords = says.format(**{k: k for k in FLAGS})
+    as_flags = says.format(**FLAGS)
+    assert as_keywords in py_text, py_text
+    assert as_flags in cli_text, cli_text
+    assert caught.value.render(lambda n: FLAGS.get(n, "--" + n.replace("_", "-"))) == cli_text or "{out}" in says
