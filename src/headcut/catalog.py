@@ -169,6 +169,7 @@ METHODS: dict[str, MethodEntry] = {m.name: m for m in (
     MethodEntry("greedy-gnorm", "headcut.pruning.greedy_gnorm:METHOD",
                 "iterative: remove the lowest-Gnorm head, re-compute, repeat (Greedy-Gnorm, Algorithm 1)",
                 "gnorm §3.1", "calibration", "score", _rank_options("gnorm")),
+    MethodEntry("greedy-entropy", "headcut.pruning.greedy_entropy:METHOD", "iterative: remove the highest-entropy head, re-compute, repeat (Greedy-Gnorm's loop over attention entropy; headcut's variant)", "gnorm §3.1, §3.3", "calibration", "score", "headcut.pruning.greedy_entropy:GreedyEntropyOptions"),
     MethodEntry("inverse-gnorm", "headcut.pruning.greedy_gnorm:INVERSE",
                 "iterative, reversed: remove the highest-Gnorm head, re-compute, repeat (diagnostic)",
                 "gnorm §4.1", "calibration", "score", _rank_options("gnorm")),
