@@ -119,6 +119,10 @@ class ScoreConfig:
         return asdict(self)
 
 
+#: the --help section of the budget and cut options
+B = "Budget and cut"
+
+
 @dataclass
 class PruneConfig:
     """What every pruning method shares.
@@ -133,14 +137,14 @@ class PruneConfig:
     measure the metric after every step (score-based methods; needs evaluation data)."""
 
     method: str = "gradient"
-    keep: int | None = option(None, low=0, metavar="K", help="Heads to keep (exactly; auber: at most).")
-    sparsity: float | None = option(None, low=0, high=1, metavar="S", help="Fraction of heads to remove: K = "
+    keep: int | None = option(None, low=0, metavar="K", panel=B, help="Heads to keep (exactly; auber: at most).")
+    sparsity: float | None = option(None, low=0, high=1, metavar="S", panel=B, help="Fraction of heads to remove: K = "
                                     "floor((1 - S) x heads).")
-    max_drop: float | None = option(None, low=0, metavar="D", help="Score-based methods: remove heads step by step "
+    max_drop: float | None = option(None, low=0, metavar="D", panel=B, help="Score-based methods: remove heads step by step "
                                     "while the --eval-data metric stays within D of the unpruned model.")
-    uniform: bool = option(False, help="Keep the same number of heads in every block.")
-    min_heads_per_block: int = option(0, low=0, metavar="M", help="Never take a block below M heads.")
-    gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", help="Grouped-query attention policy.")
+    uniform: bool = option(False, panel=B, help="Keep the same number of heads in every block.")
+    min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
+    gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", panel=B, help="Grouped-query attention policy.")
     seed: int = 0
     trajectory: bool = False
 

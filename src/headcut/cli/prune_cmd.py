@@ -64,14 +64,13 @@ PRUNE_HELP = "\n\n".join([
 
 def _method_help(name: str) -> str:
     entry = METHODS[name]
+    data = {"training": "Trains on --data (labelled training data), keeps a resume checkpoint in OUT.headcut-checkpoint/ "
+            "(--resume continues an interrupted run) and runs under accelerate launch / torchrun.",
+            "calibration": "Scores on --data (calibration data).", "none": "Reads no data."}[entry.data]
     return "\n\n".join([
         f"Prune MODEL with {name}: {entry.summary} [{entry.citation}]. The slimmed model goes to --out with "
         f"{PRUNE_REPORT} inside it.",
-        "Learned, lottery and agent methods train on --data (labelled training data), keep a resume checkpoint in "
-        "OUT.headcut-checkpoint/ (--resume continues an interrupted run) and run unchanged under accelerate launch "
-        "/ torchrun." if entry.data == "training" else
-        ("Scores on --data (calibration data)." if entry.data == "calibration" else "Reads no data."),
-        "headcut methods " + name + " describes the method; headcut prune --help lists every method.",
+        f"{data} headcut methods {name} describes it; headcut prune --help lists every method.",
     ])
 
 
@@ -148,22 +147,21 @@ def prune_cmd(
     data: Annotated[Optional[str], typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
                                                 show_default=False)] = None,
     eval_data: Annotated[Optional[str], typer.Option(
-        "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Evaluation data, in the formats of --data (and must differ "
-        "from it): the metric before/after, for --max-drop, --trajectory and --eval-every.")] = None,
+        "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Evaluation data (not --data): the metric before/after, "
+        "--max-drop, --trajectory, --eval-every.")] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
                                             metavar="SPLIT")] = "validation",
     out: Out_ = None,
     recover_steps: Annotated[int, typer.Option(
         "--recover-steps", metavar="N",
-        help="After the cut, N steps of recovery fine-tuning on --data, distilled from the unpruned model "
-             "(finetune's loss and defaults); the metric after is the recovered model's.")] = 0,
+        help="After the cut, N steps of recovery fine-tuning on --data, distilled from the unpruned model.")] = 0,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
         "--trajectory", metavar="FILE.csv", help="Write the metric after every step to FILE.csv, and a PNG beside it "
         "when matplotlib is installed (needs --eval-data; score-based methods).")] = None,
-    force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also replaces trajectory files and "
-                                        "starts over from a stale checkpoint folder.")] = False,
+    force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale "
+                                        "checkpoint.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed: data shuffling and masking, batch order, "
                                       "dropout and every random choice of the method.")] = 0,
     resume: Resume = False,

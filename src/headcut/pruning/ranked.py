@@ -42,7 +42,7 @@ class RankOptions:
     """Options of every score-based method (see the module's doc)."""
 
     step: int | None = option(None, low=1, help="Heads removed per step (whole units: at most N, at least one); "
-                              "default: 10 % of the heads, 1 for greedy-gnorm.")
+                              "default: 10 % of the heads, 1 for the greedy methods.")
     rounds: int | None = option(None, low=1, metavar="R", help="Reach K in R steps instead of steps of --step, the "
                                 "heads to remove split evenly, the larger steps first (TextPruner's schedule; an "
                                 "iterative method then scores R times whatever K).")
