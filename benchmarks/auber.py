@@ -29,8 +29,8 @@ from classifier import minilm_classifier
 import headcut
 import headcut_offline as offline
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.evaluation import evaluate
-from headcut.masks import HeadMask
+from headcut.model.evaluation import evaluate
+from headcut.model.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import PruneConfig, eval_metric, plan_prune
 

@@ -36,8 +36,8 @@ import transformers
 
 import headcut
 import headcut_offline as offline
-from headcut.formats.gguf import export_gguf
-from headcut.io import copy_side_files
+from headcut.outputs.formats.gguf import export_gguf
+from headcut.model.loading import copy_side_files
 
 PROMPTS = [
     "The capital of France is",

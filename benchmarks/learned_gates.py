@@ -25,8 +25,8 @@ import headcut
 import headcut_offline as offline
 from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.finetuning import finetune
-from headcut.masks import HeadMask
+from headcut.training.finetuning import finetune
+from headcut.model.masks import HeadMask
 from headcut.pruning import eval_metric, plan_prune
 
 

@@ -40,9 +40,9 @@ import headcut
 import headcut_offline as offline
 from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.evaluation import evaluate
-from headcut.finetuning import finetune
-from headcut.masks import HeadMask
+from headcut.model.evaluation import evaluate
+from headcut.training.finetuning import finetune
+from headcut.model.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import eval_metric, plan_prune
 

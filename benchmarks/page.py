@@ -72,7 +72,7 @@ import torch
 import transformers
 from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
-from headcut.masks import HeadMask
+from headcut.model.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import Metric, eval_metric, plan_prune
 

@@ -24,7 +24,7 @@ from classifier import minilm_classifier
 import headcut
 import headcut_offline as offline
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.masks import HeadMask
+from headcut.model.masks import HeadMask
 from headcut.pruning import PruneConfig, eval_metric, plan_prune
 
 

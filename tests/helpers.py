@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processor
 from typer.testing import CliRunner
 
 import headcut
-from headcut.masks import HeadMask
+from headcut.model.masks import HeadMask
 
 V = 99  # vocabulary size of the tiny text models
 

@@ -15,7 +15,7 @@ from helpers import make_model
 from typer.testing import CliRunner
 
 import headcut
-from headcut.benchmark import (
+from headcut.jobs.timing import (
     BenchConfig,
     BenchResult,
     bench,
@@ -289,7 +289,7 @@ def test_cli_onnxruntime_rows_beside_torch(ckpts, tmp_path):
     _needs_onnx()
     import shutil
 
-    from headcut.formats.onnx import export_onnx
+    from headcut.outputs.formats.onnx import export_onnx
 
     slim = tmp_path / "bert-slim"  # a folder that holds its model.onnx (no export for this one)
     shutil.copytree(ckpts["bert-slim"], slim)

@@ -23,14 +23,7 @@ from helpers import (
     write_rows,
 )
 
-from headcut.data import (
-    Calibration,
-    DataConfig,
-    detect_task,
-    load_calibration,
-    load_tokenizer,
-    looks_local,
-)
+from headcut.data import Calibration, DataConfig, detect_task, load_calibration, load_tokenizer, looks_local
 from headcut.errors import HeadcutError
 
 

@@ -11,7 +11,7 @@ from helpers import cls_rows, make_batch, make_model, one_line_error, run, save_
 
 from headcut.data import Calibration, detect_task
 from headcut.errors import HeadcutError
-from headcut.finetuning import TeacherCache
+from headcut.training.finetuning import TeacherCache
 from headcut.pruning import PruneConfig, plan_prune
 
 
@@ -117,7 +117,7 @@ def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():
     """hidden_matching(teacher, teacher) is 0 and 1 for all-zero states; padding does not count; finetune with
     hidden_weight logs the term and runs the teacher once per step (its states are not cached)."""
     from headcut.config import FinetuneConfig
-    from headcut.finetuning import finetune, frozen_teacher, hidden_matching
+    from headcut.training.finetuning import finetune, frozen_teacher, hidden_matching
 
     model = make_model("bert", "BertForSequenceClassification")
     cal = calibration(model)

@@ -26,9 +26,9 @@ import headcut
 from headcut.config import FinetuneConfig
 from headcut.data import DataConfig, load_calibration
 from headcut.errors import HeadcutError
-from headcut.finetuning import finetune, kl_to_teacher
-from headcut.outputs import checkpoint_dir_for
-from headcut.reports import FINETUNE_REPORT as REPORT_NAME
+from headcut.training.finetuning import finetune, kl_to_teacher
+from headcut.outputs.files import checkpoint_dir_for
+from headcut.outputs.reports import FINETUNE_REPORT as REPORT_NAME
 from headcut.training import engine
 
 CLS = "BertForSequenceClassification"

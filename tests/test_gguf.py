@@ -1,4 +1,4 @@
-"""GGUF export (headcut.formats.gguf): files read back with gguf-py, refusals, and (when llama-cpp-python
+"""GGUF export (headcut.outputs.formats.gguf): files read back with gguf-py, refusals, and (when llama-cpp-python
 is installed) tiny slimmed models run in llama.cpp against torch."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import headcut
 from headcut.errors import HeadcutError
 
 gguf = pytest.importorskip("gguf", reason="pip install 'headcut[gguf]'")
-from headcut.formats.gguf import check_gguf, export_gguf  # noqa: E402
+from headcut.outputs.formats.gguf import check_gguf, export_gguf  # noqa: E402
 
 TOKENS = 300  # the tiny byte-level BPE vocabulary
 VOCAB = 304  # the tiny models' embedding rows (4 unused ids)
@@ -309,7 +309,7 @@ def test_tokenizer_refusals(tmp_path, tokenizer_dir):
 
 
 def test_failed_write_leaves_no_file(tmp_path, tokenizer_dir, monkeypatch):
-    import headcut.formats.gguf as writer
+    import headcut.outputs.formats.gguf as writer
 
     model = tiny_lm("llama")
     folder = staged(tmp_path, tokenizer_dir, model)

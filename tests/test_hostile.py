@@ -24,10 +24,10 @@ from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 from safetensors.torch import load_file, save_file
 
 import headcut
-from headcut import io as hio
-from headcut import outputs
+from headcut.model import loading as hio
+from headcut.outputs import files as outputs
 from headcut.errors import HeadcutError
-from headcut.outputs import RunLock, checkpoint_dir_for
+from headcut.outputs.files import RunLock, checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"
 REPO = Path(__file__).resolve().parent.parent
@@ -251,7 +251,7 @@ def test_two_finetunes_sharing_a_checkpoint_folder_refused(model_dir, data, tmp_
 def test_trainer_refuses_a_checkpoint_folder_in_use(model_dir, data, tmp_path):
     from headcut.config import FinetuneConfig
     from headcut.data import DataConfig, load_calibration, load_tokenizer
-    from headcut.finetuning import finetune
+    from headcut.training.finetuning import finetune
 
     model = headcut.load(model_dir)
     cal = load_calibration(model, load_tokenizer(str(model_dir)), DataConfig(path=str(data["train"]), batch_size=8))
@@ -375,7 +375,7 @@ def test_runtime_refuses_crafted_ops_on_its_own():
     """The runtime copied beside saved models (run under trust_remote_code) checks what it is given."""
     from helpers import make_model
 
-    from headcut import runtime
+    from headcut.model import runtime
 
     model = make_model("bert", "BertModel")
     for op in ({"op": "set", "path": "encoder", "attrs": {"__class__": int}},
@@ -550,7 +550,7 @@ def test_signal_stops_like_ctrl_c_and_keeps_the_resume_checkpoint(sig, model_dir
 
 def test_a_killed_writer_leaves_temporaries_the_next_run_removes(model_dir, mask, tmp_path):
     out = tmp_path / "out"
-    code = (f"import os, signal\nfrom headcut.outputs import atomic_dir\nwith atomic_dir({str(out)!r}) as tmp:\n"
+    code = (f"import os, signal\nfrom headcut.outputs.files import atomic_dir\nwith atomic_dir({str(out)!r}) as tmp:\n"
             "    (tmp / 'half.bin').write_bytes(b'x' * 1000)\n    os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), timeout=120)
     assert proc.returncode == -signal.SIGKILL

@@ -3,7 +3,7 @@ its arguments at the edge (:mod:`headcut.arguments`) and raises a :class:`Headcu
 ``TypeError`` (wrong kind of value) or ``ValueError`` (a value that cannot work), on one line naming the
 keyword the caller passed, before anything is loaded, read or written.
 
-Each case of the table runs with ``headcut.io.load``/``save`` replaced by functions that fail the test, and
+Each case of the table runs with ``headcut.model.loading.load``/``save`` replaced by functions that fail the test, and
 checks afterwards that the input checkpoint and the loaded model are unchanged and nothing was written."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from helpers import cls_rows, make_tokenizer, save_tiny, write_rows
 
 import headcut
 from headcut import api
-from headcut import io as hio
+from headcut.model import loading as hio
 from headcut.arguments import RULES
 from headcut.errors import HeadcutError, HeadcutTypeError, HeadcutValueError
 

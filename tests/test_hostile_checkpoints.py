@@ -216,7 +216,7 @@ def test_unreadable_side_file_while_saving_is_a_read_error(tiny, tmp_path, monke
 NOBODY = textwrap.dedent("""
     import os, sys
     import safetensors, safetensors.torch
-    import headcut.api, headcut.io, headcut.masks, headcut.outputs
+    import headcut.api, headcut.model.loading, headcut.model.masks, headcut.outputs.files
     from headcut.errors import HeadcutError
     os.setgid(65534)
     os.setuid(65534)
@@ -297,7 +297,7 @@ def test_malformed_masks_are_refused_before_the_model_is_loaded(case, tiny, tmp_
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded for a malformed mask")
 
-    monkeypatch.setattr(headcut.io, "load", no_load)
+    monkeypatch.setattr(headcut.model.loading, "load", no_load)
     out = tmp_path / "slim"
     one_line_error(run("export", tiny["bert"], "--mask", mask, "--out", out), needle, str(mask))
     assert not out.exists()

@@ -23,9 +23,9 @@ import pytest
 from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 import headcut
-from headcut import outputs
+from headcut.outputs import files as outputs
 from headcut.errors import HeadcutError
-from headcut.outputs import OutputDir, OutputFile, RunLock, checkpoint_dir_for
+from headcut.outputs.files import OutputDir, OutputFile, RunLock, checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"
 

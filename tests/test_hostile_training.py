@@ -19,10 +19,10 @@ import torch
 from helpers import cls_rows, digest, one_line_error, run, save_tiny, write_rows
 
 import headcut
-from headcut import finetuning
+from headcut.training import finetuning
 from headcut.config import DistillOptions, FinetuneConfig, TrainConfig
 from headcut.errors import HeadcutError
-from headcut.outputs import checkpoint_dir_for
+from headcut.outputs.files import checkpoint_dir_for
 from headcut.pruning import lottery
 from headcut.training import CHECKPOINT_NAME, Trainer, TrainingDiverged
 from headcut.training.engine import first_nonfinite

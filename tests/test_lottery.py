@@ -15,7 +15,7 @@ from helpers import BERT, cls_rows, make_batch, make_model, run, save_tiny, sent
 
 import headcut
 from headcut.errors import HeadcutError
-from headcut.masks import HeadMask
+from headcut.model.masks import HeadMask
 from headcut.pruning import lottery
 from headcut.pruning.lottery import LotteryOptions, default_per_step, reinitialise, removed_by_kind
 from headcut.scoring import score

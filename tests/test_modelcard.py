@@ -9,7 +9,7 @@ import pytest
 from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 import headcut
-from headcut import formats, modelcard
+from headcut.outputs import formats, modelcard
 
 
 def _front(text: str) -> tuple[list[str], str]:
@@ -122,7 +122,7 @@ def test_format_values_are_checked_before_work(tmp_path, bert):
 
 
 def test_a_missing_extra_is_refused_before_the_work(tmp_path, bert, monkeypatch):
-    from headcut.formats import onnx
+    from headcut.outputs.formats import onnx
 
     monkeypatch.setattr(onnx, "missing_modules", lambda runtime=False: ["onnxscript"])
     mask = tmp_path / "mask.json"

@@ -15,7 +15,7 @@ from helpers import make_model  # noqa: E402
 
 import headcut  # noqa: E402
 from headcut.errors import HeadcutError  # noqa: E402
-from headcut.formats import onnx as hx  # noqa: E402
+from headcut.outputs.formats import onnx as hx  # noqa: E402
 
 # family -> (class, gqa policy, heads kept per layer): non-uniform, one layer without heads
 CASES = {

@@ -4,7 +4,6 @@ any model is loaded, naming the flag on the command line and the keyword in Pyth
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -182,3 +181,14 @@ def test_a_bad_request_gets_the_same_refusal_from_cli_and_python(folders, monkey
     assert as_keywords in py_text, py_text
     assert as_flags in cli_text, cli_text
     assert caught.value.render(lambda n: FLAGS.get(n, "--" + n.replace("_", "-"))) == cli_text or "{out}" in says
+
+
+def test_a_budget_the_model_cannot_meet_names_the_keyword_or_the_flag(folders):
+    root, model, data, dev = folders
+    with pytest.raises(HeadcutError) as caught:
+        headcut.prune(str(model), "gnorm", keep=999, data=str(data))
+    assert str(caught.value).startswith("keep 999 is more than the model's")
+    cli = one_line_error(run("prune", model, "--method", "gnorm", "--keep", "999", "--data", data, "--out",
+                             root / "o999"))
+    assert cli.startswith("error: --keep 999 is more than the model's")
+    assert not (root / "o999").exists()

@@ -34,8 +34,8 @@ from headcut import scoring
 from headcut.catalog import METHODS
 from headcut.data import DataConfig, load_calibration
 from headcut.errors import HeadcutError
-from headcut.evaluation import evaluate
-from headcut.masks import plan_cuts
+from headcut.model.evaluation import evaluate
+from headcut.model.masks import plan_cuts
 from headcut.pruning import Metric, PruneConfig, keep_from_sparsity, plan_prune, prune
 from headcut.scoring import ScoreConfig
 
@@ -110,12 +110,12 @@ def test_sparsity_keeps_floor_of_the_rest():
 
 
 @pytest.mark.parametrize("kind,config,needles", [
-    (ALBERT, dict(keep=7), ["--keep 7", "share weights", "6 or 9"]),
-    (ALBERT, dict(sparsity=0.3), ["floor(0.7 x 12) = 8", "6 (--sparsity 0.5) or 9 (--sparsity 0.25)"]),
+    (ALBERT, dict(keep=7), ["keep 7", "share weights", "6 or 9"]),
+    (ALBERT, dict(sparsity=0.3), ["floor(0.7 x 12) = 8", "6 (sparsity 0.5) or 9 (sparsity 0.25)"]),
     (LLAMA, dict(keep=7), ["whole KV groups of 3", "6 or 9"]),
-    (LLAMA, dict(keep=17, gqa="uniform"), ["--gqa uniform", "16 or 18"]),
-    (BERT, dict(keep=5, uniform=True), ["--uniform", "2 blocks", "4 or 6"]),
-    (BERT, dict(keep=3, min_heads_per_block=2), ["--min-heads-per-block 2", "at least 4"]),
+    (LLAMA, dict(keep=17, gqa="uniform"), ["gqa uniform", "16 or 18"]),
+    (BERT, dict(keep=5, uniform=True), ["uniform keeps", "2 blocks", "4 or 6"]),
+    (BERT, dict(keep=3, min_heads_per_block=2), ["min_heads_per_block 2", "at least 4"]),
     (BERT, dict(keep=9), ["more than the model's 8 heads"]),
 ])
 def test_unreachable_budgets_are_refused_before_scoring(kind, config, needles, cals, monkeypatch):
@@ -554,7 +554,7 @@ def test_cli_interrupt_leaves_no_output_and_no_trajectory(ckpts, data_dir, tmp_p
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(headcut.io, "write_checkpoint", interrupted)
+    monkeypatch.setattr(headcut.model.loading, "write_checkpoint", interrupted)
     result = prune_cli(ckpts["bert"], data_dir, tmp_path / "out", "--method", "gradient", "--keep", "4",
                        "--eval-data", data_dir / "dev.csv", "--trajectory", tmp_path / "t.csv")
     assert result.exit_code == 130

@@ -10,7 +10,7 @@ import torch
 from helpers import CLASSES, FAMILIES, V, loss_class, make_batch, make_model
 
 import headcut
-from headcut.gating import HeadGates
+from headcut.model.gating import HeadGates
 from headcut.scoring import SCORERS, HeadScores, ScoreConfig, get_scorer, score
 from headcut.scoring.attention_maps import eager_attention, maps_by_block
 from headcut.scoring.entropy import rectified_entropy

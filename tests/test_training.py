@@ -14,7 +14,7 @@ import transformers as T
 from helpers import V, make_config
 
 from headcut.errors import HeadcutError
-from headcut.gating import HeadGates
+from headcut.model.gating import HeadGates
 from headcut.training import CHECKPOINT_NAME, TrainConfig, Trainer, lr_factor
 
 

@@ -43,12 +43,12 @@ _EXPORTS: dict[str, str] = {
     "Pruned": "headcut.api", "Scores": "headcut.api", "Finetuned": "headcut.api", "Evaluation": "headcut.api",
     "Exported": "headcut.api", "Benchmark": "headcut.api",
     # building blocks
-    "load": "headcut.api", "save": "headcut.api", "SavedModel": "headcut.io",
-    "gated": "headcut.gating", "HeadGates": "headcut.gating",
-    "slim": "headcut.surgery", "SlimResult": "headcut.surgery", "count_params": "headcut.surgery",
-    "model_blocks": "headcut.surgery",
-    "HeadMask": "headcut.masks", "read_mask_file": "headcut.masks", "resolve_mask": "headcut.masks",
-    "ModelInfo": "headcut.modelinfo", "BenchResult": "headcut.benchmark", "PruneResult": "headcut.pruning",
+    "load": "headcut.api", "save": "headcut.api", "SavedModel": "headcut.model.loading",
+    "gated": "headcut.model.gating", "HeadGates": "headcut.model.gating",
+    "slim": "headcut.model.surgery", "SlimResult": "headcut.model.surgery", "count_params": "headcut.model.surgery",
+    "model_blocks": "headcut.model.surgery",
+    "HeadMask": "headcut.model.masks", "read_mask_file": "headcut.model.masks", "resolve_mask": "headcut.model.masks",
+    "ModelInfo": "headcut.model.info", "BenchResult": "headcut.jobs.timing", "PruneResult": "headcut.pruning",
     # configurations
     "PruneConfig": "headcut.config", "ScoreConfig": "headcut.config", "TrainConfig": "headcut.config",
     "FinetuneConfig": "headcut.config", "BenchConfig": "headcut.config", "DataConfig": "headcut.data",

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError
-from .outputs import file_error
+from .outputs.files import file_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -237,7 +237,7 @@ def tokenizer(name: str, value: Any) -> None:
 
 def mask(name: str, value: Any) -> None:
     """A HeadMask, a mask mapping (``{"keep"|"drop": {block: [heads]}}``) or a mask JSON file."""
-    from .masks import HeadMask
+    from .model.masks import HeadMask
 
     if isinstance(value, (str, os.PathLike)):
         path(name, value)
@@ -268,15 +268,15 @@ def bool_or_path(name: str, value: Any) -> None:
 
 
 def output(name: str, value: Any) -> None:
-    """Where a model is written: a path, or an :class:`~headcut.outputs.OutputDir` checked by its maker."""
-    from .outputs import OutputDir
+    """Where a model is written: a path, or an :class:`~headcut.outputs.files.OutputDir` checked by its maker."""
+    from .outputs.files import OutputDir
 
     if not isinstance(value, OutputDir):
         path(name, value)
 
 
 def output_file(name: str, value: Any) -> None:
-    from .outputs import OutputFile
+    from .outputs.files import OutputFile
 
     if not isinstance(value, OutputFile):
         path(name, value)
@@ -385,7 +385,7 @@ def _method_options(given: Mapping[str, Any]) -> None:
 
 def bench_models(models: Any, names: Any) -> None:
     """``models`` (a non-empty list of models) and ``names`` (None, or one string per model): the checks of
-    :func:`headcut.bench` and :func:`headcut.benchmark.bench`."""
+    :func:`headcut.bench` and :func:`headcut.jobs.timing.bench`."""
     model_list("models", models)
     if names is not None:
         strings("names", names)

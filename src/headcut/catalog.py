@@ -45,7 +45,7 @@ TASKS: dict[str, str] = {
     "image-classification": "AutoModelForImageClassification",
 }
 
-#: grouped-query attention policies of ``--gqa`` (see :mod:`headcut.masks`)
+#: grouped-query attention policies of ``--gqa`` (see :mod:`headcut.model.masks`)
 GQA_POLICIES = ("auto", "group", "uniform", "duplicate")
 #: ``--format`` values of the commands that write a model (``safetensors,onnx`` writes both)
 OUTPUT_FORMATS = ("safetensors", "onnx", "gguf")

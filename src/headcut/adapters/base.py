@@ -2,7 +2,7 @@
 
 Scorers, pruners, gating and slimming are written against :class:`Adapter` and :class:`Block` and
 never name a model family. An adapter reads the model's current structure (so a slimmed model can
-be slimmed again) and turns a cut into runtime ops (see :mod:`headcut.runtime`).
+be slimmed again) and turns a cut into runtime ops (see :mod:`headcut.model.runtime`).
 """
 
 from __future__ import annotations

@@ -25,18 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import (
-    Adapter,
-    Block,
-    BlockCut,
-    EmptyStyle,
-    cols_op,
-    mixin_op,
-    Stack,
-    rows_op,
-    set_op,
-    stack_blocks,
-)
+from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, mixin_op, Stack, rows_op, set_op, stack_blocks
 
 
 class HeadcutEmptyConv1D:

@@ -19,16 +19,7 @@ app = typer.Typer(
 )
 
 # each module registers its command on ``app``, in the order --help lists them
-from . import (  # noqa: E402,F401
-    bench_cmd,
-    eval_cmd,
-    export_cmd,
-    finetune_cmd,
-    info_cmd,
-    methods_cmd,
-    prune_cmd,
-    score_cmd,
-)
+from . import bench_cmd, eval_cmd, export_cmd, finetune_cmd, info_cmd, methods_cmd, prune_cmd, score_cmd
 
 
 def main() -> None:

@@ -107,7 +107,7 @@ def bench(
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     from .. import api
-    from ..benchmark import device_name
+    from ..jobs.timing import device_name
     from .render import bench_table
 
     config = BenchConfig(

@@ -31,7 +31,7 @@ from ..catalog import GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS
 from ..errors import HeadcutError
 from ..options import OptionSpec, cli_name
 from ..interrupts import Interrupted
-from ..outputs import OutputDir, OutputFile, file_error, local_input, plan_outputs  # noqa: F401 (the commands use them)
+from ..outputs.files import OutputDir, OutputFile, file_error, local_input, plan_outputs  # noqa: F401 (the commands use them)
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -251,8 +251,8 @@ def handle_errors(fn: F) -> F:
 
 @contextmanager
 def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None, log: Out) -> Iterator[None]:
-    """:func:`headcut.outputs.locked_output`, with the progress closed at the end."""
-    from ..outputs import locked_output
+    """:func:`headcut.outputs.files.locked_output`, with the progress closed at the end."""
+    from ..outputs.files import locked_output
 
     try:
         with locked_output(target, main, out, checkpoint):

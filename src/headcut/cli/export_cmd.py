@@ -54,7 +54,7 @@ def export(
 ) -> None:
     """Remove the heads a mask file drops and save a slimmed model that loads back."""
     from .. import api
-    from ..formats import parse_formats
+    from ..outputs.formats import parse_formats
 
     parse_formats(output_format)  # a bad --format is refused before anything is read
 

@@ -9,7 +9,7 @@ import typer
 
 from ..errors import HeadcutError
 from ..config import FinetuneConfig
-from ..reports import FINETUNE_REPORT
+from ..outputs.reports import FINETUNE_REPORT
 from . import app
 from .common import (
     DATA_HELP,

@@ -16,7 +16,7 @@ from ..catalog import METHODS
 from ..config import PruneConfig
 from ..errors import HeadcutError
 from ..options import static_specs
-from ..reports import PRUNE_REPORT
+from ..outputs.reports import PRUNE_REPORT
 from . import app
 from .common import (
     DATA_HELP,

@@ -17,14 +17,14 @@ from typing import Any, ClassVar
 from torch import nn
 import torch
 
-from .. import io
+from ..model import loading as io
 from ..arguments import checked, values
 from ..data import Calibration, DataConfig, looks_local
 from ..errors import HeadcutError, label
-from ..formats import check_formats
-from ..outputs import OutputDir, check_paths, real_path
+from ..outputs.formats import check_formats
+from ..outputs.files import OutputDir, check_paths, real_path
 from ..progress import Reporter, Task
-from ..reports import PRUNE_REPORT, weights_bytes
+from ..outputs.reports import PRUNE_REPORT, weights_bytes
 
 
 ModelLike = str | os.PathLike[str] | nn.Module
@@ -158,7 +158,7 @@ def data_specs(data: Any, eval_data: Any, split: str, eval_split: str, data_opti
 
 
 def pick_device(device: str | None) -> Any:
-    from ..distributed import from_env
+    from ..training.distributed import from_env
 
     dist = from_env()
     return dist, dist.device(device or "auto")
@@ -194,11 +194,11 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
           report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool,
           formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> io.SavedModel:
     """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
-    ``formats`` filled in); ``formats``: see :mod:`headcut.formats`."""
+    ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
     import json
 
-    from ..formats import write_formats
-    from ..modelcard import write_card
+    from ..outputs.formats import write_formats
+    from ..outputs.modelcard import write_card
 
     check_formats(model, formats, gguf_type)
     target_path = out.path if isinstance(out, OutputDir) else Path(out)
@@ -254,7 +254,7 @@ class Written:
         """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
         replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
         (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
-        from ..formats import parse_formats
+        from ..outputs.formats import parse_formats
 
         with values():
             chosen = parse_formats(formats) if formats is not None else self.formats
@@ -272,9 +272,9 @@ def spec_path(spec: Any) -> Any:
 
 # ---- the building blocks' entry points ------------------------------------------------------------------
 
-#: :func:`headcut.io.load` with its arguments checked first (``headcut.load``)
+#: :func:`headcut.model.loading.load` with its arguments checked first (``headcut.load``)
 load = checked("load")(io.load)
-#: :func:`headcut.io.save` with its arguments checked first (``headcut.save``)
+#: :func:`headcut.model.loading.save` with its arguments checked first (``headcut.save``)
 save = checked("save")(io.save)
 
 

@@ -1,4 +1,4 @@
-"""``headcut.bench``: time models on synthetic inputs (``headcut bench``; the timing is :mod:`headcut.benchmark`)."""
+"""``headcut.bench``: time models on synthetic inputs (``headcut bench``; the timing is :mod:`headcut.jobs.timing`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .. import io
+from ..model import loading as io
 from ..arguments import checked, values
 from ..config import BenchConfig
 from ..errors import HeadcutError
@@ -19,7 +19,7 @@ from .base import ModelLike
 
 @dataclass
 class Benchmark:
-    """What :func:`bench` measured: one :class:`headcut.benchmark.BenchResult` per model (speed-up and FLOP
+    """What :func:`bench` measured: one :class:`headcut.jobs.timing.BenchResult` per model (speed-up and FLOP
     ratio relative to the first) and the report ``headcut bench --json`` writes."""
 
     results: list[Any]
@@ -38,8 +38,8 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
     (``device``, ``batch_size``, ``seq_len``, ``runs``, ``runtime="torch,onnxruntime"`` for a row per
     model and runtime, ...), or pass ``config``. ``update_cards``: write the measured speed-up into the model
     card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
-    from ..benchmark import bench as run_bench
-    from ..benchmark import report_json
+    from .timing import bench as run_bench
+    from .timing import report_json
 
     with values():
         if config is None:
@@ -72,8 +72,8 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
         notes += [f"{r.name}: {n}" for n in r.notes]
     cards: list[Path] = []
     if update_cards:
-        from ..benchmark import device_name
-        from ..modelcard import update_speed
+        from .timing import device_name
+        from ..outputs.modelcard import update_speed
 
         threads = f", {results[0].threads} threads" if results and config.device == "cpu" else ""
         cards, skipped = update_speed(results, list(models), f"{device_name(config.device)} ({config.device}{threads})")

@@ -34,7 +34,7 @@ def evaluate(model: ModelLike, data: Any, *, tokenizer: Any = None, task: str | 
              allow_pickle: bool = False, trust_remote_code: bool = False) -> Evaluation:
     """The task metric of ``model`` on ``data`` (``headcut eval``): accuracy and macro-F1, perplexity,
     seq2seq loss (and BLEU with sacrebleu), masked-LM perplexity; examples/s."""
-    from ..evaluation import evaluate as run_eval
+    from ..model.evaluation import evaluate as run_eval
 
     progress = progress or quiet()
     with values():

@@ -9,18 +9,18 @@ from typing import Any
 
 from ..arguments import checked, values
 from ..errors import HeadcutError, label
-from ..formats import check_formats, parse_formats
-from ..masks import HeadMask, check_mask
-from ..outputs import real_path
+from ..outputs.formats import check_formats, parse_formats
+from ..model.masks import HeadMask, check_mask
+from ..outputs.files import real_path
 from ..progress import quiet
-from ..reports import export_report
+from ..outputs.reports import export_report
 from .base import ModelLike, Written, load_model, plain_arguments
 
 
 @dataclass(kw_only=True)
 class Exported(Written):
     """A model with the heads of a mask removed (:func:`export`): ``model`` (slimmed in place), ``slim``
-    (:class:`headcut.surgery.SlimResult`) and ``report``; ``save(out)`` writes it with
+    (:class:`headcut.model.surgery.SlimResult`) and ``report``; ``save(out)`` writes it with
     ``headcut-report.json``."""
 
     slim: Any
@@ -33,10 +33,10 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
            arguments: dict[str, Any] | None = None) -> Exported:
     """Remove the heads ``mask`` drops (``headcut export``): a mask dict ``{"keep"|"drop": {block: [heads]}}``,
     a :class:`HeadMask` or a mask JSON file. ``formats``/``gguf_type``: what ``save`` writes (see
-    :mod:`headcut.formats`), checked here before the work."""
+    :mod:`headcut.outputs.formats`), checked here before the work."""
     from ..catalog import GQA_POLICIES
-    from ..masks import read_mask_file
-    from ..surgery import slim
+    from ..model.masks import read_mask_file
+    from ..model.surgery import slim
 
     arguments = arguments if arguments is not None else plain_arguments({"model": model, "gqa": gqa, "task": task})
     with values():

@@ -12,14 +12,14 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from .. import io
+from ..model import loading as io
 from ..arguments import checked, values
 from ..config import FinetuneConfig
 from ..errors import HeadcutError, label
-from ..formats import check_formats, parse_formats
-from ..outputs import real_path
+from ..outputs.formats import check_formats, parse_formats
+from ..outputs.files import real_path
 from ..progress import Reporter, quiet
-from ..reports import FINETUNE_REPORT, finetune_report
+from ..outputs.reports import FINETUNE_REPORT, finetune_report
 from .base import (
     Bars,
     ModelLike,
@@ -38,7 +38,7 @@ from .base import (
 @dataclass(kw_only=True)
 class Finetuned(Written):
     """What :func:`finetune` produced: ``model`` (trained in place, heads kept), ``result``
-    (:class:`headcut.finetuning.FinetuneResult`: history, metric before/after) and ``report`` (what
+    (:class:`headcut.training.finetuning.FinetuneResult`: history, metric before/after) and ``report`` (what
     ``headcut-finetune.json`` and ``--json`` hold); ``save(out)`` writes the model with its report."""
 
     REPORT: ClassVar[str] = FINETUNE_REPORT
@@ -66,10 +66,10 @@ def finetune(
     classifier from a base encoder). ``patience`` N: early stopping, after N evaluations (every ``eval_every``
     steps on ``eval_data``) without a better metric, keeping the best weights (such a run keeps no resume
     checkpoints). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see :func:`prune`).
-    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`). ``out``/``force``: save the
+    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.outputs.formats`). ``out``/``force``: save the
     result there, the paths checked and locked before any work (see :func:`prune`; ``headcut finetune --out``)."""
-    from ..finetuning import finetune as run_finetune
-    from ..outputs import checkpoint_dir_for, locked_output, plan_outputs
+    from ..training.finetuning import finetune as run_finetune
+    from ..outputs.files import checkpoint_dir_for, locked_output, plan_outputs
 
     start = time.perf_counter()
     arguments = arguments if arguments is not None else plain_arguments(dict(
@@ -148,7 +148,7 @@ def finetune(
         move(loaded.module, torch_device)
         if teacher_model is not None:
             move(teacher_model, torch_device)
-        from ..evaluation import PRIMARY
+        from ..model.evaluation import PRIMARY
 
         metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
         bars = Bars(progress, "finetune", metric, train="fine-tuning")

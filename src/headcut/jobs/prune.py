@@ -18,11 +18,11 @@ from ..catalog import METHODS, method_entry
 from ..config import FinetuneConfig, PruneConfig
 from ..data import Calibration
 from ..errors import HeadcutError, label
-from ..formats import check_formats, parse_formats
-from ..masks import HeadMask
-from ..outputs import OutputDir, OutputFile, real_path, special_kind
+from ..outputs.formats import check_formats, parse_formats
+from ..model.masks import HeadMask
+from ..outputs.files import OutputDir, OutputFile, real_path, special_kind
 from ..progress import Reporter, quiet
-from ..reports import prune_report, weights_bytes, write_trajectory_csv, write_trajectory_png
+from ..outputs.reports import prune_report, weights_bytes, write_trajectory_csv, write_trajectory_png
 from .base import (
     Bars,
     ModelLike,
@@ -105,7 +105,7 @@ def prune(
     ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
     refuses the others). ``checkpoint_dir``/``resume``/``restart``: a learned method's resume checkpoint
     (``restart`` discards a stale one). ``device``: where to score or train (auto: CUDA when available).
-    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.formats`), checked before the work.
+    ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.outputs.formats`), checked before the work.
     ``recover_steps`` N > 0: after the cut, N steps of recovery fine-tuning on ``data``, distilled from the
     unpruned model (``finetune``'s loss and defaults: lr 5e-5, alpha 0.5, temperature 2); the report's
     ``recovery`` has its curve, and ``metric.after`` is the recovered model's (``after_pruning``: before
@@ -148,7 +148,7 @@ class PruneRequest:
     trajectory_file: OutputFile | None
 
     def lock(self) -> Any:
-        from ..outputs import locked_output
+        from ..outputs.files import locked_output
 
         if self.target is None:
             return contextlib.nullcontext()
@@ -164,7 +164,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
     this one check; its messages name keywords, which the command line shows as flags)."""
-    from ..outputs import checkpoint_dir_for, plan_outputs
+    from ..outputs.files import checkpoint_dir_for, plan_outputs
     from ..pruning import get_method, make_options
 
     given = dict(model=model, method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data,
@@ -242,7 +242,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
 def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     """The work of :func:`prune` on a checked request."""
     from ..pruning import check_budget, plan_prune
-    from ..surgery import slim
+    from ..model.surgery import slim
 
     g = request.given
     model, method, data, eval_data = g["model"], g["method"], g["data"], g["eval_data"]
@@ -278,14 +278,14 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         clear_checkpoint_dir(checkpoint_dir)
     dist.barrier()
 
-    from ..evaluation import PRIMARY
+    from ..model.evaluation import PRIMARY
 
     metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
     train_label = {"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(entry.kind)
     bars = Bars(progress, method, metric, train=train_label)
     move(loaded.module, torch_device)
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
-    from ..finetuning import frozen_teacher
+    from ..training.finetuning import frozen_teacher
 
     unpruned = frozen_teacher(loaded.module) if recover_steps else None
     try:
@@ -333,8 +333,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
 def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
              seed: int, progress: Reporter, metric: str | None, device: Any) -> Any:
     """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
-    model): :func:`headcut.finetuning.finetune` with its defaults."""
-    from ..finetuning import finetune as run_finetune
+    model): :func:`headcut.training.finetuning.finetune` with its defaults."""
+    from ..training.finetuning import finetune as run_finetune
 
     if cal is None:
         raise HeadcutError(f"{label('recover_steps')} needs training data with labels ({label('data')})")

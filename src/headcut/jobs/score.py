@@ -34,7 +34,7 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
     value-l1, magnitude and random need none)."""
     from ..catalog import scorer_entry
     from ..scoring import score as run_score
-    from ..surgery import model_blocks
+    from ..model.surgery import model_blocks
 
     progress = progress or quiet()
     with values():

@@ -63,7 +63,7 @@ Rules the paper's text leaves implicit, as headcut applies them:
 
 Practical, and exact: the rewards are computed in-process. The layers below the current one do not
 change during its episodes, so their output on mini-dev is recorded once per layer and replayed
-(:mod:`headcut.layer_cache`; checked against a full forward, else the full model runs), and the
+(:mod:`headcut.model.layer_cache`; checked against a full forward, else the full model runs), and the
 metric of each set of pruned heads is computed once (the authors' ``transitions`` dictionary).
 """
 
@@ -79,14 +79,14 @@ from torch import nn
 
 from ..config import DistillOptions, PruneConfig, TrainConfig
 from ..data import Calibration
-from ..errors import HeadcutError
-from ..evaluation import evaluate
-from ..finetuning import DistillationLoss, unpruned_teacher
-from ..gating import HeadGates
-from ..layer_cache import LayerReplay
+from ..errors import HeadcutError, label
+from ..model.evaluation import evaluate
+from ..training.finetuning import DistillationLoss, unpruned_teacher
+from ..model.gating import HeadGates
+from ..model.layer_cache import LayerReplay
 from ..learned.dqn import Agent, Transition
-from ..masks import HeadMask
-from ..reports import metric_text as _fmt
+from ..model.masks import HeadMask
+from ..outputs.reports import metric_text as _fmt
 from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer
@@ -424,7 +424,7 @@ class AuberMethod(MethodBase):
         if upper is None:
             return
         if upper > total:
-            raise HeadcutError(f"--keep {upper} is more than the model's {total} heads")
+            raise HeadcutError(f"{label('keep')} {upper} is more than the model's {total} heads")
         least = sum(_floor_units(s, config, options.allow_empty_layers) * (s.group_size if s.mode == "group" else 1)
                     * s.width for s in sets if s.heads)
         if upper < least:

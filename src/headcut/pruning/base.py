@@ -14,9 +14,9 @@ from torch import nn
 from ..config import PruneConfig, ScoreConfig
 from ..data import Calibration
 from ..errors import HeadcutError
-from ..evaluation import evaluate
-from ..gating import gated
-from ..masks import HeadMask
+from ..model.evaluation import evaluate
+from ..model.gating import gated
+from ..model.masks import HeadMask
 from ..scoring.base import Batch, HeadScores
 
 #: ``progress(phase, done, total)``: phase ``"prune"`` (heads removed of the most that may go),
@@ -54,7 +54,7 @@ class PruneResult:
     reward evaluation) passes made. ``score_config``: the
     scorer options used (method defaults resolved). ``training``: a learned-gate method's training run;
     ``details``: another method's own record (AUBER's layers), reported under the method's name.
-    ``slim``: filled by :func:`headcut.pruning.prune` (the :class:`~headcut.surgery.SlimResult`)."""
+    ``slim``: filled by :func:`headcut.pruning.prune` (the :class:`~headcut.model.surgery.SlimResult`)."""
 
     method: str
     mask: HeadMask
@@ -136,13 +136,13 @@ class Metric:
 def eval_metric(model: nn.Module, calibration: Calibration, progress: PruneProgress | None = None) -> Metric:
     """The primary metric of :func:`headcut.evaluate` on ``calibration``, with the heads outside the
     mask gated to zero (exact: the slimmed model computes the same outputs). BLEU is not generated."""
-    from ..evaluation import PRIMARY
+    from ..model.evaluation import PRIMARY
 
     if calibration.task not in PRIMARY:
         raise HeadcutError(f"cannot evaluate task {calibration.task!r}")
     name, higher = PRIMARY[calibration.task]
 
-    from ..surgery import model_blocks
+    from ..model.surgery import model_blocks
 
     heads = {b.name: b.heads for b in model_blocks(model)}
 
@@ -195,7 +195,7 @@ def score_masked(
     """Score the heads of ``model`` with the heads outside ``mask`` gated to zero (the re-scoring of
     the iterative methods: a masked head takes no part in the forward, so it gets no gradient)."""
     from ..scoring import score
-    from ..surgery import model_blocks
+    from ..model.surgery import model_blocks
 
     full = all(len(mask.keep[b.name]) == b.heads for b in model_blocks(model))
     on_batch = None if progress is None else (lambda d, t: progress("score", d, t))

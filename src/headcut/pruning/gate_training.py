@@ -12,7 +12,7 @@ slots at the end. This module runs the rest, the same for every method:
   ``K / weight`` slots (exact when every slot has the same weight, which the budget check makes sure
   for the usual models; otherwise the nearest count, and the final mask is exact anyway).
 * **Training** (:func:`train_gates`): the shared engine (:mod:`headcut.training.engine`) with the gates
-  installed on the output projections (:class:`headcut.gating.HeadGates`). Each step the method draws
+  installed on the output projections (:class:`headcut.model.gating.HeadGates`). Each step the method draws
   the slot gates, every block's heads get their slot's value, and the loss is the model's task loss
   plus the method's regulariser. ``joint`` trains the model's weights with the gates; ``pipelined``
   freezes the model. Evaluation every ``eval_every`` steps measures the model with the *final* mask
@@ -39,12 +39,12 @@ from torch import nn
 from ..adapters import Block
 from ..config import DistillOptions, PruneConfig
 from ..data import Calibration
-from ..distributed import Dist
+from ..training.distributed import Dist
 from ..errors import HeadcutError
-from ..evaluation import evaluate
-from ..finetuning import DistillationLoss, unpruned_teacher
-from ..gating import HeadGates
-from ..masks import HeadMask
+from ..model.evaluation import evaluate
+from ..training.finetuning import DistillationLoss, unpruned_teacher
+from ..model.gating import HeadGates
+from ..model.masks import HeadMask
 from ..training.engine import Trainer
 from .base import PruneProgress, PruneResult
 from .method import MethodBase, Problem

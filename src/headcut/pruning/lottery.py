@@ -54,13 +54,21 @@ from torch import nn
 from ..config import DistillOptions, PruneConfig, ScoreConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
-from ..evaluation import evaluate
-from ..finetuning import DistillationLoss, unpruned_teacher
-from ..gating import HeadGates
-from ..masks import HeadMask
-from ..reports import metric_text as _fmt
+from ..model.evaluation import evaluate
+from ..training.finetuning import DistillationLoss, unpruned_teacher
+from ..model.gating import HeadGates
+from ..model.masks import HeadMask
+from ..outputs.reports import metric_text as _fmt
 from ..options import option
-from ..training.engine import EarlyStopping, Trainer, TrainingDiverged, atomic_save, digest, first_nonfinite, read_state
+from ..training.engine import (
+    EarlyStopping,
+    Trainer,
+    TrainingDiverged,
+    atomic_save,
+    digest,
+    first_nonfinite,
+    read_state,
+)
 from .base import PruneResult, TrajectoryPoint, score_masked
 from .method import MethodBase, Problem, Summary
 from .search import Budget, remove_step
@@ -412,7 +420,7 @@ class LotteryMethod(MethodBase):
         record and the trained model (slimmed to ``mask``)."""
         import copy
 
-        from ..surgery import slim
+        from ..model.surgery import slim
 
         model = copy.deepcopy(problem.model)
         reinitialise(model, seed + 7919)

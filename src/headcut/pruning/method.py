@@ -31,7 +31,7 @@ from ..adapters import Block
 from ..catalog import MethodEntry, method_entry, resolve
 from ..config import PruneConfig
 from ..data import Calibration
-from ..distributed import Dist
+from ..training.distributed import Dist
 from ..errors import HeadcutError
 from ..options import OptionError, specs
 from .base import Metric, PruneProgress, PruneResult

@@ -29,7 +29,7 @@ from torch import nn
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
 from ..config import PruneConfig, ScoreConfig
 from ..errors import HeadcutError
-from ..masks import HeadMask
+from ..model.masks import HeadMask
 from ..options import OptionError, check_fields, option
 from ..scoring.base import Batch
 from .base import PruneProgress, PruneResult, batches_of, score_masked

@@ -34,15 +34,8 @@ from torch import nn
 
 from ..adapters import Block
 from ..config import PruneConfig
-from ..errors import HeadcutError
-from .base import (
-    Metric,
-    PruneProgress,
-    PruneResult,
-    Ranker,
-    TrajectoryPoint,
-    within_drop,
-)
+from ..errors import HeadcutError, label
+from .base import Metric, PruneProgress, PruneResult, Ranker, TrajectoryPoint, within_drop
 from .units import (
     BlockSet,
     Move,
@@ -95,20 +88,20 @@ def _why(sets: list[BlockSet], config: PruneConfig, blocks: int) -> str:
                        "blocks at once")
     if any(s.mode == "group" for s in sets):
         sizes = sorted({s.group_size for s in sets if s.mode == "group"})
-        reasons.append(f"--gqa {config.gqa} removes whole KV groups of {'/'.join(map(str, sizes))} query heads")
+        reasons.append(f"{label('gqa')} {config.gqa} removes whole KV groups of {'/'.join(map(str, sizes))} query heads")
     if any(s.mode == "uniform" for s in sets):
-        reasons.append("--gqa uniform keeps the same number of query heads in every remaining KV group")
+        reasons.append(f"{label('gqa')} uniform keeps the same number of query heads in every remaining KV group")
     if config.min_heads_per_block:
-        reasons.append(f"--min-heads-per-block {config.min_heads_per_block}")
+        reasons.append(f"{label('min_heads_per_block')} {config.min_heads_per_block}")
     if config.uniform:
-        reasons.append(f"--uniform keeps the same number of heads in each of the {blocks} blocks")
+        reasons.append(f"{label('uniform')} keeps the same number of heads in each of the {blocks} blocks")
     return "; ".join(reasons) or "heads are removed one at a time"
 
 
 def _fmt_valid(options: list[int], total: int, sparsity: bool) -> str:
     parts = []
     for k in options:
-        parts.append(f"{k} (--sparsity {1 - k / total:.4g})" if sparsity and total else str(k))
+        parts.append(f"{k} ({label('sparsity')} {1 - k / total:.4g})" if sparsity and total else str(k))
     return " or ".join(parts)
 
 
@@ -127,11 +120,11 @@ def resolve_budget(sets: list[BlockSet], config: PruneConfig, step: int, stepwis
         valid = bits_to_list(reachable_totals(state, floor))
     wanted: int | None = None
     if config.keep is not None:
-        wanted, what = config.keep, f"--keep {config.keep}"
+        wanted, what = config.keep, f"{label('keep')} {config.keep}"
     elif config.sparsity is not None:
         wanted = keep_from_sparsity(config.sparsity, total)
         kept_share = float(1 - Fraction(repr(float(config.sparsity))))
-        what = f"--sparsity {config.sparsity:g} (keep floor({kept_share:g} x {total}) = {wanted} heads)"
+        what = f"{label('sparsity')} {config.sparsity:g} (keep floor({kept_share:g} x {total}) = {wanted} heads)"
     if wanted is not None:
         if wanted > total:
             raise HeadcutError(f"{what} is more than the model's {total} heads")
@@ -140,7 +133,7 @@ def resolve_budget(sets: list[BlockSet], config: PruneConfig, step: int, stepwis
         if wanted not in valid:
             if wanted < valid[0] and floor:
                 raise HeadcutError(
-                    f"{what} is below the --min-heads-per-block {floor} floor: at least {valid[0]} heads stay "
+                    f"{what} is below the {label('min_heads_per_block')} {floor} floor: at least {valid[0]} heads stay "
                     f"(nearest valid budget: {_fmt_valid([valid[0]], total, config.sparsity is not None)})"
                 )
             near = _fmt_valid(nearest(valid, wanted), total, config.sparsity is not None)

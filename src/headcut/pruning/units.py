@@ -5,7 +5,7 @@
   (arXiv:2602.04491 sec. 4.1) prunes ALBERT this way: "one mask position simultaneously affects 12 heads".
   Every other block is a set of its own.
 * **Granularity in a set** (``mode``), from the block's KV groups and the ``--gqa`` policy of
-  :mod:`headcut.masks`:
+  :mod:`headcut.model.masks`:
 
   - ``head``: any single head (no grouped-query attention, or ``--gqa duplicate``);
   - ``group``: a whole KV group (``--gqa group`` and ``auto``);
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from ..adapters import Block
 from ..errors import HeadcutError
-from ..masks import GQA_POLICIES, HeadMask
+from ..model.masks import GQA_POLICIES, HeadMask
 
 
 @dataclass(frozen=True)

@@ -25,15 +25,8 @@ from torch import nn
 
 from ..catalog import SCORERS, resolve, scorer_entry
 from ..config import ScoreConfig
-from ..surgery import model_blocks
-from .base import (
-    Batch,
-    HeadScores,
-    Progress,
-    Scorer,
-    kv_group_scores,
-    layer_norm_factor,
-)
+from ..model.surgery import model_blocks
+from .base import Batch, HeadScores, Progress, Scorer, kv_group_scores, layer_norm_factor
 
 
 def get_scorer(name: str) -> Scorer:

@@ -36,7 +36,7 @@ from torch import nn
 
 from ..adapters import Block
 from ..errors import HeadcutError
-from ..gating import HeadGates
+from ..model.gating import HeadGates
 from .base import (
     Batch,
     Progress,

@@ -35,7 +35,7 @@
   model's parameter names and shapes, and the caller's ``identity``: method, teacher, model path);
   :meth:`Trainer.resume` refuses a checkpoint whose identity differs and lists the differences, and a
   damaged checkpoint file. While :meth:`Trainer.train` runs it holds a lock on ``checkpoint_dir``
-  (:class:`headcut.outputs.RunLock`), so a second trainer on the same folder is refused.
+  (:class:`headcut.outputs.files.RunLock`), so a second trainer on the same folder is refused.
 * **After each step.** ``after_step(step)`` (1-based, called under ``torch.no_grad`` after the
   optimizer step, inside the seeded RNG) may change the gates in place (PASS clips and re-opens them)
   and returns log values for the step's history entry.
@@ -50,7 +50,7 @@
   the cause and the learning rates), so nothing downstream saves a model. Every checkpoint is written after
   that check, so the one left in ``checkpoint_dir`` holds the last good (finite) state;
   :meth:`Trainer.resume` refuses a checkpoint holding non-finite tensors or an impossible step.
-* **Several processes** (``dist``, :mod:`headcut.distributed`): each process trains on its shard of the
+* **Several processes** (``dist``, :mod:`headcut.training.distributed`): each process trains on its shard of the
   batches and the gradients are averaged over the processes after every step's backward passes, so
   all processes stay identical; only the main process writes checkpoints.
 """
@@ -72,10 +72,10 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
-from ..distributed import Dist
+from .distributed import Dist
 from ..errors import HeadcutError
 from ..interrupts import deferred_signals
-from ..outputs import RunLock, remove_stale
+from ..outputs.files import RunLock, remove_stale
 
 #: the checkpoint's file name under ``checkpoint_dir``
 CHECKPOINT_NAME = "checkpoint.pt"

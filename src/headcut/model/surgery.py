@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
-from .adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
+from .. import __version__
+from ..adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
 from .masks import HeadMask, plan_cuts, resolve_mask
 from .runtime import RUNTIME_FORMAT, apply_ops
 

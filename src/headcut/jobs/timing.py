@@ -37,7 +37,7 @@ Every number is measured on the model as it is, none is estimated from its shape
 
 **runtimes** (``runtime``: ``torch``, ``onnxruntime`` or both): each model gets one row per runtime, in
 the same table and with the same statistics, inputs and baseline (the first row). An ``onnxruntime`` row
-runs the folder's ``model.onnx`` (see :mod:`headcut.formats.onnx`), or, when the folder has none (or
+runs the folder's ``model.onnx`` (see :mod:`headcut.outputs.formats.onnx`), or, when the folder has none (or
 the model is given as a module), an export written into a temporary folder first (a note says so):
 a float32 graph, whatever ``dtype`` the PyTorch rows use. Its session uses the same number of
 intra-op threads as PyTorch. Each run is timed with ``time.perf_counter`` around
@@ -75,10 +75,10 @@ import torch
 import transformers
 from torch import nn
 
-from .config import BenchConfig
-from .errors import HeadcutError, first_line
-from .runtime import returned_cache
-from .surgery import count_params, weights_bytes
+from ..config import BenchConfig
+from ..errors import HeadcutError, first_line
+from ..model.runtime import returned_cache
+from ..model.surgery import count_params, weights_bytes
 
 #: ``--dtype`` values
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -434,7 +434,7 @@ def bench_generation(model: nn.Module, inputs: dict[str, torch.Tensor], config: 
 
 
 def _heads(model: nn.Module) -> tuple[int | None, int | None]:
-    from .adapters import adapter_for
+    from ..adapters import adapter_for
 
     try:
         blocks = adapter_for(model).blocks(model.base_model)
@@ -587,7 +587,7 @@ def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, nam
     """Benchmark ``onnx_file`` (an export of ``model``) in onnxruntime, like :func:`bench_model` does
     PyTorch: same inputs and statistics. ``model`` gives the inputs, FLOPs (unless ``flops`` is given),
     parameters and heads; ``progress(stage, done, total)`` reports the ``onnxruntime ...`` stages."""
-    from .formats.onnx import OnnxRunner
+    from ..outputs.formats.onnx import OnnxRunner
 
     config.validate()
     label = name or type(model).__name__.removeprefix("Headcut")
@@ -658,7 +658,7 @@ def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, nam
 def _onnx_for(item: Any, model: nn.Module, stack: contextlib.ExitStack,
               progress: Callable[[str, int, int], None]) -> tuple[Path, str | None]:
     """The ``model.onnx`` of a checkpoint folder, or an export into a temporary folder (and a note)."""
-    from .formats.onnx import ONNX_FILE, export_onnx
+    from ..outputs.formats.onnx import ONNX_FILE, export_onnx
 
     folder = Path(item).expanduser() if isinstance(item, (str, os.PathLike)) else None
     if folder is not None and (folder / ONNX_FILE).is_file():
@@ -683,14 +683,14 @@ def bench(
     trust_remote_code: bool = False,
     progress: ProgressFn | None = None,
 ) -> list[BenchResult]:
-    """Benchmark checkpoints (loaded one at a time with :func:`headcut.io.load`) or loaded models, in
+    """Benchmark checkpoints (loaded one at a time with :func:`headcut.model.loading.load`) or loaded models, in
     each runtime of ``config.runtime`` (one result per model and runtime, in that order).
 
     Speed-up and FLOP ratio are relative to the first result. ``progress(index, name, stage, done,
     total)`` reports each stage (``load``, ``flops``, ``warmup``, ``runs``, ``generate``; ``onnx export``
     and ``onnxruntime ...`` for onnxruntime)."""
-    from . import io
-    from .arguments import bench_config, bench_models, values
+    from ..model import loading as io
+    from ..arguments import bench_config, bench_models, values
 
     bench_models(models, names)
     bench_config("config", config)
@@ -748,7 +748,7 @@ def device_name(device: str) -> str:
 
 def report_json(results: list[BenchResult], config: BenchConfig) -> dict[str, Any]:
     """The ``--json`` document: settings, environment and one entry per model."""
-    from . import __version__
+    from .. import __version__
 
     return {
         "config": config.to_json(),

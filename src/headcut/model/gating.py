@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adapters import Block, adapter_for
+from ..adapters import Block, adapter_for
 from .masks import HeadMask, resolve_mask
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import HeadcutError
+from ..errors import HeadcutError
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class Dist:
         """The device this process trains on (:func:`headcut.devices.check_device`): ``cpu``, ``mps``, ``cuda:N``,
         ``cuda`` (this process's GPU: ``cuda:local_rank`` in a multi-process run) or ``auto`` (cuda when
         available)."""
-        from .devices import check_device
+        from ..devices import check_device
 
         check_device(requested)
         if requested in ("cpu", "mps") or requested.startswith("cuda:"):

@@ -1,7 +1,7 @@
 """Checking a saved model before anything is allocated: the ``headcut`` record of its config.json,
 and the agreement between its config and its weights.
 
-A slimmed checkpoint's ``config.json`` carries the cut as a record (see :mod:`headcut.surgery`):
+A slimmed checkpoint's ``config.json`` carries the cut as a record (see :mod:`headcut.model.surgery`):
 ``format``, ``runtime_format``, ``headcut_version``, ``family``, ``blocks`` (the kept original query
 and KV heads per block) and ``ops`` (what the runtime does to a freshly built full model). A crafted
 or damaged record must not reach the runtime, so :func:`check_record`
@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import __version__
-from .adapters import adapter_for_config, runtime_mixins
-from .adapters.base import BlockCut
-from .errors import HeadcutError
+from .. import __version__
+from ..adapters import adapter_for_config, runtime_mixins
+from ..adapters.base import BlockCut
+from ..errors import HeadcutError
 from .runtime import RUNTIME_FORMAT, apply_ops
 from .surgery import RECORD_FORMAT, block_ops, count_params
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from .adapters import Block, adapter_for
+from ..adapters import Block, adapter_for
 from .surgery import count_params
 
 

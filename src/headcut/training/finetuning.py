@@ -31,12 +31,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import FinetuneConfig
-from .data import Calibration
+from ..config import FinetuneConfig
+from ..data import Calibration
 from .distributed import Dist
-from .errors import HeadcutError
-from .evaluation import PRIMARY, evaluate
-from .training.engine import EarlyStopping, ProgressFn, Trainer
+from ..errors import HeadcutError
+from ..model.evaluation import PRIMARY, evaluate
+from .engine import EarlyStopping, ProgressFn, Trainer
 
 
 @dataclass
@@ -345,7 +345,7 @@ def finetune(
     eval mode. ``progress(done, total)`` is called after every step (``eval_progress(done, total)`` after every
     evaluation batch), then ``on_step`` with the step's
     history entry (its ``loss``, ...). ``dist``: this process's place in a data-parallel run
-    (:mod:`headcut.distributed`); ``result.distributed`` then says how far the processes' weights
+    (:mod:`headcut.training.distributed`); ``result.distributed`` then says how far the processes' weights
     differ at the end (0.0: identical). ``identity``: more of the run's identity for its checkpoints
     (e.g. the model's and teacher's paths): a checkpoint whose identity or settings differ is refused.
     A run whose loss, gradients or weights become non-finite raises

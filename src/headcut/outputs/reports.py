@@ -35,7 +35,7 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from . import __version__
+    from .. import __version__
 
     return {"headcut": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}

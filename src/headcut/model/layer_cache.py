@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .adapters import Block
-from .errors import HeadcutError
+from ..adapters import Block
+from ..errors import HeadcutError
 
 
 def layer_stack(model: nn.Module, block: Block) -> tuple[nn.ModuleList, int] | None:

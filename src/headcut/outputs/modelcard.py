@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import nn
 
-from .catalog import METHODS, PAPERS
+from ..catalog import METHODS, PAPERS
 from .reports import STOPPED
 
 CARD = "README.md"
@@ -87,7 +87,7 @@ def _pipeline_tag(model: nn.Module) -> str | None:
 def _heads(model: nn.Module) -> tuple[list[tuple[str, int, int, int, int]], int]:
     """(block, heads before, after, KV heads before, after) per block, from the model's cut record, and
     the parameters now."""
-    from .modelinfo import info
+    from ..model.info import info
 
     described = info(model)
     record = getattr(model.config, "headcut", None) or {}
@@ -167,7 +167,7 @@ def _metric_section(report: dict[str, Any]) -> list[str]:
 
 def _auto_class(model: nn.Module) -> str:
     """The most specific Auto class that loads the model's architecture (``AutoModel`` at worst)."""
-    from .io import auto_classes
+    from ..model.loading import auto_classes
 
     arch = _architecture(model)
     matches = sorted(auto for auto, cls in auto_classes(model.config).items() if cls == arch)
@@ -206,7 +206,7 @@ def _files_section(model: nn.Module, formats: dict[str, Any], has_weights: bool)
 def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None = None,
               formats: dict[str, Any] | None = None, has_weights: bool = True) -> str:
     """The card of an output folder holding ``model``, written by the command of ``report``."""
-    from . import __version__
+    from .. import __version__
 
     formats = formats or {}
     rows, params_after = _heads(model)
@@ -289,7 +289,7 @@ def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[l
     that has a headcut card, from its ``headcut bench`` rows; speed-ups are against the baseline's row
     of the same runtime. Each card is replaced atomically. Returns the cards written and notes on the
     folders skipped."""
-    from .outputs import OutputFile
+    from .files import OutputFile
 
     names = [str(m) if isinstance(m, (str, Path)) else None for m in models]
     written: list[Path] = []

@@ -52,9 +52,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..adapters import Block
-from ..catalog import GGUF_TYPES
-from ..errors import HeadcutError
+from ...adapters import Block
+from ...catalog import GGUF_TYPES
+from ...errors import HeadcutError
 
 #: transformers model types the writer knows (llama.cpp's Llama family)
 MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -125,7 +125,7 @@ def _check_family(model: nn.Module) -> None:
 
 def _blocks(model: nn.Module) -> list[Block]:
     """The attention blocks, one per layer in order (the adapter's view: projections, heads, head size)."""
-    from ..adapters import adapter_for
+    from ...adapters import adapter_for
 
     return sorted(adapter_for(model).blocks(model.base_model), key=lambda b: b.layer)
 
@@ -296,7 +296,7 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
     import gguf
     import transformers
 
-    from ..io import quiet_transformers
+    from ...model.loading import quiet_transformers
 
     data = _read_tokenizer_json(folder)
     vocab: dict[str, int] = dict(data["model"].get("vocab") or {})
@@ -469,7 +469,7 @@ def export_gguf(model: nn.Module, folder: Path, *, outtype: str = "f16") -> Gguf
     check_gguf(model, outtype)
     import gguf
 
-    from ..outputs import OutputFile
+    from ..files import OutputFile
 
     layers = _layers(model)
     d = _head_dim(model)

@@ -45,8 +45,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import HeadcutError
-from .interrupts import deferred_signals
+from ..errors import HeadcutError
+from ..interrupts import deferred_signals
 
 try:  # POSIX; elsewhere RunLock falls back to an exclusive-create pid file
     import fcntl
@@ -756,7 +756,7 @@ def plan_outputs(
     checkpoint: Path | None = None,
     file_force: Mapping[str, bool] | None = None,
 ) -> tuple[OutputDir | None, dict[str, OutputFile]]:
-    """Check every output of a command before its work starts (see :mod:`headcut.outputs`).
+    """Check every output of a command before its work starts (see :mod:`headcut.outputs.files`).
 
     ``reads``: flag -> input (paths, Hub ids or datasets names; only local ones are checked);
     ``files``: flag -> output file (``-`` and None skipped); ``out``: the output folder;
@@ -782,7 +782,7 @@ def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: Path | N
     and an interruption that says where the resume checkpoint is and how to resume (training jobs)."""
     import signal
 
-    from .interrupts import Interrupted
+    from ..interrupts import Interrupted
 
     with target if main else contextlib.nullcontext():
         try:
@@ -791,7 +791,7 @@ def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: Path | N
             if checkpoint is None:
                 raise
             signum = getattr(exc, "signum", signal.SIGINT)
-            from .training.engine import has_checkpoint
+            from ..training.engine import has_checkpoint
 
             if has_checkpoint(checkpoint):
                 hint = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .adapters.base import Block, BlockCut
-from .errors import HeadcutError
+from ..adapters.base import Block, BlockCut
+from ..errors import HeadcutError
 
 GQA_POLICIES = ("auto", "group", "uniform", "duplicate")
 

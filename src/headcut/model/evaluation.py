@@ -33,8 +33,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .data import Calibration
-from .errors import HeadcutError
+from ..data import Calibration
+from ..errors import HeadcutError
 
 #: a progress callback: (batches done, batches in all)
 EvalProgress = Callable[[int, int], None]

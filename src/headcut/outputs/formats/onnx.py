@@ -47,9 +47,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import HeadcutError
-from ..runtime import CACHE_KEYWORDS, returned_cache
-from ..surgery import weights_bytes
+from ...errors import HeadcutError
+from ...model.runtime import CACHE_KEYWORDS, returned_cache
+from ...model.surgery import weights_bytes
 
 #: the largest max abs difference from PyTorch (float32) an export may have
 ONNX_TOLERANCE = 1e-4
