@@ -454,7 +454,8 @@ RULES: dict[str, dict[str, Rule]] = {
         **_WRITES, **_TRAINS,
     },
     "evaluate": {"model": model, "data": data, **_MODEL_IN, **_DATA_IN},
-    "export": {"model": model, "mask": mask, "gqa": text, **_MODEL_IN, **_WRITES},
+    "export": {"model": model, "mask": mask, "gqa": text, "out": optional(output), "force": boolean, **_MODEL_IN,
+               **_WRITES},
     "bench": {
         "models": model_list, "config": optional(bench_config), "names": optional(strings),
         "progress": optional(reporter), "update_cards": boolean, "settings": anything, **_MODEL_IN,

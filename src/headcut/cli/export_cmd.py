@@ -23,7 +23,6 @@ from .common import (
     TrustRemote,
     examples,
     handle_errors,
-    local_input,
     plan_outputs,
 )
 from .render import formats_lines
@@ -58,18 +57,13 @@ def export(
 
     parse_formats(output_format)  # a bad --format is refused before anything is read
 
-    target, _ = plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
-    assert target is not None
+    plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out})
     log = Out(json_out, quiet)
     arguments = {"model": model, "mask": str(mask), "out": str(out), "gqa": gqa, "force": force, "task": task,
                  "format": output_format, "gguf_type": gguf_type if "gguf" in output_format else None}
-    with target:
-        exported = api.export(model, mask, gqa=gqa, task=task, allow_pickle=allow_pickle,
-                              trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type,
-                              arguments=arguments)
-        if local_input(model) is None:
-            exported.source = None
-        exported.save(target)
+    exported = api.export(model, mask, gqa=gqa, task=task, allow_pickle=allow_pickle,
+                          trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type,
+                          out=out, force=force, arguments=arguments)
     s = exported.slim
     log.show(f"kept {s.total_after} of {s.total_before} heads; parameters {s.params_before:,} -> {s.params_after:,}; "
              f"saved to {out}")

@@ -89,6 +89,7 @@ def finetune_cmd(
     settings: Optional[dict] = None,
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
+    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
     from .. import api
 
     settings = settings or {}
@@ -97,9 +98,8 @@ def finetune_cmd(
         raise HeadcutError("--out DIR is required: the folder to save the fine-tuned model in")
     data_cfg = data_spec(data, data_options.split, data_options, seed)
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
-    plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
-    log = Out(json_out, quiet)
     try:
+        plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
         tuned = api.finetune(
             model, data_cfg, eval_data=eval_cfg, teacher=teacher, seed=seed, task=task,
             labels=labels.split(",") if labels is not None else None, split=data_options.split,

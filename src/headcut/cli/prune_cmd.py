@@ -175,6 +175,7 @@ def prune_cmd(
     budget: Optional[dict] = None,
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
+    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
     from .. import api
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
@@ -189,9 +190,8 @@ def prune_cmd(
     use_data = data is not None and (entry is None or entry.data != "none")
     data_cfg = data_spec(data, data_options.split, data_options, seed) if use_data else data
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
-    plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
-    log = Out(json_out, quiet)
     try:
+        plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
         pruned = api.prune(
             model, method, data=data_cfg, eval_data=eval_cfg, seed=seed, trajectory=trajectory or False, task=task,
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..arguments import checked, values
@@ -30,13 +31,18 @@ class Exported(Written):
 def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str], *, gqa: str = "auto",
            task: str | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
            formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
+           out: str | os.PathLike[str] | None = None, force: bool = False,
            arguments: dict[str, Any] | None = None) -> Exported:
     """Remove the heads ``mask`` drops (``headcut export``): a mask dict ``{"keep"|"drop": {block: [heads]}}``,
     a :class:`HeadMask` or a mask JSON file. ``formats``/``gguf_type``: what ``save`` writes (see
-    :mod:`headcut.outputs.formats`), checked here before the work."""
+    :mod:`headcut.outputs.formats`), checked here before the work. ``out``/``force``: save the result there, the
+    paths checked and locked before the model is loaded (``headcut export --out``)."""
+    import contextlib
+
+    from ..outputs.files import plan_outputs
+
     from ..catalog import GQA_POLICIES
     from ..model.masks import read_mask_file
-    from ..model.surgery import slim
 
     arguments = arguments if arguments is not None else plain_arguments({"model": model, "gqa": gqa, "task": task})
     with values():
@@ -51,6 +57,25 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
         raw = mask.to_json() if isinstance(mask, HeadMask) else dict(mask)
         with values():
             check_mask(raw)  # its form, before the model is loaded (as a mask file's)
+    target = None
+    if out is not None:
+        with values():
+            target, _ = plan_outputs(reads={label("model"): model if isinstance(model, (str, os.PathLike)) else None,
+                                            label("mask"): mask if isinstance(mask, (str, os.PathLike)) else None},
+                                     out=Path(out), force=force)
+    with target if target is not None else contextlib.nullcontext():
+        exported = _export(model, raw, reads, gqa, task, allow_pickle, trust_remote_code, chosen, gguf_type,
+                           arguments)
+        if target is not None:
+            exported.save(target)
+    return exported
+
+
+def _export(model: ModelLike, raw: Any, reads: dict[str, Any], gqa: str, task: str | None, allow_pickle: bool,
+            trust_remote_code: bool, chosen: tuple[str, ...], gguf_type: str, arguments: dict[str, Any]) -> Exported:
+    """The work of :func:`export` on a checked request."""
+    from ..model.surgery import slim
+
     notes: list[str] = []
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, quiet())
     check_formats(loaded.module, chosen, gguf_type)
