@@ -106,6 +106,7 @@ def bench(
     trust_remote_code: TrustRemote = False,
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
+    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from ..jobs.timing import device_name
     from .render import bench_table
@@ -115,7 +116,6 @@ def bench(
         dtype=dtype, attn_implementation=attn_implementation, gen_tokens=gen_tokens, gen_runs=gen_runs, seed=seed,
         runtime=runtime,
     )
-    log = Out(json_out, quiet)
     for warning in config.validate():
         log.log.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})

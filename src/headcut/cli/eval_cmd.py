@@ -57,12 +57,12 @@ def eval_(
     data_options: DataOptions = DataOptions(),
 ) -> None:
     """Evaluate MODEL on --data (see EVAL_HELP)."""
+    out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from .render import metrics_table
 
     spec = data_spec(data, data_options.split, data_options, seed)
     plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out})
-    out = Out(json_out, quiet)
     try:
         ev = api.evaluate(model, spec, task=task, seed=seed, progress=out.progress, allow_pickle=allow_pickle,
                           trust_remote_code=trust_remote_code)

@@ -57,7 +57,7 @@ def export(
 
     parse_formats(output_format)  # a bad --format is refused before anything is read
 
-    plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out})
+    plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
     log = Out(json_out, quiet)
     arguments = {"model": model, "mask": str(mask), "out": str(out), "gqa": gqa, "force": force, "task": task,
                  "format": output_format, "gguf_type": gguf_type if "gguf" in output_format else None}

@@ -99,7 +99,7 @@ def finetune_cmd(
     data_cfg = data_spec(data, data_options.split, data_options, seed)
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
     try:
-        plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
+        plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         tuned = api.finetune(
             model, data_cfg, eval_data=eval_cfg, teacher=teacher, seed=seed, task=task,
             labels=labels.split(",") if labels is not None else None, split=data_options.split,

@@ -191,7 +191,7 @@ def prune_cmd(
     data_cfg = data_spec(data, data_options.split, data_options, seed) if use_data else data
     eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
     try:
-        plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
+        plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         pruned = api.prune(
             model, method, data=data_cfg, eval_data=eval_cfg, seed=seed, trajectory=trajectory or False, task=task,
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,

@@ -77,6 +77,7 @@ def score_cmd(
     data_options: DataOptions = DataOptions(),
 ) -> None:
     """Score heads (see SCORE_HELP)."""
+    out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from ..config import ScoreConfig
     from .render import heatmap_tables, write_plot
@@ -86,7 +87,6 @@ def score_cmd(
         raise HeadcutError("--plot needs matplotlib: pip install 'headcut[plots]' (or pip install matplotlib)")
     spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
     _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
-    out = Out(json_out, quiet)
     try:
         scored = api.score(model, scorer, data=spec, normalize=normalize, abs_per=abs_per, objective=objective,
                            per=per, seed=seed, task=task, progress=out.progress, allow_pickle=allow_pickle,

@@ -22,16 +22,11 @@ from .runtime import RUNTIME_FORMAT, apply_ops
 RECORD_FORMAT = 1
 
 
-@dataclass
-class SlimResult:
-    """What a slimming changed."""
+class HeadTotals:
+    """``total_before`` / ``total_after`` of a result with ``heads_before`` / ``heads_after`` per block."""
 
     heads_before: dict[str, int]
     heads_after: dict[str, int]
-    params_before: int
-    params_after: int
-    unshared_params: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def total_before(self) -> int:
@@ -40,6 +35,18 @@ class SlimResult:
     @property
     def total_after(self) -> int:
         return sum(self.heads_after.values())
+
+
+@dataclass
+class SlimResult(HeadTotals):
+    """What a slimming changed."""
+
+    heads_before: dict[str, int]
+    heads_after: dict[str, int]
+    params_before: int
+    params_after: int
+    unshared_params: int = 0
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -17,6 +17,7 @@ from ..errors import HeadcutError
 from ..model.evaluation import evaluate
 from ..model.gating import gated
 from ..model.masks import HeadMask
+from ..model.surgery import HeadTotals
 from ..scoring.base import Batch, HeadScores
 
 #: ``progress(phase, done, total)``: phase ``"prune"`` (heads removed of the most that may go),
@@ -42,7 +43,7 @@ class TrajectoryPoint:
 
 
 @dataclass
-class PruneResult:
+class PruneResult(HeadTotals):
     """What :func:`headcut.pruning.plan_prune` decided.
 
     ``mask``: the kept heads (every block, the input model's current numbering; a ``{"keep": ...}``
@@ -75,14 +76,6 @@ class PruneResult:
     training: Any = None
     options: Any = None
     details: Any = None
-
-    @property
-    def total_before(self) -> int:
-        return sum(self.heads_before.values())
-
-    @property
-    def total_after(self) -> int:
-        return sum(self.heads_after.values())
 
     def section(self) -> dict[str, Any]:
         """The method's own part of the report: the scorer options of a score-based method, the training
