@@ -51,8 +51,6 @@ GQA_POLICIES = ("auto", "group", "uniform", "duplicate")
 OUTPUT_FORMATS = ("safetensors", "onnx", "gguf")
 #: ``--gguf-type`` values: the GGUF tensor type of the weight matrices
 GGUF_TYPES = ("f16", "f32", "q8_0")
-#: ``--device`` values of the training commands (``cuda:N`` is accepted too)
-DEVICES = ("auto", "cpu", "cuda")
 #: ``--dtype`` values of ``headcut bench``
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 #: ``--attn`` values of ``headcut bench``

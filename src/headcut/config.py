@@ -47,27 +47,6 @@ def _count(flag: str, value: Any, low: int) -> None:
         raise OptionError("{%s} must be an integer >= %d (got {v!r})" % (_field(flag), low), v=value)
 
 
-def _finite(value: Any) -> bool:
-    """A finite real number (not a bool, not a string)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _real(flag: str, value: Any, low: float = -math.inf, high: float = math.inf, *,
-          low_open: bool = False, high_open: bool = False) -> None:
-    """Refuse a value that is not a finite real number in the range (``nan``, ``inf``, a bool or a string
-    included): one line naming the option and the valid range."""
-    ok = _finite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-    if ok:
-        return
-    if high == math.inf:
-        rule = ("positive" if low == 0 and low_open else f"{'>' if low_open else '>='} {low:g}") + " and finite"
-    else:
-        rule = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    raise OptionError("{%s} must be %s (got {v!r})" % (_field(flag), rule), v=value)
-
-
 def _seed(flag: str, value: Any) -> None:
     """A seed torch's generators take: an integer in [-2**63, 2**64)."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not -(2**63) <= value < 2**64:
@@ -153,12 +132,6 @@ class PruneConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def check_distillation(alpha: float, temperature: float) -> None:
-    """Refuse a distillation weight outside [0, 1] or a temperature that is not positive and finite."""
-    _real("alpha", alpha, 0.0, 1.0)
-    _real("temperature", temperature, 0.0, low_open=True)
 
 
 T = TRAINING_PANEL

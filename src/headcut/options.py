@@ -25,7 +25,7 @@ import functools
 import math
 import numbers
 import string
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -212,12 +212,6 @@ def check_fields(obj: Any, names: tuple[str, ...] | None = None) -> None:
             continue
         kind, optional = _kind(f.type)
         _check_value(OptionSpec(f.name, kind, optional, f.default, meta), getattr(obj, f.name))
-
-
-def defaults(cls: type) -> dict[str, Any]:
-    """Each option's default (for the tests and the docs)."""
-    assert is_dataclass(cls)
-    return {s.name: s.default for s in specs(cls)}
 
 
 # ---- the same specs, read from the source -----------------------------------------------------------------

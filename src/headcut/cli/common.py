@@ -31,7 +31,7 @@ from ..catalog import GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS
 from ..errors import HeadcutError
 from ..options import OptionSpec, cli_name
 from ..interrupts import Interrupted
-from ..outputs.files import OutputDir, OutputFile, file_error, local_input, plan_outputs  # noqa: F401 (the commands use them)
+from ..outputs.files import OutputDir, OutputFile, file_error, plan_outputs  # noqa: F401 (the commands use it)
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
