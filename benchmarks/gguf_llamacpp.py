@@ -16,8 +16,10 @@ llama.cpp's default f16 KV cache.
     python benchmarks/gguf_llamacpp.py [--tokens 2048] [--block 512] [--gen 64] [--threads 2] [--repeat 3] [--json PATH]
 
 With ``--folder DIR`` (repeatable) it measures headcut outputs instead of its own cuts: each folder's
-safetensors model (transformers, through ``headcut.load``) against every ``*.gguf`` file beside it, as
-``headcut prune ... --format safetensors,gguf`` writes them.
+safetensors model (transformers, through ``headcut.load``) against the ``*.gguf`` file beside it, as
+``headcut prune/export ... --format safetensors,gguf`` writes them, with the folder's own tokenizer (any
+family the GGUF writer knows: e.g. Gemma 3 270M, written as llama.cpp's ``gemma3`` with its SentencePiece
+tokenizer).
 """
 
 from __future__ import annotations
@@ -148,20 +150,24 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     types = [t for t in args.types.split(",") if t]
-    src = offline.smollm_dir()
-    tok = transformers.AutoTokenizer.from_pretrained(src)
     text = offline.hamlet_path().read_text()
-    all_ids = tok(text)["input_ids"]
-    ids = all_ids[: args.tokens]
-    prompts = [tok(p)["input_ids"] for p in PROMPTS]
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gguf-bench-"))
     root.mkdir(parents=True, exist_ok=True)
-    blocks = headcut.model_blocks(headcut.load(src))
-    report: dict = {"tokens": len(ids), "block": args.block, "threads": args.threads, "models": {}}
-    tokenizer_checked = False
-    cases = ({Path(f).name: (Path(f), None) for f in args.folder} if args.folder
-             else {label: (src, cut) for label, cut in masks(blocks).items()})
+    report: dict = {"block": args.block, "threads": args.threads, "models": {}}
+    if args.folder:  # each folder with its own tokenizer (any family the GGUF writer knows)
+        cases = {Path(f).name: (Path(f), None) for f in args.folder}
+    else:
+        src = offline.smollm_dir()
+        cases = {label: (src, cut) for label, cut in masks(headcut.model_blocks(headcut.load(src))).items()}
+    checked: set[Path] = set()  # sources whose tokenizer llama.cpp was compared with
     for label, (path_in, cut) in cases.items():
+        tok = transformers.AutoTokenizer.from_pretrained(path_in)
+        all_ids = tok(text)["input_ids"]
+        ids = all_ids[: args.tokens]
+        prompts = [tok(p)["input_ids"] for p in PROMPTS]
+        report["tokens"] = len(ids)
+        tokenizer_checked = path_in in checked
+        checked.add(path_in)
         model = headcut.load(path_in)
         if cut is not None and cut[0] is not None:
             headcut.slim(model, cut[0], gqa=cut[1])
@@ -197,12 +203,15 @@ def main() -> None:
                         n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kv)
             if not tokenizer_checked:
                 own = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
-                report["llamacpp_tokenizer_same_ids"] = own == all_ids
-                report["llamacpp_tokenizer_first_mismatch"] = next(
-                    (i for i, (a, b) in enumerate(zip(own, all_ids)) if a != b),
-                    None if len(own) == len(all_ids) else min(len(own), len(all_ids)))
-                chat = [llm.tokenize(p.encode("utf-8"), add_bos=True, special=True) for p in PROMPTS]
-                report["llamacpp_tokenizer_prompts_same_ids"] = chat == prompts
+                same = own == all_ids
+                first = next((i for i, (a, b) in enumerate(zip(own, all_ids)) if a != b),
+                             None if len(own) == len(all_ids) else min(len(own), len(all_ids)))
+                chat = [llm.tokenize(p.encode("utf-8"), add_bos=True, special=True) for p in PROMPTS] == prompts
+                report["llamacpp_tokenizer_same_ids"] = report.get("llamacpp_tokenizer_same_ids", True) and same
+                report.setdefault("llamacpp_tokenizer_first_mismatch", first)
+                report["llamacpp_tokenizer_prompts_same_ids"] = (
+                    report.get("llamacpp_tokenizer_prompts_same_ids", True) and chat)
+                info["llamacpp_tokenizer"] = {"same_ids": same, "first_mismatch": first, "prompts_same_ids": chat}
                 tokenizer_checked = True
             got = prompt_logits_cpp(llm, prompts)
             diff = max(float(np.abs(g - r).max()) for g, r in zip(got, ref))

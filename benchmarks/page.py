@@ -44,6 +44,8 @@ sentences of speeches it never saw):
   has a GPU.
 * ``smollm``: SmolLM2-135M (30 layers x 3 KV groups) with KV groups removed (one-shot gradient scores on the
   first half of hamlet.txt): perplexity on the second half, KV-cache bytes and generation speed.
+* ``gemma3``: the same for Gemma 3 270M (18 layers x 1 KV head of 4 query heads: each KV head removed empties a
+  layer's attention), on fewer 256-token blocks (its 262,144-token vocabulary makes each one slow on a CPU).
 * ``convention``: the second task: the training-free methods and the recipe at every K, the learned-gate
   methods (``voita`` too) at ``LEARNED_KS`` as in ``learned``.
 """
@@ -56,6 +58,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -540,42 +543,83 @@ def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Names
     store.data.update(devices=out, rounds=SPEED_ROUNDS, runs=SPEED_RUNS)
 
 
-#: SmolLM2's KV groups removed (of 90)
-SMOLLM_REMOVED = [0, 6, 12, 18, 30, 45]
+@dataclass(frozen=True)
+class KVStudy:
+    """A decoder whose whole KV groups are removed (``headcut prune --method gradient --gqa group``): one-shot
+    gradient scores on blocks of 256 tokens of the first half of hamlet.txt, perplexity on blocks of the second
+    half (``eval_examples`` blocks, the same for every row), KV-cache bytes and generation speed."""
+
+    checkpoint: Callable[[], Path]
+    #: KV groups removed, a row each (0: the unpruned model)
+    removed: list[int]
+    #: blocks of 256 tokens scored (of the first half) and evaluated (of the second half)
+    cal_examples: int
+    eval_examples: int
+    #: blocks per batch (None: headcut's default, 16); neither the scores (absolute values per example) nor the
+    #: perplexity (blocks of equal length) depend on it, the memory does (16 x 256 x 262,144 fp32 logits: 4 GiB)
+    batch_size: int | None = None
 
 
-def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
-    src = offline.smollm_dir()
+#: the decoders' KV studies. SmolLM2-135M: 30 layers x 3 KV groups of 3 query heads (its rows were measured
+#: with prune's own evaluation of 64 blocks, the unpruned row on the whole second half); Gemma 3 270M: 18
+#: layers x 1 KV head of 4 query heads (a group removed empties a layer; 262,144-token vocabulary: fewer blocks)
+KV_STUDIES = {
+    "smollm": KVStudy(offline.smollm_dir, [0, 6, 12, 18, 30, 45], cal_examples=64, eval_examples=64),
+    "gemma3": KVStudy(offline.gemma3_dir, [0, 1, 2, 3, 4, 5, 6], cal_examples=8, eval_examples=16, batch_size=2),
+}
+
+
+def _kv_study(name: str, store: Store) -> None:
+    spec = KV_STUDIES[name]
+    src = spec.checkpoint()
+    config = transformers.AutoConfig.from_pretrained(src)
+    groups = config.num_hidden_layers * config.num_key_value_heads
+    size = config.num_attention_heads // config.num_key_value_heads
+    batch = {} if spec.batch_size is None else {"batch_size": spec.batch_size}
+    cal_options = {"seq_len": 256, "max_examples": spec.cal_examples, **batch}
+    eval_options = {"seq_len": 256, "max_examples": spec.eval_examples, **batch}
     text = offline.hamlet_path().read_text()
     with tempfile.TemporaryDirectory() as tmp:
         half = len(text) // 2
         cal, held = Path(tmp) / "hamlet-a.txt", Path(tmp) / "hamlet-b.txt"
         cal.write_text(text[:half])
         held.write_text(text[half:])
-        for removed in SMOLLM_REMOVED:
-            def measure(removed: int = removed) -> dict[str, Any]:
-                out = Path(tmp) / f"smol-{removed}"
-                start = time.perf_counter()
-                if removed:
-                    pruned = headcut.prune(src, "gradient", keep=(90 - removed) * 3, gqa="group", data=cal,
-                                           eval_data=held, data_options={"seq_len": 256, "max_examples": 64})
-                    metric = pruned.report["metric"]
-                    before, after = metric["before"], metric["after"]
-                    pruned.save(out)
-                    folder = out
-                else:
-                    before = after = headcut.evaluate(src, held, data_options={"seq_len": 256}).value
-                    folder = src
-                seconds = time.perf_counter() - start
-                bench = headcut.bench([folder], batch_size=1, seq_len=128, gen_tokens=32, runs=5, warmup=1)
-                row = bench.results[0]
-                return {"perplexity_before": before, "perplexity": after, "prune_seconds": seconds,
-                        "kv_heads": row.kv_heads, "heads": row.heads, "params": row.params,
-                        "kv_cache_bytes": row.generation.kv_cache_bytes, "tokens_per_s": row.generation.tokens_per_s,
-                        "forward_ms": row.median_ms}
 
-            row = store.row({"removed": removed}, measure)
-            log(f"smollm: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
+        def unpruned() -> float:
+            return store.row({"removed": 0}, lambda: measure(0))["perplexity"]
+
+        def measure(removed: int) -> dict[str, Any]:
+            start = time.perf_counter()
+            if removed:
+                before = unpruned()
+                folder = Path(tmp) / f"{name}-{removed}"
+                mask = headcut.prune(src, "gradient", keep=(groups - removed) * size, gqa="group", data=cal,
+                                     data_options=cal_options, out=folder).mask.to_json()
+            else:
+                before, folder, mask = None, src, None
+            after = headcut.evaluate(folder, held, data_options=eval_options).value  # the saved model, reloaded
+            seconds = time.perf_counter() - start
+            bench = headcut.bench([folder], batch_size=1, seq_len=128, gen_tokens=32, runs=5, warmup=1)
+            row = bench.results[0]
+            if removed:
+                shutil.rmtree(folder)  # a gigabyte each for Gemma 3
+            return {"perplexity_before": after if before is None else before, "perplexity": after,
+                    "prune_seconds": seconds, "kv_heads": row.kv_heads, "heads": row.heads, "params": row.params,
+                    "kv_cache_bytes": row.generation.kv_cache_bytes, "tokens_per_s": row.generation.tokens_per_s,
+                    "forward_ms": row.median_ms, "cal_examples": spec.cal_examples,
+                    "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
+
+        for removed in spec.removed:
+            row = store.row({"removed": removed}, lambda removed=removed: measure(removed))
+            log(f"{name}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
+
+
+def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    _kv_study("smollm", store)
+
+
+def study_gemma3(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    _kv_study("gemma3", store)
 
 
 def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
@@ -598,7 +642,7 @@ def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
     "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
-    "convention": study_convention,
+    "gemma3": study_gemma3, "convention": study_convention,
 }
 
 

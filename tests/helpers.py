@@ -48,6 +48,49 @@ def _cfg(family: str) -> Any:
         cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "mistral": T.MistralConfig}[family]
         return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
                    max_position_embeddings=64, **common)
+    if family in ("qwen3", "smollm3"):
+        extra = {"no_rope_layers": [1, 0, 1]} if family == "smollm3" else {"head_dim": 10}
+        cls = {"qwen3": T.Qwen3Config, "smollm3": T.SmolLM3Config}[family]
+        return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
+                   max_position_embeddings=64, **extra, **common)
+    if family in ("gemma2", "gemma3"):
+        # layer 1 attends through a sliding window of 4 (shorter than the test inputs); Gemma 2 soft-caps logits
+        extra = {"attn_logit_softcapping": 5.0} if family == "gemma2" else {}
+        cls = {"gemma2": T.Gemma2Config, "gemma3": T.Gemma3TextConfig}[family]
+        return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+                   intermediate_size=37, max_position_embeddings=64, sliding_window=4, query_pre_attn_scalar=10,
+                   layer_types=["full_attention", "sliding_attention", "full_attention"], **extra, **common)
+    if family == "phi3":
+        return T.Phi3Config(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                            intermediate_size=37, max_position_embeddings=64, **common)
+    if family == "olmo2":
+        return T.Olmo2Config(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                             intermediate_size=37, max_position_embeddings=64, **common)
+    if family == "gpt-neox":  # partial rotary: a quarter of each head
+        return T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+                               max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True, **common)
+    if family == "modernbert":  # layers 0 and 2 global, 1 local with a window shorter than the inputs
+        return T.ModernBertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
+                                  max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4,
+                                  cls_token_id=1, sep_token_id=2, **common)
+    if family == "qwen3_5":
+        # hybrid: Gated DeltaNet layers (6 value heads of 8 in 2 key heads of 10) and gated attention layers.
+        # rms_norm_eps 1e-2: the DeltaNet's gated RMSNorm of its small per-head outputs otherwise amplifies
+        # float rounding (outputs of projections of other widths differ in the last bit) to ~1e-5
+        return T.Qwen3_5TextConfig(
+            hidden_size=48, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=8,
+            intermediate_size=37, max_position_embeddings=64, linear_num_value_heads=6, linear_num_key_heads=2,
+            linear_key_head_dim=10, linear_value_head_dim=8, rms_norm_eps=1e-2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], **common)
+    if family == "gemma4":
+        # sliding layers: 2 KV heads of 12; global layers (4, 6): 3 KV heads of 16, k = v (no v_proj); layers 5
+        # and 6 reuse the keys and values that layers 3 and 4 store (KV sharing needs per-layer inputs)
+        return T.Gemma4TextConfig(
+            hidden_size=48, num_hidden_layers=7, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
+            global_head_dim=16, num_global_key_value_heads=3, attention_k_eq_v=True, num_kv_shared_layers=2,
+            intermediate_size=37, max_position_embeddings=64, sliding_window=4, hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=V, layer_types=["sliding_attention"] * 4 + ["full_attention", "sliding_attention",
+                                                                                 "full_attention"], **common)
     if family == "bart":
         return T.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                             encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, decoder_start_token_id=2,
@@ -78,19 +121,33 @@ CLASSES: dict[str, list[str]] = {
     "llama": ["LlamaForCausalLM", "LlamaForSequenceClassification"],
     "qwen2": ["Qwen2ForCausalLM"],
     "mistral": ["MistralForCausalLM"],
+    "qwen3": ["Qwen3ForCausalLM", "Qwen3ForSequenceClassification"],
+    "smollm3": ["SmolLM3ForCausalLM"],
+    "gemma2": ["Gemma2ForCausalLM", "Gemma2ForSequenceClassification"],
+    "gemma3": ["Gemma3ForCausalLM", "Gemma3TextForSequenceClassification"],
+    "qwen3_5": ["Qwen3_5ForCausalLM", "Qwen3_5TextForSequenceClassification", "Qwen3_5TextModel"],
+    "phi3": ["Phi3ForCausalLM", "Phi3ForSequenceClassification"],
+    "olmo2": ["Olmo2ForCausalLM"],
+    "gpt-neox": ["GPTNeoXForCausalLM", "GPTNeoXForSequenceClassification"],
+    "modernbert": ["ModernBertModel", "ModernBertForSequenceClassification", "ModernBertForMaskedLM"],
     "bart": ["BartForConditionalGeneration", "BartForSequenceClassification"],
     "marian": ["MarianMTModel"],
+    "gemma4": ["Gemma4ForCausalLM", "Gemma4TextModel"],
     "t5": ["T5ForConditionalGeneration", "T5EncoderModel"],
     "vit": ["ViTModel", "ViTForImageClassification"],
 }
 
 FAMILIES = list(CLASSES)
-DECODERS = ["gpt2", "llama", "qwen2", "mistral", "bart", "marian", "t5"]
+#: causal decoders with grouped-query attention (Llama's layout and its relatives)
+GQA_DECODERS = ["llama", "qwen2", "mistral", "qwen3", "smollm3", "gemma2", "gemma3", "phi3", "olmo2", "qwen3_5", "gemma4"]
+DECODERS = ["gpt2", "gpt-neox", *GQA_DECODERS, "bart", "marian", "t5"]
 #: the classes used for generation tests
 GENERATORS = {
     "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM", "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
-    "t5": "T5ForConditionalGeneration",
+    "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM", "gpt-neox": "GPTNeoXForCausalLM", "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
+    "t5": "T5ForConditionalGeneration", "qwen3_5": "Qwen3_5ForCausalLM", "gemma4": "Gemma4ForCausalLM",
 }
 
 
@@ -125,7 +182,7 @@ def make_inputs(family: str, model: torch.nn.Module, batch: int = 2, length: int
     mask = torch.ones(batch, length, dtype=torch.long)
     if batch > 1:
         mask[-1, -2:] = 0  # some padding
-        if family in ("gpt2", "llama", "qwen2", "mistral"):
+        if family in ("gpt2", "gpt-neox") or family in GQA_DECODERS:
             mask = torch.ones(batch, length, dtype=torch.long)  # right padding changes nothing we test
     if model.config.is_encoder_decoder and type(model).__name__.endswith("ForSequenceClassification"):
         # BART-style classifiers read the hidden state at the (single) eos token of every example

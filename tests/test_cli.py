@@ -42,7 +42,7 @@ def test_info_json(bert_dir):
     data = json.loads(result.stdout)
     assert data["total_heads"] == 8
     assert [b["name"] for b in data["blocks"]] == ["self.0", "self.1"]
-    assert set(data["blocks"][0]) == {"name", "kind", "layer", "heads", "kv_heads", "head_dim"}
+    assert set(data["blocks"][0]) == {"name", "kind", "layer", "heads", "kv_heads", "head_dim", "mixer"}
     assert data["params"] == headcut.count_params(headcut.load(bert_dir))
 
 

@@ -12,6 +12,7 @@ import torch
 from helpers import (
     CASES,
     FAMILIES,
+    GQA_DECODERS,
     check_units,
     cls_rows,
     loss_class,
@@ -55,7 +56,7 @@ def test_every_method_ends_with_exactly_k_heads_on_every_family(family, method):
     cal = calibration_for(model)
     total = total_heads(model)
     keep = total // 2 if family != "albert" else 6  # ALBERT: 3 sharing layers lose a head together
-    if family in ("llama", "qwen2", "mistral"):
+    if family in GQA_DECODERS:
         keep = 9  # whole KV groups of 3 (--gqa auto)
     options = {"max_steps": 4, "mode": "pipelined" if method == "ste" else None}
     result = prune(model, cal, PruneConfig(method=method, keep=keep), options)

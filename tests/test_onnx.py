@@ -25,8 +25,14 @@ CASES = {
     "deberta-v2": ("DebertaV2ForSequenceClassification", "auto", [[], [1, 2]]),
     "gpt2": ("GPT2LMHeadModel", "auto", [[], [0, 3], [0, 1, 2, 3]]),
     "llama": ("LlamaForCausalLM", "duplicate", [[0, 4], [], [0, 1, 2, 3, 4, 5]]),
+    # the new families whose graphs differ from Llama's: fused and interleaved projections, a config view,
+    # norms over all heads, local/global encoder layers
+    "modernbert": ("ModernBertForSequenceClassification", "auto", [[], [0, 2, 3], [1]]),
+    "gpt-neox": ("GPTNeoXForCausalLM", "auto", [[], [0, 3], [0, 1, 2, 3]]),
+    "phi3": ("Phi3ForCausalLM", "duplicate", [[0, 4], [], [0, 1, 2, 3, 4, 5]]),
+    "olmo2": ("Olmo2ForCausalLM", "uniform", [[1, 4], [], [0, 1, 2, 3, 4, 5]]),
 }
-DECODERS = ["gpt2", "llama"]
+DECODERS = ["gpt2", "llama", "gpt-neox", "phi3", "olmo2"]
 TOKEN_TYPES = {"bert", "roberta"}
 
 

@@ -30,13 +30,14 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from helpers import CLASSES, FAMILIES, make_inputs, make_model, output_tensor
+from helpers import CLASSES, FAMILIES, GQA_DECODERS, make_inputs, make_model, output_tensor
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 import headcut
 
 ATOL = 1e-5  # oracle vs headcut, float32
+GQA_FAMILIES = tuple(GQA_DECODERS)
 VISIBLE = 1e-3  # a masked oracle must move the output by more than this
 
 # ---------------------------------------------------------------------------------------------
@@ -65,6 +66,17 @@ TABLE: dict[str, list[tuple[str, str, str]]] = {
     "llama": _LLAMA_LIKE,
     "qwen2": _LLAMA_LIKE,
     "mistral": _LLAMA_LIKE,
+    "qwen3": _LLAMA_LIKE,
+    "smollm3": _LLAMA_LIKE,
+    "gemma2": _LLAMA_LIKE,
+    "gemma3": _LLAMA_LIKE,
+    "phi3": _LLAMA_LIKE,
+    "olmo2": _LLAMA_LIKE,
+    "gpt-neox": [("self", r"(?:^|\.)layers\.(\d+)\.attention\.dense$", "enc")],
+    "modernbert": [("self", r"(?:^|\.)layers\.(\d+)\.attn\.Wo$", "enc")],
+    # hybrid: gated attention layers (o_proj) and Gated DeltaNet layers (out_proj, per value head)
+    "qwen3_5": [*_LLAMA_LIKE, ("self", r"(?:^|\.)layers\.(\d+)\.linear_attn\.out_proj$", "lin")],
+    "gemma4": _LLAMA_LIKE,
     "bart": _BART_LIKE,
     "marian": _BART_LIKE,
     "t5": [
@@ -88,7 +100,11 @@ def heads_and_dim(family: str, cfg, side: str) -> tuple[int, int]:
     if family == "t5":
         h = cfg.num_heads if side == "enc" else (getattr(cfg, "num_decoder_heads", None) or cfg.num_heads)
         return h, cfg.d_kv
-    if family in ("llama", "qwen2", "mistral"):
+    if family == "qwen3_5" and side == "lin":  # DeltaNet: value heads of linear_value_head_dim
+        return cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    if family == "gemma4":  # layer 0's head size; it differs per layer (see oracle_blocks)
+        return cfg.num_attention_heads, cfg.per_layer_config[0].head_dim
+    if family in GQA_FAMILIES:
         h = cfg.num_attention_heads
         return h, getattr(cfg, "head_dim", None) or cfg.hidden_size // h
     if family == "deberta-v2":
@@ -133,11 +149,19 @@ def oracle_blocks(family: str, model: nn.Module) -> list[OBlock]:
             assert cfg.inner_group_num == 1
             assert sorted(found) == list(range(cfg.num_hidden_groups))
             per_layer = [found[int(i / (n / cfg.num_hidden_groups))] for i in range(n)]
+        elif family == "qwen3_5":  # hybrid: each pattern matches the layers of its type only
+            kind = "linear_attention" if side == "lin" else "full_attention"
+            assert sorted(found) == [i for i, t in enumerate(cfg.layer_types) if t == kind], (prefix, sorted(found))
+            per_layer = [found.get(i) for i in range(n)]
         else:
             assert sorted(found) == list(range(n)), (prefix, sorted(found), n)
             per_layer = [found[i] for i in range(n)]
         for i, mod in enumerate(per_layer):
+            if mod is None:
+                continue  # a layer of the other type
             in_features = mod.weight.shape[0] if isinstance(mod, Conv1D) else mod.weight.shape[1]
+            if family == "gemma4":  # head_dim per layer (config.per_layer_config: global layers are wider)
+                d = cfg.per_layer_config[i].head_dim
             assert in_features == heads * d, (prefix, i, in_features, heads, d)
             blocks.append(OBlock(f"{prefix}.{i}", mod, heads, d))
     assert blocks, family
@@ -197,7 +221,6 @@ def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 # Fixed masks
 # ---------------------------------------------------------------------------------------------
 
-GQA_FAMILIES = ("llama", "qwen2", "mistral")
 
 
 def fixed_masks(family: str, blocks: list[OBlock]) -> list[tuple[str, dict[str, list[int]], str]]:

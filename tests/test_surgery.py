@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 import torch
-from helpers import ATOL, CLASSES, FAMILIES, GENERATORS, check_reload, forward, make_inputs, make_model
+from helpers import ATOL, CLASSES, FAMILIES, GENERATORS, GQA_DECODERS, check_reload, forward, make_inputs, make_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +131,31 @@ def test_dtype_is_preserved(family, dtype):
         sd1, sd2 = model.state_dict(), again.state_dict()
         for k, v in sd1.items():
             assert torch.equal(v, sd2[k]), k
+
+
+# every GQA policy on every family with grouped-query attention: query heads h // 3 read KV head h // 3
+# of the tiny configs' 6 query and 2 KV heads; layer 0 always loses every head
+GQA_POLICY_MASKS = {
+    # policy -> (kept query heads of layers 1 and 2, KV heads each then has)
+    "group": (([3, 4, 5], [0, 1, 2, 3, 4, 5]), (1, 2)),
+    "uniform": (([0, 2, 4, 5], [1, 4]), (2, 2)),
+    "duplicate": (([0, 1, 3], [5]), (3, 1)),
+}
+
+
+@pytest.mark.parametrize("family", GQA_DECODERS)
+@pytest.mark.parametrize("policy", list(GQA_POLICY_MASKS))
+def test_every_gqa_policy_is_exact(family, policy):
+    model = make_model(family, GENERATORS[family], seed=9)
+    inputs = make_inputs(family, model)
+    blocks = headcut.model_blocks(model)
+    assert [(b.heads, b.kv_heads) for b in blocks[:3]] == [(6, 2)] * 3
+    (one, two), kv = GQA_POLICY_MASKS[policy]
+    mask = {"keep": {blocks[0].name: [], blocks[1].name: one, blocks[2].name: two}}
+    with headcut.gated(model, mask):
+        expected = forward(model, inputs)
+    headcut.slim(model, mask, gqa=policy)
+    after = headcut.model_blocks(model)
+    assert [(b.heads, b.kv_heads) for b in after[:3]] == [(0, 0), (len(one), kv[0]), (len(two), kv[1])]
+    assert (forward(model, inputs) - expected).abs().max().item() <= ATOL
+    check_reload(model, inputs, expected)

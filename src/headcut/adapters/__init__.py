@@ -13,8 +13,17 @@ from .base import MISSING, Adapter, Block, BlockCut, EmptyStyle, Registry, Stack
 from .bert import BertAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
+from .gemma import GemmaAdapter
+from .gemma4 import Gemma4Adapter
 from .gpt2 import GPT2Adapter
+from .gpt_neox import GPTNeoXAdapter
 from .llama import LlamaAdapter
+from .modernbert import ModernBertAdapter
+from .olmo2 import Olmo2Adapter
+from .phi3 import Phi3Adapter
+from .qwen3 import Qwen3Adapter
+from .qwen3_5 import Qwen35Adapter
+from .smollm3 import SmolLM3Adapter
 from .t5 import T5Adapter
 from .vit import ViTAdapter
 
@@ -22,6 +31,15 @@ from .vit import ViTAdapter
 ADAPTERS: tuple[Adapter, ...] = (
     BertAdapter(),
     LlamaAdapter(),
+    Qwen3Adapter(),
+    Qwen35Adapter(),
+    SmolLM3Adapter(),
+    GemmaAdapter(),
+    Gemma4Adapter(),
+    Phi3Adapter(),
+    Olmo2Adapter(),
+    GPTNeoXAdapter(),
+    ModernBertAdapter(),
     GPT2Adapter(),
     BartAdapter(),
     T5Adapter(),

@@ -16,6 +16,22 @@ from torch import nn
 
 
 @dataclass(frozen=True)
+class Rows:
+    """Where the output rows of one of a block's q, k or v projections lie, head by head.
+
+    Head ``h`` owns ``head_dim`` consecutive output features starting at ``offset + h * stride``
+    (``stride`` 0: ``head_dim``; with :attr:`order`, head ``order[h]``). Fused projections say where their part starts (Phi-3's q | k | v) or
+    interleave the parts per head (GPT-NeoX: stride ``3 * head_dim``)."""
+
+    path: str
+    offset: int = 0
+    stride: int = 0
+    #: the projection's head behind each current head, where the projection keeps heads the block no
+    #: longer has (OLMo 2); None: head ``h`` is the projection's head ``h``
+    order: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
 class Block:
     """One attention block (one attention module in one layer).
 
@@ -38,11 +54,26 @@ class Block:
     o: str
     fused_qkv: bool = False
     shared: str | None = None
+    #: the q, k and v rows of a projection laid out otherwise than one head after another in separate
+    #: projections or in three equal sections of a fused one (see :meth:`rows`)
+    layout: tuple[Rows, Rows, Rows] | None = None
+    #: the kind of block for ``info`` when it is not softmax attention (e.g. ``linear attention``)
+    mixer: str = "attention"
 
     @property
     def group_size(self) -> int:
         """Query heads per KV head (1 without grouped-query attention)."""
         return self.heads // self.kv_heads if self.kv_heads else 1
+
+    def rows(self, part: str) -> Rows:
+        """The rows of part ``q``, ``k`` or ``v``: from :attr:`layout`, else separate projections or
+        three equal sections (q | k | v) of a fused one."""
+        index = "qkv".index(part)
+        if self.layout is not None:
+            return self.layout[index]
+        if self.fused_qkv:
+            return Rows(self.q, offset=index * self.heads * self.head_dim)
+        return Rows((self.q, self.k, self.v)[index])
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -52,6 +83,7 @@ class Block:
             "heads": self.heads,
             "kv_heads": self.kv_heads,
             "head_dim": self.head_dim,
+            "mixer": self.mixer,
         }
 
 
@@ -128,6 +160,26 @@ def set_op(path: str, **attrs: Any) -> dict[str, Any]:
 
 def mixin_op(path: str, mixin: str, attrs: dict[str, Any]) -> dict[str, Any]:
     return {"op": "mixin", "path": path, "mixin": mixin, "attrs": attrs}
+
+
+def part(heads: list[int], head_dim: int, count: int) -> dict[str, Any]:
+    """One part of a ``parts`` layout: ``count`` heads of ``head_dim`` features, ``heads`` kept."""
+    return {"heads": list(heads), "head_dim": head_dim, "count": count}
+
+
+def parts_op(path: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Keep output rows of a projection whose output is unequal parts (see :func:`part`)."""
+    return {"op": "rows", "path": path, "parts": parts}
+
+
+def channels_op(path: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Keep channels of a depthwise Conv1d laid out in parts (see :func:`part`)."""
+    return {"op": "channels", "path": path, "parts": parts}
+
+
+def param_op(path: str, name: str, heads: list[int], head_dim: int) -> dict[str, Any]:
+    """Keep the entries of the module's own parameter ``name`` (first dimension) that belong to ``heads``."""
+    return {"op": "param", "path": path, "name": name, "heads": list(heads), "head_dim": head_dim}
 
 
 def out_features(mod: nn.Module) -> int:
@@ -216,6 +268,10 @@ class Adapter:
         if not q:
             ops.append(mixin_op(block.attn, "HeadcutEmptyAttention", self.empty_style(block).attrs()))
         return ops
+
+    def notes(self, base: nn.Module, blocks: list[Block]) -> list[str]:
+        """What ``info`` and reports should say about how this family is cut (e.g. parts kept whole)."""
+        return []
 
     def prepare(self, model: nn.Module, cuts: dict[str, BlockCut]) -> dict[str, Any]:
         """Change the model's structure before cutting, if the cut needs it (ALBERT unsharing).

@@ -264,7 +264,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         task=task, split=split, eval_split=eval_split, data_options=data_options, device=device, **options))
     progress = progress or quiet()
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
-    check_formats(loaded.module, chosen, gguf_type)
+    check_formats(loaded.module, chosen, gguf_type, cut="uniform" if config.uniform else "any")
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
     cal = calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
     eval_cal = calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,

@@ -21,6 +21,8 @@ class ModelInfo:
     blocks: list[Block] = field(default_factory=list)
     params: int = 0
     cut: bool = False
+    #: how the family is cut where that is not plain slicing (parts kept whole, blocks not prunable)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def total_heads(self) -> int:
@@ -35,6 +37,7 @@ class ModelInfo:
             "total_heads": self.total_heads,
             "params": self.params,
             "slimmed": self.cut,
+            "notes": self.notes,
         }
 
 
@@ -42,11 +45,13 @@ def info(model: nn.Module) -> ModelInfo:
     """Describe ``model``'s attention blocks as they are now."""
     adapter = adapter_for(model)
     arch = type(model).__name__.removeprefix("Headcut")
+    blocks = adapter.blocks(model.base_model)
     return ModelInfo(
         family=adapter.family,
         model_type=model.config.model_type,
         architecture=arch,
-        blocks=adapter.blocks(model.base_model),
+        blocks=blocks,
         params=count_params(model),
         cut=bool(getattr(model.config, "headcut", None)),
+        notes=adapter.notes(model.base_model, blocks),
     )

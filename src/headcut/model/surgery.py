@@ -176,7 +176,7 @@ def slim(model: nn.Module, mask: HeadMask | dict[str, Any], gqa: str = "auto") -
     previous = getattr(model.config, "headcut", None)
     model.config.headcut = build_record(model, adapter, _compose(previous, blocks, cuts))
     after = adapter.blocks(base)
-    notes = list(facts.get("notes", []))
+    notes = list(facts.get("notes", [])) + adapter.notes(base, after)
     return SlimResult(
         heads_before=heads_before,
         heads_after={b.name: b.heads for b in after},

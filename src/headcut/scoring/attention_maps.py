@@ -118,6 +118,13 @@ def for_each_map(
 ) -> int:
     """One forward per calibration batch (eval mode, eager attention, no gradients); call ``fn``
     for every block's map. Returns the number of examples seen."""
+    mapless = [b for b in blocks if b.mixer != "attention"]
+    if mapless:  # no softmax, no map: confidence and entropy are undefined there
+        names = ", ".join(b.name for b in mapless[:4]) + (", ..." if len(mapless) > 4 else "")
+        raise HeadcutError(
+            f"{scorer} reads attention maps, and blocks {names} are {mapless[0].mixer} without any; "
+            "score this model with gradient, gnorm, value-l1, magnitude or random"
+        )
     examples = 0
     with scoring_mode(model), eager_attention(model), torch.no_grad():
         for batch in calibration(batches, scorer, model_device(model), progress):

@@ -56,7 +56,7 @@ from .base import (
     scoring_mode,
     task_loss,
 )
-from .weights import head_rows, qkv_slots, to_query_heads
+from .weights import head_rows, to_query_heads
 
 
 def logits_norm(model: nn.Module, out: Any, batch: Batch) -> torch.Tensor:
@@ -93,13 +93,13 @@ def gnorm(
     base = model.base_model
     weights: dict[int, nn.Parameter] = {}
     for block in blocks:
-        for path, *_ in qkv_slots(block).values():
-            w = base.get_submodule(path).weight
+        for part in "qkv":
+            w = base.get_submodule(block.rows(part).path).weight
             weights.setdefault(id(w), w)
     params = list(weights.values())
     frozen = [p for p in params if not p.requires_grad]
     sums = {
-        b.name: {part: torch.zeros(count, dtype=torch.float64) for part, (_, _, _, count) in qkv_slots(b).items()}
+        b.name: {part: torch.zeros(b.heads if part == "q" else b.kv_heads, dtype=torch.float64) for part in "qkv"}
         for b in blocks
     }
     terms = 0
@@ -110,12 +110,14 @@ def gnorm(
         objective = task_loss(out, "gnorm") if config.objective == "loss" else logits_norm(model, out, batch)
         grads = dict(zip(weights, torch.autograd.grad(objective, params, allow_unused=True)))
         for block in blocks:
-            for part, (path, section, sections, count) in qkv_slots(block).items():
-                mod = base.get_submodule(path)
+            for part in "qkv":
+                rows = block.rows(part)
+                mod = base.get_submodule(rows.path)
                 grad = grads[id(mod.weight)]
                 if grad is None:  # a block without heads takes no part in the forward
                     continue
-                g = head_rows(mod, grad.detach(), count, block.head_dim, section, sections)
+                count = block.heads if part == "q" else block.kv_heads
+                g = head_rows(mod, grad.detach(), count, block.head_dim, rows.offset, rows.stride, rows.order)
                 sums[block.name][part] += torch.linalg.vector_norm(g.float(), dim=1).double().cpu()  # eqs. 9-12, 16
 
     try:

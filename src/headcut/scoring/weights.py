@@ -2,8 +2,8 @@
 
 A projection is an ``nn.Linear`` (weight: out x in) or a transposed one such as GPT-2's ``Conv1D``
 (weight: in x out), told apart as in :func:`headcut.adapters.base.out_features`. Head ``h`` owns
-``head_dim`` consecutive output features of the q, k and v projections (in each of the three
-sections of a fused q|k|v projection) and the same input features of the output projection.
+``head_dim`` output features of the q, k and v projections (where: :meth:`Block.rows`) and the same
+input features of the output projection.
 With grouped-query attention the k and v features are per KV head; query head ``h`` reads KV head
 ``h // group_size``.
 """
@@ -21,24 +21,15 @@ def out_major(mod: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
     return tensor if isinstance(mod, nn.Linear) else tensor.t()
 
 
-def qkv_slots(block: Block) -> dict[str, tuple[str, int, int, int]]:
-    """``"q"|"k"|"v"`` -> (module path, section, sections, heads in that projection)."""
-    sections = 3 if block.fused_qkv else 1
-    return {
-        "q": (block.q, 0, sections, block.heads),
-        "k": (block.k, 1 if block.fused_qkv else 0, sections, block.kv_heads),
-        "v": (block.v, 2 if block.fused_qkv else 0, sections, block.kv_heads),
-    }
-
-
-def head_rows(
-    mod: nn.Module, tensor: torch.Tensor, heads: int, head_dim: int, section: int = 0, sections: int = 1,
-) -> torch.Tensor:
-    """(heads, head_dim * in): each head's output-feature block of a q, k or v projection tensor."""
+def head_rows(mod: nn.Module, tensor: torch.Tensor, heads: int, head_dim: int, offset: int = 0,
+              stride: int = 0, order: tuple[int, ...] | None = None) -> torch.Tensor:
+    """(heads, head_dim * in): each head's output-feature block of a q, k or v projection tensor; head
+    ``h`` starts at row ``offset + order[h] * stride`` (``stride`` 0: ``head_dim``; no ``order``: h)."""
     t = out_major(mod, tensor)
-    width = t.shape[0] // sections
-    start = section * width
-    return t[start:start + heads * head_dim].reshape(heads, head_dim * t.shape[1])
+    stride = stride or head_dim
+    which = torch.arange(heads, device=t.device) if order is None else torch.tensor(order, dtype=torch.long, device=t.device)
+    index = offset + which[:, None] * stride + torch.arange(head_dim, device=t.device)
+    return t[index.reshape(-1)].reshape(heads, head_dim * t.shape[1])
 
 
 def head_cols(mod: nn.Module, tensor: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
@@ -58,6 +49,8 @@ def to_query_heads(block: Block, per_kv: torch.Tensor) -> torch.Tensor:
 def block_rows(base: nn.Module, block: Block, part: str, tensor: torch.Tensor | None = None) -> torch.Tensor:
     """Head blocks of the ``part`` (q, k or v) projection weight of ``block`` (or of ``tensor``, a
     tensor shaped like that weight, e.g. its gradient): (heads in that projection, head_dim * in)."""
-    path, section, sections, count = qkv_slots(block)[part]
-    mod = base.get_submodule(path)
-    return head_rows(mod, mod.weight if tensor is None else tensor, count, block.head_dim, section, sections)
+    rows = block.rows(part)
+    count = block.heads if part == "q" else block.kv_heads
+    mod = base.get_submodule(rows.path)
+    return head_rows(mod, mod.weight if tensor is None else tensor, count, block.head_dim, rows.offset, rows.stride,
+                     rows.order)

@@ -39,9 +39,10 @@ def parse_formats(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return tuple(f for f in OUTPUT_FORMATS if f in names)
 
 
-def check_formats(model: nn.Module, formats: Sequence[str], gguf_type: str = "f16") -> None:
+def check_formats(model: nn.Module, formats: Sequence[str], gguf_type: str = "f16", cut: str | None = None) -> None:
     """Refuse formats that cannot be written for ``model`` (before the work that precedes saving): each
-    writer's own check (its optional extra installed, the model something it can express)."""
+    writer's own check (its optional extra installed, the model something it can express; ``cut``: the
+    kind of cut a search will make, ``uniform`` or ``any``)."""
     if "onnx" in formats:
         from .onnx import check_onnx
 
@@ -49,7 +50,7 @@ def check_formats(model: nn.Module, formats: Sequence[str], gguf_type: str = "f1
     if "gguf" in formats:
         from .gguf import check_gguf
 
-        check_gguf(model, gguf_type)
+        check_gguf(model, gguf_type, cut)
 
 
 def _drop_weights(folder: Path) -> None:
