@@ -451,6 +451,11 @@ def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> lis
              "and 32 generated tokens (cached greedy decoding; the KV cache holds 159 positions: the prompt and the new "
              "tokens but the last). The times are medians of 5 runs each, one model after the other, on 2 CPU cores: "
              "they vary by tens of percent from run to run here, the perplexity and the cache bytes do not.", ""]
+    forward = [r["forward_ms"] for r in rows]
+    if rows and max(forward) > 2 * min(forward):
+        lines[-2] += (f" During this study other jobs shared the 2 cores at times: its forward times span "
+                      f"{min(forward):.0f}-{max(forward):.0f} ms with no trend in the heads removed, so its times "
+                      "measure the machine's load more than the cut.")
     if plots and rows:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.5))
