@@ -657,13 +657,19 @@ def test_llama_cpp_runs_the_slimmed_model(family, cut, tmp_path, tokenizer_dir):
     mask, gqa = CUTS[cut]
     model = tiny_lm(family)
     headcut.slim(model, mask, gqa=gqa)
+    compare_in_llama_cpp(model, tmp_path, tokenizer_dir, 1e-4)
+
+
+def compare_in_llama_cpp(model, tmp_path, tokenizer_dir, f32_tolerance: float) -> None:
+    """llama.cpp's logits from ``model``'s f32 file (also decoding through the KV cache) within
+    ``f32_tolerance`` of the largest torch logit, and from its f16 file within 3e-2."""
     folder = staged(tmp_path, tokenizer_dir, model)
     text = "the movie was really good and the actor was fine but the plot was awful"
     ids = bpe_tokenizer()(text)["input_ids"]
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()
     scale = np.abs(ref).max()
-    for outtype, f32_cache, tol in (("f32", True, 1e-4), ("f16", False, 3e-2)):
+    for outtype, f32_cache, tol in (("f32", True, f32_tolerance), ("f16", False, 3e-2)):
         path = folder / export_gguf(model, folder, outtype=outtype).file
         for prompt in (None, 5) if outtype == "f32" else (None,):  # f32: also decoding through the KV cache
             got = llama_cpp_logits(path, ids, f32_cache, prompt)
@@ -699,17 +705,7 @@ def test_llama_cpp_runs_each_family(family, overrides, gqa, tmp_path, tokenizer_
     model = tiny_decoder(family, **overrides)
     if gqa is not None:
         headcut.slim(model, same_counts(model.config.num_hidden_layers, gqa), gqa=gqa)
-    folder = staged(tmp_path, tokenizer_dir, model)
-    text = "the movie was really good and the actor was fine but the plot was awful"
-    ids = bpe_tokenizer()(text)["input_ids"]
-    with torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0].numpy()
-    scale = np.abs(ref).max()
-    for outtype, f32_cache, tol in (("f32", True, F32_TOLERANCE.get(family, 1e-4)), ("f16", False, 3e-2)):
-        path = folder / export_gguf(model, folder, outtype=outtype).file
-        for prompt in (None, 5) if outtype == "f32" else (None,):
-            got = llama_cpp_logits(path, ids, f32_cache, prompt)
-            assert np.abs(got - ref).max() <= tol * scale, (outtype, prompt, np.abs(got - ref).max() / scale)
+    compare_in_llama_cpp(model, tmp_path, tokenizer_dir, F32_TOLERANCE.get(family, 1e-4))
 
 
 @pytest.mark.parametrize("family,overrides,gqa", [r for r in FAMILY_RUNS if r[0] in F32_TOLERANCE],
