@@ -9,7 +9,7 @@ the date), row by row: an interrupted study goes on from its last finished row o
 finished one is not measured again unless named in ``--rerun`` (from scratch) or ``--extend`` (only the rows
 it lacks, after a K or a variant was added here); given alone, these two measure only the studies they name.
 The page is then rendered from every results file (``--studies none`` only renders). Progress goes to stderr.
-All the studies took 13.2 hours on 2 CPU cores (the sum of the times each study records); each can be run on its
+All the studies took 13.9 hours on 2 CPU cores (the sum of the times each study records); each can be run on its
 own.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
