@@ -182,6 +182,14 @@ def param_op(path: str, name: str, heads: list[int], head_dim: int) -> dict[str,
     return {"op": "param", "path": path, "name": name, "heads": list(heads), "head_dim": head_dim}
 
 
+def same_heads(cut: BlockCut, family: str) -> list[int]:
+    """The kept heads of a family with one key/value head per query head (refusing a cut that keeps other
+    KV heads than query heads)."""
+    if list(cut.q) != list(cut.kv):
+        raise ValueError(f"{family} has one key/value head per query head; the cut must keep the same heads")
+    return list(cut.q)
+
+
 def out_features(mod: nn.Module) -> int:
     """Output width of a Linear or Conv1D projection."""
     if isinstance(mod, nn.Linear):

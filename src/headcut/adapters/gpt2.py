@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, cols_op, mixin_op, Stack, rows_op, set_op, stack_blocks
+from .base import same_heads, Adapter, Block, BlockCut, EmptyStyle, cols_op, mixin_op, Stack, rows_op, set_op, stack_blocks
 
 
 class HeadcutEmptyConv1D:
@@ -59,8 +59,7 @@ class GPT2Adapter(Adapter):
         return EmptyStyle(o="c_proj", cache=True, outputs=2)
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:
-        if list(cut.q) != list(cut.kv):
-            raise ValueError("GPT-2 has one key/value head per query head; the cut must keep the same heads")
+        same_heads(cut, "GPT-2")
         q, d = list(cut.q), block.head_dim
         ops = [
             rows_op(block.q, q, d, sections=3),

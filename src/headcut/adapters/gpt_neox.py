@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, Rows, Stack, cols_op, mixin_op, rows_op
+from .base import same_heads, Adapter, Block, BlockCut, EmptyStyle, Rows, Stack, cols_op, mixin_op, rows_op
 
 
 class GPTNeoXAdapter(Adapter):
@@ -37,8 +37,7 @@ class GPTNeoXAdapter(Adapter):
         return out
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:
-        if list(cut.q) != list(cut.kv):
-            raise ValueError("GPT-NeoX has one key/value head per query head; the cut must keep the same heads")
+        same_heads(cut, "GPT-NeoX")
         q, d = list(cut.q), block.head_dim
         ops = [rows_op(block.q, q, 3 * d), cols_op(block.o, q, d)]
         if not q:

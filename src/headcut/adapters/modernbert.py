@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, cols_op, mixin_op, rows_op, stack_blocks
+from .base import same_heads, Adapter, Block, BlockCut, EmptyStyle, Stack, cols_op, mixin_op, rows_op, stack_blocks
 
 
 class ModernBertAdapter(Adapter):
@@ -28,8 +28,7 @@ class ModernBertAdapter(Adapter):
         return stack_blocks(base, "layers", attn="attn", q=qkv, k=qkv, v=qkv, o="attn.Wo", head_dim="head_dim")
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:
-        if list(cut.q) != list(cut.kv):
-            raise ValueError("ModernBERT has one key/value head per query head; the cut must keep the same heads")
+        same_heads(cut, "ModernBERT")
         q, d = list(cut.q), block.head_dim
         ops = [rows_op(block.q, q, d, sections=3), cols_op(block.o, q, d)]
         if not q:

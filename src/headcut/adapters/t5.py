@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from ..model.runtime import passed_cache, write_cache_placeholder
-from .base import Adapter, Block, BlockCut, Stack, cols_op, mixin_op, rows_op, set_op, stack_blocks
+from .base import same_heads, Adapter, Block, BlockCut, Stack, cols_op, mixin_op, rows_op, set_op, stack_blocks
 
 #: (block kind, layer stack, attention inside a T5Block), in block order
 _ATTENTIONS = (
@@ -137,8 +137,7 @@ class T5Adapter(Adapter):
         return {"n_heads": n, "inner_dim": n * block.head_dim}
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:
-        if list(cut.q) != list(cut.kv):
-            raise ValueError("T5 has one key/value head per query head; the cut must keep the same heads")
+        same_heads(cut, "T5")
         attn = base.get_submodule(block.attn)
         # original indices of the current heads: stored by an earlier cut, else the identity
         current = getattr(attn, "_hc_heads", None)
