@@ -204,8 +204,8 @@ def test_existing_output_needs_force(bert_dir, tmp_path):
 def test_interrupted_export_leaves_nothing(bert_dir, tmp_path, monkeypatch):
     real = hio.write_checkpoint
 
-    def interrupted(model, folder, source=None, trust_remote_code=False):
-        real(model, folder, source)
+    def interrupted(*args, **kwargs):
+        real(*args, **kwargs)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(hio, "write_checkpoint", interrupted)

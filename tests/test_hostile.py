@@ -221,8 +221,8 @@ def test_a_run_that_finishes_first_is_never_replaced(model_dir, mask, tmp_path, 
     winner = slimmed(tmp_path, model_dir, "winner")
     real = hio.write_checkpoint
 
-    def meanwhile(model, folder, source=None, trust_remote_code=False):
-        notes = real(model, folder, source, trust_remote_code)
+    def meanwhile(*args, **kwargs):
+        notes = real(*args, **kwargs)
         os.rename(winner, out)  # another writer (one that takes no lock) finishes first
         return notes
 
@@ -445,8 +445,8 @@ def test_read_only_out_folder(model_dir, mask, tmp_path, monkeypatch):
 def test_full_disk_while_saving(model_dir, mask, tmp_path, monkeypatch):
     real = hio.write_checkpoint
 
-    def full(model, folder, source=None, trust_remote_code=False):
-        real(model, folder, source, trust_remote_code)
+    def full(*args, **kwargs):
+        real(*args, **kwargs)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(hio, "write_checkpoint", full)

@@ -324,6 +324,14 @@ def function(name: str, value: Any) -> None:
         raise _wrong(name, "a function", value)
 
 
+def checkpoint_form(name: str, value: Any) -> None:
+    """A :class:`headcut.model.stock.CheckpointForm` (what :func:`headcut.model.stock.stock_form` returns)."""
+    from .model.stock import CheckpointForm
+
+    if not isinstance(value, CheckpointForm):
+        raise _wrong(name, "a CheckpointForm from headcut.model.stock.stock_form", value)
+
+
 def dtype(name: str, value: Any) -> None:
     import torch
 
@@ -467,7 +475,7 @@ RULES: dict[str, dict[str, Rule]] = {
     },
     "save": {
         "model": transformers_model, "out": output, "source": optional(path), "force": boolean,
-        "extra": optional(function), "trust_remote_code": boolean,
+        "extra": optional(function), "trust_remote_code": boolean, "form": optional(checkpoint_form),
     },
     "Written.save": {"self": anything, "out": output, "force": boolean, "formats": optional(formats),
                      "gguf_type": optional(text)},

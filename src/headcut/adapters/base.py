@@ -116,6 +116,25 @@ class EmptyStyle:
         }
 
 
+@dataclass(frozen=True)
+class StockSpec:
+    """How a family's stock config states a cut that keeps the same heads in every block: the config fields
+    of the query-head count, the KV-head count (None: as many as query heads) and an explicit head size.
+
+    ``fallbacks``: model types whose stock config and classes hold the same weights under the same names,
+    tried in order when the family's own config refuses the counts (LlamaConfig wants ``hidden_size`` to be
+    a multiple of the head count even with an explicit ``head_dim``); ``fallback_fields``: fields a fallback
+    config lacks, with the one value they may have for the fallback to compute the same thing;
+    ``fallback_sets``: fields the fallback needs set (Mistral's ``sliding_window``: None, full attention)."""
+
+    heads: str = "num_attention_heads"
+    kv_heads: str | None = "num_key_value_heads"
+    head_dim: str = "head_dim"
+    fallbacks: tuple[str, ...] = ()
+    fallback_fields: tuple[tuple[str, Any], ...] = ()
+    fallback_sets: tuple[tuple[str, Any], ...] = ()
+
+
 #: what a config lookup returns for a field that neither config.json nor its config class has
 MISSING: Any = object()
 
@@ -256,8 +275,16 @@ class Adapter:
     #: placeholder so cached positions stay right)
     cached_kinds: ClassVar[tuple[str, ...]] = ("self", "decoder")
 
+    #: why the family's stock config cannot hold a cut (a family with a :meth:`stock_spec` sets none)
+    no_stock: ClassVar[str] = "its stock config derives the head size from the width and the head count"
+
     def blocks(self, base: nn.Module) -> list[Block]:
         raise NotImplementedError
+
+    def stock_spec(self, model_type: str) -> StockSpec | None:
+        """How the stock config of ``model_type`` states one head count for every block, or None where it
+        cannot (:attr:`no_stock` says why); see :mod:`headcut.model.stock`."""
+        return None
 
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(cache=block.kind in self.cached_kinds)

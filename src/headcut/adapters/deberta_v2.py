@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, Stack, rows_op, stack_blocks
+from .base import Adapter, Block, BlockCut, Stack, StockSpec, rows_op, stack_blocks
 
 
 class DebertaV2Adapter(Adapter):
@@ -41,6 +41,9 @@ class DebertaV2Adapter(Adapter):
             base, "encoder.layer", attn="attention.self", q="attention.self.query_proj", k="attention.self.key_proj",
             v="attention.self.value_proj", o="attention.output.dense", head_dim="attention_head_size",
         )
+
+    def stock_spec(self, model_type: str) -> StockSpec:
+        return StockSpec(kv_heads=None, head_dim="attention_head_size")  # the modules read config.attention_head_size
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         n = len(cut.q)

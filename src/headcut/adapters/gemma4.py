@@ -130,6 +130,8 @@ def _per_layer_values(get: Callable[[str], Any]) -> list[tuple[str, dict[str, An
 class Gemma4Adapter(Adapter):
     family = "gemma4"
     model_types = ("gemma4_text",)
+    no_stock = ("headcut does not write Gemma 4's per-layer config (layers whose K/V other layers reuse keep "
+                "placeholder query rows)")
     stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "head_dim"),)
     count_fields = ("num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings")
     optional_fields = {"num_key_value_heads": "num_attention_heads"}

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, stack_blocks
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, StockSpec, stack_blocks
 
 
 class LlamaAdapter(Adapter):
@@ -31,6 +31,16 @@ class LlamaAdapter(Adapter):
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         return {"num_key_value_groups": cut.groups}
+
+    def stock_spec(self, model_type: str) -> StockSpec | None:
+        # LlamaConfig refuses head counts that do not divide hidden_size even with head_dim set
+        # (transformers #46082); Mistral's config holds Llama's weights under the same names and computes the
+        # same thing when Llama's extras are off and the sliding window is off
+        if model_type == "llama":
+            return StockSpec(fallbacks=("mistral",),
+                             fallback_fields=(("attention_bias", False), ("mlp_bias", False), ("pretraining_tp", 1)),
+                             fallback_sets=(("sliding_window", None),))
+        return StockSpec()
 
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(o="o_proj", cache=True)

@@ -52,7 +52,12 @@ class Olmo2Adapter(LlamaAdapter):
 
     family = "olmo2"
     model_types = ("olmo2",)
+    no_stock = ("its q/k norms run over all heads, so the cut keeps every q_proj/k_proj row, which a stock config "
+                "cannot describe")
     runtime_mixins = (HeadcutNormThenSelect,)
+
+    def stock_spec(self, model_type: str) -> None:
+        return None
 
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []

@@ -93,6 +93,7 @@ LAYER_TYPES = ("full_attention", "linear_attention")
 class Qwen35Adapter(Adapter):
     family = "qwen3_5"
     model_types = ("qwen3_5_text",)
+    no_stock = "headcut does not write Qwen3.5's stock config for a cut yet (attention and DeltaNet heads)"
     stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "head_dim"),)
     count_fields = (
         "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings",

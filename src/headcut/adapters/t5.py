@@ -111,6 +111,8 @@ class HeadcutT5Attention:
 class T5Adapter(Adapter):
     family = "t5"
     model_types = ("t5",)
+    no_stock = ("every layer reuses layer 0's relative position bias per head, which a stock T5 config holds only "
+                "for the same heads in every layer; headcut does not write that form yet")
     stacks = (Stack(("num_layers",), "d_model", "num_heads", "d_kv", kind="encoder"),
               Stack(("num_decoder_layers",), "d_model", "num_heads", "d_kv", kind="decoder"))
     count_fields = ("d_ff", "vocab_size", "relative_attention_num_buckets", "relative_attention_max_distance")

@@ -25,7 +25,7 @@ from .common import (
     handle_errors,
     plan_outputs,
 )
-from .render import formats_lines
+from .render import checkpoint_lines, formats_lines
 
 
 @app.command(cls=TidyCommand, epilog=examples(
@@ -69,7 +69,7 @@ def export(
              f"saved to {out}")
     if s.unshared_params:
         log.note(f"unsharing weights added {s.unshared_params:,} parameters before the cut")
-    for line in formats_lines(exported.report):
+    for line in checkpoint_lines(exported.report) + formats_lines(exported.report):
         log.show(line)
     log.notes(exported.report.get("notes", []))
     log.json(exported.report)

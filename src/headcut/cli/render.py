@@ -195,7 +195,25 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         if metric is not None and metric.get("after_pruning") is not None:
             line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after recovery {_fmt(metric['after'])}"
         out.append(line)
-    return out + formats_lines(report)
+    return out + checkpoint_lines(report) + formats_lines(report)
+
+
+def checkpoint_lines(report: dict[str, Any]) -> list[str]:
+    """How the written checkpoint loads (``report["checkpoint"]``): stock transformers, or headcut's form with
+    the reason and, after a non-uniform prune, the ``--uniform`` budgets that would make it stock."""
+    form = report.get("checkpoint")
+    if not isinstance(form, dict):
+        return []
+    if form.get("form") == "stock":
+        return [f"checkpoint: plain transformers {form.get('architecture')}, loads with {form.get('loader')} "
+                "(no trust_remote_code, no headcut)"]
+    line = (f"checkpoint: headcut's form, loads with {form.get('loader')}; not a plain transformers checkpoint "
+            f"because {form.get('why_not_stock')}")
+    near = report.get("uniform_budgets")
+    if near:
+        line += ("; --uniform would write a plain one: the nearest uniform budgets are "
+                 + " or ".join(f"--keep {k}" for k in near) + " (their quality was not measured)")
+    return [line]
 
 
 # ---- finetune -----------------------------------------------------------------------------------------
@@ -234,7 +252,7 @@ def finetune_summary(report: dict[str, Any], result: Any, report_name: str) -> l
         where = f"stopped at step {early['stopped_at']}" if early["stopped_at"] is not None else "ran to the end"
         lines.append(f"early stopping ({early['patience']} evaluations): {where}; kept step {early['best_step']} "
                      f"({early['metric']} {_fmt(early['best'])})")
-    lines += formats_lines(report)
+    lines += checkpoint_lines(report) + formats_lines(report)
     lines.append(f"saved to {report['out']} (with {report_name})")
     return lines
 
@@ -256,46 +274,71 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _speedup(speedup: float | None, low: float | None, high: float | None, within: bool | None) -> Text | str:
+    """A speed-up with the interval of its per-round ratios: ``1.16x (1.10-1.21)``, or, when the interval holds
+    1, ``1.03x (0.97-1.08, within noise)`` (dim on a terminal; the words say it in plain text)."""
+    if speedup is None:
+        return "-"
+    text = f"{speedup:.2f}x"
+    if low is None or high is None:
+        return text
+    if within:
+        return Text(f"{text} ({low:.2f}-{high:.2f},\nwithin noise)", style="dim")
+    return f"{text} ({low:.2f}-{high:.2f})"
+
+
 def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
     """One row per model with the numbers of ``headcut bench`` (see its help). The relative columns
-    (FLOP ratio, speed-up) appear only against a baseline: with two models or more."""
+    (FLOP ratio, speed-up) appear only against a baseline: with two models or more; interleaved, each
+    speed-up after the first carries the interval of its per-round ratios and says when it is within noise."""
     first = results[0] if results else None
     relative = len(results) > 1
     kind = first.peak_memory_kind if first is not None else ""
-    memory_note = {
+    notes = [{
         "cuda_max_memory_allocated": "peak MiB: max CUDA memory allocated during the forwards (weights included)",
         "cpu_peak_rss_increase": "peak MiB: resident memory the forwards add on top of the loaded model",
-    }.get(kind, "peak MiB: not measurable here")
+    }.get(kind, "peak MiB: not measurable here")]
+    if relative and getattr(config, "interleave", True):
+        notes.append("timed interleaved (rounds of one run of each model, the order rotated); speed-up (p25-p75 "
+                     "of the per-round speed-ups); within noise: that interval contains 1")
+    elif relative:
+        notes.append("timed back to back (--no-interleave): one model after the other, so the speed-ups are not "
+                     "comparable under a changing load")
     threads = first.threads if first is not None else 0
     dtypes = sorted({r.dtype for r in results})
     dtype = dtypes[0] if len(dtypes) == 1 else "dtypes " + "/".join(dtypes)
     table = Table(
         title=f"{config.device} ({device_name}, {threads} thread{'s' if threads != 1 else ''}), "
               f"{dtype}, batch {config.batch_size} x {config.seq_len}",
-        caption=memory_note, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        caption="\n".join(notes), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
     )
-    columns = ["model", "runtime", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p90\nms",
-               "examples\n/s", "speed-\nup", "peak\nMiB", "gen\ntok/s", "KV B/\ntoken"]
+    columns = ["model", "runtime", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p25-p75\nms",
+               "p90\nms", "examples\n/s", "speed-\nup", "peak\nMiB", "gen\ntok/s", "gen\nspeed-up", "KV B/\ntoken"]
     if not relative:
         columns = [c for c in columns if c not in ("FLOP\nratio", "speed-\nup")]
+    if not relative or not any(r.generation is not None and r.generation.speedup is not None for r in results):
+        columns.remove("gen\nspeed-up")
     if all(getattr(r, "runtime", "torch") == "torch" for r in results):
         columns.remove("runtime")  # the column appears once onnxruntime is asked for
     for col in columns:
         if col == "model":
-            table.add_column(col, overflow="fold")
-        else:
-            table.add_column(col, justify="right", no_wrap=True)
+            table.add_column(col, overflow="fold", min_width=min(24, max((len(r.name) for r in results), default=5)))
+        else:  # a speed-up's interval may wrap under it on a narrow terminal
+            table.add_column(col, justify="right", no_wrap=col not in ("speed-\nup", "gen\nspeed-up"))
     for r in results:
         gen = r.generation
-        cells = {
+        cells: dict[str, Text | str] = {
             "model": r.name, "runtime": getattr(r, "runtime", "torch"),
             "heads": "-" if r.heads is None else str(r.heads), "params": _count(r.params),
             "GFLOPs": f"{r.flops / 1e9:,.3f}", "FLOP\nratio": _num(r.flop_ratio, ".3f"),
-            "median\nms": f"{r.median_ms:,.2f}", "p90\nms": f"{r.p90_ms:,.2f}",
+            "median\nms": f"{r.median_ms:,.2f}", "p25-p75\nms": f"{r.p25_ms:,.2f}-{r.p75_ms:,.2f}",
+            "p90\nms": f"{r.p90_ms:,.2f}",
             "examples\n/s": f"{r.examples_per_s:,.1f}",
-            "speed-\nup": _num(r.speedup, ".2f") + ("x" if r.speedup is not None else ""),
+            "speed-\nup": _speedup(r.speedup, r.speedup_p25, r.speedup_p75, r.within_noise),
             "peak\nMiB": _mib1(r.peak_memory_bytes),
             "gen\ntok/s": "-" if gen is None else f"{gen.tokens_per_s:,.1f}",
+            "gen\nspeed-up": "-" if gen is None else _speedup(gen.speedup, gen.speedup_p25, gen.speedup_p75,
+                                                              gen.within_noise),
             "KV B/\ntoken": "-" if gen is None else f"{gen.kv_bytes_per_token:,.0f}",
         }
         table.add_row(*(cells[c] for c in columns))

@@ -197,6 +197,7 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
     ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
     import json
 
+    from ..model.stock import stock_form
     from ..outputs.formats import write_formats
     from ..outputs.modelcard import write_card
 
@@ -204,6 +205,8 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
     target_path = out.path if isinstance(out, OutputDir) else Path(out)
     check_paths(reads={k: v for k, v in reads.items() if v is not None}, writes={}, replaces={"--out": target_path})
     report["out"] = str(target_path)
+    form = stock_form(model)
+    report["checkpoint"] = dict(form.to_json(), loader=form.loader.replace("OUT", str(target_path)))
 
     def write(folder: Path) -> None:
         if tuple(formats) != ("safetensors",):
@@ -215,7 +218,7 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
         (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
 
     saved = io.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
-                    trust_remote_code=trust_remote_code)
+                    trust_remote_code=trust_remote_code, form=form)
     if saved.notes:
         report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
     return saved

@@ -20,6 +20,7 @@ from ..data import Calibration
 from ..errors import HeadcutError, label
 from ..outputs.formats import check_formats, parse_formats
 from ..model.masks import HeadMask
+from ..model.surgery import model_blocks
 from ..outputs.files import OutputDir, OutputFile, real_path, special_kind
 from ..progress import Reporter, quiet
 from ..outputs.reports import prune_report, weights_bytes, write_trajectory_csv, write_trajectory_png
@@ -305,6 +306,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         if run.moved is not None:
             notes.append(f"{method} kept {run.own_kept:g} heads by its own rule (gate > 0.5); the adjustment to "
                          f"--keep {result.target} moved {run.moved} head(s)")
+    near_uniform = _uniform_alternatives(loaded.module, config, result.target)
     slimmed = slim(loaded.module, result.mask, gqa=gqa)
     result.slim = slimmed
     notes += slimmed.notes
@@ -319,6 +321,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         eval_data=eval_cal.to_json() if eval_cal is not None else None, seconds=time.perf_counter() - start,
         notes=notes,
     )
+    if near_uniform and len({(b.heads, b.kv_heads) for b in model_blocks(loaded.module)}) > 1:
+        report["uniform_budgets"] = near_uniform
     if recovery is not None:
         report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
                               "config": recovery.config.to_json(), "seconds": recovery.seconds,
@@ -328,6 +332,19 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     reads = local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec})
     return Pruned(model=loaded.module, mask=result.mask, report=report, result=result, source=loaded.folder,
                   notes=notes, reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
+
+
+def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int) -> list[int]:
+    """The ``--uniform`` budgets nearest ``target`` for a run without ``--uniform`` on a family whose stock config
+    could hold a uniform cut (an empty list otherwise): what the summary offers for a stock checkpoint."""
+    from ..adapters import adapter_for
+    from ..pruning.search import uniform_budgets
+    from ..pruning.units import block_sets, nearest
+
+    if config.uniform or adapter_for(model).stock_spec(str(model.config.model_type)) is None:
+        return []
+    valid = [k for k in uniform_budgets(block_sets(model_blocks(model), config.gqa), config.min_heads_per_block) if k]
+    return [target] if target in valid else nearest(valid, target)
 
 
 def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,

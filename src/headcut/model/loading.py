@@ -1,6 +1,8 @@
 """Loading checkpoints safely and saving slimmed models atomically.
 
-Saved layout (a normal transformers checkpoint plus two small files):
+A cut with the same head counts in every block, in a family whose stock config can state them, is saved as a
+plain transformers checkpoint (stock config, no headcut record, no code; see :mod:`headcut.model.stock`).
+Any other cut is saved in headcut's form (a normal transformers checkpoint plus two small files):
 
 * ``model.safetensors`` and ``config.json`` (with a ``headcut`` section: the cut record, and an
   ``auto_map`` naming the classes of ``modeling_headcut.py``);
@@ -35,6 +37,7 @@ from ..catalog import TASKS
 from ..errors import HeadcutError, first_line
 from ..outputs.files import OutputDir, check_paths, inside, os_error
 from .record import check_record, expected_values
+from .stock import CheckpointForm, stock_form
 from ..sources import looks_like_path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".pkl")
@@ -582,20 +585,22 @@ def copy_side_files(source: str | Path | None, dest: Path, trust_remote_code: bo
 
 
 def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None = None,
-                     trust_remote_code: bool = False) -> list[str]:
-    """Write ``model`` into an existing empty folder (see :func:`save` for the atomic version);
-    returns notes on the side files left out."""
-    original = type(model)
-    while original.__name__.startswith("Headcut") and original.__bases__:
-        original = original.__bases__[0]
+                     trust_remote_code: bool = False, form: CheckpointForm | None = None) -> list[str]:
+    """Write ``model`` into an existing empty folder (see :func:`save` for the atomic version) in ``form``
+    (default: :func:`headcut.model.stock.stock_form`: a plain transformers checkpoint where the cut allows it,
+    else headcut's form with ``modeling_headcut.py``); returns notes on the side files left out."""
+    form = form if form is not None else stock_form(model)
+    written = form.model if form.stock and form.model is not None else model
     with quiet_transformers():
-        model.save_pretrained(folder, save_original_format=False)
+        written.save_pretrained(folder, save_original_format=False)
     cfg_path = folder / "config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["architectures"] = [original.__name__]
+    cfg["architectures"] = [form.architecture]
     cfg.pop("auto_map", None)
     cfg.pop("custom_pipelines", None)
-    if cfg.get("headcut"):
+    if form.stock:
+        cfg.pop("headcut", None)
+    elif cfg.get("headcut"):
         classes = auto_classes(model.config)
         cfg["auto_map"] = {auto: f"modeling_headcut.Headcut{name}" for auto, name in sorted(classes.items())}
         (folder / "modeling_headcut.py").write_text(_modeling_source(classes))
@@ -610,6 +615,8 @@ class SavedModel(os.PathLike):
 
     path: Path
     notes: list[str] = field(default_factory=list)
+    #: how it was written: stock transformers or headcut's form (see :mod:`headcut.model.stock`)
+    form: CheckpointForm | None = None
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -625,6 +632,7 @@ def save(
     force: bool = False,
     extra: Callable[[Path], None] | None = None,
     trust_remote_code: bool = False,
+    form: CheckpointForm | None = None,
 ) -> SavedModel:
     """Save ``model`` to ``out`` atomically (temporary folder, then rename); see :mod:`headcut.outputs.files`.
 
@@ -632,7 +640,8 @@ def save(
     :func:`copy_side_files`); ``extra`` may write more files (a report) into the temporary folder
     before the rename. ``out`` may be an :class:`~headcut.outputs.files.OutputDir` the caller checked and
     locked before its work; a path is checked and locked here. ``force`` replaces an existing folder
-    only if headcut wrote it."""
+    only if headcut wrote it. ``form``: how to write it (default: :func:`headcut.model.stock.stock_form`, a
+    plain transformers checkpoint when the cut allows it)."""
     adapter_for(model)
     if source is not None:
         check_paths({"source": source}, {"--out": out.path if isinstance(out, OutputDir) else out})
@@ -641,12 +650,13 @@ def save(
     if not held:
         target.check()
         target.acquire()
+    form = form if form is not None else stock_form(model)
     try:
         with target.staging() as tmp:
-            notes = write_checkpoint(model, tmp, source, trust_remote_code)
+            notes = write_checkpoint(model, tmp, source, trust_remote_code, form)
             if extra is not None:
                 extra(tmp)
     finally:
         if not held:
             target.release()
-    return SavedModel(Path(target.path), notes)
+    return SavedModel(Path(target.path), notes, form)

@@ -175,17 +175,40 @@ def _auto_class(model: nn.Module) -> str:
     return specific[0] if specific else "AutoModel"
 
 
-def _files_section(model: nn.Module, formats: dict[str, Any], has_weights: bool) -> list[str]:
+def _checkpoint_lines(model: nn.Module, checkpoint: dict[str, Any]) -> list[str]:
+    """How to load the safetensors checkpoint: stock transformers, or headcut's form and why."""
+    arch = str(checkpoint.get("architecture") or _architecture(model))
+    auto = _auto_class(model)
+    if checkpoint.get("form") == "stock":
+        lines = [
+            f"A plain transformers checkpoint (`{arch}`, stock `{checkpoint.get('model_type')}` config): no custom "
+            "code, no `trust_remote_code`, headcut not needed.", "", "```python", f"from transformers import {auto}",
+            f'model = {auto}.from_pretrained("path/to/this/folder")', "```", "",
+        ]
+        if arch != _architecture(model):
+            lines += [f"It is written as `{arch}`, not `{_architecture(model)}`: the {_architecture(model)} config "
+                      "refuses these head counts, and this class computes the same with the same weights "
+                      "(checked when it was written).", ""]
+        return lines
+    return [
+        "With plain transformers (the cut is applied by the small `modeling_headcut.py` shipped here):",
+        "", "```python", f"from transformers import {auto}",
+        f'model = {auto}.from_pretrained("path/to/this/folder", trust_remote_code=True)', "```", "",
+        "With headcut (no remote code runs):", "", "```python", "import headcut",
+        'model = headcut.load("path/to/this/folder")', "```", "",
+        f"Not a plain checkpoint because {checkpoint.get('why_not_stock') or 'of the cut'}.", "",
+    ]
+
+
+def _files_section(model: nn.Module, formats: dict[str, Any], has_weights: bool,
+                   checkpoint: dict[str, Any] | None = None) -> list[str]:
     lines = []
     if has_weights:
-        auto = _auto_class(model)
-        lines += [
-            "With plain transformers (the cut is applied by the small `modeling_headcut.py` shipped here):",
-            "", "```python", f"from transformers import {auto}",
-            f'model = {auto}.from_pretrained("path/to/this/folder", trust_remote_code=True)', "```", "",
-            "With headcut (no remote code runs):", "", "```python", "import headcut",
-            'model = headcut.load("path/to/this/folder")', "```", "",
-        ]
+        if checkpoint is None:
+            from ..model.stock import stock_form
+
+            checkpoint = stock_form(model).to_json()
+        lines += _checkpoint_lines(model, checkpoint)
     onnx = formats.get("onnx")
     if onnx:
         parity = onnx.get("parity")
@@ -243,7 +266,8 @@ def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None =
     ]
     body += [f"| {name} | {hb} | {ha} | {kb} | {ka} |" for name, hb, ha, kb, ka in rows]
     body += ["", "## How", "", *_method_section(report), "", "## Quality", "", *_metric_section(report), ""]
-    body += ["## How to load it", "", *_files_section(model, formats, has_weights)]
+    checkpoint = report.get("checkpoint") if isinstance(report.get("checkpoint"), dict) else None
+    body += ["## How to load it", "", *_files_section(model, formats, has_weights, checkpoint)]
     body += [SPEED_MARK, "## Speed", "",
              "Not measured yet: `headcut bench ORIGINAL THIS_FOLDER --update-card` times both and writes the "
              "speed-up here.", ""]

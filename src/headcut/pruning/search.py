@@ -105,6 +105,12 @@ def _fmt_valid(options: list[int], total: int, sparsity: bool) -> str:
     return " or ".join(parts)
 
 
+def uniform_budgets(sets: list[BlockSet], floor: int = 0) -> list[int]:
+    """Head totals a cut with the same number of heads in every block (``--uniform``) can keep."""
+    n_blocks = sum(s.width for s in sets)
+    return [k * n_blocks for k in uniform_levels(UnitState.full(sets), floor)]
+
+
 def resolve_budget(sets: list[BlockSet], config: PruneConfig, step: int, stepwise: bool) -> Budget:
     """Check the budget against the units (HeadcutError naming the nearest valid budgets). ``step``:
     heads per step; ``stepwise``: whether the search goes step by step (else to K at once)."""
