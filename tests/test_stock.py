@@ -8,15 +8,12 @@ Any other cut is written in headcut's form, with the reason in the report and th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as T
-from helpers import ATOL, forward, make_inputs, make_model, run, save_tiny, write_rows
+from helpers import ATOL, forward, load_without_headcut, make_inputs, make_model, run, save_tiny, write_rows
 
 import headcut
 from headcut.model.stock import stock_form
@@ -27,38 +24,6 @@ STOCK = {
     "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
 }
-
-#: run in a fresh interpreter: headcut made unimportable, then each folder loaded by its Auto class alone
-STOCK_LOADER = r"""
-import json, sys
-sys.modules["headcut"] = None  # `import headcut` now raises ImportError
-import torch, transformers
-try:
-    import headcut  # noqa: F401
-    raise SystemExit("headcut could be imported")
-except ImportError:
-    pass
-out = {}
-for case in json.loads(sys.argv[1]):
-    auto = getattr(transformers, case["auto"])
-    model = auto.from_pretrained(case["folder"]).eval()  # no trust_remote_code
-    inputs = torch.load(case["inputs"])
-    with torch.no_grad():
-        logits = model(**inputs).logits
-    expected = torch.load(case["expected"])
-    out[case["folder"]] = {"class": type(model).__name__, "diff": float((logits - expected).abs().max())}
-print(json.dumps(out))
-"""
-
-
-def load_without_headcut(cases: list[dict]) -> dict:
-    """Load each case's folder in a fresh process where headcut cannot be imported (no network)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", STOCK_LOADER, json.dumps(cases)], capture_output=True, text=True,
-                          env=env, cwd=Path(cases[0]["folder"]).parent, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 def drop_last_group(model) -> dict:
     """A uniform mask: the last KV group of every block removed."""

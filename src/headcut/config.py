@@ -112,7 +112,8 @@ class PruneConfig:
                                     "floor((1 - S) x heads).")
     max_drop: float | None = option(None, low=0, metavar="D", panel=B, help="Score-based methods: remove heads step by step "
                                     "while the --eval-data metric stays within D of the unpruned model.")
-    uniform: bool = option(False, panel=B, help="Keep the same number of heads in every block.")
+    uniform: bool = option(False, panel=B, help="Keep the same number of heads in every block (most decoders: a stock "
+                           "transformers checkpoint, no remote code).")
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
     gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", panel=B, help="Grouped-query attention policy.")
     seed: int = 0
@@ -265,7 +266,9 @@ class FinetuneConfig(TrainConfig):
 @dataclass
 class BenchConfig:
     """How to benchmark. ``dtype``/``attn_implementation`` None: the checkpoint's own. ``runtime``:
-    ``torch``, ``onnxruntime`` or both comma-separated (one row per model and runtime)."""
+    ``torch``, ``onnxruntime`` or both comma-separated (one row per model and runtime). ``interleave``:
+    time the models in rounds (one forward of each per round, the order rotated), every model in memory
+    at once; False: one after the other (see :mod:`headcut.jobs.timing`)."""
 
     device: str = "cpu"
     batch_size: int = 8
@@ -279,6 +282,11 @@ class BenchConfig:
     gen_runs: int = 3
     seed: int = 0
     runtime: str = "torch"
+    interleave: bool = option(True, flag="--interleave/--no-interleave", panel="Options", help="Time the MODELs "
+                              "in rounds of one forward (and generation) of each, the order rotated each round (the "
+                              "default); this holds every MODEL in memory at once. --no-interleave times one MODEL "
+                              "after the other, one in memory at a time: back to back, the speed-ups are not "
+                              "comparable under a changing load.")
 
     def runtimes(self) -> tuple[str, ...]:
         """The runtimes of ``runtime`` in a stable order (torch first); one-line errors."""
@@ -296,6 +304,7 @@ class BenchConfig:
             _count(f"--{name.replace('_', '-')}", getattr(self, name), low)
         if self.threads is not None:
             _count("--threads", self.threads, 1)
+        check_fields(self, ("interleave",))
         if self.dtype is not None:
             check_choice("--dtype", self.dtype, DTYPE_NAMES)
         if self.attn_implementation is not None:
