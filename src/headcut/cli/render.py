@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -204,10 +205,11 @@ def checkpoint_lines(report: dict[str, Any]) -> list[str]:
     form = report.get("checkpoint")
     if not isinstance(form, dict):
         return []
+    loader = str(form.get("loader")).replace('"OUT"', json.dumps(str(report.get("out") or "OUT")))
     if form.get("form") == "stock":
-        return [f"checkpoint: plain transformers {form.get('architecture')}, loads with {form.get('loader')} "
+        return [f"checkpoint: plain transformers {form.get('architecture')}, loads with {loader} "
                 "(no trust_remote_code, no headcut)"]
-    line = (f"checkpoint: headcut's form, loads with {form.get('loader')}; not a plain transformers checkpoint "
+    line = (f"checkpoint: headcut's form, loads with {loader}; not a plain transformers checkpoint "
             f"because {form.get('why_not_stock')}")
     near = report.get("uniform_budgets")
     if near:
@@ -275,16 +277,18 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def _speedup(speedup: float | None, low: float | None, high: float | None, within: bool | None) -> Text | str:
-    """A speed-up with the interval of its per-round ratios: ``1.16x (1.10-1.21)``, or, when the interval holds
-    1, ``1.03x (0.97-1.08, within noise)`` (dim on a terminal; the words say it in plain text)."""
+    """A speed-up over the interval of its per-round ratios, one per line to keep the table narrow: ``1.16x``
+    / ``(1.10-1.21)``, and a third line ``within noise`` when the interval holds 1 (dim on a terminal; the
+    words say it in plain text)."""
     if speedup is None:
         return "-"
     text = f"{speedup:.2f}x"
     if low is None or high is None:
         return text
+    text += f"\n({low:.2f}-{high:.2f})"
     if within:
-        return Text(f"{text} ({low:.2f}-{high:.2f},\nwithin noise)", style="dim")
-    return f"{text} ({low:.2f}-{high:.2f})"
+        return Text(text + "\nwithin noise", style="dim")
+    return text
 
 
 def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
@@ -310,21 +314,23 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
     table = Table(
         title=f"{config.device} ({device_name}, {threads} thread{'s' if threads != 1 else ''}), "
               f"{dtype}, batch {config.batch_size} x {config.seq_len}",
-        caption="\n".join(notes), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        caption="\n".join(notes), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=0,
     )
     columns = ["model", "runtime", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p25-p75\nms",
                "p90\nms", "examples\n/s", "speed-\nup", "peak\nMiB", "gen\ntok/s", "gen\nspeed-up", "KV B/\ntoken"]
     if not relative:
         columns = [c for c in columns if c not in ("FLOP\nratio", "speed-\nup")]
-    if not relative or not any(r.generation is not None and r.generation.speedup is not None for r in results):
+    if not any(r.generation is not None for r in results):  # no model generates: no generation columns
+        columns = [c for c in columns if c not in ("gen\ntok/s", "gen\nspeed-up", "KV B/\ntoken")]
+    elif not relative or not any(r.generation is not None and r.generation.speedup is not None for r in results):
         columns.remove("gen\nspeed-up")
     if all(getattr(r, "runtime", "torch") == "torch" for r in results):
         columns.remove("runtime")  # the column appears once onnxruntime is asked for
     for col in columns:
         if col == "model":
-            table.add_column(col, overflow="fold", min_width=min(24, max((len(r.name) for r in results), default=5)))
-        else:  # a speed-up's interval may wrap under it on a narrow terminal
-            table.add_column(col, justify="right", no_wrap=col not in ("speed-\nup", "gen\nspeed-up"))
+            table.add_column(col, overflow="fold", min_width=8)
+        else:
+            table.add_column(col, justify="right", no_wrap=True)
     for r in results:
         gen = r.generation
         cells: dict[str, Text | str] = {

@@ -206,7 +206,7 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
     check_paths(reads={k: v for k, v in reads.items() if v is not None}, writes={}, replaces={"--out": target_path})
     report["out"] = str(target_path)
     form = stock_form(model)
-    report["checkpoint"] = dict(form.to_json(), loader=form.loader.replace("OUT", str(target_path)))
+    report["checkpoint"] = form.to_json()  # its loader names the folder OUT (the report's "out")
 
     def write(folder: Path) -> None:
         if tuple(formats) != ("safetensors",):
