@@ -16,14 +16,19 @@ from typer.testing import CliRunner
 
 import headcut
 from headcut.jobs.timing import (
+    ALL_MODELS,
     BenchConfig,
     BenchResult,
     bench,
     bench_model,
+    compare,
     count_flops,
     make_inputs,
+    paired_speedup,
     percentile,
     report_json,
+    round_order,
+    time_rounds,
 )
 from headcut.cli import app
 from headcut.errors import HeadcutError
@@ -31,13 +36,14 @@ from headcut.errors import HeadcutError
 FAST = dict(batch_size=2, seq_len=8, runs=2, warmup=1, gen_tokens=4, gen_runs=1)
 MODEL_KEYS = {
     "name", "architecture", "model_type", "dtype", "attn_implementation", "device", "threads", "inputs", "heads",
-    "kv_heads", "params", "weights_bytes", "flops", "flops_by_op", "runs_ms", "median_ms", "p90_ms",
-    "examples_per_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "generation", "speedup",
-    "flop_ratio", "notes", "runtime",
+    "kv_heads", "params", "weights_bytes", "flops", "flops_by_op", "runs_ms", "median_ms", "p90_ms", "p25_ms",
+    "p75_ms", "examples_per_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "generation", "speedup",
+    "flop_ratio", "notes", "runtime", "speedup_p25", "speedup_p75", "within_noise",
 }
 GEN_KEYS = {
-    "new_tokens", "runs_ms", "median_ms", "tokens_per_s", "kv_cache_bytes", "kv_cache_positions",
+    "new_tokens", "runs_ms", "median_ms", "p25_ms", "p75_ms", "tokens_per_s", "kv_cache_bytes", "kv_cache_positions",
     "kv_bytes_per_token", "cross_kv_cache_bytes", "cross_kv_cache_positions", "cross_kv_bytes_per_token", "speedup",
+    "speedup_p25", "speedup_p75", "within_noise",
 }
 # tiny Llama (helpers.make_model): 3 layers, hidden 48, 6 query heads and 2 KV heads of size 8
 LLAMA = dict(layers=3, hidden=48, heads=6, kv_heads=2, head_dim=8, ffn=37, vocab=99)
@@ -80,6 +86,7 @@ def test_json_structure(ckpts):
     data = json.loads(json.dumps(report_json(results, config)))
     assert set(data) >= {"config", "device", "device_name", "torch", "transformers", "headcut", "warnings", "models"}
     assert data["config"]["runs"] == 2 and data["device"] == "cpu" and data["torch"] == torch.__version__
+    assert data["config"]["interleave"] is True and data["schedule"] == "interleaved"
     llama, bert = data["models"]
     assert set(llama) == MODEL_KEYS and set(bert) == MODEL_KEYS
     assert set(llama["generation"]) == GEN_KEYS and bert["generation"] is None
@@ -90,8 +97,13 @@ def test_json_structure(ckpts):
     assert llama["speedup"] == 1.0 and llama["flop_ratio"] == 1.0
     assert llama["heads"] == LLAMA["layers"] * LLAMA["heads"]
     assert llama["kv_heads"] == LLAMA["layers"] * LLAMA["kv_heads"]
+    # the baseline has no interval of its own; the next row gets one from the two paired rounds
+    assert llama["speedup_p25"] is None and llama["within_noise"] is None
+    assert 0 < bert["speedup_p25"] <= bert["speedup_p75"] and isinstance(bert["within_noise"], bool)
+    assert llama["generation"]["speedup_p25"] is None and llama["generation"]["within_noise"] is None
     for m in data["models"]:
         assert m["median_ms"] > 0 and m["p90_ms"] > 0 and m["examples_per_s"] > 0
+        assert m["p25_ms"] <= m["median_ms"] <= m["p75_ms"]
         assert m["tokens_per_s"] == pytest.approx(m["examples_per_s"] * 8)
         assert m["flops"] == sum(m["flops_by_op"].values()) > 0
 
@@ -193,6 +205,141 @@ def test_percentile():
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
 
 
+# ---------------------------------------------------------------------------------------------- interleaving
+
+
+def test_round_order_rotates():
+    assert [round_order(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert [round_order(2, r) for r in range(3)] == [[0, 1], [1, 0], [0, 1]]  # two rows alternate
+    assert round_order(1, 5) == [0] and round_order(0, 1) == []
+    # over as many rounds as rows, every row runs once in every position
+    for n in (2, 3, 5):
+        for position in range(n):
+            assert sorted(round_order(n, r)[position] for r in range(n)) == list(range(n))
+
+
+def test_time_rounds_calls_in_rotated_order():
+    calls = []
+    fns = [lambda name=name: calls.append(name) for name in "ABC"]
+    steps = []
+    times = time_rounds(fns, 4, [torch.device("cpu")] * 3, steps.append)
+    assert "".join(calls) == "ABC" "BCA" "CAB" "ABC"
+    assert steps == [1, 2, 3, 4]
+    assert [len(t) for t in times] == [4, 4, 4] and all(ms >= 0 for t in times for ms in t)
+    with pytest.raises(ValueError):
+        time_rounds(fns, 1, [torch.device("cpu")])
+
+
+def _recording(models: dict[str, torch.nn.Module], calls: list[str]) -> None:
+    """Record each model's forwards (and generate calls, as ``gen NAME``) in ``calls``."""
+    for name, model in models.items():
+        model.register_forward_pre_hook(lambda module, args, name=name: calls.append(name))
+        if model.can_generate():
+            real = model.generate
+
+            def generate(*args, name=name, real=real, **kwargs):
+                calls.append(f"gen {name}")
+                return real(*args, **kwargs)
+
+            model.generate = generate
+
+
+def test_bench_times_the_models_interleaved_in_rotated_rounds():
+    models = {name: make_model("bert", "BertModel", seed=i) for i, name in enumerate("ABC")}
+    calls: list[str] = []
+    _recording(models, calls)
+    seen = []
+    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=4, warmup=1)), names=list(models),
+                    progress=lambda *args: seen.append(args))
+    # every model is prepared (its FLOPs counted) and warmed up before any timed forward
+    assert calls[:6] == ["A", "B", "C", "A", "B", "C"]
+    assert "".join(calls[6:]) == "ABC" "BCA" "CAB" "ABC"
+    assert [len(r.runs_ms) for r in results] == [4, 4, 4]
+    # the rounds are reported once for all the models, each model's own stages under its index
+    rounds = [(done, total) for index, name, stage, done, total in seen if stage == "rounds"]
+    assert rounds[-1] == (4, 4) and all(i == -1 for i, n, stage, *_ in seen if stage == "rounds")
+    assert {(i, n) for i, n, stage, *_ in seen if stage == "rounds"} == {(-1, ALL_MODELS)}
+    assert {(i, stage) for i, n, stage, *_ in seen if i >= 0} >= {(0, "flops"), (2, "warmup")}
+    assert all(r.speedup_p25 is not None and r.within_noise is not None for r in results[1:])
+
+
+def test_generation_is_interleaved_too():
+    models = {name: make_model("llama", "LlamaForCausalLM", seed=i) for i, name in enumerate("AB")}
+    calls: list[str] = []
+    _recording(models, calls)
+    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=2, warmup=0, gen_runs=3)),
+                    names=list(models))
+    # FLOPs A, B; two rounds A B, B A; then the memory forward of each (no warmup) before any generation
+    assert calls[:9] == ["A", "B", "A", "B", "B", "A", "A", "B", "gen A"]
+    generations = [c for c in calls if c.startswith("gen")]
+    # one untimed call each (the KV cache), then three rounds alternating the order
+    assert generations == ["gen A", "gen B", "gen A", "gen B", "gen B", "gen A", "gen A", "gen B"]
+    first, second = results
+    assert len(first.generation.runs_ms) == len(second.generation.runs_ms) == 3
+    assert second.generation.speedup_p25 <= second.generation.speedup_p75
+    assert isinstance(second.generation.within_noise, bool) and first.generation.within_noise is None
+    assert first.peak_memory_kind in ("cpu_peak_rss_increase", "unavailable")
+
+
+def test_no_interleave_times_one_model_after_the_other():
+    models = {name: make_model("bert", "BertModel", seed=i) for i, name in enumerate("AB")}
+    calls: list[str] = []
+    _recording(models, calls)
+    seen = []
+    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=3, warmup=1), interleave=False),
+                    names=list(models), progress=lambda *args: seen.append(args))
+    assert "".join(calls) == "A" "A" "AAA" "B" "B" "BBB"  # FLOPs, warmup, runs; then the next model
+    assert [len(r.runs_ms) for r in results] == [3, 3]
+    assert results[1].speedup is not None and results[1].speedup > 0
+    # no pairs, so no interval and no verdict
+    assert results[1].speedup_p25 is None and results[1].speedup_p75 is None and results[1].within_noise is None
+    assert all(i >= 0 for i, *_ in seen) and any(stage == "runs" for _, _, stage, *_ in seen)
+    assert report_json(results, BenchConfig(interleave=False))["schedule"] == "back to back"
+
+
+def test_paired_speedup_on_controlled_times():
+    # every round 20 % faster: the interval is a point away from 1, however much the rounds differ
+    low, high, within = paired_speedup([10.0, 20.0, 30.0, 40.0], [8.0, 16.0, 24.0, 32.0])
+    assert low == pytest.approx(1.25) and high == pytest.approx(1.25) and within is False
+    # the per-round ratios 1.25, 0.8, 1.0, 1.1, 0.9: quartiles 0.9 and 1.1, which hold 1
+    low, high, within = paired_speedup([10.0, 8.0, 10.0, 11.0, 9.0], [8.0, 10.0, 10.0, 10.0, 10.0])
+    assert (low, high, within) == (pytest.approx(0.9), pytest.approx(1.1), True)
+    # slower in every round: the interval lies below 1
+    low, high, within = paired_speedup([10.0, 10.0, 10.0], [11.0, 12.0, 13.0])
+    assert high < 1.0 and within is False
+    assert low == pytest.approx(percentile([10 / 11, 10 / 12, 10 / 13], 25))
+    # generation: the ratio of tokens/s, scaled by the new tokens of each call
+    low, high, _ = paired_speedup([10.0, 10.0], [10.0, 10.0], scale=2.0)
+    assert low == high == 2.0
+    # one round tells nothing of the noise; rounds without a positive time are left out
+    assert paired_speedup([10.0], [9.0]) == (pytest.approx(10 / 9), pytest.approx(10 / 9), None)
+    assert paired_speedup([10.0, 0.0], [5.0, 5.0]) == (2.0, 2.0, None)
+    assert paired_speedup([0.0], [0.0]) is None
+    with pytest.raises(ValueError):
+        paired_speedup([1.0, 2.0], [1.0])
+
+
+def test_compare_fills_the_paired_interval_only_for_paired_runs():
+    base = bench_model(make_model("bert", "BertModel"), BenchConfig(**FAST))
+    other = bench_model(make_model("bert", "BertModel", seed=1), BenchConfig(**FAST))
+    base.runs_ms, base.median_ms = [10.0, 10.0, 10.0, 10.0], 10.0
+    other.runs_ms, other.median_ms = [9.0, 9.5, 10.5, 8.0], 9.25
+    compare([base, other], paired=True)
+    assert other.speedup == pytest.approx(10 / 9.25)
+    assert other.speedup_p25 == pytest.approx(percentile([10 / 9, 10 / 9.5, 10 / 10.5, 10 / 8], 25))
+    assert other.speedup_p75 == pytest.approx(percentile([10 / 9, 10 / 9.5, 10 / 10.5, 10 / 8], 75))
+    assert other.within_noise is (other.speedup_p25 <= 1.0 <= other.speedup_p75)
+    assert base.speedup == 1.0 and base.speedup_p25 is None and base.within_noise is None
+    other.speedup_p25 = other.speedup_p75 = other.within_noise = None
+    compare([base, other])  # back to back: nothing to pair
+    assert other.speedup_p25 is None and other.within_noise is None and other.speedup is not None
+
+
+def test_interleave_must_be_a_bool():
+    with pytest.raises(HeadcutError, match="interleave must be True or False"):
+        BenchConfig(interleave="no").validate()
+
+
 @pytest.mark.parametrize(
     "change,message",
     [
@@ -248,6 +395,80 @@ def test_cli_json_file(ckpts, tmp_path):
     data = json.loads(out.read_text())
     assert data["models"][0]["heads"] == 8
     assert data["models"][0]["speedup"] is None and data["models"][0]["flop_ratio"] is None
+
+
+INTERVAL = r"\((\d+\.\d\d)-(\d+\.\d\d)\)"  # a speed-up's interval, the line under it in the table
+
+
+def test_cli_interleaved_table_and_json(ckpts, tmp_path):
+    import re
+
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", ckpts["llama"], ckpts["llama-slim"], *CLI_FAST, "--runs", "3",
+                                 "--gen-runs", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["schedule"] == "interleaved" and data["config"]["interleave"] is True
+    base, slim = data["models"]
+    assert slim["speedup_p25"] <= slim["speedup_p75"] and isinstance(slim["within_noise"], bool)
+    assert isinstance(slim["generation"]["within_noise"], bool)
+    assert "\x1b[" not in result.stdout  # plain text off a terminal
+    assert "p25-p75" in result.stdout and "timed interleaved" in result.stdout
+    # the slim model's speed-up and generation speed-up, each over the interval of its per-round ratios
+    intervals = [(float(a), float(b)) for a, b in re.findall(INTERVAL, result.stdout)]
+    assert intervals == [
+        (pytest.approx(slim["speedup_p25"], abs=0.006), pytest.approx(slim["speedup_p75"], abs=0.006)),
+        (pytest.approx(slim["generation"]["speedup_p25"], abs=0.006),
+         pytest.approx(slim["generation"]["speedup_p75"], abs=0.006)),
+    ]
+    # the words say what the JSON says
+    verdicts = [slim["within_noise"], slim["generation"]["within_noise"]]
+    assert result.stdout.split("peak MiB:")[0].count("within noise") == sum(verdicts)
+    assert "back to back" not in result.stderr
+
+
+def test_cli_no_interleave(ckpts, tmp_path):
+    import re
+
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", ckpts["bert"], ckpts["bert-slim"], *CLI_FAST, "--no-interleave",
+                                 "--json", str(out)])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert data["schedule"] == "back to back" and data["config"]["interleave"] is False
+    slim = data["models"][1]
+    assert slim["speedup"] > 0 and slim["speedup_p25"] is None and slim["within_noise"] is None
+    assert not re.findall(INTERVAL, result.stdout) and "timed back to back" in result.stdout
+    notes = " ".join(line for line in result.stderr.splitlines() if line.startswith("note:"))
+    assert "back to back (--no-interleave)" in notes and "not comparable" in notes
+    assert "--no-interleave" in runner.invoke(app, ["bench", "--help"]).stdout
+
+
+def test_table_marks_speedups_within_noise(ckpts):
+    import io
+
+    from rich.console import Console
+
+    from headcut.cli.render import bench_table
+
+    config = BenchConfig(**FAST)
+    base, fast, same = bench([ckpts["bert"], ckpts["bert-slim"], ckpts["bert-empty"]], config)
+    base.speedup, base.speedup_p25, base.speedup_p75, base.within_noise = 1.0, None, None, None
+    fast.speedup, fast.speedup_p25, fast.speedup_p75, fast.within_noise = 1.16, 1.10, 1.21, False
+    same.speedup, same.speedup_p25, same.speedup_p75, same.within_noise = 1.03, 0.97, 1.08, True
+    stream = io.StringIO()
+    Console(file=stream, width=160).print(bench_table([base, fast, same], config, "a CPU"))
+    text = stream.getvalue()
+    assert "\x1b[" not in text  # plain text off a terminal
+    lines = text.splitlines()
+    row = next(i for i, line in enumerate(lines) if line.lstrip().startswith(ckpts["bert-slim"][:8])
+               and "1.16x" in line)
+    assert lines[row + 1].rstrip().endswith("(1.10-1.21)") and "within noise" not in lines[row + 2]
+    row = next(i for i, line in enumerate(lines) if "1.03x" in line)
+    assert lines[row + 1].rstrip().endswith("(0.97-1.08)") and lines[row + 2].rstrip().endswith("within noise")
+    body, caption = text.split("peak MiB:")  # the table, and its caption under it
+    assert body.count("within noise") == 1 and "interval contains 1" in " ".join(caption.split())
+    assert "gen" not in text and "KV" not in text  # no model generates: no generation columns
 
 
 @pytest.mark.parametrize(

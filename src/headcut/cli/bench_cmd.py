@@ -22,6 +22,7 @@ from .common import (
     examples,
     handle_errors,
     plan_outputs,
+    with_specs,
 )
 
 _D = BenchConfig()
@@ -34,6 +35,11 @@ BENCH_HELP = "\n\n".join([
     "mode. CPU forwards are timed with perf_counter, CUDA forwards with CUDA events after a synchronise. Models "
     "that generate also run cached greedy decoding of exactly --gen-tokens new tokens from the same prompt (one "
     "untimed call, then --gen-runs timed ones).",
+    "The models are timed interleaved: all are loaded and warmed up first, then each of --runs rounds runs one "
+    "timed forward of every MODEL (and every runtime row), the order rotated by one each round (A B C, B C A, "
+    "C A B, ...), and the same for generation; a change in the machine's load then hits every model of a round "
+    "alike. This holds every MODEL in memory at once; --no-interleave times one MODEL after the other (back to "
+    "back), whose speed-ups are not comparable on a loaded machine.",
     "\n".join([
         "Columns:",
         "runtime (with --runtime onnxruntime): torch, or onnxruntime running the ONNX graph.",
@@ -42,12 +48,15 @@ BENCH_HELP = "\n\n".join([
         "GFLOPs: one forward of the whole batch, counted by torch's FlopCounterMode (matmuls and attention "
         "kernels, 2 per multiply-add; element-wise ops not counted).",
         "FLOP ratio: first model's FLOPs / this model's (1.25 = 20 % fewer FLOPs); only with a baseline.",
-        "median ms, p90 ms: time per forward of the batch.",
+        "median ms, p90 ms: time per forward of the batch; p25-p75 ms: the interquartile range of the runs.",
         "examples/s: batch size / median time.",
-        "speed-up: first model's median / this model's; only with a baseline.",
+        "speed-up: first model's median / this model's; only with a baseline. In brackets, interleaved: the 25th "
+        "to 75th percentile of the per-round speed-ups (first model's time / this model's, in the same round); "
+        "'within noise' when that interval contains 1: the difference is within this machine's run-to-run noise.",
         "peak MiB: CUDA: max memory allocated during the forwards (weights included); CPU (Linux): peak "
         "resident memory the forwards add on top of the loaded model.",
         "gen tok/s: batch size x new tokens / median generation time (prefill included).",
+        "gen speed-up: this model's gen tok/s / the first model's, with the same interval and verdict.",
         "KV B/token: bytes of the keys and values in the returned KV cache / batch size / cached positions.",
     ]),
     "--runtime onnxruntime times the folder's model.onnx in onnxruntime (written by --format onnx; a folder "
@@ -67,6 +76,7 @@ BENCH_HELP = "\n\n".join([
     "headcut bench model/ slim/ --runtime torch,onnxruntime",
     "headcut bench model/ slim/ --update-card"))
 @handle_errors
+@with_specs(BenchConfig, "settings")
 def bench(
     models: Annotated[list[str], typer.Argument(
         help="Checkpoint folders (or Hugging Face Hub ids); the first is the baseline.", metavar="MODEL...",
@@ -76,7 +86,9 @@ def bench(
     batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward.", metavar="N")] = _D.batch_size,
     seq_len: Annotated[int, typer.Option(
         "--seq-len", help="Tokens per example (the prompt length for generation).", metavar="N")] = _D.seq_len,
-    runs: Annotated[int, typer.Option("--runs", help="Timed forwards per model.", metavar="N")] = _D.runs,
+    runs: Annotated[int, typer.Option(
+        "--runs", help="Timed forwards per model (interleaved: rounds of one forward of each).",
+        metavar="N")] = _D.runs,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed forwards before the timed ones.",
                                         metavar="N")] = _D.warmup,
     threads: Annotated[Optional[int], typer.Option(
@@ -90,7 +102,9 @@ def bench(
     gen_tokens: Annotated[int, typer.Option(
         "--gen-tokens", metavar="N",
         help="New tokens per cached greedy generation (models that generate); 0: skip.")] = _D.gen_tokens,
-    gen_runs: Annotated[int, typer.Option("--gen-runs", help="Timed generations per model.", metavar="N")] = _D.gen_runs,
+    gen_runs: Annotated[int, typer.Option(
+        "--gen-runs", help="Timed generations per model (interleaved: rounds of one generation of each).",
+        metavar="N")] = _D.gen_runs,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.", metavar="N")] = _D.seed,
     runtime: Annotated[str, typer.Option(
         "--runtime", metavar="RUNTIME", autocompletion=_choices(BENCH_RUNTIMES + ("torch,onnxruntime",)),
@@ -104,6 +118,7 @@ def bench(
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
+    settings: Optional[dict] = None,
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
@@ -114,7 +129,7 @@ def bench(
     config = BenchConfig(
         device=device, batch_size=batch_size, seq_len=seq_len, runs=runs, warmup=warmup, threads=threads,
         dtype=dtype, attn_implementation=attn_implementation, gen_tokens=gen_tokens, gen_runs=gen_runs, seed=seed,
-        runtime=runtime,
+        runtime=runtime, **(settings or {}),
     )
     for warning in config.validate():
         log.log.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)

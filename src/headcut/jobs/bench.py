@@ -36,7 +36,10 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
     """Time ``models`` on synthetic inputs (``headcut bench``): latency, throughput, FLOPs, memory, and
     generation speed and KV-cache size for decoders. ``settings``: fields of :class:`BenchConfig`
     (``device``, ``batch_size``, ``seq_len``, ``runs``, ``runtime="torch,onnxruntime"`` for a row per
-    model and runtime, ...), or pass ``config``. ``update_cards``: write the measured speed-up into the model
+    model and runtime, ``interleave=False`` to time one model after the other, ...), or pass ``config``.
+    By default the models are timed interleaved, in rounds (all of them in memory at once), and every
+    result after the first carries the interval of its per-round speed-ups and a ``within_noise`` verdict
+    (see :mod:`headcut.jobs.timing`). ``update_cards``: write the measured speed-up into the model
     card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
     from .timing import bench as run_bench
     from .timing import report_json
@@ -59,8 +62,9 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
 
     def on_progress(index: int, name: str, stage: str, done: int, total: int) -> None:
         task = tasks.get((index, stage))
-        if task is None:
-            task = tasks[(index, stage)] = progress.task(f"[{index + 1}/{len(models)}] {name}: {stage}", total, "")
+        if task is None:  # index -1: the interleaved rounds of all the models
+            where = f"[{index + 1}/{len(models)}] {name}" if index >= 0 else name
+            task = tasks[(index, stage)] = progress.task(f"{where}: {stage}", total, "")
         task.update(done, total)
 
     with contextlib.ExitStack() as stack:
@@ -70,6 +74,10 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
     report = report_json(results, config)
     for r in results:
         notes += [f"{r.name}: {n}" for n in r.notes]
+    if len(results) > 1 and not config.interleave:
+        notes.append("timed back to back (--no-interleave): one model after the other, so a change in the "
+                     "machine's load between them shows as a speed difference; the speed-ups are not comparable "
+                     "under load")
     cards: list[Path] = []
     if update_cards:
         from .timing import device_name
