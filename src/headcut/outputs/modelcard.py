@@ -280,12 +280,21 @@ def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None =
 def speed_section(rows: list[dict[str, Any]], baseline: str, machine: str) -> str:
     """The card's speed section from ``headcut bench`` rows (this folder's rows and the baseline's)."""
     lines = [SPEED_MARK, "## Speed", "", f"Measured by `headcut bench` against `{baseline}` on {machine}:", "",
-             "| runtime | device | dtype | input | median ms | speed-up |", "| --- | --- | --- | --- | --- | --- |"]
+             "| runtime | device | dtype | input | median ms | speed-up | per-round speed-ups (p25-p75) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        speed = r.get("speedup")
+        speed, low, high = r.get("speedup"), r.get("speedup_p25"), r.get("speedup_p75")
+        spread = "—" if low is None or high is None else f"{float(low):.2f}-{float(high):.2f}x"
+        if r.get("within_noise"):
+            spread += " (within run-to-run noise)"
         lines.append(f"| {r.get('runtime', 'torch')} | {r.get('device')} | {r.get('dtype')} | "
                      f"{r.get('input', '')} | {float(r['median_ms']):.1f} | "
-                     f"{'—' if speed is None else f'{float(speed):.2f}x'} |")
+                     f"{'—' if speed is None else f'{float(speed):.2f}x'} | {spread} |")
+    if any(r.get("speedup_p25") is not None for r in rows):
+        lines += ["", "Timed interleaved (every model once per round, the order rotated each round); the per-round "
+                  "speed-ups are the baseline's time over this model's in the same round."]
+    else:
+        lines += ["", "Timed one model after the other (--no-interleave): under load the speed-up is not reliable."]
     return "\n".join(lines) + "\n"
 
 
@@ -335,7 +344,9 @@ def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[l
             shape = "x".join(str(v) for v in next(iter(r.inputs.values()), []))
             rows.append({"runtime": r.runtime, "device": r.device, "dtype": r.dtype, "input": shape,
                          "median_ms": r.median_ms,
-                         "speedup": ref.median_ms / r.median_ms if ref is not None and r.median_ms else None})
+                         "speedup": ref.median_ms / r.median_ms if ref is not None and r.median_ms else None,
+                         "speedup_p25": getattr(r, "speedup_p25", None), "speedup_p75": getattr(r, "speedup_p75", None),
+                         "within_noise": getattr(r, "within_noise", None)})
         OutputFile(card, "--update-card").write_text(replace_speed(text, speed_section(rows, names[0], machine)))
         written.append(card)
     return written, notes
