@@ -43,7 +43,8 @@ sentences of speeches it never saw):
   tokens; ``SPEED_ROUNDS`` rounds over all the models), speed-up beside the FLOP ratio; CUDA too when the run
   has a GPU.
 * ``smollm``: SmolLM2-135M (30 layers x 3 KV groups) with KV groups removed (one-shot gradient scores on the
-  first half of hamlet.txt): perplexity on the second half, KV-cache bytes and generation speed.
+  first half of hamlet.txt): perplexity on the second half, KV-cache bytes, and forward and generation speed of
+  every row's model timed together, interleaved in rounds (``KV_ROUNDS``), after the rows are measured.
 * ``gemma3``: the same for Gemma 3 270M (18 layers x 1 KV head of 4 query heads: each KV head removed empties a
   layer's attention), on fewer 256-token blocks (its 262,144-token vocabulary makes each one slow on a CPU).
 * ``convention``: the second task: the training-free methods and the recipe at every K, the learned-gate
@@ -560,13 +561,68 @@ class KVStudy:
     batch_size: int | None = None
 
 
-#: the decoders' KV studies. SmolLM2-135M: 30 layers x 3 KV groups of 3 query heads (its rows were measured
-#: with prune's own evaluation of 64 blocks, the unpruned row on the whole second half); Gemma 3 270M: 18
-#: layers x 1 KV head of 4 query heads (a group removed empties a layer; 262,144-token vocabulary: fewer blocks)
+#: the decoders' KV studies. SmolLM2-135M: 30 layers x 3 KV groups of 3 query heads; Gemma 3 270M: 18 layers x 1 KV
+#: head of 4 query heads (a group removed empties a layer; 262,144-token vocabulary: fewer blocks)
 KV_STUDIES = {
     "smollm": KVStudy(offline.smollm_dir, [0, 6, 12, 18, 30, 45], cal_examples=64, eval_examples=64),
     "gemma3": KVStudy(offline.gemma3_dir, [0, 1, 2, 3, 4, 5, 6], cal_examples=8, eval_examples=16, batch_size=2),
 }
+#: the KV studies' one interleaved timing of every row's model (``headcut.bench``, batch 1, a 128-token prompt, 32
+#: generated tokens): rounds of one forward of each model, then rounds of one generation of each, the order
+#: rotated each round; every model in memory at once
+KV_ROUNDS, KV_GEN_ROUNDS, KV_WARMUP = 11, 7, 2
+
+
+def _kv_timing(name: str, src: Path, store: Store, tmp: Path) -> None:
+    """Time every row's model in one interleaved ``headcut.bench`` (the unpruned model first: the baseline of the
+    paired ratios); each cut is made again from its row's stored mask (``headcut.export``), so the perplexities
+    and prune times stay those measured when the row was pruned. Stored per row as ``timing``, with the whole
+    timing's settings and the machine's load (``os.getloadavg()`` before and after) as the study's ``timing``."""
+    rows = sorted(store.data["rows"], key=lambda r: r["removed"])
+    folders: list[Path] = []
+    for row in rows:
+        if not row["removed"]:
+            folders.append(src)
+            continue
+        folder = tmp / f"{name}-{row['removed']}-timing"
+        headcut.export(src, row["mask"], gqa="group").save(folder, force=True)
+        folders.append(folder)
+    log(f"{name}: timing {len(folders)} models interleaved ({KV_ROUNDS} forward rounds, {KV_GEN_ROUNDS} generation "
+        "rounds)")
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    bench = headcut.bench(folders, names=[str(r["removed"]) for r in rows], batch_size=1, seq_len=128, gen_tokens=32,
+                          runs=KV_ROUNDS, gen_runs=KV_GEN_ROUNDS, warmup=KV_WARMUP)
+    seconds = time.perf_counter() - start
+    load_after = os.getloadavg()
+    for row, r in zip(rows, bench.results, strict=True):
+        gen = r.generation
+        tokens = gen.new_tokens  # batch 1
+        row.update(kv_heads=r.kv_heads, heads=r.heads, params=r.params, kv_cache_bytes=gen.kv_cache_bytes)
+        for stale in ("tokens_per_s", "forward_ms"):  # the earlier back-to-back times
+            row.pop(stale, None)
+        row["timing"] = {
+            "forward_ms": r.median_ms, "forward_p25_ms": r.p25_ms, "forward_p75_ms": r.p75_ms,
+            "forward_runs_ms": r.runs_ms, "speedup": r.speedup, "speedup_p25": r.speedup_p25,
+            "speedup_p75": r.speedup_p75, "within_noise": r.within_noise,
+            "tokens_per_s": gen.tokens_per_s, "tokens_per_s_p25": 1e3 * tokens / gen.p75_ms,
+            "tokens_per_s_p75": 1e3 * tokens / gen.p25_ms, "generation_runs_ms": gen.runs_ms,
+            "generation_speedup": gen.speedup, "generation_speedup_p25": gen.speedup_p25,
+            "generation_speedup_p75": gen.speedup_p75, "generation_within_noise": gen.within_noise,
+            "dtype": r.dtype, "attn_implementation": r.attn_implementation, "threads": r.threads,
+        }
+    store.data["timing"] = {"interleaved": True, "rounds": KV_ROUNDS, "gen_rounds": KV_GEN_ROUNDS,
+                            "warmup": KV_WARMUP, "batch_size": 1, "seq_len": 128, "gen_tokens": 32,
+                            "rows": [r["removed"] for r in rows], "load_before": list(load_before),
+                            "load_after": list(load_after), "seconds": seconds, "machine": machine()}
+    store.save()
+
+
+def _timed(store: Store) -> bool:
+    """Whether the study's rows were all timed in its last interleaved timing."""
+    timing = store.data.get("timing") or {}
+    rows = sorted(r["removed"] for r in store.data["rows"])
+    return timing.get("rows") == rows and all("timing" in r for r in store.data["rows"])
 
 
 def _kv_study(name: str, store: Store) -> None:
@@ -589,6 +645,7 @@ def _kv_study(name: str, store: Store) -> None:
             return store.row({"removed": 0}, lambda: measure(0))["perplexity"]
 
         def measure(removed: int) -> dict[str, Any]:
+            """Perplexity and prune time of one row (its speed: :func:`_kv_timing`, all rows together)."""
             start = time.perf_counter()
             if removed:
                 before = unpruned()
@@ -599,19 +656,17 @@ def _kv_study(name: str, store: Store) -> None:
                 before, folder, mask = None, src, None
             after = headcut.evaluate(folder, held, data_options=eval_options).value  # the saved model, reloaded
             seconds = time.perf_counter() - start
-            bench = headcut.bench([folder], batch_size=1, seq_len=128, gen_tokens=32, runs=5, warmup=1)
-            row = bench.results[0]
             if removed:
                 shutil.rmtree(folder)  # a gigabyte each for Gemma 3
             return {"perplexity_before": after if before is None else before, "perplexity": after,
-                    "prune_seconds": seconds, "kv_heads": row.kv_heads, "heads": row.heads, "params": row.params,
-                    "kv_cache_bytes": row.generation.kv_cache_bytes, "tokens_per_s": row.generation.tokens_per_s,
-                    "forward_ms": row.median_ms, "cal_examples": spec.cal_examples,
+                    "prune_seconds": seconds, "cal_examples": spec.cal_examples,
                     "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
 
         for removed in spec.removed:
             row = store.row({"removed": removed}, lambda removed=removed: measure(removed))
             log(f"{name}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
+        if not _timed(store):
+            _kv_timing(name, src, store, Path(tmp))
 
 
 def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:

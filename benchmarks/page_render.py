@@ -440,22 +440,80 @@ KV_SECTIONS = {
 }
 
 
+def _ratio(value: float | None, low: float | None, high: float | None, noise: bool | None) -> str:
+    """A paired speed-up cell: the median ratio, its rounds' p25-p75, and whether that interval holds 1."""
+    if value is None:
+        return ""
+    cell = f"{value:.2f}x"
+    if low is not None and high is not None:
+        cell += f" ({low:.2f}-{high:.2f})"
+    if noise:
+        cell += ", within noise"
+    return cell
+
+
+def _paired(base: list[float], mine: list[float], scale: float = 1.0) -> tuple[float, float, float] | None:
+    """The median and p25-p75 of the per-round ratios ``scale * base[r] / mine[r]`` (above 1: faster)."""
+    ratios = sorted(scale * b / m for b, m in zip(base, mine) if b > 0 and m > 0)
+    if len(ratios) < 2:
+        return None
+    q = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), q[0], q[2]
+
+
+def _paired_cell(base: list[float], mine: list[float]) -> str:
+    got = _paired(base, mine)
+    if got is None:
+        return ""
+    mid, low, high = got
+    return _ratio(mid, low, high, low <= 1.0 <= high)
+
+
+def _kv_timing_caption(study: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """How the speed columns were measured: one interleaved timing of every row's model."""
+    t = study["timing"]
+    m = t.get("machine") or study["machine"]
+    before, after = t["load_before"][0], t["load_after"][0]
+    base = rows[0]["timing"]
+    fwd = [_paired(base["forward_runs_ms"], r["timing"]["forward_runs_ms"]) for r in rows[1:]]
+    gen = [_paired(base["generation_runs_ms"], r["timing"]["generation_runs_ms"]) for r in rows[1:]]
+    verdict = (f"In the forward, {sum(1 for g in fwd if g and g[1] > 1)} of the {len(rows) - 1} cuts are faster than "
+               f"the unpruned model beyond the noise and {sum(1 for g in fwd if g and g[2] < 1)} slower; in generation "
+               f"{sum(1 for g in gen if g and g[1] > 1)} faster and {sum(1 for g in gen if g and g[2] < 1)} slower.")
+    if t.get("note"):
+        verdict += " " + t["note"]
+    return (f"The speed columns come from one interleaved timing of all {len(rows)} models ({m['date']}, "
+            f"`headcut bench`, every model in memory, {m['cpu']}, {m['cores']} cores, "
+            f"{rows[0]['timing'].get('threads', m.get('torch_threads'))} threads, {rows[0]['timing'].get('dtype')}, "
+            f"{rows[0]['timing'].get('attn_implementation')} attention): {t['rounds']} rounds of one forward of "
+            f"each model (batch {t['batch_size']} x {t['seq_len']} tokens), then {t['gen_rounds']} rounds of one cached "
+            f"greedy generation of each ({t['gen_tokens']} new tokens after the {t['seq_len']}-token prompt, prefill "
+            "included; the KV cache holds "
+            f"{t['seq_len'] + t['gen_tokens'] - 1} positions: the prompt and the new tokens but the last), the order "
+            "rotated each round so a change in the machine's load hits every model alike. Medians over the rounds "
+            "with their p25-p75; \"vs unpruned\" (above 1: "
+            "faster): the median of the per-round paired ratios (each round's time of the unpruned model over this "
+            "model's in the same round) and in brackets their p25-p75, \"within noise\" where that interval "
+            f"contains 1. The machine's load average (1 min) was {before:.1f} before and {after:.1f} after the "
+            f"timing ({m['cores']} cores, shared with other jobs), so absolute times are those of a loaded machine; "
+            f"the paired ratios are what compares the models. {verdict}")
+
+
 def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> list[str]:
     title, unit, total, intro, png, alt = KV_SECTIONS[name]
     rows = sorted(study["rows"], key=lambda r: r["removed"])
     if rows and "cal_examples" in rows[-1]:
         intro = intro.format(cal=rows[-1]["cal_examples"], eval=rows[-1]["eval_examples"])
     label = title.split(":")[0]
-    lines = ["", f"## {title}", "",
-             intro + "; `headcut bench` at batch 1, a 128-token prompt "
-             "and 32 generated tokens (cached greedy decoding; the KV cache holds 159 positions: the prompt and the new "
-             "tokens but the last). The times are medians of 5 runs each, one model after the other, on 2 CPU cores: "
-             "they vary by tens of percent from run to run here, the perplexity and the cache bytes do not.", ""]
-    forward = [r["forward_ms"] for r in rows]
-    if rows and max(forward) > 2 * min(forward):
-        lines[-2] += (f" During this study other jobs shared the 2 cores at times: its forward times span "
-                      f"{min(forward):.0f}-{max(forward):.0f} ms with no trend in the heads removed, so its times "
-                      "measure the machine's load more than the cut.")
+    timed = bool(study.get("timing")) and all("timing" in r for r in rows)
+    lines = ["", f"## {title}", ""]
+    if timed:
+        lines += [intro + ".", "", _kv_timing_caption(study, rows), ""]
+    else:  # results of an earlier page.py: each model timed alone, one after the other
+        lines += [intro + "; `headcut bench` at batch 1, a 128-token prompt and 32 generated tokens (cached greedy "
+                  "decoding). The times are medians of 5 runs each, one model after the other (back to back) on 2 CPU "
+                  "cores: a change in the machine's load between models shows as a speed difference, so they do not "
+                  "compare the models; the perplexity and the cache bytes do.", ""]
     if plots and rows:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -476,15 +534,43 @@ def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> lis
         plt.close(fig)
         lines += [f"![{alt}](img/{png})", ""]
     emptied = {r["removed"]: [name.rsplit(".", 1)[-1] for name, kept in r["mask"]["keep"].items() if not kept]
-               for r in rows if r.get("mask")}
+               for r in rows if r.get("mask") and "keep" in r["mask"]}
     layers = any(emptied.values())  # a column of the layers left without attention, where there are some
-    lines += [f"| {unit} removed | query heads | perplexity | KV cache (KiB) | generation tokens/s | forward ms |"
-              " prune s |" + (" layers emptied |" if layers else ""), "|---|---|---|---|---|---|---|" + ("---|" if layers else "")]
+    empty_cell = (lambda r: f" {', '.join(emptied.get(r['removed'], []))} |") if layers else (lambda r: "")
+    if timed:
+        lines += [f"| {unit} removed | query heads | perplexity | KV cache (KiB) | generation tokens/s (p25-p75) | "
+                  "generation vs unpruned | forward ms (p25-p75) | forward vs unpruned | prune s |"
+                  + (" layers emptied |" if layers else ""), "|---|---|---|---|---|---|---|---|---|" + ("---|" if layers else "")]
+        for r in rows:
+            t = r["timing"]
+            lines.append(
+                f"| {r['removed']} | {r['heads']} | {r['perplexity']:.2f} | {r['kv_cache_bytes'] / 2**10:.0f} | "
+                f"{t['tokens_per_s']:.1f} ({t['tokens_per_s_p25']:.1f}-{t['tokens_per_s_p75']:.1f}) | "
+                f"{_paired_cell(rows[0]['timing']['generation_runs_ms'], t['generation_runs_ms']) if r['removed'] else '1 (baseline)'} | "
+                f"{t['forward_ms']:.1f} ({t['forward_p25_ms']:.1f}-{t['forward_p75_ms']:.1f}) | "
+                f"{_paired_cell(rows[0]['timing']['forward_runs_ms'], t['forward_runs_ms']) if r['removed'] else '1 (baseline)'} | "
+                f"{_fmt(r['prune_seconds'] if r['removed'] else None, 0)} |" + empty_cell(r))
+        return lines
+    lines += [f"| {unit} removed | query heads | perplexity | KV cache (KiB) | generation tokens/s (back to back) | "
+              "forward ms (back to back) | prune s |" + (" layers emptied |" if layers else ""),
+              "|---|---|---|---|---|---|---|" + ("---|" if layers else "")]
     for r in rows:
         lines.append(f"| {r['removed']} | {r['heads']} | {r['perplexity']:.2f} | {r['kv_cache_bytes'] / 2**10:.0f} | "
                      f"{r['tokens_per_s']:.1f} | {r['forward_ms']:.1f} | {_fmt(r['prune_seconds'] if r['removed'] else None, 0)} |"
-                     + (f" {', '.join(emptied.get(r['removed'], []))} |" if layers else ""))
+                     + empty_cell(r))
     return lines
+
+
+def _long_context(data: dict[str, dict[str, Any]]) -> list[str]:
+    """The long-context section, rendered by ``benchmarks/long_context.py`` from ``results/long_context.json``;
+    nothing when either is absent."""
+    if not data.get("long_context"):
+        return []
+    try:
+        from long_context import render_markdown
+    except ImportError:
+        return []
+    return ["", *render_markdown(data["long_context"]).rstrip().splitlines()]
 
 
 def render(results: Path, docs: Path) -> Path:
@@ -571,6 +657,7 @@ def render(results: Path, docs: Path) -> Path:
     for name in KV_SECTIONS:
         if data.get(name):
             lines += _kv_section(name, data[name], plots, img)
+    lines += _long_context(data)
     page = docs / "benchmarks.md"
     page.write_text("\n".join(lines).rstrip() + "\n")
     return page
