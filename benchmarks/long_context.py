@@ -108,6 +108,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from headcut.jobs.timing import round_order
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "long_context.json"
 CACHE = Path(os.environ.get("HEADCUT_BENCH_CACHE", Path.home() / ".cache" / "headcut-bench")).expanduser()
@@ -584,7 +586,7 @@ def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, thre
         loads = []
         outputs: list[list[int] | None] = [None] * len(cuts)
         for r in range(rounds):
-            order = [(r + j) % len(cuts) for j in range(len(cuts))]
+            order = round_order(len(cuts), r)
             before = load_avg()
             for j in order:
                 cut, model, (cache, first) = cuts[j], models[j], caches[j]
@@ -709,7 +711,7 @@ def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, t
         loads = []
         outputs: list[list[int] | None] = [None] * len(cuts)
         for r in range(rounds):
-            order = [(r + j) % len(cuts) for j in range(len(cuts))]
+            order = round_order(len(cuts), r)
             before = load_avg()
             for j in order:
                 llm, cut = llms[j], cuts[j]
