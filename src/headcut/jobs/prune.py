@@ -343,7 +343,9 @@ def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int) ->
 
     if config.uniform or adapter_for(model).stock_spec(str(model.config.model_type)) is None:
         return []
-    valid = [k for k in uniform_budgets(block_sets(model_blocks(model), config.gqa), config.min_heads_per_block) if k]
+    sets = block_sets(model_blocks(model), config.gqa)
+    total = sum(s.heads * s.width for s in sets)  # the uncut model: not a cut to offer
+    valid = [k for k in uniform_budgets(sets, config.min_heads_per_block) if 0 < k < total]
     return [target] if target in valid else nearest(valid, target)
 
 

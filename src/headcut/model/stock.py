@@ -85,7 +85,7 @@ def auto_class_name(config: Any, cls_name: str) -> str:
 
     matches = sorted(auto for auto, name in auto_classes(config).items() if name == cls_name)
     specific = [a for a in matches if a != "AutoModel"]
-    return specific[0] if specific else (matches[0] if matches else "AutoModel")
+    return specific[0] if specific else "AutoModel"
 
 
 def _uniform(blocks: list[Block]) -> tuple[int, int, int] | str:
@@ -102,7 +102,9 @@ def _uniform(blocks: list[Block]) -> tuple[int, int, int] | str:
     return heads, kv_heads, head_dim
 
 
-def _first_line(exc: BaseException) -> str:
+def _cause(exc: BaseException) -> str:
+    """The last line of an exception's message: transformers' config validators put the cause there, after a
+    header line naming the validator (so :func:`headcut.errors.first_line` would not do)."""
     text = str(exc).strip()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return (lines[-1] if lines else type(exc).__name__)[:200]
@@ -138,7 +140,7 @@ def _stock_config(config: Any, spec: StockSpec, counts: tuple[int, int, int]) ->
             with quiet_transformers():
                 return config_class.from_dict(data), refusals
         except Exception as exc:  # the config class's own validation: its message is the reason
-            refusals.append(f"{config_class.__name__} refuses it ({_first_line(exc)})")
+            refusals.append(f"{config_class.__name__} refuses it ({_cause(exc)})")
     return None, refusals
 
 
@@ -199,7 +201,7 @@ def _check_forward(model: nn.Module, stock: nn.Module) -> str | None:
     try:
         expected, got = _outputs(model, inputs), _outputs(stock, inputs)
     except Exception as exc:  # a stock class that cannot run the cut's weights is not a stock form
-        return f"the stock model fails on a test input ({_first_line(exc)})"
+        return f"the stock model fails on a test input ({_cause(exc)})"
     finally:
         model.train(was_training)
         stock.train(was_training)
@@ -245,7 +247,7 @@ def stock_form(model: nn.Module, verify: bool = True) -> CheckpointForm:
     try:
         stock = _stock_model(model, stock_config, stock_cls)
     except (ValueError, RuntimeError, TypeError, AttributeError) as exc:
-        return headcut_form(f"{stock_cls.__name__} cannot hold the cut ({_first_line(exc)})")
+        return headcut_form(f"{stock_cls.__name__} cannot hold the cut ({_cause(exc)})")
     if verify:
         why = _check_forward(model, stock)
         if why is not None:

@@ -167,12 +167,9 @@ def _metric_section(report: dict[str, Any]) -> list[str]:
 
 def _auto_class(model: nn.Module) -> str:
     """The most specific Auto class that loads the model's architecture (``AutoModel`` at worst)."""
-    from ..model.loading import auto_classes
+    from ..model.stock import auto_class_name
 
-    arch = _architecture(model)
-    matches = sorted(auto for auto, cls in auto_classes(model.config).items() if cls == arch)
-    specific = [a for a in matches if a != "AutoModel"]
-    return specific[0] if specific else "AutoModel"
+    return auto_class_name(model.config, _architecture(model))
 
 
 def _checkpoint_lines(model: nn.Module, checkpoint: dict[str, Any]) -> list[str]:
