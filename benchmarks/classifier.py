@@ -4,6 +4,8 @@ batch 32, 64 tokens, lr 5e-5); cached in ``$HEADCUT_CACHE`` (default ``~/.cache/
 
     python benchmarks/classifier.py          # prints the classifier's folder (progress on stderr)
     python benchmarks/classifier.py --convention    # the second real task's classifier (party of a sentence)
+    python benchmarks/classifier.py --review-plot   # small data: review (rotten/fresh) or plot, 900 rows
+    python benchmarks/classifier.py --debates       # small data: who speaks in a 2016 debate, 786 rows
 
 The demo (``scripts/demo.sh``) and the benchmark scripts use it; it is the same as
 
@@ -59,6 +61,33 @@ def convention_classifier(quiet: bool = False) -> Path:
                   offline.PARTY_LABELS, 2, {"batch_size": 32, "seq_len": 64}, quiet)
 
 
+def review_plot_classifier(quiet: bool = False) -> Path:
+    """The first small-data task: all-MiniLM-L6-v2 given a rotten/fresh/plot head and fine-tuned on 900 Rotten
+    Tomatoes snippets, 300 of each class (:func:`headcut_offline.review_plot_splits`; five epochs, batch 16,
+    64 tokens, lr 5e-5); cached like :func:`minilm_classifier`."""
+    out = offline.cache_dir() / "minilm-review-plot-900"
+    if (out / "model.safetensors").is_file():
+        return out
+    return _build(out, lambda progress: offline.review_plot_splits(progress=progress)["train"],
+                  offline.REVIEW_LABELS, 5, {"batch_size": 16, "seq_len": 64}, quiet)
+
+
+def debate_classifier(quiet: bool = False) -> Path:
+    """The second small-data task: all-MiniLM-L6-v2 given a Republican/Democratic/Moderator head and fine-tuned
+    on the 786 training statements of the 2016 debates (:func:`headcut_offline.debate_splits`; five epochs,
+    batch 16, 128 tokens, lr 5e-5); cached like :func:`minilm_classifier`."""
+    out = offline.cache_dir() / "minilm-debates-2016"
+    if (out / "model.safetensors").is_file():
+        return out
+    return _build(out, lambda progress: offline.debate_splits(progress=progress)["train"],
+                  offline.DEBATE_LABELS, 5, {"batch_size": 16, "seq_len": 128}, quiet)
+
+
+#: the classifiers by the flag that picks them (none: the README's)
+CLASSIFIERS = {"--convention": convention_classifier, "--review-plot": review_plot_classifier,
+               "--debates": debate_classifier}
+
 if __name__ == "__main__":
-    build = convention_classifier if "--convention" in sys.argv[1:] else minilm_classifier
+    flags = [a for a in sys.argv[1:] if a in CLASSIFIERS]
+    build = CLASSIFIERS[flags[0]] if flags else minilm_classifier
     print(build(quiet="--quiet" in sys.argv[1:]))

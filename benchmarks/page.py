@@ -15,7 +15,7 @@ own.
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
 heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real
 task, the same encoder fine-tuned to tell the party of a 2012 convention speech's sentence, 1,481 held-out
-sentences of speeches it never saw):
+sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-data tasks, :data:`TASKS`):
 
 * ``oneshot``: the training-free methods (one-shot scorers, Michel et al., Greedy-Gnorm; random over 5 seeds)
   on ``rt`` at every K of ``KS`` (and at the heads TextPruner kept where those are not in ``KS``), scored on
@@ -49,6 +49,10 @@ sentences of speeches it never saw):
   layer's attention), on fewer 256-token blocks (its 262,144-token vocabulary makes each one slow on a CPU).
 * ``convention``: the second task: the training-free methods and the recipe at every K, the learned-gate
   methods (``voita`` too) at ``LEARNED_KS`` as in ``learned``.
+* ``review_plot`` and ``debates``: the small-data tasks (issue 33: 900 and 786 training rows, three classes each,
+  ``benchmarks/classifier.py``): every method (training-free, the recipe, the learned gates and ``voita``) at
+  ``SMALL_KS`` (16, 8 and 4 heads), the learned ones for 500 steps of 8 as in ``learned``; the page gives each test
+  set's standard error.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ from headcut.model.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import Metric, eval_metric, plan_prune
 
-from classifier import convention_classifier, minilm_classifier
+from classifier import convention_classifier, debate_classifier, minilm_classifier, review_plot_classifier
 from page_levers import LEVERS
 from prune_methods import mask_after as trajectory_mask
 
@@ -100,6 +104,15 @@ RANDOM_SEEDS = 5
 CAL_EXAMPLES = 512
 #: training data of the training runs: 4,000 snippets in batches of 8 (500 steps = one epoch)
 TRAIN_OPTIONS = {"max_examples": 4000, "batch_size": 8}
+
+
+#: the page's tasks: name -> (the classifier's folder, its train/test splits), each built on first use
+TASKS: dict[str, Callable[[], tuple[Path, dict[str, Path]]]] = {
+    "rt": lambda: (minilm_classifier(), offline.rotten_tomatoes_splits()),
+    "convention": lambda: (convention_classifier(), offline.convention_splits()),
+    "review-plot": lambda: (review_plot_classifier(), offline.review_plot_splits()),
+    "debates": lambda: (debate_classifier(), offline.debate_splits()),
+}
 
 
 def recipe(k: int) -> dict[str, Any]:
@@ -160,10 +173,7 @@ class Task:
 
     @classmethod
     def load(cls, name: str) -> Task:
-        if name == "rt":
-            path, splits = minilm_classifier(), offline.rotten_tomatoes_splits()
-        else:
-            path, splits = convention_classifier(), offline.convention_splits()
+        path, splits = TASKS[name]()
         model = headcut.load(path)
         tok = load_tokenizer(path)
         cal = load_calibration(model, tok, DataConfig(path=str(splits["train"]), max_examples=CAL_EXAMPLES))
@@ -288,28 +298,29 @@ def _measured(task: Task, method: str, k: int, options: dict[str, Any] | None = 
     return row
 
 
-def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any]) -> None:
+def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any],
+                ks: list[int] = KS) -> None:
     """One iterative run of ``method`` down to the smallest K, its accuracy read off the trajectory at every K
-    of ``KS`` and of :func:`peer_kept` (rows named ``name``; the run's wall time on the smallest K's row)."""
+    of ``ks`` and of :func:`peer_kept` (rows named ``name``; the run's wall time on the smallest K's row)."""
     if any(r["method"] == name for r in store.data["rows"]):
         return
     blocks = headcut.model_blocks(task.model)
     start = time.perf_counter()
-    r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(KS)), options, progress=ticker(name))
+    r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(ks)), options, progress=ticker(name))
     seconds = time.perf_counter() - start
-    for k in sorted({*KS, *peer_kept(task)}, reverse=True):
+    for k in sorted({*ks, *peer_kept(task)}, reverse=True):
         store.row({"method": name, "k": k}, lambda k=k: {
             "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
-            "seconds": seconds if k == min(KS) else None})
-    log(f"{name}: done ({seconds:.0f} s to {min(KS)} heads)")
+            "seconds": seconds if k == min(ks) else None})
+    log(f"{name}: done ({seconds:.0f} s to {min(ks)} heads)")
 
 
-def _oneshot(task: Task, store: Store, methods: Iterable[str]) -> None:
+def _oneshot(task: Task, store: Store, methods: Iterable[str], ks: list[int] = KS) -> None:
     for method in methods:
         if method == "greedy-gnorm":  # one run to the smallest K passes through every larger K
-            _trajectory(task, store, method, method, {"step": 1})
+            _trajectory(task, store, method, method, {"step": 1}, ks)
             continue
-        for k in sorted({*KS, *peer_kept(task)}, reverse=True):
+        for k in sorted({*ks, *peer_kept(task)}, reverse=True):
             def measure(method: str = method, k: int = k) -> dict[str, Any]:
                 row = _measured(task, method, k, seeds=RANDOM_SEEDS if method == "random" else 1)
                 log(f"{method} K={k}: {row['accuracy']:.2f} %")
@@ -677,27 +688,53 @@ def study_gemma3(tasks: Callable[[str], Task], store: Store, args: argparse.Name
     _kv_study("gemma3", store)
 
 
-def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
-    task = tasks("convention")
-    store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples)
+#: the small-data tasks' heads kept (of 72): the targets' 16 and 8, and the high-sparsity end
+SMALL_KS = [16, 8, 4]
+
+
+def _task_study(task: Task, store: Store, ks: list[int], learned_ks: list[int]) -> None:
+    """A task's whole curve: the training-free methods at ``ks``, the recipe at ``ks``, the learned-gate methods
+    (``voita`` too) at ``learned_ks`` as in ``learned``."""
+    store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples, training=_rows(task.splits["train"]))
     # greedy-gnorm's one run first (it is stored only when done), then the quick methods; michel's and the
     # recipe's runs of a few minutes each last, every one stored as it ends
-    _oneshot(task, store, ["greedy-gnorm"] + [m for m in ONESHOT if m not in ("greedy-gnorm", "michel")])
-    for k in KS:
+    _oneshot(task, store, ["greedy-gnorm"] + [m for m in ONESHOT if m not in ("greedy-gnorm", "michel")], ks)
+    for k in ks:
         options = recipe(k)
         method = options.pop("method")
         row = store.row({"method": "recipe", "k": k}, lambda: task.prune(k, method, **options))
-        log(f"convention recipe K={k}: {row['after']:.2f} %")
-    _oneshot(task, store, ["michel"])
+        log(f"{task.name} recipe K={k}: {row['after']:.2f} %")
+    _oneshot(task, store, ["michel"], ks)
     for method in [*LEARNED, "voita"]:  # as on the first task
-        for k in LEARNED_KS:
+        for k in learned_ks:
             _learned(task, store, method, k)
+
+
+def _rows(path: Path) -> int:
+    """The data rows of a CSV file."""
+    import csv
+
+    with path.open(newline="") as f:
+        return sum(1 for _ in csv.reader(f)) - 1
+
+
+def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    _task_study(tasks("convention"), store, KS, LEARNED_KS)
+
+
+def study_review_plot(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    _task_study(tasks("review-plot"), store, SMALL_KS, SMALL_KS)
+
+
+def study_debates(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    _task_study(tasks("debates"), store, SMALL_KS, SMALL_KS)
 
 
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
     "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
-    "gemma3": study_gemma3, "convention": study_convention,
+    "gemma3": study_gemma3, "convention": study_convention, "review_plot": study_review_plot,
+    "debates": study_debates,
 }
 
 

