@@ -5,8 +5,10 @@ row (an interrupted run goes on from its last finished row).
 
     python benchmarks/small_data.py [--tasks review-plot,debates] [--ks 8] [--runs NAME,...]
 
-Each recovery run is evaluated on the held-out split every 100 steps: the curve shows what the recovery does
-over time (a diagnosis only: no run chooses anything on the held-out split). Progress goes to stderr.
+Each recovery run is evaluated on the held-out split every ``CURVE_EVERY`` steps (250; the first runs stored: 100):
+the curve shows what the recovery does over time (a diagnosis only: no run chooses anything on the held-out split).
+Several processes at once need a ``--results`` file each (their rows were merged into the one file by hand).
+Progress goes to stderr.
 """
 
 from __future__ import annotations
