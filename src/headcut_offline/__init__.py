@@ -160,6 +160,18 @@ def _complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
+def _splits(out: Path, what: str, progress: Reporter | None, write: Callable[[dict[str, Path]], None]) -> dict[str, Path]:
+    """``out/train.csv`` and ``out/test.csv``: read from the cache when both are there, else written by
+    ``write(paths)`` in a ``progress`` step named for ``what``."""
+    paths = {"train": out / "train.csv", "test": out / "test.csv"}
+    if all(p.is_file() for p in paths.values()):
+        return paths
+    with (progress or quiet()).step(f"preparing the {what} splits in {out}"):
+        out.mkdir(parents=True, exist_ok=True)
+        write(paths)
+    return paths
+
+
 #: Rotten Tomatoes splits headcut's demo uses (rows of category fresh/rotten, shuffled with seed 0)
 RT_LABELS = ("rotten", "fresh")
 
@@ -173,19 +185,14 @@ def rotten_tomatoes_splits(dest: Path | None = None, train: int = 10_000,
     import csv
     import random
 
-    out = dest or cache_dir() / "rotten-tomatoes"
-    paths = {"train": out / "train.csv", "test": out / "test.csv"}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    source = data_dir() / "rotten_tomatoes_corpus_full.csv.bz2"
-    with (progress or quiet()).step(f"preparing the Rotten Tomatoes splits in {out}"):
-        with bz2.open(source, "rt", newline="") as f:
+    def write(paths: dict[str, Path]) -> None:
+        with bz2.open(data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", "rt", newline="") as f:
             rows = [(r["text"].strip(), r["category"]) for r in csv.DictReader(f) if r["category"] in RT_LABELS]
         random.Random(0).shuffle(rows)
-        out.mkdir(parents=True, exist_ok=True)
         for name, part in (("train", rows[:train]), ("test", rows[train:])):
             _write_csv(paths[name], part, name)
-    return paths
+
+    return _splits(dest or cache_dir() / "rotten-tomatoes", "Rotten Tomatoes", progress, write)
 
 
 #: the second real task's classes (the party of a 2012 US convention speaker)
@@ -218,13 +225,8 @@ def convention_splits(dest: Path | None = None, test_share: float = 0.2,
     import random
     import re
 
-    out = dest or cache_dir() / "convention-2012"
-    paths = {"train": out / "train.csv", "test": out / "test.csv"}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    source = data_dir() / "political_data.csv"
-    with (progress or quiet()).step(f"preparing the convention splits in {out}"):
-        with source.open(newline="") as f:
+    def write(paths: dict[str, Path]) -> None:
+        with (data_dir() / "political_data.csv").open(newline="") as f:
             speeches = [(r["text"], r["party"]) for r in csv.DictReader(f) if r["party"] in PARTY_LABELS]
         random.Random(0).shuffle(speeches)
         split: dict[str, list[tuple[str, str]]] = {"test": [], "train": []}
@@ -233,7 +235,6 @@ def convention_splits(dest: Path | None = None, test_share: float = 0.2,
             n_test = round(test_share * len(own))
             split["test"] += own[:n_test]
             split["train"] += own[n_test:]
-        out.mkdir(parents=True, exist_ok=True)
         for name, part in split.items():
             rows = []
             for text, party in part:
@@ -242,7 +243,8 @@ def convention_splits(dest: Path | None = None, test_share: float = 0.2,
                         rows.append((sentence, party))
             random.Random(1).shuffle(rows)
             _write_csv(paths[name], rows, name)
-    return paths
+
+    return _splits(dest or cache_dir() / "convention-2012", "convention", progress, write)
 
 
 #: the first small-data task's classes: a Rotten Tomatoes snippet is a positive or negative review, or a plot
@@ -261,13 +263,8 @@ def review_plot_splits(dest: Path | None = None, per_class: int = 300, test_per_
     import csv
     import random
 
-    out = dest or cache_dir() / f"review-plot-{per_class}"
-    paths = {"train": out / "train.csv", "test": out / "test.csv"}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    source = data_dir() / "rotten_tomatoes_corpus_full.csv.bz2"
-    with (progress or quiet()).step(f"preparing the review-or-plot splits in {out}"):
-        with bz2.open(source, "rt", newline="") as f:
+    def write(paths: dict[str, Path]) -> None:
+        with bz2.open(data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", "rt", newline="") as f:
             rows = [(r["text"].strip(), r["category"]) for r in csv.DictReader(f) if r["category"] in REVIEW_LABELS]
         split: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
         seen: set[str] = set()
@@ -282,11 +279,11 @@ def review_plot_splits(dest: Path | None = None, per_class: int = 300, test_per_
                 raise HeadcutError(f"{label}: {len(own)} snippets, fewer than {per_class} + {test_per_class}")
             split["train"] += own[:per_class]
             split["test"] += own[per_class:per_class + test_per_class]
-        out.mkdir(parents=True, exist_ok=True)
         for name, part in split.items():
             random.Random(1).shuffle(part)
             _write_csv(paths[name], part, name)
-    return paths
+
+    return _splits(dest or cache_dir() / f"review-plot-{per_class}", "review-or-plot", progress, write)
 
 
 #: the second small-data task's classes: who speaks in a 2016 US presidential or vice-presidential debate
@@ -304,13 +301,8 @@ def debate_splits(dest: Path | None = None, test_share: float = 0.3,
     import gzip
     import random
 
-    out = dest or cache_dir() / "debates-2016"
-    paths = {"train": out / "train.csv", "test": out / "test.csv"}
-    if all(p.is_file() for p in paths.values()):
-        return paths
-    source = data_dir() / "presidential_debates_2016.csv.gz"
-    with (progress or quiet()).step(f"preparing the debate splits in {out}"):
-        with gzip.open(source, "rt", newline="") as f:
+    def write(paths: dict[str, Path]) -> None:
+        with gzip.open(data_dir() / "presidential_debates_2016.csv.gz", "rt", newline="") as f:
             rows = [(" ".join(r["statement"].split()), r["party"]) for r in csv.DictReader(f)
                     if r["party"] in DEBATE_LABELS and r["statement"].strip()]
         split: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
@@ -320,8 +312,8 @@ def debate_splits(dest: Path | None = None, test_share: float = 0.3,
             n_test = round(test_share * len(own))
             split["test"] += own[:n_test]
             split["train"] += own[n_test:]
-        out.mkdir(parents=True, exist_ok=True)
         for name, part in split.items():
             random.Random(1).shuffle(part)
             _write_csv(paths[name], part, name)
-    return paths
+
+    return _splits(dest or cache_dir() / "debates-2016", "debate", progress, write)
