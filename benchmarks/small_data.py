@@ -134,7 +134,7 @@ def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     the held-out split every ``CURVE_EVERY`` steps."""
     start = time.perf_counter()
     pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
-                           progress=task.progress)
+                           progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0))
     after_cut = task.held_out(pruned.model)
     teacher = finetune.pop("teacher", task.path)
     data = finetune.pop("data", task.splits["train"])
@@ -216,6 +216,7 @@ RUNS = {
     "augmented x3 (distillation only)": lambda task, k: _with_augmented(task, k, 3, {"alpha": 1.0}),
     "4000 inputs (distillation only)": lambda task, k: _with_unlabelled(task, k, 4000),
     "recipe lr 1e-4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=1e-4),
+    "recipe min 1 head per layer": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, min_heads_per_block=1),
     "rounds 36-16-K": lambda task, k: rounds(task, [36, 16, k], 333),
     "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
 }
