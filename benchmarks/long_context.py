@@ -583,33 +583,23 @@ def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, thre
                          + shape.weight_values_1d * shape.dtype_bytes})
         for row in rows:
             row["ideal"] = rows[0]["work_bytes"] / row["work_bytes"]
-        loads = []
-        outputs: list[list[int] | None] = [None] * len(cuts)
-        for r in range(rounds):
-            order = round_order(len(cuts), r)
-            before = load_avg()
-            for j in order:
-                cut, model, (cache, first) = cuts[j], models[j], caches[j]
-                work = fresh_copy(cache)
-                seconds, toks = decode(model, work, first, gen, f"torch {base} {cut.name} @ {ctx} round {r + 1}")
-                kv = measured_torch_kv(work, shapes[j])
-                row = rows[j]
-                assert kv["heads"] == row["kv_expected_heads_bytes"], (base, cut.name, ctx, kv, row)
-                assert kv["placeholder"] == row["kv_expected_placeholder_bytes"], (base, cut.name, ctx, kv, row)
-                row["kv_cache_bytes"] = kv["heads"] + kv["placeholder"]
-                row["kv_cache_heads_bytes"] = kv["heads"]
-                row["kv_cache_placeholder_bytes"] = kv["placeholder"]
-                assert outputs[j] is None or outputs[j] == toks, f"{cut.name}: greedy tokens differ between rounds"
-                outputs[j] = toks
-                row["tokens_per_s_rounds"].append(gen / seconds)
-                log(f"torch {base} {cut.name} @ {ctx} round {r + 1}/{rounds}: {gen / seconds:.2f} tokens/s, "
-                    f"KV {kv['heads'] / 2**20:.2f} MiB (+{kv['placeholder'] / 2**10:.1f} KiB placeholders)")
-                del work
-            loads.append({"round": r + 1, "order": [cuts[j].name for j in order], "before": before,
-                          "after": load_avg()})
-        summarize(rows)
-        for row, toks in zip(rows, outputs):
-            row["first_tokens"] = (toks or [])[:8]
+
+        def one(j: int, r: int, models: list[Any] = models,
+                caches: list[Any] = caches) -> tuple[float, list[int], str]:
+            cut, model, (cache, first) = cuts[j], models[j], caches[j]
+            work = fresh_copy(cache)
+            seconds, toks = decode(model, work, first, gen, f"torch {base} {cut.name} @ {ctx} round {r + 1}")
+            kv = measured_torch_kv(work, shapes[j])
+            row = rows[j]
+            assert kv["heads"] == row["kv_expected_heads_bytes"], (base, cut.name, ctx, kv, row)
+            assert kv["placeholder"] == row["kv_expected_placeholder_bytes"], (base, cut.name, ctx, kv, row)
+            row["kv_cache_bytes"] = kv["heads"] + kv["placeholder"]
+            row["kv_cache_heads_bytes"] = kv["heads"]
+            row["kv_cache_placeholder_bytes"] = kv["placeholder"]
+            return seconds, toks, (f", KV {kv['heads'] / 2**20:.2f} MiB (+{kv['placeholder'] / 2**10:.1f} KiB "
+                                   "placeholders)")
+
+        loads = interleaved_rounds([c.name for c in cuts], rows, rounds, gen, f"torch {base}", ctx, one)
         entry: dict[str, Any] = {"rows": rows, "load": loads}
         if profile and ctx == contexts[-1]:
             entry["profile"] = {}
@@ -708,31 +698,20 @@ def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, t
             row["ideal"] = rows[0]["work_bytes"] / row["work_bytes"]
             row["kv_log_matches"] = _kv_log_matches(row)
             assert row["kv_log_matches"] is not False, (base, row["cut"], row["kv_cache_bytes"], row["llamacpp_log_kv"])
-        loads = []
-        outputs: list[list[int] | None] = [None] * len(cuts)
-        for r in range(rounds):
-            order = round_order(len(cuts), r)
-            before = load_avg()
-            for j in order:
-                llm, cut = llms[j], cuts[j]
-                _load_state(llm, states[j], ctx)
-                tok, toks = firsts[j], []
-                t0 = time.perf_counter()
-                for i in range(gen):
-                    llm.eval([tok])
-                    tok = _last_token(llm)
-                    toks.append(tok)
-                    tick(lambda: f"llama.cpp {base} {cut.name} @ {ctx} round {r + 1}: {i + 1}/{gen}")
-                seconds = time.perf_counter() - t0
-                assert outputs[j] is None or outputs[j] == toks, f"{cut.name}: greedy tokens differ between rounds"
-                outputs[j] = toks
-                rows[j]["tokens_per_s_rounds"].append(gen / seconds)
-                log(f"llama.cpp {base} {cut.name} @ {ctx} round {r + 1}/{rounds}: {gen / seconds:.2f} tokens/s")
-            loads.append({"round": r + 1, "order": [cuts[j].name for j in order], "before": before,
-                          "after": load_avg()})
-        summarize(rows)
-        for row, toks in zip(rows, outputs):
-            row["first_tokens"] = (toks or [])[:8]
+        def one(j: int, r: int, llms: list[Any] = llms,
+                states: list[Any] = states) -> tuple[float, list[int], str]:
+            llm, cut = llms[j], cuts[j]
+            _load_state(llm, states[j], ctx)
+            tok, toks = firsts[j], []
+            t0 = time.perf_counter()
+            for i in range(gen):
+                llm.eval([tok])
+                tok = _last_token(llm)
+                toks.append(tok)
+                tick(lambda: f"llama.cpp {base} {cut.name} @ {ctx} round {r + 1}: {i + 1}/{gen}")
+            return time.perf_counter() - t0, toks, ""
+
+        loads = interleaved_rounds([c.name for c in cuts], rows, rounds, gen, f"llama.cpp {base}", ctx, one)
         out["contexts"][str(ctx)] = {"rows": rows, "load": loads}
         for llm in llms:
             llm.close()
@@ -740,6 +719,31 @@ def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, t
         gc.collect()
     out["llama_cpp_python"] = llama_cpp.__version__
     return out
+
+
+def interleaved_rounds(names: list[str], rows: list[dict[str, Any]], rounds: int, gen: int, what: str, ctx: int,
+                       one: Callable[[int, int], tuple[float, list[int], str]]) -> list[dict[str, Any]]:
+    """``rounds`` rounds of one greedy decode of every cut, the order rotated each round (headcut bench's
+    ``round_order``): ``one(j, r)`` decodes cut ``j`` in round ``r`` and returns (seconds, tokens, more for the log
+    line). Appends each round's tokens/s to ``rows[j]["tokens_per_s_rounds"]``, checks that a cut's greedy tokens
+    are the same every round, summarises the rows and sets their ``first_tokens``; returns each round's order
+    and machine load."""
+    loads = []
+    outputs: list[list[int] | None] = [None] * len(names)
+    for r in range(rounds):
+        order = round_order(len(names), r)
+        before = load_avg()
+        for j in order:
+            seconds, toks, more = one(j, r)
+            assert outputs[j] is None or outputs[j] == toks, f"{names[j]}: greedy tokens differ between rounds"
+            outputs[j] = toks
+            rows[j]["tokens_per_s_rounds"].append(gen / seconds)
+            log(f"{what} {names[j]} @ {ctx} round {r + 1}/{rounds}: {gen / seconds:.2f} tokens/s{more}")
+        loads.append({"round": r + 1, "order": [names[j] for j in order], "before": before, "after": load_avg()})
+    summarize(rows)
+    for row, toks in zip(rows, outputs):
+        row["first_tokens"] = (toks or [])[:8]
+    return loads
 
 
 def _last_token(llm: Any) -> int:
