@@ -695,7 +695,7 @@ SMALL_KS = [16, 8, 4]
 def _task_study(task: Task, store: Store, ks: list[int], learned_ks: list[int]) -> None:
     """A task's whole curve: the training-free methods at ``ks``, the recipe at ``ks``, the learned-gate methods
     (``voita`` too) at ``learned_ks`` as in ``learned``."""
-    store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples, training=_rows(task.splits["train"]))
+    store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples)
     # greedy-gnorm's one run first (it is stored only when done), then the quick methods; michel's and the
     # recipe's runs of a few minutes each last, every one stored as it ends
     _oneshot(task, store, ["greedy-gnorm"] + [m for m in ONESHOT if m not in ("greedy-gnorm", "michel")], ks)
@@ -708,14 +708,6 @@ def _task_study(task: Task, store: Store, ks: list[int], learned_ks: list[int]) 
     for method in [*LEARNED, "voita"]:  # as on the first task
         for k in learned_ks:
             _learned(task, store, method, k)
-
-
-def _rows(path: Path) -> int:
-    """The data rows of a CSV file."""
-    import csv
-
-    with path.open(newline="") as f:
-        return sum(1 for _ in csv.reader(f)) - 1
 
 
 def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
