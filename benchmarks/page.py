@@ -53,6 +53,8 @@ sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-d
   ``benchmarks/classifier.py``): every method (training-free, the recipe, the learned gates and ``voita``) at
   ``SMALL_KS`` (16, 8 and 4 heads), the learned ones for 500 steps of 8 as in ``learned``; the page gives each test
   set's standard error.
+* ``refit``: on every task, the one-shot gradient cut followed by ``--refit`` (the output projections refitted
+  by least squares to the unpruned model's outputs on the training rows, nothing trained) at ``REFIT_KS``.
 """
 
 from __future__ import annotations
@@ -722,11 +724,27 @@ def study_debates(tasks: Callable[[str], Task], store: Store, args: argparse.Nam
     _task_study(tasks("debates"), store, SMALL_KS, SMALL_KS)
 
 
+#: the heads kept in the refit study, on every task
+REFIT_KS = [16, 8, 4]
+
+
+def study_refit(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    """On every task: one-shot gradient scores, the cut, then ``--refit`` (least squares, no training) at
+    ``REFIT_KS``: the accuracy right after the cut and after the refit."""
+    for name in TASKS:
+        task = tasks(name)
+        store.data.setdefault("unpruned", {})[name] = task.accuracy()
+        store.data.setdefault("evaluation", {})[name] = task.dev.examples
+        for k in REFIT_KS:
+            row = store.row({"task": name, "k": k}, lambda k=k: task.prune(k, "gradient", refit=True))
+            log(f"{name} refit K={k}: {row['after_pruning']:.2f} -> {row['after']:.2f} %")
+
+
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
     "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
     "gemma3": study_gemma3, "convention": study_convention, "review_plot": study_review_plot,
-    "debates": study_debates,
+    "debates": study_debates, "refit": study_refit,
 }
 
 

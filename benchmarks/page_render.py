@@ -20,7 +20,7 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
-               "gemma3", "convention", "review_plot", "debates"]
+               "gemma3", "convention", "review_plot", "debates", "refit"]
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -654,6 +654,25 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
+def _refit_section(study: dict[str, Any]) -> list[str]:
+    """The refit study: per task and heads kept, the accuracy right after the gradient cut and after ``--refit``."""
+    unpruned, n = study.get("unpruned", {}), study.get("evaluation", {})
+    lines = ["", "## Refit without training", "",
+             "`headcut prune MODEL --method gradient --keep K --data train.csv --refit` on every task (seed 0; "
+             "accuracy in % on each task's held-out examples): the output projections of the kept heads refitted by "
+             "least squares to the unpruned model's outputs on the training rows, nothing trained. The time is the "
+             "whole run (scores, cut, refit, two evaluations):", "",
+             "| task | unpruned | standard error | heads | after the cut | after the refit | change | time |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in study["rows"]:
+        task = row["task"]
+        base = unpruned.get(task)
+        se = _standard_error(base, n[task]) if base is not None and n.get(task) else None
+        lines.append(f"| {task} | {_fmt(base)} | {_fmt(se)} | {row['k']} | {row['after_pruning']:.2f} | "
+                     f"{row['after']:.2f} | {row['after'] - base:+.2f} | {row['seconds'] / 60:.1f} min |")
+    return lines
+
+
 def _diagnosis(study: dict[str, Any]) -> list[str]:
     """The small-data diagnosis (``benchmarks/small_data.py``): what each variant of the recipe does at the heads it
     was run at, beside the unpruned model."""
@@ -691,6 +710,8 @@ def _diagnosis(study: dict[str, Any]) -> list[str]:
             name = f"{row['run']} ({stages})"
         else:
             name = row["run"]
+        if row.get("after_refit") is not None:
+            name += f" (after the refit {row['after_refit']:.2f})"
         lines.append(f"| {row['task']} | {row['k']} | {name} | {_fmt(cut)} | {_fmt(after)} | {change} | "
                      f"{_fmt(row.get('train_accuracy'))} | {row['seconds'] / 60:.1f} min |")
     lines.append("")
@@ -765,6 +786,8 @@ def render(results: Path, docs: Path) -> Path:
     lines += _small_data_targets(data)
     if data.get("small_data_diagnosis", {}).get("rows"):
         lines += _diagnosis(data["small_data_diagnosis"])
+    if data.get("refit", {}).get("rows"):
+        lines += _refit_section(data["refit"])
     if curves:
         lines += _wall_times(data)
     if data.get("speed"):

@@ -133,16 +133,19 @@ def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     ``finetune``'s options (default: distilled from the unpruned model, alpha 0.5, T 2: the recipe's), evaluated on
     the held-out split every ``CURVE_EVERY`` steps."""
     start = time.perf_counter()
+    refit = finetune.pop("refit", False)
     pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
-                           progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0))
+                           progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0),
+                           refit=refit, eval_data=task.splits["test"] if refit else None)
     after_cut = task.held_out(pruned.model)
+    cut_only = {"after_cut": 100 * pruned.report["metric"]["after_pruning"], "after_refit": after_cut} if refit else {}
     teacher = finetune.pop("teacher", task.path)
     data = finetune.pop("data", task.splits["train"])
     tuned = headcut.finetune(pruned.model, data, eval_data=task.splits["test"], teacher=teacher,
                              max_steps=steps, eval_every=CURVE_EVERY, checkpoint_every=None, seed=0,
                              data_options=TRAIN_OPTIONS, progress=task.progress, **finetune)
     return {"after_cut": after_cut, "after": task.held_out(tuned.model), "train_accuracy": _train_accuracy(task, tuned.model),
-            "curve": _curve(tuned.result.history), "seconds": time.perf_counter() - start}
+            "curve": _curve(tuned.result.history), "seconds": time.perf_counter() - start, **cut_only}
 
 
 def rounds(task: Task, ks: list[int], steps: int) -> dict[str, Any]:
@@ -218,6 +221,7 @@ RUNS = {
     "recipe lr 1e-4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=1e-4),
     "recipe min 1 head per layer": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, min_heads_per_block=1),
     "rounds 36-16-K": lambda task, k: rounds(task, [36, 16, k], 333),
+    "refit + recipe": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, refit=True),
     "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
 }
 

@@ -155,6 +155,8 @@ def prune_cmd(
     recover_steps: Annotated[int, typer.Option(
         "--recover-steps", metavar="N",
         help="After the cut, N steps of recovery fine-tuning on --data, distilled from the unpruned model.")] = 0,
+    refit: Annotated[bool, typer.Option(
+        "--refit", help="Refit the output projections on --data after the cut.")] = False,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
@@ -197,6 +199,7 @@ def prune_cmd(
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
+            refit=refit,
             out=out, force=force, arguments=arguments, **budget, **options,
         )
     finally:

@@ -187,6 +187,17 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     else:
         out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
                    f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
+    refit = report.get("refit")
+    if refit is not None:
+        fitted = refit["refitted"]
+        before = sum(r["error_before"] for r in fitted) / max(len(fitted), 1)
+        after = sum(r["error_after"] for r in fitted) / max(len(fitted), 1)
+        line = (f"refit: {len(fitted)} output projection{'s' if len(fitted) != 1 else ''} fitted to the unpruned "
+                f"model's on {refit['tokens']} tokens, mean relative error {before:.3f} -> {after:.3f}, "
+                f"{refit['seconds']:.1f} s")
+        if metric is not None and metric.get("after_refit") is not None:
+            line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after the refit {_fmt(metric['after_refit'])}"
+        out.append(line)
     recovery = report.get("recovery")
     if recovery is not None:
         summary_ = recovery.get("history_summary") or {}
@@ -194,7 +205,9 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model, loss {_fmt(first.get('loss'))} "
                 f"-> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
         if metric is not None and metric.get("after_pruning") is not None:
-            line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after recovery {_fmt(metric['after'])}"
+            start, start_name = ((metric["after_refit"], "the refit") if metric.get("after_refit") is not None
+                                 else (metric["after_pruning"], "the cut"))
+            line += f"; {metric['name']} after {start_name} {_fmt(start)}, after recovery {_fmt(metric['after'])}"
         out.append(line)
     return out + checkpoint_lines(report) + formats_lines(report)
 

@@ -286,11 +286,12 @@ class Bars:
     """``progress(phase, done, total)`` of :func:`headcut.pruning.plan_prune` (and training steps) as
     reporter tasks; ``train``: the label of the training phase."""
 
-    UNITS = {"prune": "heads", "score": "batches", "eval": "batches", "train": "steps", "agent": "episodes"}
+    UNITS = {"prune": "heads", "score": "batches", "eval": "batches", "refit": "batches", "train": "steps", "agent": "episodes"}
 
     def __init__(self, reporter: Reporter, method: str, metric: str | None, train: str | None = None) -> None:
         self.reporter = reporter
         self.labels = {"prune": f"pruning ({method}, heads removed)", "score": "scoring", "eval": "evaluating",
+                       "refit": "refitting the output projections (least squares)",
                        "train": train or f"training gates ({method})", "agent": f"training the {method} agent"}
         self.metric = metric
         self.tasks: dict[str, Task] = {}

@@ -95,7 +95,7 @@ def prune(
     data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
-    formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0,
+    formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
     out: str | os.PathLike[str] | None = None, force: bool = False,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
@@ -110,7 +110,9 @@ def prune(
     ``recover_steps`` N > 0: after the cut, N steps of recovery fine-tuning on ``data``, distilled from the
     unpruned model (``finetune``'s loss and defaults: lr 5e-5, alpha 0.5, temperature 2); the report's
     ``recovery`` has its curve, and ``metric.after`` is the recovered model's (``after_pruning``: before
-    the recovery). ``trajectory``: True, or a ``.csv`` path to write it to (with its plot beside it). ``out``:
+    the recovery). ``refit``: after the cut (before any recovery), refit each kept block's output projection by
+    least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
+    has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``trajectory``: True, or a ``.csv`` path to write it to (with its plot beside it). ``out``:
     save the result there (atomically; ``force`` replaces only a folder headcut wrote): the output paths are
     checked and locked before any work, and a learned method's resume checkpoint is ``OUT.headcut-checkpoint``
     unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
@@ -160,7 +162,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                    uniform: bool, min_heads_per_block: int, gqa: str, seed: int, trajectory: Any, tokenizer: Any,
                    task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
                    resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
-                   formats: Any, gguf_type: str, recover_steps: int, out: Any, force: bool,
+                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, out: Any, force: bool,
                    options: dict[str, Any]) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
@@ -173,7 +175,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                  trajectory=trajectory, tokenizer=tokenizer, task=task, split=split, eval_split=eval_split,
                  data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
                  restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                 gguf_type=gguf_type, recover_steps=recover_steps, options=options)
+                 gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, options=options)
     L = label
     with values():  # every value refused before any work, as a HeadcutValueError
         config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
@@ -198,6 +200,9 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
         if recover_steps and data is None:
             raise HeadcutError(f"{L('recover_steps')} trains the pruned model: it needs {L('data')} (training data "
                                "with labels)")
+        if refit and data is None:
+            raise HeadcutError(f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
+                               f"on data: it needs {L('data')}")
         if entry.data != "none" and data is None:
             free = [m.name for m in METHODS.values() if m.data == "none"]
             what = "training data with labels" if entry.data == "training" else "calibration data"
@@ -210,7 +215,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             trains = ", ".join(m.name for m in METHODS.values() if m.data == "training")
             raise HeadcutError(f"{L('device')} applies to the methods that train ({trains}), not to {method}")
         notes: list[str] = []
-        if data is not None and entry.data == "none" and not recover_steps:
+        if data is not None and entry.data == "none" and not recover_steps and not refit:
             notes.append(f"method {method} reads no data: {L('data')} was not used")
             data = None
         data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
@@ -252,7 +257,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     tokenizer, task, split, eval_split = g["tokenizer"], g["task"], g["split"], g["eval_split"]
     data_options, device, resume = g["data_options"], g["device"], g["resume"]
     progress, allow_pickle, trust_remote_code = g["progress"], g["allow_pickle"], g["trust_remote_code"]
-    gguf_type, recover_steps, options = g["gguf_type"], g["recover_steps"], g["options"]
+    gguf_type, recover_steps, refit, options = g["gguf_type"], g["recover_steps"], g["refit"], g["options"]
     config, entry, opts, notes = request.config, request.entry, request.options, request.notes
     data_spec, eval_spec, dist, torch_device = request.data_spec, request.eval_spec, request.dist, request.device
     chosen, checkpoint_dir = request.formats, request.checkpoint_dir
@@ -288,7 +293,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
     from ..training.finetuning import frozen_teacher
 
-    unpruned = frozen_teacher(loaded.module) if recover_steps else None
+    unpruned = frozen_teacher(loaded.module) if recover_steps or refit else None
     try:
         result = plan_prune(loaded.module, cal, config, opts, eval_calibration=eval_cal, progress=bars,
                             on_step=bars.on_step, checkpoint_dir=checkpoint_dir if training else None, resume=resume,
@@ -310,11 +315,14 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     slimmed = slim(loaded.module, result.mask, gqa=gqa)
     result.slim = slimmed
     notes += slimmed.notes
-    recovery = None
-    if unpruned is not None:
+    recovery, refitted, pruned_metric, refit_metric = None, None, result.metric_after, None
+    if refit:
+        refitted, refit_metric = _refit(loaded.module, unpruned, cal, eval_cal, progress, metric, torch_device)
+        result.metric_after = refit_metric
+    if recover_steps:
         recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device)
-        result.metric_after, pruned_metric = recovery.metric_after, result.metric_after
-        del unpruned
+        result.metric_after = recovery.metric_after
+    del unpruned
     report = prune_report(
         model=loaded.name, arguments=arguments, result=result, slimmed=slimmed,
         size_before=weights_bytes(loaded.folder), data=cal.to_json() if cal is not None else None,
@@ -323,6 +331,11 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     )
     if near_uniform and len({(b.heads, b.kv_heads) for b in model_blocks(loaded.module)}) > 1:
         report["uniform_budgets"] = near_uniform
+    if refitted is not None:
+        report["refit"] = refitted.to_json()
+        if report.get("metric") is not None:
+            report["metric"]["after_pruning"] = pruned_metric
+            report["metric"]["after_refit"] = refit_metric
     if recovery is not None:
         report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
                               "config": recovery.config.to_json(), "seconds": recovery.seconds,
@@ -347,6 +360,28 @@ def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int) ->
     total = sum(s.heads * s.width for s in sets)  # the uncut model: not a cut to offer
     valid = [k for k in uniform_budgets(sets, config.min_heads_per_block) if 0 < k < total]
     return [target] if target in valid else nearest(valid, target)
+
+
+def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None,
+           progress: Reporter, metric: str | None, device: Any) -> tuple[Any, float | None]:
+    """:func:`headcut.model.refit.refit_outputs` of the slimmed ``model`` on ``cal`` against ``teacher`` (the
+    unpruned model), and the refitted model's metric on ``eval_cal`` (None without)."""
+    from ..model.refit import refit_outputs
+    from ..pruning import eval_metric
+
+    if cal is None:
+        raise HeadcutError(f"{label('refit')} needs data ({label('data')})")
+    bars = Bars(progress, "refit", metric)
+    move(model, device)
+    move(teacher, device)
+    try:
+        refitted = refit_outputs(model, teacher, cal, progress=lambda d, t: bars("refit", d, t))
+        after = eval_metric(model, eval_cal, bars).measure(HeadMask.full(model_blocks(model))) if eval_cal else None
+    finally:
+        bars.close()
+        teacher.to("cpu")
+    model.to("cpu")
+    return refitted, after
 
 
 def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,

@@ -159,10 +159,18 @@ def _metric_section(report: dict[str, Any]) -> list[str]:
     return [
         "| metric | before | after | change |", "| --- | --- | --- | --- |",
         f"| {metric['name']} | {_fmt_metric(metric.get('before'))} | {_fmt_metric(metric.get('after'))} | "
-        f"{_fmt_metric(metric.get('change'))} |", "", f"Measured on {on}."
-        + (f" After the cut, before the recovery fine-tuning: {_fmt_metric(metric['after_pruning'])}."
-           if metric.get("after_pruning") is not None else ""),
+        f"{_fmt_metric(metric.get('change'))} |", "", f"Measured on {on}." + _steps_line(report, metric),
     ]
+
+
+def _steps_line(report: dict[str, Any], metric: dict[str, Any]) -> str:
+    """The metric after each step between the cut and the saved model (the refit, the recovery)."""
+    if metric.get("after_pruning") is None:
+        return ""
+    line = f" After the cut: {_fmt_metric(metric['after_pruning'])}"
+    if metric.get("after_refit") is not None:
+        line += f"; after the least-squares refit of the output projections: {_fmt_metric(metric['after_refit'])}"
+    return line + (" (before the recovery fine-tuning)." if report.get("recovery") else ".")
 
 
 def _auto_class(model: nn.Module) -> str:
