@@ -232,6 +232,8 @@ RUNS = {
     "rounds 36-16-K": lambda task, k: rounds(task, [36, 16, k], 333),
     "refit + recipe": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, refit=True),
     "refit + every in-domain input 2000 steps (distillation only)": lambda task, k: _with_all_inputs(task, k, 2000),
+    "refit + 2000 steps on the training rows (distillation only)": lambda task, k: recovery(task, k, 2000, alpha=1.0,
+                                                                                             refit=True),
     "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
 }
 
