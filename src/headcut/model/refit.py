@@ -90,19 +90,6 @@ def _set_weight(mod: nn.Module, w_out_in: torch.Tensor, bias: torch.Tensor | Non
             mod.bias.copy_(bias.to(mod.bias.dtype))
 
 
-def _token_mask(batch: dict[str, Any], shape: torch.Size) -> torch.Tensor | None:
-    """Which of a (batch, length) activation's positions are real tokens: the batch's attention mask (or the
-    decoder's) whose shape matches, else the label positions that count, else every position (None)."""
-    for key in ("attention_mask", "decoder_attention_mask"):
-        m = batch.get(key)
-        if isinstance(m, torch.Tensor) and m.shape == shape:
-            return m.bool()
-    labels = batch.get("labels")
-    if isinstance(labels, torch.Tensor) and labels.shape == shape:
-        return labels != -100
-    return None
-
-
 def _groups(model: nn.Module, blocks: list[Block]) -> list[tuple[nn.Module, list[Block]]]:
     """The output projections of ``blocks`` with the blocks that call each (several where shared)."""
     base = model.base_model
@@ -161,6 +148,7 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
     block's output matches ``teacher``'s on ``calibration``'s real tokens (see the module's doc). Both models
     must be on one device; their modes are restored afterwards. ``progress(done, total)``: batches passed."""
     from .. import model_blocks
+    from ..scoring.attention_maps import real_queries
     from ..scoring.base import model_device, scoring_mode, to_device
 
     if not ridge > 0:
@@ -204,9 +192,8 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
                 _run_until(model, mod, len(blocks), batch, lambda m, a, o: zs.append(a[0].detach()))
                 _run_until(teacher, t_mod, len(blocks), batch, lambda m, a, o: ys.append(o.detach()))
                 for z, y in zip(zs, ys, strict=True):
-                    mask = _token_mask(batch, z.shape[:2])
-                    z2 = (z[mask] if mask is not None else z.reshape(-1, z.shape[-1])).to(stats).double()
-                    y2 = (y[mask] if mask is not None else y.reshape(-1, y.shape[-1])).to(stats).double()
+                    mask = real_queries(batch, blocks[0].kind, z.shape[0], z.shape[1], z.device)
+                    z2, y2 = z[mask].to(stats).double(), y[mask].to(stats).double()
                     if has_bias:
                         z2 = torch.cat([z2, z2.new_ones(len(z2), 1)], 1)
                     gram += z2.T @ z2

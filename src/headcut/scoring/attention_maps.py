@@ -102,13 +102,18 @@ def decoder_mask(batch: Batch) -> torch.Tensor | None:
     return None
 
 
+def real_queries(batch: Batch, kind: str, size: int, length: int, device: torch.device) -> torch.Tensor:
+    """(B, T) real query tokens of a block of ``kind``: the decoder's for decoder and cross blocks, else the
+    attention mask (every position when no mask fits)."""
+    mask = decoder_mask(batch) if kind in ("decoder", "cross") else batch.get("attention_mask")
+    return _fit(mask, size, length, device)
+
+
 def query_key_masks(batch: Batch, kind: str, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) real queries and (B, S) real keys of an attention map of a block of ``kind``."""
     b, _, t, s = attn.shape
-    enc = batch.get("attention_mask")
-    dec = decoder_mask(batch) if kind in ("decoder", "cross") else None
-    query = _fit(dec if kind in ("decoder", "cross") else enc, b, t, attn.device)
-    key = _fit(dec if kind == "decoder" else enc, b, s, attn.device)
+    query = real_queries(batch, kind, b, t, attn.device)
+    key = _fit(decoder_mask(batch) if kind == "decoder" else batch.get("attention_mask"), b, s, attn.device)
     return query, key
 
 
