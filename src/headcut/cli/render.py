@@ -202,8 +202,10 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     if recovery is not None:
         summary_ = recovery.get("history_summary") or {}
         first, last = summary_.get("first", {}), summary_.get("last", {})
-        line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model, loss {_fmt(first.get('loss'))} "
-                f"-> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
+        extra = recovery.get("recover_data")
+        also = (f" (alpha 1, with {extra['examples']} unlabelled rows of {extra['source']})" if extra else "")
+        line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model{also}, loss "
+                f"{_fmt(first.get('loss'))} -> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
         if metric is not None and metric.get("after_pruning") is not None:
             start, start_name = ((metric["after_refit"], "the refit") if metric.get("after_refit") is not None
                                  else (metric["after_pruning"], "the cut"))

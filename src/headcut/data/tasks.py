@@ -272,19 +272,21 @@ def _encode(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = 
 
 
 def _classification(r: Rows, model: nn.Module, tokenizer: Any, config: DataConfig,
-                    columns: dict[str, str]) -> Examples:
+                    columns: dict[str, str], unlabelled: bool = False) -> Examples:
     names, source = r.names, r.source
     text_col = pick(names, config.text_col, TEXT_COLUMNS, "text", "--text-col", source)
     pair_col = pick(names, config.text_pair_col, PAIR_COLUMNS, "text pair", "--text-pair-col", source,
                     required=False, taken=text_col)
-    label_col = pick(names, config.label_col, LABEL_COLUMNS, "label", "--label-col", source)
-    assert text_col is not None and label_col is not None
-    columns.update({"text": text_col, "label": label_col})
+    label_col = None if unlabelled else pick(names, config.label_col, LABEL_COLUMNS, "label", "--label-col", source)
+    assert text_col is not None and (unlabelled or label_col is not None)
+    columns["text"] = text_col
+    if label_col is not None:
+        columns["label"] = label_col
     if pair_col is not None:
         columns["text_pair"] = pair_col
     rows = r.usable(text_col, pair_col, label_col)
     texts = _cut(r.texts(text_col, rows), config.seq_len)
-    labels = label_ids(r.column(label_col, rows), rows, label_col, source, model.config)
+    labels = label_ids(r.column(label_col, rows), rows, label_col, source, model.config) if label_col else None
     options: dict[str, Any] = {"truncation": True, "max_length": config.seq_len, "verbose": False}
     pairs = _cut(r.texts(pair_col, rows), config.seq_len) if pair_col is not None else None
     enc = _encode(tokenizer, texts, pairs, **options)
@@ -294,7 +296,8 @@ def _classification(r: Rows, model: nn.Module, tokenizer: Any, config: DataConfi
         ex: dict[str, Any] = {"input_ids": list(ids), "attention_mask": [1] * len(ids)}
         if types:
             ex["token_type_ids"] = list(enc["token_type_ids"][i])
-        ex["labels"] = labels[i]
+        if labels is not None:
+            ex["labels"] = labels[i]
         examples.append(ex)
     return examples
 
@@ -374,15 +377,21 @@ def _check_model(model: nn.Module, tokenizer: Any, task: str, config: DataConfig
         raise HeadcutError("the tokenizer has no mask token, so it cannot feed a masked-LM head")
 
 
-def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, dataset: Any = None) -> Calibration:
+def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, dataset: Any = None,
+                     unlabelled: bool = False) -> Calibration:
     """Read ``config.path`` and turn it into batches for ``model``'s task (see the module's doc).
 
     ``dataset``: rows given in memory instead of ``config.path`` (which is then ignored): a
     ``datasets.Dataset``, a ``datasets.DatasetDict`` (``config.split`` is used) or a list of dict rows.
-    Columns, labels, shuffling and batches are as for a table file.
+    Columns, labels, shuffling and batches are as for a table file. ``unlabelled``: inputs only, for
+    distillation (a classifier's rows need only their text column, any label column is not read, and the
+    batches carry no ``labels``); refused for a seq2seq model, whose distillation needs target tokens.
     """
     config.validate(need_path=dataset is None)
     task = detect_task(model)
+    if unlabelled and task == "seq2seq":
+        raise HeadcutError("unlabelled inputs cannot be distilled into a seq2seq model: the teacher's outputs are "
+                           "read at the target tokens, which these rows do not have")
     _check_model(model, tokenizer, task, config)
     notes: list[str] = []
     columns: dict[str, str] = {}
@@ -405,7 +414,7 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
                 "parquet)"
             )
         elif task == "classification":
-            examples = _classification(r, model, tokenizer, config, columns)
+            examples = _classification(r, model, tokenizer, config, columns, unlabelled)
         elif task == "seq2seq":
             examples = _seq2seq(r, tokenizer, config, columns, references)
         else:
@@ -438,7 +447,7 @@ def _counts(task: str, batches: Sequence[dict[str, torch.Tensor]]) -> tuple[int,
     """Real input tokens and scored label positions of ``batches`` (see :class:`Calibration`)."""
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     if task == "classification":
-        scored = sum(int(b["labels"].numel()) for b in batches)
+        scored = sum(int(b["input_ids"].shape[0]) for b in batches)
     elif task == "causal-lm":
         scored = sum(int((b["labels"][:, 1:] != -100).sum()) for b in batches)
     else:

@@ -92,8 +92,10 @@ def data_config(spec: Any, split: str, data_options: Mapping[str, Any] | None, s
 
 
 def calibration(spec: Any, model: LoadedModel, tokenizer: Any, split: str, data_options: Mapping[str, Any] | None,
-                 seed: int, trust_remote_code: bool, progress: Reporter, what: str) -> Calibration | None:
-    """``spec`` (see the module's doc) as model-ready batches."""
+                 seed: int, trust_remote_code: bool, progress: Reporter, what: str,
+                 unlabelled: bool = False) -> Calibration | None:
+    """``spec`` (see the module's doc) as model-ready batches (``unlabelled``: inputs only, see
+    :func:`headcut.data.load_calibration`)."""
     if spec is None or isinstance(spec, Calibration):
         return spec
     config = data_config(spec, split, data_options, seed)
@@ -107,7 +109,7 @@ def calibration(spec: Any, model: LoadedModel, tokenizer: Any, split: str, data_
             tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
     dataset = None if isinstance(spec, (str, os.PathLike, DataConfig)) else spec
     with progress.step(f"reading {what}"):
-        return load_calibration(model.module, tokenizer, config, dataset=dataset)
+        return load_calibration(model.module, tokenizer, config, dataset=dataset, unlabelled=unlabelled)
 
 
 def file_digest(path: Path) -> str:

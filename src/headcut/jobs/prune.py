@@ -29,11 +29,14 @@ from .base import (
     ModelLike,
     Written,
     calibration,
+    check_data_spec,
+    data_config,
     data_specs,
     load_model,
     local_reads,
     move,
     plain_arguments,
+    same_data,
     spec_path,
     pick_device,
 )
@@ -96,7 +99,7 @@ def prune(
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
     formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
-    out: str | os.PathLike[str] | None = None, force: bool = False,
+    recover_data: Any = None, out: str | os.PathLike[str] | None = None, force: bool = False,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
@@ -110,7 +113,10 @@ def prune(
     ``recover_steps`` N > 0: after the cut, N steps of recovery fine-tuning on ``data``, distilled from the
     unpruned model (``finetune``'s loss and defaults: lr 5e-5, alpha 0.5, temperature 2); the report's
     ``recovery`` has its curve, and ``metric.after`` is the recovered model's (``after_pruning``: before
-    the recovery). ``refit``: after the cut (before any recovery), refit each kept block's output projection by
+    the recovery). ``recover_data``: unlabelled in-domain inputs for the recovery (a path, ``datasets`` name or
+    rows like ``data``; a classifier's rows need only their text column; every row is read): the recovery then
+    learns from the unpruned model alone (alpha 1) over ``data``'s rows and these, and its labels are not read
+    (the report's ``recovery.recover_data``). ``refit``: after the cut (before any recovery), refit each kept block's output projection by
     least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
     has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``trajectory``: True, or a ``.csv`` path to write it to (with its plot beside it). ``out``:
     save the result there (atomically; ``force`` replaces only a folder headcut wrote): the output paths are
@@ -162,7 +168,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                    uniform: bool, min_heads_per_block: int, gqa: str, seed: int, trajectory: Any, tokenizer: Any,
                    task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
                    resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
-                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, out: Any, force: bool,
+                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any, out: Any,
+                   force: bool,
                    options: dict[str, Any]) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
@@ -175,7 +182,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                  trajectory=trajectory, tokenizer=tokenizer, task=task, split=split, eval_split=eval_split,
                  data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
                  restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                 gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, options=options)
+                 gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, recover_data=recover_data,
+                 options=options)
     L = label
     with values():  # every value refused before any work, as a HeadcutValueError
         config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
@@ -200,6 +208,11 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
         if recover_steps and data is None:
             raise HeadcutError(f"{L('recover_steps')} trains the pruned model: it needs {L('data')} (training data "
                                "with labels)")
+        if recover_data is not None:
+            if not recover_steps:
+                raise HeadcutError(f"{L('recover_data')} is read by the recovery fine-tuning: it needs "
+                                   f"{L('recover_steps')} N")
+            check_data_spec(recover_data, L("recover_data"))
         if refit and data is None:
             raise HeadcutError(f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
                                f"on data: it needs {L('data')}")
@@ -219,6 +232,14 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             notes.append(f"method {method} reads no data: {L('data')} was not used")
             data = None
         data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
+        if recover_data is not None and eval_spec is not None:
+            spec = data_config(recover_data, split, data_options, seed) if isinstance(
+                recover_data, (str, os.PathLike)) else recover_data
+            why = same_data(spec, eval_spec)
+            if why:
+                raise HeadcutError(f"{L('recover_data')} and {L('eval_data')} are the same data ({why}): the model "
+                                   f"would be trained on the rows it is judged on; hold out other rows for "
+                                   f"{L('eval_data')}")
         dist, torch_device = pick_device(device)
         chosen_formats = parse_formats(formats)
         own_checkpoint = checkpoint_dir is None and out is not None and entry.resumable
@@ -229,7 +250,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             traj = Path(trajectory) if isinstance(trajectory, (str, os.PathLike)) else None
             target, files = plan_outputs(
                 reads={L("model"): model if isinstance(model, (str, os.PathLike)) else None,
-                       L("data"): spec_path(data), L("eval_data"): spec_path(eval_data)},
+                       L("data"): spec_path(data), L("eval_data"): spec_path(eval_data),
+                       L("recover_data"): spec_path(recover_data)},
                 files={L("trajectory"): traj, f"{L('trajectory')} (its PNG)": traj.with_suffix(".png") if traj else None},
                 file_force={L("trajectory"): True, f"{L('trajectory')} (its PNG)": True},
                 out=Path(out), force=force, checkpoint=ckpt if entry.resumable else None,
@@ -258,6 +280,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     data_options, device, resume = g["data_options"], g["device"], g["resume"]
     progress, allow_pickle, trust_remote_code = g["progress"], g["allow_pickle"], g["trust_remote_code"]
     gguf_type, recover_steps, refit, options = g["gguf_type"], g["recover_steps"], g["refit"], g["options"]
+    recover_data = g["recover_data"]
     config, entry, opts, notes = request.config, request.entry, request.options, request.notes
     data_spec, eval_spec, dist, torch_device = request.data_spec, request.eval_spec, request.dist, request.device
     chosen, checkpoint_dir = request.formats, request.checkpoint_dir
@@ -275,7 +298,10 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     cal = calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
     eval_cal = calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,
                             "eval data")
-    for c, what in ((cal, "data"), (eval_cal, "eval data")):
+    # every row of the unlabelled inputs (--max-examples caps --data and --eval-data)
+    extra = calibration(recover_data, loaded, tokenizer, split, dict(data_options or {}, max_examples=None), seed,
+                        trust_remote_code, progress, "recover data", unlabelled=True)
+    for c, what in ((cal, "data"), (eval_cal, "eval data"), (extra, "recover data")):
         if c is not None:
             notes += [f"{what}: {n}" for n in c.notes]
     if checkpoint_dir is not None and training and dist.main and not resume:
@@ -320,7 +346,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         refitted, refit_metric = _refit(loaded.module, unpruned, cal, eval_cal, progress, metric, torch_device)
         result.metric_after = refit_metric
     if recover_steps:
-        recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device)
+        recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device,
+                            extra)
         result.metric_after = recovery.metric_after
     del unpruned
     report = prune_report(
@@ -340,9 +367,12 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
                               "config": recovery.config.to_json(), "seconds": recovery.seconds,
                               "history_summary": recovery.summary(), "curve": recovery.history}
+        if extra is not None:
+            report["recovery"]["recover_data"] = extra.to_json()
         if report.get("metric") is not None:
             report["metric"]["after_pruning"] = pruned_metric
-    reads = local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec})
+    reads = local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec,
+                           "--recover-data": recover_data})
     return Pruned(model=loaded.module, mask=result.mask, report=report, result=result, source=loaded.folder,
                   notes=notes, reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
 
@@ -385,18 +415,25 @@ def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_c
 
 
 def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
-             seed: int, progress: Reporter, metric: str | None, device: Any) -> Any:
+             seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None = None) -> Any:
     """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
-    model): :func:`headcut.training.finetuning.finetune` with its defaults."""
+    model): :func:`headcut.training.finetuning.finetune` with its defaults; with ``extra`` (unlabelled inputs)
+    on ``cal``'s batches and ``extra``'s, from the teacher alone (alpha 1)."""
+    import dataclasses
+
     from ..training.finetuning import finetune as run_finetune
 
     if cal is None:
         raise HeadcutError(f"{label('recover_steps')} needs training data with labels ({label('data')})")
+    config = FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None)
+    if extra is not None:
+        cal = dataclasses.replace(cal, batches=cal.batches + extra.batches, examples=cal.examples + extra.examples)
+        config = dataclasses.replace(config, alpha=1.0)
     bars = Bars(progress, "recovery", metric, train=f"recovery fine-tuning (distilled, {steps} steps)")
     move(model, device)
     move(teacher, device)
     try:
-        recovered = run_finetune(model, cal, FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None),
+        recovered = run_finetune(model, cal, config,
                                  teacher=teacher, eval_calibration=eval_cal, progress=lambda d, t: bars("train", d, t),
                                  eval_progress=lambda d, t: bars("eval", d, t),
                                  on_step=bars.on_step)

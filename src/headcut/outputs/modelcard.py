@@ -129,7 +129,11 @@ def _method_section(report: dict[str, Any]) -> list[str]:
             lines.append("Settings: " + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())) + ".")
         recovery = report.get("recovery")
         if recovery:
-            lines.append(f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned model.")
+            extra = recovery.get("recover_data")
+            also = (f" on the training rows and {extra['examples']} unlabelled rows of {extra['source']} (alpha 1)"
+                    if extra else "")
+            lines.append(f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned "
+                         f"model{also}.")
         distilled = ((report.get("training") or {}).get("distillation") or {})
         if distilled:
             lines.append(f"The gates were trained with distillation from the unpruned model (alpha "

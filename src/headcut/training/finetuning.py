@@ -277,7 +277,8 @@ class DistillationLoss:
     module's doc, the teacher's logits through one :class:`TeacherCache` for the whole run (data seen again,
     e.g. the lottery's rewound iterations, costs no second teacher forward). ``hidden_weight`` > 0 adds that
     weight times :func:`hidden_matching` (the teacher then runs on every step: its hidden states are not
-    cached)."""
+    cached). A batch without ``labels`` (unlabelled inputs, :func:`headcut.data.load_calibration`'s
+    ``unlabelled``) is learnt from the teacher alone: ``T^2 KL`` (+ the hidden term), whatever ``alpha``."""
 
     def __init__(self, task: str, teacher: nn.Module | None, alpha: float, temperature: float,
                  hidden_weight: float = 0.0) -> None:
@@ -288,9 +289,10 @@ class DistillationLoss:
         hidden_weight = self.hidden_weight if self.cache is not None else 0.0
         out = model(**batch, **({"output_hidden_states": True} if hidden_weight else {}))
         task_loss = getattr(out, "loss", None)
-        if task_loss is None:
-            raise HeadcutError("the model returned no loss: the training data needs labels")
-        logs: dict[str, Any] = {"task_loss": task_loss.detach()}
+        if task_loss is None and (self.cache is None or "labels" in batch):
+            raise HeadcutError("the model returned no loss: the training data needs labels (inputs without labels "
+                               "can only be distilled from a teacher)")
+        logs: dict[str, Any] = {"task_loss": task_loss.detach()} if task_loss is not None else {}
         if self.cache is None:
             return task_loss, logs
         if hidden_weight:
@@ -299,7 +301,10 @@ class DistillationLoss:
             t_logits, t_hidden = self.cache.logits(batch), None
         kl = distillation_kl(out.logits, t_logits.to(out.logits.device), self.task, batch.get("labels"),
                              self.temperature)
-        loss = self.alpha * self.temperature**2 * kl + (1.0 - self.alpha) * task_loss
+        if task_loss is None:  # inputs without labels: eq. of the module's doc with alpha = 1
+            loss = self.temperature**2 * kl
+        else:
+            loss = self.alpha * self.temperature**2 * kl + (1.0 - self.alpha) * task_loss
         logs["kl"] = kl.detach()
         if t_hidden is not None:
             hidden = hidden_matching(_hidden_states(out), t_hidden, batch.get("attention_mask"))
