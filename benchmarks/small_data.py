@@ -19,6 +19,7 @@ import random
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import headcut
@@ -102,53 +103,53 @@ def _curve(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for h in history if any(k.startswith("eval") for k in h)]
 
 
-def augmented(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
-    """The training file with ``copies`` perturbed copies of every row (the same label): each word is dropped
-    with probability 0.15 or replaced by a random word of the file with probability 0.1."""
+def _with_copies(path: Path, out: Path, copies: int, seed: int,
+                 make: Callable[[dict[str, str], list[dict[str, str]], random.Random], str]) -> Path:
+    """The training file with ``copies`` rows after every row, each with the text ``make(row, rows, rng)`` and the
+    row's label, written to ``out``."""
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     rng = random.Random(seed)
-    vocab = [w for r in rows for w in r["text"].split()]
     out_rows = []
     for r in rows:
         out_rows.append(r)
-        for _ in range(copies):
-            words = []
-            for w in r["text"].split():
-                u = rng.random()
-                if u < 0.15:
-                    continue
-                words.append(rng.choice(vocab) if u < 0.25 else w)
-            out_rows.append({**r, "text": " ".join(words) or r["text"]})
-    out = folder / f"augmented-{copies}.csv"
+        out_rows += [{**r, "text": make(r, rows, rng)} for _ in range(copies)]
     with out.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(out_rows)
     return out
+
+
+def augmented(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
+    """The training file with ``copies`` perturbed copies of every row (the same label): each word is dropped
+    with probability 0.15 or replaced by a random word of the file with probability 0.1."""
+    vocab: list[str] = []
+
+    def perturb(r: dict[str, str], rows: list[dict[str, str]], rng: random.Random) -> str:
+        if not vocab:
+            vocab.extend(w for row in rows for w in row["text"].split())
+        words = []
+        for w in r["text"].split():
+            u = rng.random()
+            if u < 0.15:
+                continue
+            words.append(rng.choice(vocab) if u < 0.25 else w)
+        return " ".join(words) or r["text"]
+
+    return _with_copies(path, folder / f"augmented-{copies}.csv", copies, seed, perturb)
 
 
 def spliced(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
     """The training file with ``copies`` spliced rows per row: the first words of the row (a random cut) followed by
     the last words of another random row (a random cut): inputs between the rows for distillation alone (alpha 1:
     the label column, the first row's, is not read)."""
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    rng = random.Random(seed)
-    out_rows = []
-    for r in rows:
-        out_rows.append(r)
-        head = r["text"].split()
-        for _ in range(copies):
-            tail = rng.choice(rows)["text"].split()
-            words = head[:rng.randint(1, len(head))] + tail[rng.randint(0, max(len(tail) - 1, 0)):]
-            out_rows.append({**r, "text": " ".join(words)})
-    out = folder / f"spliced-{copies}.csv"
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(out_rows)
-    return out
+
+    def splice(r: dict[str, str], rows: list[dict[str, str]], rng: random.Random) -> str:
+        head, tail = r["text"].split(), rng.choice(rows)["text"].split()
+        return " ".join(head[:rng.randint(1, len(head))] + tail[rng.randint(0, max(len(tail) - 1, 0)):])
+
+    return _with_copies(path, folder / f"spliced-{copies}.csv", copies, seed, splice)
 
 
 def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
