@@ -445,7 +445,7 @@ def test_errors_name_the_choices():
         score(model, None, "fisher")
     for name in SCORERS:
         assert name in str(err.value)
-    assert set(SCORERS) == {"gradient", "gnorm", "confidence", "entropy", "value-l1", "magnitude", "random"}
+    assert set(SCORERS) == {"gradient", "gnorm", "confidence", "entropy", "value-l1", "fluctuation", "magnitude", "random"}
     with pytest.raises(headcut.HeadcutError, match="calibration"):
         score(model, None, "entropy")
     with pytest.raises(headcut.HeadcutError, match="calibration"):
@@ -478,3 +478,40 @@ def test_gnorm_per_example_is_the_expectation_over_sentences():
     per_batch = score(model, [batch], ScoreConfig(scorer="gnorm", per="batch"))
     assert per_batch.blocks != per_example.blocks  # the norm of a mean is not the mean of the norms
     assert per_example.examples == per_batch.examples == 3
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "gpt2"])
+def test_fluctuation_is_flaps_standardised_weighted_input_variance(family):
+    """FLAP's score computed independently: the output projection's inputs at the real tokens (padding dropped),
+    their unbiased variance per channel times the squared column norms, squared, standardised over the layer's
+    channels, averaged per head; padding changes nothing."""
+    model = make_model(family, loss_class(family))
+    batch = make_batch(model, seed=3, batch=3)
+    batch["attention_mask"][0, -2:] = 0  # two padded tokens in the first row
+    blocks = headcut.model_blocks(model)
+    seen: dict[str, list[torch.Tensor]] = {b.name: [] for b in blocks}
+    handles = []
+    for b in blocks:
+        mod = model.base_model.get_submodule(b.o)
+        handles.append(mod.register_forward_pre_hook(
+            lambda m, args, name=b.name: seen[name].append(args[0][batch["attention_mask"].bool()].double())))
+    with torch.no_grad():
+        model.eval()
+        model(**batch)
+    for h in handles:
+        h.remove()
+    result = score(model, [batch], "fluctuation")
+    for b in blocks:
+        x = torch.cat(seen[b.name])
+        mod = model.base_model.get_submodule(b.o)
+        w = mod.weight.double() if isinstance(mod, torch.nn.Linear) else mod.weight.double().t()
+        metric = (x.var(dim=0, unbiased=True) * w.pow(2).sum(dim=0)).pow(2)
+        expected = ((metric - metric.mean()) / metric.std()).reshape(b.heads, b.head_dim).mean(dim=1)
+        assert torch.allclose(torch.tensor(result.blocks[b.name], dtype=torch.float64), expected, rtol=1e-6,
+                              atol=1e-9), b.name
+    padded = {k: v.clone() for k, v in batch.items()}
+    padded["input_ids"][0, -2:] = 1  # other ids at the padded places: the score does not move
+    again = score(model, [padded], "fluctuation")
+    for name, values in result.blocks.items():
+        assert values == pytest.approx(again.blocks[name], rel=1e-9, abs=1e-12)
+    assert result.higher_is_important and result.examples == 3

@@ -25,6 +25,8 @@ PAPERS: dict[str, str] = {
     "auber": "Lee, Lee & Kang, AUBER: Automated BERT Regularization, PLOS ONE 2021 (arXiv:2009.14409)",
     "lottery": "Behnke & Heafield, Losing Heads in the Lottery: Pruning Transformer Attention in Neural Machine "
                "Translation, EMNLP 2020 (doi:10.18653/v1/2020.emnlp-main.211)",
+    "flap": "An et al., Fluctuation-based Adaptive Structured Pruning for Large Language Models, AAAI 2024 "
+            "(arXiv:2312.11983)",
     "headcut": "headcut's own baseline (no paper)",
 }
 
@@ -32,7 +34,8 @@ PAPERS: dict[str, str] = {
 SHORT: dict[str, str] = {
     "michel": "Michel et al., NeurIPS 2019", "voita": "Voita et al., ACL 2019", "dsp": "Li et al., TACL 2021",
     "gnorm": "Greedy-Gnorm, arXiv:2602.04491", "pass": "PASS, TMLR 2024", "auber": "AUBER, PLOS ONE 2021",
-    "lottery": "Behnke & Heafield, EMNLP 2020", "headcut": "headcut's baseline",
+    "lottery": "Behnke & Heafield, EMNLP 2020", "flap": "FLAP, AAAI 2024",
+    "headcut": "headcut's baseline",
 }
 
 #: ``--task`` values and the transformers Auto class each one loads with
@@ -124,6 +127,9 @@ SCORERS: dict[str, ScorerEntry] = {s.name: s for s in (
                 "epsilon-rectified attention entropy over real query tokens (Greedy-Gnorm's AE); low = important", True),
     ScorerEntry("value-l1", "headcut.scoring.value_l1:SCORER", "L1 norm of each head's value matrix (AUBER); data-free",
                 False),
+    ScorerEntry("fluctuation", "headcut.scoring.fluctuation:SCORER",
+                "variance of each head's output-projection input times its columns' squared norms, standardised "
+                "per layer (FLAP's WIFV); forward only", True),
     ScorerEntry("magnitude", "headcut.scoring.magnitude:SCORER",
                 "L2 norm of each head's q, k, v and output-projection weights; data-free baseline", False),
     ScorerEntry("random", "headcut.scoring.random_baseline:SCORER",
@@ -158,6 +164,7 @@ METHODS: dict[str, MethodEntry] = {m.name: m for m in (
     _one_shot("confidence", "lottery §4.2 (after Voita et al.)"),
     _one_shot("entropy", "gnorm §2.2.1, §3.3"),
     _one_shot("value-l1", "auber \"State representation\""),
+    _one_shot("fluctuation", "flap §3.2-3.3"),
     _one_shot("magnitude", "headcut"),
     _one_shot("random", "gnorm §4.1"),
     *(_inverse(s) for s in ("gradient", "confidence", "entropy", "value-l1", "magnitude")),

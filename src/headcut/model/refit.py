@@ -78,7 +78,7 @@ class _Reached(Exception):
     """Raised by a hook to stop a forward pass once the block being fitted has run."""
 
 
-def _weight_out_in(mod: nn.Module) -> torch.Tensor:
+def weight_out_in(mod: nn.Module) -> torch.Tensor:
     """The projection's weight as (out features, in features)."""
     return mod.weight.t() if _is_transposed(mod) else mod.weight
 
@@ -90,14 +90,14 @@ def _set_weight(mod: nn.Module, w_out_in: torch.Tensor, bias: torch.Tensor | Non
             mod.bias.copy_(bias.to(mod.bias.dtype))
 
 
-def _groups(model: nn.Module, blocks: list[Block]) -> list[tuple[nn.Module, list[Block]]]:
+def output_projections(model: nn.Module, blocks: list[Block]) -> list[tuple[nn.Module, list[Block]]]:
     """The output projections of ``blocks`` with the blocks that call each (several where shared)."""
     base = model.base_model
     out: dict[int, tuple[nn.Module, list[Block]]] = {}
     for block in blocks:
         mod = base.get_submodule(block.o)
         if not hasattr(mod, "weight"):
-            raise HeadcutError(f"refit: the output projection {block.o!r} of block {block.name} has no weight")
+            raise HeadcutError(f"the output projection {block.o!r} of block {block.name} has no weight")
         out.setdefault(id(mod), (mod, []))[1].append(block)
     return list(out.values())
 
@@ -164,7 +164,7 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
     result = RefitResult(ridge=ridge)
     kept = [b for b in student_blocks if b.heads > 0]
     result.skipped = [b.name for b in student_blocks if b.heads == 0]
-    groups = _groups(model, kept)
+    groups = output_projections(model, kept)
     teacher_mods = {b.name: teacher.base_model.get_submodule(teacher_blocks[b.name].o) for b in kept}
     device = model_device(model)
     stats = device if device.type in ("cpu", "cuda") else torch.device("cpu")  # float64: not on MPS
@@ -179,7 +179,7 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
             if any(teacher_mods[b.name] is not t_mod for b in blocks):
                 raise HeadcutError(f"refit: blocks {', '.join(b.name for b in blocks)} share an output projection "
                                    "in the cut model but not in the unpruned one")
-            w0 = _weight_out_in(mod).detach().to(stats).double()
+            w0 = weight_out_in(mod).detach().to(stats).double()
             has_bias = getattr(mod, "bias", None) is not None
             n = w0.shape[1] + (1 if has_bias else 0)
             gram = torch.zeros(n, n, dtype=torch.float64, device=stats)

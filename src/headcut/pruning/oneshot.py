@@ -1,7 +1,7 @@
 """One-shot methods: rank every head once with a scorer of ``headcut score``, then remove the lowest.
 
-``--method NAME`` for each scorer NAME (gradient, gnorm, confidence, entropy, value-l1, magnitude,
-random): the scores are computed once, on the input model, after the scorer's normalisation, and
+``--method NAME`` for each scorer NAME (gradient, gnorm, confidence, entropy, value-l1, fluctuation,
+magnitude, random): the scores are computed once, on the input model, after the scorer's normalisation, and
 oriented with :meth:`HeadScores.importance` (higher = more important). Heads (units) are removed
 lowest first; ``--uniform`` keeps the same number in every block instead (TextPruner's even
 masking). With ``--max-drop`` or ``--trajectory`` the same ranking is cut in steps.
@@ -28,6 +28,7 @@ CONFIDENCE = _one_shot("confidence")
 ENTROPY = _one_shot("entropy")
 VALUE_L1 = _one_shot("value-l1")
 MAGNITUDE = _one_shot("magnitude")
+FLUCTUATION = _one_shot("fluctuation")
 RANDOM = _one_shot("random")
 INVERSE_GRADIENT = _one_shot("gradient", inverse=True)
 INVERSE_CONFIDENCE = _one_shot("confidence", inverse=True)

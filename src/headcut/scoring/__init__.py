@@ -43,7 +43,7 @@ def score(
 
     ``progress(done, total)`` is called after every calibration batch (``total`` is None when
     ``batches`` has no length). Scores of blocks sharing weights (ALBERT) are per layer for the
-    data scorers that see each layer's call (gradient, confidence, entropy) and equal across the
+    data scorers that see each layer's call (gradient, confidence, entropy, fluctuation) and equal across the
     sharing layers for the weight-based ones (gnorm, value-l1, magnitude)."""
     if config is None:
         config = ScoreConfig()
