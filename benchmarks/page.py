@@ -60,6 +60,7 @@ sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import datetime
 import json
@@ -71,7 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -638,7 +639,10 @@ def _timed(store: Store) -> bool:
     return timing.get("rows") == rows and all("timing" in r for r in store.data["rows"])
 
 
-def _kv_study(name: str, store: Store) -> None:
+@contextlib.contextmanager
+def _kv_data(name: str) -> Iterator[tuple[Path, int, int, dict[str, Any], dict[str, Any], Path, Path, Path]]:
+    """A KV study's checkpoint, KV groups, query heads per group, data options (scoring, evaluation) and the two
+    halves of hamlet.txt (scored, evaluated), in a temporary folder (also yielded)."""
     spec = KV_STUDIES[name]
     src = spec.checkpoint()
     config = transformers.AutoConfig.from_pretrained(src)
@@ -653,33 +657,60 @@ def _kv_study(name: str, store: Store) -> None:
         cal, held = Path(tmp) / "hamlet-a.txt", Path(tmp) / "hamlet-b.txt"
         cal.write_text(text[:half])
         held.write_text(text[half:])
+        yield src, groups, size, cal_options, eval_options, cal, held, Path(tmp)
+
+
+def _kv_cut(name: str, method: str, removed: int, before: float | None, data: tuple[Any, ...]) -> dict[str, Any]:
+    """Perplexity and prune time of one cut of ``removed`` KV groups by ``method`` (0: the unpruned model), the
+    saved model reloaded and evaluated on the second half of hamlet.txt."""
+    spec = KV_STUDIES[name]
+    src, groups, size, cal_options, eval_options, cal, held, tmp = data
+    start = time.perf_counter()
+    if removed:
+        folder = tmp / f"{name}-{method}-{removed}"
+        mask = headcut.prune(src, method, keep=(groups - removed) * size, gqa="group", data=cal,
+                             data_options=cal_options, out=folder).mask.to_json()
+    else:
+        folder, mask = src, None
+    after = headcut.evaluate(folder, held, data_options=eval_options).value  # the saved model, reloaded
+    seconds = time.perf_counter() - start
+    if removed:
+        shutil.rmtree(folder)  # a gigabyte each for Gemma 3
+    return {"perplexity_before": before if removed else after, "perplexity": after,
+            "prune_seconds": seconds, "cal_examples": spec.cal_examples,
+            "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
+
+
+def _kv_study(name: str, store: Store) -> None:
+    with _kv_data(name) as data:
 
         def unpruned() -> float:
-            return store.row({"removed": 0}, lambda: measure(0))["perplexity"]
+            return store.row({"removed": 0}, lambda: _kv_cut(name, "gradient", 0, None, data))["perplexity"]
 
-        def measure(removed: int) -> dict[str, Any]:
-            """Perplexity and prune time of one row (its speed: :func:`_kv_timing`, all rows together)."""
-            start = time.perf_counter()
-            if removed:
-                before = unpruned()
-                folder = Path(tmp) / f"{name}-{removed}"
-                mask = headcut.prune(src, "gradient", keep=(groups - removed) * size, gqa="group", data=cal,
-                                     data_options=cal_options, out=folder).mask.to_json()
-            else:
-                before, folder, mask = None, src, None
-            after = headcut.evaluate(folder, held, data_options=eval_options).value  # the saved model, reloaded
-            seconds = time.perf_counter() - start
-            if removed:
-                shutil.rmtree(folder)  # a gigabyte each for Gemma 3
-            return {"perplexity_before": after if before is None else before, "perplexity": after,
-                    "prune_seconds": seconds, "cal_examples": spec.cal_examples,
-                    "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
-
-        for removed in spec.removed:
-            row = store.row({"removed": removed}, lambda removed=removed: measure(removed))
+        for removed in KV_STUDIES[name].removed:
+            row = store.row({"removed": removed},
+                            lambda removed=removed: _kv_cut(name, "gradient", removed, unpruned() if removed else None,
+                                                            data))
             log(f"{name}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
         if not _timed(store):
-            _kv_timing(name, src, store, Path(tmp))
+            _kv_timing(name, data[0], store, data[-1])
+
+
+#: the other one-shot methods of the KV studies, at the same budgets (the gradient rows are the KV study's own):
+#: study -> methods
+KV_METHODS = {"smollm": ["fluctuation"]}
+
+
+def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    """:data:`KV_METHODS` on the KV studies' models at their budgets, scored and evaluated as those studies do
+    (perplexity of the saved model, reloaded; no timing: the KV study's rows time the cut sizes)."""
+    for name, methods in KV_METHODS.items():
+        with _kv_data(name) as data:
+            for method in methods:
+                for removed in [r for r in KV_STUDIES[name].removed if r]:
+                    row = store.row({"study": name, "method": method, "removed": removed},
+                                    lambda m=method, r=removed: _kv_cut(name, m, r, None, data))
+                    log(f"{name} {method}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
 
 
 def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
@@ -744,7 +775,7 @@ STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], 
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
     "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
     "gemma3": study_gemma3, "convention": study_convention, "review_plot": study_review_plot,
-    "debates": study_debates, "refit": study_refit,
+    "debates": study_debates, "refit": study_refit, "kv_methods": study_kv_methods,
 }
 
 

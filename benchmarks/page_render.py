@@ -20,7 +20,8 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
-               "gemma3", "convention", "review_plot", "debates", "refit", "small_data_diagnosis", "small_data_h200"]
+               "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "small_data_diagnosis",
+               "small_data_h200"]
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -524,6 +525,35 @@ def _kv_timing_caption(study: dict[str, Any], rows: list[dict[str, Any]]) -> str
             f"the paired ratios are what compares the models. {verdict}")
 
 
+def _kv_methods_section(data: dict[str, dict[str, Any]]) -> list[str]:
+    """The KV studies' cut sizes by method: the gradient rows of the KV study beside ``kv_methods``' rows (the same
+    calibration and held-out blocks; perplexity of each saved model, reloaded)."""
+    rows = data["kv_methods"]["rows"]
+    lines: list[str] = []
+    for name in dict.fromkeys(r["study"] for r in rows):
+        study = data.get(name)
+        if not study:
+            continue
+        title, unit, total = KV_SECTIONS[name][:3]
+        methods = list(dict.fromkeys(r["method"] for r in rows if r["study"] == name))
+        mine = {(r["method"], r["removed"]): r for r in rows if r["study"] == name}
+        base = {r["removed"]: r for r in study["rows"]}
+        lines += ["", f"## {title.split(':')[0]}: one-shot methods at equal KV budgets", "",
+                  f"Perplexity on the second half of hamlet.txt ({base[0]['eval_examples']} blocks of 256 tokens) of "
+                  f"each saved and reloaded model, scored on {base[0]['cal_examples']} blocks of the first half, whole "
+                  f"{unit} removed (of {total}; `--gqa group`); prune s: scoring, cut, save and evaluation. The "
+                  f"gradient rows are the section above's. Unpruned: {base[0]['perplexity']:.2f}.", "",
+                  f"| {unit} removed | gradient | prune s | " + " | ".join(f"{m} | prune s" for m in methods) + " |",
+                  "|---|---|---|" + "---|---|" * len(methods)]
+        for removed in sorted(r for r in base if r):
+            cells = [f"{base[removed]['perplexity']:.2f}", f"{base[removed]['prune_seconds']:.0f}"]
+            for m in methods:
+                r = mine.get((m, removed))
+                cells += [f"{r['perplexity']:.2f}", f"{r['prune_seconds']:.0f}"] if r else ["", ""]
+            lines.append(f"| {removed} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> list[str]:
     title, unit, total, intro, png, alt = KV_SECTIONS[name]
     rows = sorted(study["rows"], key=lambda r: r["removed"])
@@ -824,6 +854,8 @@ def render(results: Path, docs: Path) -> Path:
     for name in KV_SECTIONS:
         if data.get(name):
             lines += _kv_section(name, data[name], plots, img)
+    if data.get("kv_methods", {}).get("rows"):
+        lines += _kv_methods_section(data)
     lines += _long_context(data)
     page = docs / "benchmarks.md"
     page.write_text("\n".join(lines).rstrip() + "\n")
