@@ -97,7 +97,8 @@ DOCS = HERE.parent / "docs"
 #: heads kept (of 72) in the accuracy curves
 KS = [60, 48, 36, 24, 16, 12, 8, 6, 4]
 #: the training-free methods, in the plot's legend order
-ONESHOT = ["greedy-gnorm", "michel", "gradient", "gnorm", "confidence", "entropy", "value-l1", "magnitude", "random"]
+ONESHOT = ["greedy-gnorm", "michel", "gradient", "gnorm", "confidence", "entropy", "value-l1", "fluctuation", "magnitude",
+           "random"]
 #: the learned-gate methods and the heads they are run at (one epoch each, about 5 minutes a run on 2 CPU
 #: cores: the target's 16 heads and the papers' high-sparsity end); voita (up to 5 training runs per K for
 #: its lambda search) is a study of its own
