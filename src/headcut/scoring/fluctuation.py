@@ -47,9 +47,6 @@ class _Moments:
         self.sum += x.sum(dim=0).cpu()
         self.sq += x.pow(2).sum(dim=0).cpu()
 
-    def mean(self) -> torch.Tensor:
-        return self.sum / max(self.n, 1)
-
     def variance(self) -> torch.Tensor:
         """F_j of §3.2: the unbiased sample variance (0 with fewer than two tokens)."""
         if self.n < 2:
@@ -86,7 +83,7 @@ def input_moments(model: nn.Module, blocks: list[Block], batches: Iterable[Batch
                                    "blocks in one forward")
             block, x = members[i], args[0]
             real = real_queries(current, block.kind, x.shape[0], x.shape[1], x.device) if x.dim() == 3 else None
-            rows = x[real.bool()] if real is not None else x.reshape(-1, x.shape[-1])
+            rows = x[real] if real is not None else x.reshape(-1, x.shape[-1])
             moments[block.name].add(rows)
         return hook
 
