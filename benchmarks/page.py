@@ -661,25 +661,52 @@ def _kv_data(name: str) -> Iterator[tuple[Path, int, int, dict[str, Any], dict[s
         yield src, groups, size, cal_options, eval_options, cal, held, Path(tmp)
 
 
+#: variants of a one-shot method in the KV studies: label -> (method, prune keywords, bf16 copy of the checkpoint)
+KV_VARIANTS: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "fluctuation+bias": ("fluctuation", {"bias_compensation": True}, False),
+    "fluctuation layer-wise bf16": ("fluctuation", {"layerwise": True}, True),
+    "fluctuation+bias layer-wise bf16": ("fluctuation", {"layerwise": True, "bias_compensation": True}, True),
+}
+
+
+def _bf16_copy(src: Path, tmp: Path) -> Path:
+    """``src`` saved in bfloat16 (once per temporary folder): what a layer-wise run reads as stored."""
+    folder = tmp / f"{src.name}-bf16"
+    if not folder.exists():
+        headcut.save(headcut.load(src, dtype=torch.bfloat16), folder, source=src)
+    return folder
+
+
 def _kv_cut(name: str, method: str, removed: int, before: float | None, data: tuple[Any, ...]) -> dict[str, Any]:
-    """Perplexity and prune time of one cut of ``removed`` KV groups by ``method`` (0: the unpruned model), the
-    saved model reloaded and evaluated on the second half of hamlet.txt."""
+    """Perplexity and prune time of one cut of ``removed`` KV groups by ``method`` (0: the unpruned model; a
+    :data:`KV_VARIANTS` label: that variant), the saved model reloaded and evaluated on the second half of
+    hamlet.txt."""
     spec = KV_STUDIES[name]
     src, groups, size, cal_options, eval_options, cal, held, tmp = data
+    chosen, extra, bf16 = KV_VARIANTS.get(method, (method, {}, False))
+    if bf16:
+        src = _bf16_copy(src, tmp)
     start = time.perf_counter()
+    report: dict[str, Any] = {}
     if removed:
-        folder = tmp / f"{name}-{method}-{removed}"
-        mask = headcut.prune(src, method, keep=(groups - removed) * size, gqa="group", data=cal,
-                             data_options=cal_options, out=folder).mask.to_json()
+        folder = tmp / f"{name}-{method.replace(' ', '-')}-{removed}"
+        pruned = headcut.prune(src, chosen, keep=(groups - removed) * size, gqa="group", data=cal,
+                               data_options=cal_options, out=folder, **extra)
+        mask, report = pruned.mask.to_json(), pruned.report
     else:
         folder, mask = src, None
     after = headcut.evaluate(folder, held, data_options=eval_options).value  # the saved model, reloaded
     seconds = time.perf_counter() - start
     if removed:
         shutil.rmtree(folder)  # a gigabyte each for Gemma 3
-    return {"perplexity_before": before if removed else after, "perplexity": after,
-            "prune_seconds": seconds, "cal_examples": spec.cal_examples,
-            "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
+    out = {"perplexity_before": before if removed else after, "perplexity": after,
+           "prune_seconds": seconds, "cal_examples": spec.cal_examples,
+           "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
+    if "layerwise" in report:
+        out["layerwise"] = report["layerwise"]
+    if extra:
+        out["variant"] = {"method": chosen, **extra, "bf16": bf16}
+    return out
 
 
 def _kv_study(name: str, store: Store) -> None:
@@ -699,7 +726,7 @@ def _kv_study(name: str, store: Store) -> None:
 
 #: the other one-shot methods of the KV studies, at the same budgets (the gradient rows are the KV study's own):
 #: study -> methods
-KV_METHODS = {"smollm": ["fluctuation"]}
+KV_METHODS = {"smollm": ["fluctuation", *KV_VARIANTS], "gemma3": ["fluctuation", *KV_VARIANTS]}
 
 
 def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:

@@ -554,6 +554,27 @@ def _kv_methods_section(data: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _layerwise_section(study: dict[str, Any]) -> list[str]:
+    """``benchmarks/layerwise_memory.py``: peak memory and time of ``prune --layerwise`` by depth."""
+    rows = sorted(study["rows"], key=lambda r: r["checkpoint_bytes"])
+    m = rows[0]["machine"]
+    lines = ["", "## Layer-wise pruning: memory flat in depth", "",
+             "`headcut prune MODEL --layerwise --method fluctuation --gqa group` (a quarter of the KV groups removed; "
+             "calibration: 16 blocks of 128 tokens of hamlet.txt's first half, batch 4) on synthetic Llama-architecture "
+             "checkpoints with random bf16 weights in shards of at most 1 GB (`benchmarks/layerwise_memory.py`; random "
+             "weights: memory and time only, no quality). Peak: the headcut process's peak resident memory (`VmHWM`: "
+             f"Python, torch and the tokenizer included). {m['cpus']} CPU cores, {m['memory_bytes'] / 1e9:.0f} GB of "
+             "memory, other jobs sharing the cores.", "",
+             "| model | layers | width | checkpoint GB | peak GB | peak / checkpoint | largest layer MB | scoring s | "
+             "writing s | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['num_hidden_layers']} | {r['hidden_size']} | "
+                     f"{r['checkpoint_bytes'] / 1e9:.2f} | {r['peak_rss_bytes'] / 1e9:.2f} | "
+                     f"{r['peak_fraction_of_checkpoint']:.2f} | {r['largest_layer_bytes'] / 1e6:.0f} | "
+                     f"{r['score_seconds']:.0f} | {r['write_seconds']:.0f} | {r['prune_wall_seconds']:.0f} |")
+    return lines
+
+
 def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> list[str]:
     title, unit, total, intro, png, alt = KV_SECTIONS[name]
     rows = sorted(study["rows"], key=lambda r: r["removed"])
@@ -856,6 +877,8 @@ def render(results: Path, docs: Path) -> Path:
             lines += _kv_section(name, data[name], plots, img)
     if data.get("kv_methods", {}).get("rows"):
         lines += _kv_methods_section(data)
+    if data.get("layerwise_memory", {}).get("rows"):
+        lines += _layerwise_section(data["layerwise_memory"])
     lines += _long_context(data)
     page = docs / "benchmarks.md"
     page.write_text("\n".join(lines).rstrip() + "\n")

@@ -261,6 +261,18 @@ def checkpoint_dir(name: str, value: Any) -> None:
         return
 
 
+def size(name: str, value: Any) -> None:
+    """A memory size: ``12GB``, ``12GiB``, ``500MB`` or a whole number of bytes."""
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
+        raise _wrong(name, "a size such as 12GB or a number of bytes", value)
+    from .model.layerwise import parse_size
+
+    try:
+        parse_size(value if isinstance(value, str) else int(value))
+    except HeadcutError as exc:
+        raise HeadcutValueError(exc.args[0]) from None
+
+
 def bool_or_path(name: str, value: Any) -> None:
     """True/False, or a path (``prune(trajectory="curve.csv")``)."""
     if not isinstance(value, bool):
@@ -446,7 +458,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "model": model, "method": registered(_method), "keep": optional(integer), "sparsity": optional(number),
         "max_drop": optional(number), "data": optional(data), "uniform": boolean, "min_heads_per_block": integer,
         "gqa": text, "trajectory": bool_or_path, "recover_steps": integer, "refit": boolean,
-        "recover_data": optional(data),
+        "recover_data": optional(data), "layerwise": boolean, "max_memory": optional(size),
         "out": optional(output), "force": boolean, "options": anything,
         **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,
     },

@@ -139,7 +139,7 @@ SCORERS: dict[str, ScorerEntry] = {s.name: s for s in (
 
 def _rank_options(scorer: str) -> str:
     """The options class of a method ranked by ``scorer``."""
-    own = {"gradient": "GradientOptions", "gnorm": "GnormOptions"}
+    own = {"gradient": "GradientOptions", "gnorm": "GnormOptions", "fluctuation": "FluctuationOptions"}
     return f"headcut.pruning.ranked:{own.get(scorer, 'RankOptions')}"
 
 

@@ -275,6 +275,9 @@ class Adapter:
     #: placeholder so cached positions stay right)
     cached_kinds: ClassVar[tuple[str, ...]] = ("self", "decoder")
 
+    #: why the family's layers cannot be pruned one at a time (:mod:`headcut.model.layerwise`); None: they can
+    no_layerwise: ClassVar[str | None] = None
+
     #: why the family's stock config cannot hold a cut (a family with a :meth:`stock_spec` sets none)
     no_stock: ClassVar[str] = "its stock config derives the head size from the width and the head count"
 

@@ -147,18 +147,22 @@ def prune_cmd(
     data: Annotated[Optional[str], typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
                                                 show_default=False)] = None,
     eval_data: Annotated[Optional[str], typer.Option(
-        "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Evaluation data (not --data): the metric before/after, "
-        "--max-drop, --trajectory, --eval-every.")] = None,
+        "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Held-out data: the metric, --max-drop, --trajectory, "
+        "--eval-every.")] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
                                             metavar="SPLIT")] = "validation",
     out: Out_ = None,
     recover_steps: Annotated[int, typer.Option(
-        "--recover-steps", metavar="N",
+        "--recover-steps", metavar="N", show_default=False,
         help="After the cut, N steps of distilled recovery fine-tuning on --data.")] = 0,
     refit: Annotated[bool, typer.Option(
         "--refit", help="Refit the output projections on --data after the cut.")] = False,
     recover_data: Annotated[Optional[str], typer.Option(
         "--recover-data", metavar="FILE|NAME[:CONFIG]", help="Unlabelled text for --recover-steps (alpha 1).")] = None,
+    layerwise: Annotated[bool, typer.Option(
+        "--layerwise", help="Score and cut one layer at a time; automatic past --max-memory.")] = False,
+    max_memory: Annotated[Optional[str], typer.Option(
+        "--max-memory", metavar="SIZE", help="Memory headcut may use, e.g. 12GB (default: what is available).")] = None,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
@@ -201,7 +205,7 @@ def prune_cmd(
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
-            refit=refit, recover_data=recover_data,
+            refit=refit, recover_data=recover_data, layerwise=layerwise, max_memory=max_memory,
             out=out, force=force, arguments=arguments, **budget, **options,
         )
     finally:

@@ -187,6 +187,13 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     else:
         out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
                    f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
+    layerwise = report.get("layerwise")
+    if layerwise is not None:
+        peak, size = layerwise["peak_rss_bytes"], layerwise["checkpoint_bytes"]
+        out.append(f"layer-wise ({layerwise['reason']}): {layerwise['layers']} layers read one at a time (the largest "
+                   f"{_mib(layerwise['largest_layer_bytes'])}), activations in {layerwise['activations']}; peak memory "
+                   f"{_mib(peak)} for a checkpoint of {_mib(size)}; scoring {layerwise['score_seconds']:.1f} s, "
+                   f"writing {layerwise['write_seconds']:.1f} s into {layerwise['shards']} shard(s)")
     refit = report.get("refit")
     if refit is not None:
         fitted = refit["refitted"]

@@ -99,7 +99,8 @@ def prune(
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
     formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
-    recover_data: Any = None, out: str | os.PathLike[str] | None = None, force: bool = False,
+    recover_data: Any = None, layerwise: bool = False, max_memory: str | int | None = None,
+    out: str | os.PathLike[str] | None = None, force: bool = False,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
@@ -118,14 +119,24 @@ def prune(
     learns from the unpruned model alone (alpha 1) over ``data``'s rows and these, and its labels are not read
     (the report's ``recovery.recover_data``). ``refit``: after the cut (before any recovery), refit each kept block's output projection by
     least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
-    has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``trajectory``: True, or a ``.csv`` path to write it to (with its plot beside it). ``out``:
+    has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``layerwise``: read the checkpoint
+    one layer at a time (:mod:`headcut.model.layerwise`: one-shot fluctuation, magnitude or value-l1 on a local
+    safetensors folder; memory flat in depth); also chosen automatically when the checkpoint would not fit
+    ``max_memory`` (``12GB``, ``12GiB``, bytes; default: the machine's available memory); the report's
+    ``layerwise`` says which path ran and its peak memory, and the result's model is then on the meta device
+    (its weights are written by ``save``). ``trajectory``: True, or a ``.csv`` path to write it to (with its plot beside it). ``out``:
     save the result there (atomically; ``force`` replaces only a folder headcut wrote): the output paths are
     checked and locked before any work, and a learned method's resume checkpoint is ``OUT.headcut-checkpoint``
     unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
     request = prune_request(**{k: v for k, v in locals().items() if k not in ("options", "arguments")},
                              options=options)
     with request.lock():
-        pruned = _prune(request, arguments)
+        if request.layerwise is not None and request.layerwise.layerwise:
+            from .layerwise import prune_layerwise
+
+            pruned = prune_layerwise(request, arguments, request.layerwise)
+        else:
+            pruned = _prune(request, arguments)
         if request.target is not None and request.dist.main:
             pruned.save(request.target)
             if request.checkpoint_dir is not None and request.own_checkpoint:
@@ -155,6 +166,8 @@ class PruneRequest:
     own_checkpoint: bool
     target: OutputDir | None
     trajectory_file: OutputFile | None
+    #: the layer-wise choice (:class:`headcut.jobs.layerwise.Choice`)
+    layerwise: Any = None
 
     def lock(self) -> Any:
         from ..outputs.files import locked_output
@@ -168,8 +181,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                    uniform: bool, min_heads_per_block: int, gqa: str, seed: int, trajectory: Any, tokenizer: Any,
                    task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
                    resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
-                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any, out: Any,
-                   force: bool,
+                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any, layerwise: bool,
+                   max_memory: Any, out: Any, force: bool,
                    options: dict[str, Any]) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
@@ -183,7 +196,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                  data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
                  restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                  gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, recover_data=recover_data,
-                 options=options)
+                 layerwise=layerwise, max_memory=max_memory, options=options)
     L = label
     with values():  # every value refused before any work, as a HeadcutValueError
         config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
@@ -242,6 +255,12 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                                    f"{L('eval_data')}")
         dist, torch_device = pick_device(device)
         chosen_formats = parse_formats(formats)
+        from .layerwise import choose, refusal
+
+        path = choose(model, layerwise, max_memory,
+                      refusal(model, method, config, eval_data, refit, recover_steps, chosen_formats))
+        if path.layerwise and dist.world > 1:
+            raise HeadcutError(f"{L('layerwise')} runs in one process; launch it without torchrun or accelerate")
         own_checkpoint = checkpoint_dir is None and out is not None and entry.resumable
         ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else (
             checkpoint_dir_for(out) if own_checkpoint else None)
@@ -264,7 +283,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
     return PruneRequest(given=given, config=config, entry=entry, options=opts, notes=notes, data_spec=data_spec,
                          eval_spec=eval_spec, dist=dist, device=torch_device, formats=chosen_formats,
                          checkpoint_dir=ckpt if entry.resumable else None, own_checkpoint=own_checkpoint,
-                         target=target, trajectory_file=trajectory_file)
+                         target=target, trajectory_file=trajectory_file, layerwise=path)
 
 
 def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
@@ -295,6 +314,11 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     check_formats(loaded.module, chosen, gguf_type, cut="uniform" if config.uniform else "any")
     check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
+    compensate = bool(getattr(opts, "bias_compensation", False))
+    if compensate:
+        from ..model import compensation
+
+        bias_field = compensation.bias_field(loaded.module, model_blocks(loaded.module))  # refused before any work
     cal = calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
     eval_cal = calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,
                             "eval data")
@@ -338,9 +362,23 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
             notes.append(f"{method} kept {run.own_kept:g} heads by its own rule (gate > 0.5); the adjustment to "
                          f"--keep {result.target} moved {run.moved} head(s)")
     near_uniform = _uniform_alternatives(loaded.module, config, result.target)
+    if compensate:
+        added = _compensation(loaded.module, result.mask, cal, progress, torch_device)
     slimmed = slim(loaded.module, result.mask, gqa=gqa)
     result.slim = slimmed
     notes += slimmed.notes
+    if compensate:
+        compensation.apply(loaded.module, model_blocks(loaded.module), added, bias_field)
+        compensation.check_names(loaded.module, bias_field)
+        notes.append(_compensation_note(len(added), bias_field))
+        compensated = {"blocks": sorted(added), "field": bias_field, "metric_uncompensated": result.metric_after}
+        if eval_cal is not None:
+            from ..pruning import eval_metric
+
+            move(loaded.module, torch_device)
+            result.metric_after = eval_metric(loaded.module, eval_cal).measure(
+                HeadMask.full(model_blocks(loaded.module)))
+            loaded.module.to("cpu")
     recovery, refitted, pruned_metric, refit_metric = None, None, result.metric_after, None
     if refit:
         refitted, refit_metric = _refit(loaded.module, unpruned, cal, eval_cal, progress, metric, torch_device)
@@ -358,6 +396,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     )
     if near_uniform and len({(b.heads, b.kv_heads) for b in model_blocks(loaded.module)}) > 1:
         report["uniform_budgets"] = near_uniform
+    if compensate:
+        report["bias_compensation"] = compensated
     if refitted is not None:
         report["refit"] = refitted.to_json()
         if report.get("metric") is not None:
@@ -390,6 +430,32 @@ def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int) ->
     total = sum(s.heads * s.width for s in sets)  # the uncut model: not a cut to offer
     valid = [k for k in uniform_budgets(sets, config.min_heads_per_block) if 0 < k < total]
     return [target] if target in valid else nearest(valid, target)
+
+
+def _compensation(model: nn.Module, mask: HeadMask, cal: Calibration | None, progress: Reporter, device: Any) -> Any:
+    """FLAP's bias compensation for ``mask`` (:mod:`headcut.model.compensation`): the output projections' mean
+    inputs over ``cal`` on the unpruned ``model`` (one more forward pass), and each block's bias increment."""
+    from ..model import compensation
+    from ..scoring.fluctuation import input_moments
+
+    if cal is None:
+        raise HeadcutError(f"{label('bias_compensation')} needs calibration data ({label('data')})")
+    blocks = model_blocks(model)
+    bars = Bars(progress, "bias compensation", None)
+    move(model, device)
+    try:
+        moments, _ = input_moments(model, blocks, cal.batches, "bias compensation",
+                                   lambda d, t: bars("score", d, t))
+    finally:
+        bars.close()
+    model.to("cpu")
+    return compensation.deltas(model, blocks, mask.keep, {name: m.mean() for name, m in moments.items()})
+
+
+def _compensation_note(blocks: int, field: str | None) -> str:
+    turned = f"; {field} turned on (zero biases on the other projections)" if field else ""
+    return (f"bias compensation (FLAP §3.4): the removed heads' mean output folded into the output projection's "
+            f"bias of {blocks} block{'s' if blocks != 1 else ''}{turned}")
 
 
 def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None,

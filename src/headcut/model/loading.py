@@ -382,32 +382,11 @@ def set_labels(config: Any, cls: type, labels: list[str], path: str | Path) -> N
     config.label2id = {name: i for i, name in enumerate(names)}
 
 
-def load(
-    path: str | Path,
-    task: str | None = None,
-    *,
-    allow_pickle: bool = False,
-    trust_remote_code: bool = False,
-    dtype: str | torch.dtype | None = None,
-    device: str | None = None,
-    attn_implementation: str | None = None,
-    notes: list[str] | None = None,
-    labels: list[str] | None = None,
-) -> nn.Module:
-    """Load a checkpoint (original or slimmed by headcut) for a supported family, in eval mode.
-
-    Local folders must hold safetensors weights; pickle weights need ``allow_pickle=True`` and
-    checkpoints that ship their own code need ``trust_remote_code=True`` (headcut's own saved files
-    are not run: headcut applies the recorded cut itself). Non-local names are loaded from the
-    Hugging Face Hub by transformers.
-
-    Before anything is allocated, the headcut record of a slimmed model is validated (see
-    :mod:`headcut.model.record`) and the size its config describes is compared with its weights' headers.
-    Missing, unexpected or mis-shaped tensors are refused (a different ``task`` than the checkpoint's
-    own may add a new head: ``notes`` then says which tensors were initialised at random).
-    ``labels``: the label names of a new sequence-classification head (``task`` sequence-classification
-    on a checkpoint without one), so data with string labels maps onto it.
-    """
+def open_checkpoint(path: str | Path, task: str | None, allow_pickle: bool, trust_remote_code: bool,
+                    labels: list[str] | None = None) -> tuple[Path | None, str, Any, type, bool, bool]:
+    """Every check :func:`load` makes before it allocates anything, and what it found: the local folder (None
+    for a Hub name), the name transformers reads, the config, the model class (headcut's cut class for a
+    slimmed model), whether the config has a headcut record and whether the class is the checkpoint's own."""
     local = check_checkpoint(path, allow_pickle)
     source = str(local) if local is not None else str(path)
     where = str(local / "config.json") if local is not None else f"{path} (config.json)"
@@ -440,6 +419,36 @@ def load(
     own = cls.__name__ in (getattr(config, "architectures", None) or [])
     if has_cut:
         cls = cut_class(cls)
+    return local, source, config, cls, has_cut, own
+
+
+def load(
+    path: str | Path,
+    task: str | None = None,
+    *,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    dtype: str | torch.dtype | None = None,
+    device: str | None = None,
+    attn_implementation: str | None = None,
+    notes: list[str] | None = None,
+    labels: list[str] | None = None,
+) -> nn.Module:
+    """Load a checkpoint (original or slimmed by headcut) for a supported family, in eval mode.
+
+    Local folders must hold safetensors weights; pickle weights need ``allow_pickle=True`` and
+    checkpoints that ship their own code need ``trust_remote_code=True`` (headcut's own saved files
+    are not run: headcut applies the recorded cut itself). Non-local names are loaded from the
+    Hugging Face Hub by transformers.
+
+    Before anything is allocated, the headcut record of a slimmed model is validated (see
+    :mod:`headcut.model.record`) and the size its config describes is compared with its weights' headers.
+    Missing, unexpected or mis-shaped tensors are refused (a different ``task`` than the checkpoint's
+    own may add a new head: ``notes`` then says which tensors were initialised at random).
+    ``labels``: the label names of a new sequence-classification head (``task`` sequence-classification
+    on a checkpoint without one), so data with string labels maps onto it.
+    """
+    local, source, config, cls, has_cut, own = open_checkpoint(path, task, allow_pickle, trust_remote_code, labels)
     # mis-shaped tensors come back in the loading info (and are refused by name below) instead of an
     # error that points at a report headcut keeps quiet
     kwargs: dict[str, Any] = {"config": config, "dtype": dtype if dtype is not None else "auto",
@@ -593,7 +602,22 @@ def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None =
     written = form.model if form.stock and form.model is not None else model
     with quiet_transformers():
         written.save_pretrained(folder, save_original_format=False)
+    return finish_checkpoint(model, folder, source, trust_remote_code, form)
+
+
+def finish_checkpoint(model: nn.Module, folder: Path, source: str | Path | None, trust_remote_code: bool,
+                      form: CheckpointForm) -> list[str]:
+    """The files of a checkpoint beside its weights (:func:`write_checkpoint` wrote ``config.json`` with them;
+    else it is written here): the config in ``form`` (the stock config, or headcut's record with
+    ``modeling_headcut.py``), and the source's side files; returns notes on the side files left out."""
     cfg_path = folder / "config.json"
+    if not cfg_path.exists():
+        written = form.model if form.stock and form.model is not None else model
+        with quiet_transformers():
+            written.config.save_pretrained(folder)
+            generation = getattr(model, "generation_config", None)
+            if generation is not None and model.can_generate():
+                generation.save_pretrained(folder)
     cfg = json.loads(cfg_path.read_text())
     cfg["architectures"] = [form.architecture]
     cfg.pop("auto_map", None)

@@ -144,9 +144,9 @@ def _stock_config(config: Any, spec: StockSpec, counts: tuple[int, int, int]) ->
     return None, refusals
 
 
-def _stock_model(model: nn.Module, config: Any, cls: type) -> nn.Module:
+def _stock_model(model: nn.Module, config: Any, cls: type, meta: bool = False) -> nn.Module:
     """``cls(config)`` holding ``model``'s tensors (shared, not copied); ValueError where a name or shape
-    differs."""
+    differs (``meta``: the model's parameters are on the meta device, names and shapes are all there is)."""
     with torch.device("meta"):
         stock = cls(config)
     state = model.state_dict()
@@ -167,7 +167,7 @@ def _stock_model(model: nn.Module, config: Any, cls: type) -> nn.Module:
             owner, _, attr = name.rpartition(".")
             stock.get_submodule(owner).register_buffer(attr, buffers[name], persistent=False)
     for name, param in stock.named_parameters():
-        if param.device.type == "meta":
+        if param.device.type == "meta" and not meta:
             raise ValueError(f"{name} was not filled")
     stock.tie_weights()
     if getattr(model, "generation_config", None) is not None and getattr(stock, "generation_config", None) is not None:
@@ -213,10 +213,12 @@ def _check_forward(model: nn.Module, stock: nn.Module) -> str | None:
     return None
 
 
-def stock_form(model: nn.Module, verify: bool = True) -> CheckpointForm:
+def stock_form(model: nn.Module, verify: bool = True, meta: bool = False) -> CheckpointForm:
     """How ``model`` is written (see the module's doc): in stock form when it is uncut, or when its cut keeps the
     same heads in every block and the family's stock config holds that (checked by one forward unless
-    ``verify`` is false); else in headcut's form, with the reason."""
+    ``verify`` is false); else in headcut's form, with the reason. ``meta``: the model's parameters are on the
+    meta device (a layer-wise cut: its weights are written layer by layer), so only names and shapes are
+    checked (no forward)."""
     cls = original_class(model)
     config = model.config
     model_type = str(getattr(config, "model_type", ""))
@@ -245,10 +247,10 @@ def stock_form(model: nn.Module, verify: bool = True) -> CheckpointForm:
     if stock_cls is None:
         return headcut_form(f"{stock_config.model_type} has no class for {auto} ({cls.__name__})")
     try:
-        stock = _stock_model(model, stock_config, stock_cls)
+        stock = _stock_model(model, stock_config, stock_cls, meta)
     except (ValueError, RuntimeError, TypeError, AttributeError) as exc:
         return headcut_form(f"{stock_cls.__name__} cannot hold the cut ({_cause(exc)})")
-    if verify:
+    if verify and not meta:
         why = _check_forward(model, stock)
         if why is not None:
             return headcut_form(why)

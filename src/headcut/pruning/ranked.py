@@ -74,7 +74,17 @@ class GnormOptions(RankOptions):
                       "example (the paper's per-sentence description).")
 
 
-OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {"gradient": GradientOptions, "gnorm": GnormOptions}
+@dataclass
+class FluctuationOptions(RankOptions):
+    """Options of the methods ranked by FLAP's fluctuation: ``bias_compensation`` (FLAP §3.4)."""
+
+    bias_compensation: bool = option(False, help="FLAP's bias compensation: the removed heads' mean output folded "
+                                     "into the output projection's bias (needs a bias there, or a stock attention_bias "
+                                     "field).")
+
+
+OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {"gradient": GradientOptions, "gnorm": GnormOptions,
+                                                    "fluctuation": FluctuationOptions}
 
 
 def oriented(importance: dict[str, list[float]], inverse: bool) -> dict[str, list[float]]:

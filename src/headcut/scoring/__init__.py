@@ -26,7 +26,8 @@ from torch import nn
 from ..catalog import SCORERS, resolve, scorer_entry
 from ..config import ScoreConfig
 from ..model.surgery import model_blocks
-from .base import Batch, HeadScores, Progress, Scorer, kv_group_scores, layer_norm_factor
+from ..adapters import Block
+from .base import Batch, HeadScores, Progress, RawScores, Scorer, kv_group_scores, layer_norm_factor
 
 
 def get_scorer(name: str) -> Scorer:
@@ -54,7 +55,13 @@ def score(
     blocks = model_blocks(model)
     start = time.perf_counter()
     raw = scorer.fn(model, blocks, batches if scorer.needs_data else None, config, progress)
-    seconds = time.perf_counter() - start
+    return finish_scores(scorer, blocks, raw, config, time.perf_counter() - start)
+
+
+def finish_scores(scorer: Scorer, blocks: list[Block], raw: RawScores, config: ScoreConfig,
+                  seconds: float) -> HeadScores:
+    """A scorer's raw scores of ``blocks`` as :class:`HeadScores`: per KV group where grouped, normalised as
+    ``config`` says (the whole-model and the layer-wise scoring share this)."""
     out: dict[str, list[float]] = {}
     groups: dict[str, list[float] | None] = {}
     for block in blocks:
@@ -72,4 +79,4 @@ def score(
     )
 
 
-__all__ = ["SCORERS", "HeadScores", "ScoreConfig", "Scorer", "get_scorer", "score"]
+__all__ = ["SCORERS", "HeadScores", "ScoreConfig", "Scorer", "finish_scores", "get_scorer", "score"]

@@ -15,7 +15,8 @@ of its query heads, as for every scorer). The paper's sample variance is compute
 (float64 sums); the reference code's running update skips its first sample, a difference of estimator only.
 
 FLAP's bias compensation (§3.4: the removed channels' mean input folded into the projection's bias) is a
-separate step of the cut, not of the scores. Forward passes only, no gradients.
+separate step of the cut (:mod:`headcut.model.compensation`, the method's ``bias_compensation`` option), not of
+the scores; it reads the same moments (:meth:`Moments.mean`). Forward passes only, no gradients.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .attention_maps import real_queries
 from .base import Batch, Progress, RawScores, ScoreConfig, Scorer, batch_size, calibration, model_device, scoring_mode
 
 
-class _Moments:
+class Moments:
     """Float64 sums of one block's output-projection input over real tokens: count, sum and sum of squares."""
 
     def __init__(self, width: int) -> None:
@@ -46,6 +47,10 @@ class _Moments:
         self.n += x.shape[0]
         self.sum += x.sum(dim=0).cpu()
         self.sq += x.pow(2).sum(dim=0).cpu()
+
+    def mean(self) -> torch.Tensor:
+        """The mean input of each channel (FLAP's baseline, §3.4; 0 without tokens)."""
+        return self.sum / self.n if self.n else torch.zeros_like(self.sum)
 
     def variance(self) -> torch.Tensor:
         """F_j of §3.2: the unbiased sample variance (0 with fewer than two tokens)."""
@@ -65,12 +70,12 @@ def head_scores(block: Block, variance: torch.Tensor, column_sq_norms: torch.Ten
 
 
 def input_moments(model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, scorer: str,
-                  progress: Progress | None = None) -> tuple[dict[str, _Moments], int]:
+                  progress: Progress | None = None) -> tuple[dict[str, Moments], int]:
     """One forward per batch: the moments of every block's output-projection input over the real tokens
     (a projection shared by several blocks, ALBERT's, is called once per block, in order)."""
     live = [b for b in blocks if b.heads > 0]
     groups = output_projections(model, live)
-    moments = {b.name: _Moments(b.heads * b.head_dim) for b in live}
+    moments = {b.name: Moments(b.heads * b.head_dim) for b in live}
     current: dict[str, Any] = {}
     calls = {id(mod): 0 for mod, _ in groups}
 
@@ -109,6 +114,11 @@ def fluctuation(
     progress: Progress | None = None,
 ) -> RawScores:
     moments, examples = input_moments(model, blocks, batches, "fluctuation", progress)
+    return scores_from_moments(model, blocks, moments, examples)
+
+
+def scores_from_moments(model: nn.Module, blocks: list[Block], moments: dict[str, Moments], examples: int) -> RawScores:
+    """The scores of ``blocks`` from their output-projection inputs' moments (:func:`input_moments`)."""
     base = model.base_model
     out: dict[str, torch.Tensor] = {}
     for block in blocks:

@@ -1,0 +1,266 @@
+"""``headcut prune --layerwise``: the prune job on a checkpoint read one layer at a time
+(:mod:`headcut.model.layerwise`), chosen by the user or automatically when the model would not fit
+``max_memory``.
+
+The result's ``model`` is the cut model on the meta device (its structure, config and record, no weights):
+``save(out)`` reads the checkpoint again, layer by layer, cuts each layer and writes it, so the weights of the
+pruned model exist only in the saved folder (``headcut.load(out)`` loads it like any other)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..arguments import checked
+from ..errors import HeadcutError, label
+from ..model import layerwise as lw
+from ..outputs.files import OutputDir
+from ..progress import Reporter, quiet
+from .prune import Pruned
+
+
+def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, recover_steps: int,
+            formats: Any) -> str | None:
+    """Why a prune request cannot run layer-wise (None: it can). Messages name keywords (:func:`label`)."""
+    from ..pruning import get_method
+    from ..pruning.ranked import ScoreMethod
+
+    L = label
+    chosen = get_method(method)
+    if not isinstance(chosen, ScoreMethod) or chosen.rescoring or chosen.scorer not in lw.LAYERWISE_SCORERS:
+        able = ", ".join(lw.LAYERWISE_SCORERS)
+        return (f"method {method} needs the whole model; the methods that run layer-wise ({L('layerwise')}) are the "
+                f"one-shot {able}")
+    if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
+        return f"{L('layerwise')} reads a local checkpoint folder of safetensors files, layer by layer"
+    for given, name in ((config.max_drop is not None, "max_drop"), (config.trajectory, "trajectory"),
+                        (eval_data is not None, "eval_data"), (refit, "refit"), (bool(recover_steps), "recover_steps")):
+        if given:
+            return (f"{L(name)} needs the whole model in memory; a {L('layerwise')} run only scores, cuts and writes "
+                    "(evaluate the output with headcut eval)")
+    if formats is not None and tuple([formats] if isinstance(formats, str) else formats) not in (("safetensors",),):
+        return f"{L('layerwise')} writes safetensors only (convert the output with headcut export)"
+    return None
+
+
+def checkpoint_bytes(folder: Path) -> int:
+    """The bytes of a checkpoint's safetensors files."""
+    from ..model.loading import weight_files
+
+    return sum(f.stat().st_size for f in weight_files(folder) if f.is_file())
+
+
+@dataclass
+class Choice:
+    """Whether a prune request runs layer-wise, why, and the memory limit it was judged against."""
+
+    layerwise: bool
+    reason: str
+    max_memory: int
+    limit_given: bool
+
+
+def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Choice:
+    """Layer-wise when asked, or when the checkpoint (times 1.25: activations and the working copy) would not fit
+    ``max_memory`` (default: the machine's available memory) and the request can run layer-wise; refuses a
+    request that cannot, for a checkpoint larger than the limit."""
+    limit = lw.parse_size(max_memory) if max_memory is not None else lw.available_memory()
+    where = f"{label('max_memory')} {lw.gib(limit)}" if max_memory is not None else \
+        f"the {lw.gib(limit)} of memory available"
+    if layerwise:
+        if can is not None:
+            raise HeadcutError(can)
+        return Choice(True, "asked for", limit, max_memory is not None)
+    if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
+        return Choice(False, "", limit, max_memory is not None)
+    size = checkpoint_bytes(Path(model).expanduser())
+    if size * 1.25 <= limit:
+        return Choice(False, "", limit, max_memory is not None)
+    if can is None:
+        return Choice(True, f"automatic: the checkpoint's {lw.gib(size)} would not fit {where} whole", limit,
+                      max_memory is not None)
+    if size > limit:
+        raise HeadcutError(f"{model} holds {lw.gib(size)} of weights, more than {where}; {can}")
+    return Choice(False, "", limit, max_memory is not None)
+
+
+@dataclass(kw_only=True)
+class LayerwisePruned(Pruned):
+    """:class:`Pruned` of a layer-wise run: ``model`` is on the meta device (see the module's doc)."""
+
+    folder: Path = field(default=Path("."))
+    config_obj: Any = None
+    model_cls: Any = None
+    gqa: str = "auto"
+    stats: lw.LayerwiseStats = field(default_factory=lw.LayerwiseStats)
+    progress: Reporter = field(default_factory=quiet)
+    #: FLAP's bias compensation: each block's mean output-projection input (None: no compensation)
+    means: dict[str, Any] | None = None
+
+    @checked("Written.save")
+    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *, formats: Any = None,
+             gguf_type: str | None = None) -> Any:
+        """Read the checkpoint again layer by layer, cut and write every layer, then the config, the side files,
+        the report and the model card (atomically, as any save)."""
+        from ..model.loading import SavedModel, finish_checkpoint
+        from ..model.masks import plan_cuts, resolve_mask
+        from ..model.stock import stock_form
+        from ..outputs.files import check_paths
+        from ..outputs.modelcard import write_card
+        from ..outputs.reports import weights_bytes
+
+        if formats not in (None, "safetensors", ("safetensors",), ["safetensors"]):
+            raise HeadcutError(f"{label('layerwise')} writes safetensors only (convert the output with headcut export)")
+        target = out if isinstance(out, OutputDir) else OutputDir(out, force)
+        check_paths(reads={k: v for k, v in self.reads.items() if v is not None}, writes={},
+                    replaces={"--out": target.path})
+        held = target.lock.held
+        if not held:
+            target.check()
+            target.acquire()
+        report = self.report
+        report["out"] = str(target.path)
+        try:
+            fresh = lw.StreamedModel.open(self.folder, self.config_obj, self.model_cls)
+            cuts = plan_cuts(resolve_mask(self.mask.to_json(), fresh.blocks), fresh.blocks, self.gqa)
+            before, after, compensate = self._compensation(fresh)
+            with target.staging() as tmp:
+                with self.progress.task("cutting and writing, layer by layer", len(fresh.layers), "layers") as bar:
+                    lw.write_layerwise(fresh, cuts, tmp, self.stats, progress=lambda d, t: bar.update(d, t),
+                                       before_cut=before, after_cut=after)
+                if compensate is not None:
+                    compensate()
+                form = stock_form(fresh.model, verify=False, meta=True)
+                report["checkpoint"] = form.to_json()
+                notes = finish_checkpoint(fresh.model, tmp, self.folder, self.trust_remote_code, form)
+                if isinstance(report.get("size_bytes"), dict):
+                    report["size_bytes"]["after"] = weights_bytes(tmp)
+                report["layerwise"] = self.stats.to_json()
+                report["seconds"] = round(float(report.get("seconds") or 0.0) + self.stats.write_seconds, 3)
+                write_card(tmp, fresh.model, report, source=self.folder, formats=None, has_weights=True)
+                (tmp / self.REPORT).write_text(json.dumps(report, indent=2) + "\n")
+        finally:
+            if not held:
+                target.release()
+        if notes:
+            report.setdefault("notes", []).extend(n for n in notes if n not in report.get("notes", []))
+        return SavedModel(Path(target.path), notes, form)
+
+
+    def _compensation(self, fresh: lw.StreamedModel) -> tuple[Any, Any, Any]:
+        """The write pass's hooks of FLAP's bias compensation (None without): each layer's bias increments from
+        its uncut weights, added after its cut; and the final check of the compensated model's names."""
+        if self.means is None:
+            return None, None, None
+        from ..model import compensation
+
+        bias_field = compensation.bias_field(fresh.model, fresh.blocks)
+        by_layer: dict[int, list[Any]] = {}
+        for block in fresh.blocks:
+            by_layer.setdefault(fresh.layer_of[block.name], []).append(block)
+        pending: dict[str, Any] = {}
+        keep = self.mask.keep
+
+        def before(i: int) -> None:
+            pending.update(compensation.deltas(fresh.model, by_layer.get(i, []), keep, self.means or {}))
+
+        def after(i: int) -> None:
+            compensation.apply(fresh.model, fresh.blocks, pending, bias_field, modules=by_layer.get(i, []))
+
+        def finish() -> None:
+            if bias_field is not None:
+                setattr(fresh.model.config, bias_field, True)
+            compensation.check_names(fresh.model, bias_field)
+            self.report["bias_compensation"] = {"blocks": sorted(pending), "field": bias_field,
+                                                "metric_uncompensated": None}
+
+        return before, after, finish
+
+
+def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
+    """The work of :func:`headcut.prune` on a checked request that runs layer-wise."""
+    from ..model.loading import open_checkpoint
+    from ..model.masks import plan_cuts
+    from ..model.surgery import slim
+    from ..outputs.reports import prune_report, weights_bytes
+    from ..pruning import check_budget, run_search
+    from ..pruning.ranked import oriented
+    from .base import Bars, LoadedModel, calibration, local_reads, plain_arguments
+
+    g = request.given
+    progress = g["progress"] or quiet()
+    notes = list(request.notes)
+    start = time.perf_counter()
+    folder, _, config_obj, cls, _, _ = open_checkpoint(g["model"], g["task"], g["allow_pickle"],
+                                                       g["trust_remote_code"])
+    assert folder is not None
+    stats = lw.LayerwiseStats(max_memory=choice.max_memory, reason=choice.reason)
+    with progress.step(f"reading the structure of {g['model']} (no weights)"):
+        streamed = lw.StreamedModel.open(folder, config_obj, cls)
+    stats.layers = len(streamed.layers)
+    stats.layer_bytes = max(streamed.layer_bytes(i) for i in range(len(streamed.layers)))
+    stats.checkpoint_bytes = checkpoint_bytes(folder)
+    sets, budget, method, options = check_budget(streamed.model, request.config, request.options)
+    means: dict[str, Any] | None = {} if getattr(options, "bias_compensation", False) else None
+    if means is not None:
+        from ..model import compensation
+
+        compensation.bias_field(streamed.model, streamed.blocks)  # refused before any work
+    loaded = LoadedModel(streamed.model, str(g["model"]), folder)
+    cal = calibration(request.data_spec, loaded, g["tokenizer"], g["split"], g["data_options"], g["seed"],
+                      g["trust_remote_code"], progress, "data")
+    if cal is not None:
+        notes += [f"data: {n}" for n in cal.notes]
+    batches = cal.batches if cal is not None else None
+    score_config = method.score_config(request.config, options)
+    outside = streamed.outside_layers()
+    element = lw.DTYPE_BYTES.get(streamed.checkpoint.dtypes[outside[0][1]], 4) if outside else 4
+    width = int(getattr(streamed.model.config, "hidden_size", 0) or 0)
+    stats.activation_bytes = lw.activation_bytes(batches or [], width, element) if width else 0
+    # inputs and outputs of one layer beside two copies of the largest layer
+    spill = 2 * stats.activation_bytes + 2 * stats.layer_bytes > choice.max_memory
+    stats.activations = "disk" if spill else "memory"
+    with lw.spill_folder(None) as tmp:
+        with progress.task("scoring, layer by layer", len(streamed.layers), "layers") as bar:
+            scores = lw.score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
+                                        progress=lambda d, t: bar.update(d, t), means=means)
+
+    class Fixed:
+        """The layer-wise scores, for the exact-budget search (scored once)."""
+
+        rescoring = False
+        scorings = 1
+
+        def importance(self, model: Any, mask: Any, progress: Any) -> dict[str, list[float]]:
+            return oriented(scores.importance(), method.inverse)
+
+    bars = Bars(progress, g["method"], None)
+    try:
+        result = run_search(streamed.model, streamed.blocks, sets, budget, Fixed(), request.config, None, bars)
+    finally:
+        bars.close()
+    result.score_config = score_config
+    result.options = options
+    plan_cuts(result.mask, streamed.blocks, request.config.gqa)
+    slimmed = slim(streamed.model, result.mask, gqa=request.config.gqa)  # the meta model: shapes and record
+    result.slim = slimmed
+    notes += slimmed.notes
+    notes.append(f"pruned layer by layer ({choice.reason}): scores from one layer at a time, activations in "
+                 f"{stats.activations}; the weights were never all in memory")
+    arguments = arguments if arguments is not None else plain_arguments(dict(
+        model=g["model"], method=g["method"], keep=g["keep"], sparsity=g["sparsity"], data=g["data"],
+        uniform=g["uniform"], min_heads_per_block=g["min_heads_per_block"], gqa=g["gqa"], seed=g["seed"],
+        task=g["task"], split=g["split"], data_options=g["data_options"], layerwise=True, **g["options"]))
+    report = prune_report(model=str(g["model"]), arguments=arguments, result=result, slimmed=slimmed,
+                          size_before=weights_bytes(folder), data=cal.to_json() if cal is not None else None,
+                          eval_data=None, seconds=time.perf_counter() - start, notes=notes)
+    report["layerwise"] = stats.to_json()
+    reads = local_reads(**{"MODEL": folder, "--data": request.data_spec})
+    return LayerwisePruned(model=streamed.model, mask=result.mask, report=report, result=result, source=folder,
+                           notes=notes, reads=reads, trust_remote_code=g["trust_remote_code"], folder=folder,
+                           config_obj=config_obj, model_cls=cls, gqa=request.config.gqa, stats=stats,
+                           progress=progress, means=means)
