@@ -13,7 +13,8 @@ are checked further in by the configurations (:mod:`headcut.config`), which spea
 
 The fields of a method's options (``prune(..., max_steps=5)``), of :class:`~headcut.config.BenchConfig`
 (``bench(..., runs=3)``) and of ``data_options`` are checked against their dataclass's annotations
-(int, float, bool, str, or None where the annotation allows it).
+(int, float, bool, str, or None where the annotation allows it); ``evaluate``'s options against the
+declarations of :class:`~headcut.config.EvalOptions`.
 """
 
 from __future__ import annotations
@@ -310,6 +311,15 @@ def data_options(name: str, value: Any) -> None:
     _fields(DataConfig, value, lambda key: f"{name}[{key!r}]")
 
 
+def eval_settings(name: str, value: Any) -> None:
+    """``evaluate``'s options (``**options``): the fields of :class:`~headcut.config.EvalOptions`, checked by
+    :func:`~headcut.config.eval_options` (unknown names, kinds, ranges, the include folder, the device)."""
+    from .config import eval_options
+
+    with values():
+        eval_options(value)
+
+
 def reporter(name: str, value: Any) -> None:
     """A :class:`headcut.progress.Reporter` (or an object with its ``task`` and ``step``)."""
     if not (callable(getattr(value, "task", None)) and callable(getattr(value, "step", None))):
@@ -474,7 +484,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "labels": optional(strings), "out": optional(output), "force": boolean, **_MODEL_IN, **_DATA_IN,
         **_WRITES, **_TRAINS,
     },
-    "evaluate": {"model": model, "data": data, **_MODEL_IN, **_DATA_IN},
+    "evaluate": {"model": model, "data": optional(data), "options": eval_settings, **_MODEL_IN, **_DATA_IN},
     "export": {"model": model, "mask": mask, "gqa": text, "out": optional(output), "force": boolean, **_MODEL_IN,
                **_WRITES},
     "bench": {

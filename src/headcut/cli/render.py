@@ -58,6 +58,35 @@ def metrics_table(title: str, result: Any) -> Table:
     return table
 
 
+def windows_table(title: str, results: dict[int, Any]) -> Table:
+    """Perplexity per window length (``headcut eval --windows``), one row per window length."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    for col in ("window", "perplexity (lower is better)", "loss", "windows", "tokens scored", "seconds"):
+        table.add_column(col, justify="right")
+    for window, result in results.items():
+        table.add_row(f"{window:,} tokens", _metric("perplexity", result.metrics["perplexity"]),
+                      _metric("loss", result.metrics["loss"]), f"{result.examples:,}",
+                      _metric("tokens", result.metrics["tokens"]), f"{result.seconds:,.2f}")
+    return table
+
+
+def harness_table(harness: Any) -> Table:
+    """lm-evaluation-harness results: a row per task and metric, with the standard error and the examples."""
+    table = Table(box=box.SIMPLE_HEAD)
+    for col in ("task", "metric", "value", "stderr", "examples", "shots"):
+        table.add_column(col, justify="left" if col in ("task", "metric") else "right")
+    for name, entry in harness.tasks.items():
+        shown = f"{name} (group)" if entry["group"] else name
+        for metric, numbers in entry["metrics"].items():
+            value, stderr = numbers["value"], numbers["stderr"]
+            table.add_row(shown, metric, "-" if value is None else f"{value:.4f}",
+                          "-" if stderr is None else f"± {stderr:.4f}",
+                          "-" if entry["samples"] is None else f"{entry['samples']:,}",
+                          "-" if entry["num_fewshot"] is None else str(entry["num_fewshot"]))
+            shown = ""
+    return table
+
+
 # ---- score --------------------------------------------------------------------------------------------
 
 def _importance_colour(value: float, low: float, high: float) -> str:

@@ -12,6 +12,8 @@ One module per job:
 * :mod:`~headcut.data.columns`: which columns and rows are used (usual names, seeded shuffle,
   ``max_examples``), texts and label ids.
 * :mod:`~headcut.data.blocks`: a ``.txt`` file for a causal LM cut into blocks of ``seq_len`` tokens.
+* :mod:`~headcut.data.windows`: a causal LM's perplexity as the pruning papers measure it: the whole text cut
+  into non-overlapping windows of N tokens (:func:`load_windows`).
 * :mod:`~headcut.data.tasks`: the task of the model's head (:func:`detect_task`), its tokenizer
   (:func:`load_tokenizer`), tokenizing per task, masking, padded batches (:func:`load_calibration`,
   :class:`Calibration`).
@@ -44,6 +46,7 @@ from .config import (
 if TYPE_CHECKING:
     from .files import open_data
     from .tasks import Calibration, detect_task, load_calibration, load_tokenizer
+    from .windows import TextStream, load_windows
 
 #: heavy name -> the submodule that defines it (imported on first access)
 _LAZY = {
@@ -52,12 +55,14 @@ _LAZY = {
     "load_calibration": "tasks",
     "load_tokenizer": "tasks",
     "open_data": "files",
+    "TextStream": "windows",
+    "load_windows": "windows",
 }
 
 __all__ = [
     "COMPRESSIONS", "FILE_FORMATS", "LABEL_COLUMNS", "PAIR_COLUMNS", "SOURCE_COLUMNS", "SUPPORTED_HEADS",
-    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "Calibration", "DataConfig", "detect_task",
-    "load_calibration", "load_tokenizer", "looks_local", "open_data",
+    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "Calibration", "DataConfig", "TextStream",
+    "detect_task", "load_calibration", "load_tokenizer", "load_windows", "looks_local", "open_data",
 ]
 
 

@@ -13,16 +13,17 @@ as far as the blocks need (at least :data:`~headcut.data.config.MIN_TOKENS_READ`
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterable
 from typing import Any
 
 from ..errors import HeadcutError
 from .columns import Rows
 from .config import MIN_TOKENS_READ
 
-__all__ = ["lm_blocks"]
+__all__ = ["affixes", "lm_blocks", "token_ids"]
 
 
-def _affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
+def affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a text (e.g. BOS; CLS ... SEP)."""
     probe = "hello world"
     plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
@@ -33,22 +34,27 @@ def _affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
     return [], []
 
 
+def token_ids(pieces: Iterable[str], tokenizer: Any, limit: int | None = None) -> tuple[array, bool]:
+    """``(ids, stopped)``: the token ids of the text whose consecutive pieces are ``pieces`` (no special tokens),
+    kept compactly; at most ``limit`` of them (``stopped``: the text was not read to its end)."""
+    ids = array("q")
+    for piece in pieces:
+        ids.extend(tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"])
+        if limit is not None and len(ids) >= limit:
+            del ids[limit:]
+            return ids, True
+    return ids, False
+
+
 def lm_blocks(r: Rows, tokenizer: Any, seq_len: int) -> list[dict[str, Any]]:
     """A text file for a causal LM (``r.ds``: a :class:`~headcut.data.files.TextFile`): one text, cut into
     blocks of ``seq_len`` tokens, selected."""
-    prefix, suffix = _affixes(tokenizer)
+    prefix, suffix = affixes(tokenizer)
     body = seq_len - len(prefix) - len(suffix)
     if body < 1:
         raise HeadcutError(f"--seq-len {seq_len} leaves no room for text between the tokenizer's special tokens")
     limit = None if r.max_examples is None else max(r.max_examples * body, MIN_TOKENS_READ)
-    ids = array("q")
-    stopped = False
-    for piece in r.ds.pieces():
-        ids.extend(tokenizer(piece, add_special_tokens=False, verbose=False)["input_ids"])
-        if limit is not None and len(ids) >= limit:
-            del ids[limit:]
-            stopped = True
-            break
+    ids, stopped = token_ids(r.ds.pieces(), tokenizer, limit)
     if stopped:
         r.notes.append(f"read the first {len(ids)} tokens of {r.source}: enough for --max-examples {r.max_examples} "
                        "(the rest of the text was not read)")

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -355,26 +355,33 @@ class TextFile:
         return out, False
 
     def pieces(self) -> Iterator[str]:
-        """The whole text (its lines joined by ``\\n``) in pieces of at most :data:`PIECE_CHARS` characters,
-        cut before a line break or space where there is one, so that tokenizing the pieces one by one gives
-        the tokens of the whole text (up to a start-of-text marker some tokenizers add to each piece: one
-        token in thousands at most) at a small, bounded cost each."""
-        carry = ""
-        for text in decoded(self.source, self.encoding):
-            buffer, start = carry + text, 0
-            while len(buffer) - start > PIECE_CHARS:
-                end = start + PIECE_CHARS
-                cut = buffer.rfind("\n", start + 1, end)
-                if cut < 0:
-                    cut = max(buffer.rfind(" ", start + 1, end), buffer.rfind("\t", start + 1, end))
-                if cut < 0:  # no space in a long run: cut anywhere
-                    cut = end
-                yield buffer[start:cut]
-                start = cut
-            carry = buffer[start:]
-        carry = carry.removesuffix("\n")  # the line break that ends the last line
-        if carry:
-            yield carry
+        """The whole text (its lines joined by ``\\n``) in pieces (see :func:`pieces_of`)."""
+        return pieces_of(decoded(self.source, self.encoding), strip_final_newline=True)
+
+
+def pieces_of(chunks: Iterable[str], strip_final_newline: bool = False) -> Iterator[str]:
+    """The text of ``chunks`` (consecutive parts of one text) in pieces of at most :data:`PIECE_CHARS`
+    characters, cut before a line break or space where there is one, so that tokenizing the pieces one by one
+    gives the tokens of the whole text (up to a start-of-text marker some tokenizers add to each piece: one
+    token in thousands at most) at a small, bounded cost each. ``strip_final_newline``: drop the line break
+    that ends the last line of a file."""
+    carry = ""
+    for text in chunks:
+        buffer, start = carry + text, 0
+        while len(buffer) - start > PIECE_CHARS:
+            end = start + PIECE_CHARS
+            cut = buffer.rfind("\n", start + 1, end)
+            if cut < 0:
+                cut = max(buffer.rfind(" ", start + 1, end), buffer.rfind("\t", start + 1, end))
+            if cut < 0:  # no space in a long run: cut anywhere
+                cut = end
+            yield buffer[start:cut]
+            start = cut
+        carry = buffer[start:]
+    if strip_final_newline:
+        carry = carry.removesuffix("\n")
+    if carry:
+        yield carry
 
 
 # ---- temporary folders -------------------------------------------------------------------------------------

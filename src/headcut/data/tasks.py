@@ -61,7 +61,10 @@ class Calibration:
     in batch order (seq2seq); ``tokens``: real (non-padding) input tokens; ``scored_tokens``: label
     positions that count in the loss (tokens whose label is not -100; classification: examples);
     ``tokenizer``: the tokenizer used (to decode generated text); ``notes``: what was skipped or
-    assumed.
+    assumed; ``layout``: how the examples were cut: ``rows`` (one per row or line, truncated to ``seq_len``),
+    ``blocks`` (a ``.txt`` file for a causal LM: blocks of ``seq_len`` tokens, the tokenizer's special tokens in
+    each) or ``windows`` (non-overlapping windows of ``seq_len`` tokens of the whole text, see
+    :mod:`headcut.data.windows`).
     """
 
     task: str
@@ -77,6 +80,7 @@ class Calibration:
     tokens: int = 0
     scored_tokens: int = 0
     notes: list[str] = field(default_factory=list)
+    layout: str = "rows"
     tokenizer: Any = field(default=None, repr=False, compare=False)
     items: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
     pad_id: int | None = field(default=None, repr=False, compare=False)
@@ -108,7 +112,7 @@ class Calibration:
             "task": self.task, "source": self.source, "examples": self.examples, "batches": len(self.batches),
             "columns": dict(self.columns), "seq_len": self.seq_len, "batch_size": self.batch_size,
             "seed": self.seed, "tokens": self.tokens, "scored_tokens": self.scored_tokens,
-            "label_names": self.label_names, "notes": list(self.notes),
+            "label_names": self.label_names, "layout": self.layout, "notes": list(self.notes),
         }
 
 
@@ -404,9 +408,11 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
         opened = contextlib.nullcontext((*in_memory(dataset, config.split), False))
     with opened as (ds, source, is_txt):
         r = Rows(ds, source, config, g, notes)
+        layout = "rows"
         if task == "causal-lm" and is_txt:
             columns["text"] = "text"
             examples = lm_blocks(r, tokenizer, config.seq_len)
+            layout = "blocks"
         elif is_txt and task in ("classification", "seq2seq"):
             needs = "labels" if task == "classification" else "source and target columns"
             raise HeadcutError(
@@ -439,7 +445,8 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
         label_names=[id2label.get(i, str(i)) for i in range(int(model.config.num_labels))]
         if task == "classification" else None,
         references=references if task == "seq2seq" else None,
-        tokens=tokens, scored_tokens=scored, notes=notes, tokenizer=tokenizer, items=examples, pad_id=pad_id,
+        tokens=tokens, scored_tokens=scored, notes=notes, layout=layout, tokenizer=tokenizer, items=examples,
+        pad_id=pad_id,
     )
 
 

@@ -91,6 +91,19 @@ def data_config(spec: Any, split: str, data_options: Mapping[str, Any] | None, s
     return config
 
 
+def model_tokenizer(model: LoadedModel, tokenizer: Any, trust_remote_code: bool) -> Any:
+    """``tokenizer`` if given, else the tokenizer of the model's checkpoint folder (or Hub id)."""
+    if tokenizer is not None:
+        return tokenizer
+    from ..data import load_tokenizer
+
+    if model.folder is None and model.given_module:
+        raise HeadcutError("pass tokenizer= for a model that was not loaded from a checkpoint folder")
+    source = str(model.folder) if model.folder is not None else model.name
+    with io.quiet_transformers():
+        return load_tokenizer(source, trust_remote_code=trust_remote_code)
+
+
 def calibration(spec: Any, model: LoadedModel, tokenizer: Any, split: str, data_options: Mapping[str, Any] | None,
                  seed: int, trust_remote_code: bool, progress: Reporter, what: str,
                  unlabelled: bool = False) -> Calibration | None:
@@ -99,14 +112,9 @@ def calibration(spec: Any, model: LoadedModel, tokenizer: Any, split: str, data_
     if spec is None or isinstance(spec, Calibration):
         return spec
     config = data_config(spec, split, data_options, seed)
-    from ..data import load_calibration, load_tokenizer
+    from ..data import load_calibration
 
-    if tokenizer is None:
-        if model.folder is None and model.given_module:
-            raise HeadcutError("pass tokenizer= for a model that was not loaded from a checkpoint folder")
-        source = str(model.folder) if model.folder is not None else model.name
-        with io.quiet_transformers():
-            tokenizer = load_tokenizer(source, trust_remote_code=trust_remote_code)
+    tokenizer = model_tokenizer(model, tokenizer, trust_remote_code)
     dataset = None if isinstance(spec, (str, os.PathLike, DataConfig)) else spec
     with progress.step(f"reading {what}"):
         return load_calibration(model.module, tokenizer, config, dataset=dataset, unlabelled=unlabelled)
