@@ -44,13 +44,19 @@ def _batches(family, model):
 
 
 @pytest.mark.parametrize("family,cls", CASES)
-@pytest.mark.parametrize("scorer", ["fluctuation", "magnitude"])
+@pytest.mark.parametrize("scorer", ["fluctuation", "entropy", "confidence", "magnitude"])
 def test_layerwise_scores_equal_the_whole_model_scores(tmp_path, family, cls, scorer):
     model, src, _ = _checkpoint(tmp_path, family, cls)
     batches = _batches(family, model)
     config = ScoreConfig(scorer=scorer)
-    whole = score(model, batches, config)
     streamed = lw.StreamedModel.open(src, model.config, type(model))
+    if scorer in lw.MAP_SCORERS and any(b.mixer != "attention" for b in streamed.blocks):
+        for run_it in (lambda: score(model, batches, config),
+                       lambda: lw.score_layerwise(streamed, batches, config, lw.LayerwiseStats(), None)):
+            with pytest.raises(HeadcutError, match="linear attention without any"):  # no softmax maps there
+                run_it()
+        return
+    whole = score(model, batches, config)
     assert len(lw.Checkpoint(src).where) and len({p.name for p in src.glob("*.safetensors")}) > 1  # sharded
     spill = tmp_path / "spill"
     spill.mkdir()

@@ -120,7 +120,7 @@ def prune(
     (the report's ``recovery.recover_data``). ``refit``: after the cut (before any recovery), refit each kept block's output projection by
     least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
     has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``layerwise``: read the checkpoint
-    one layer at a time (:mod:`headcut.model.layerwise`: one-shot fluctuation, magnitude or value-l1 on a local
+    one layer at a time (:mod:`headcut.model.layerwise`: a one-shot method of a forward-only scorer on a local
     safetensors folder; memory flat in depth); also chosen automatically when the checkpoint would not fit
     ``max_memory`` (``12GB``, ``12GiB``, bytes; default: the machine's available memory); the report's
     ``layerwise`` says which path ran and its peak memory, and the result's model is then on the meta device

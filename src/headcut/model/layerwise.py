@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -48,7 +49,9 @@ from .layer_cache import layer_stack
 from .runtime import apply_ops
 
 #: the scorers whose score of a block needs only its own layer's forward (or its weights)
-LAYERWISE_SCORERS = ("fluctuation", "magnitude", "value-l1")
+LAYERWISE_SCORERS = ("fluctuation", "confidence", "entropy", "magnitude", "value-l1")
+#: those of them that read attention maps (the layers then run with eager attention, the masks built for it)
+MAP_SCORERS = ("confidence", "entropy")
 #: the largest output shard (a shard is held in memory until it is written: a layer-wise run writes about one layer
 #: per shard, so that this bound never sets its peak)
 SHARD_BYTES = 2 * 1024**3
@@ -240,24 +243,38 @@ class _LayerView(nn.Module):
     calibration batch ``_hc_index`` runs only this layer, on its recorded inputs, keeping its output."""
 
     def __init__(self, layer: nn.Module, base: nn.Module, config: Any,
-                 calls: list[tuple[tuple[Any, ...], dict[str, Any]]], inputs: _Activations, outputs: _Activations) -> None:
+                 calls: list[tuple[tuple[Any, ...], dict[str, Any]]], inputs: _Activations, outputs: _Activations,
+                 attention: Sequence[nn.Module] = ()) -> None:
         super().__init__()
         self.layer = layer
         object.__setattr__(self, "_base", base)
         self.config = config
         self.calls, self.inputs, self.outputs = calls, inputs, outputs
+        object.__setattr__(self, "_attention", list(attention))
 
     @property
     def base_model(self) -> nn.Module:  # type: ignore[override]
         return self._base
 
-    def forward(self, _hc_index: int, **batch: Any) -> Any:
+    def forward(self, _hc_index: int, output_attentions: bool = False, **batch: Any) -> Any:
+        """The layer on batch ``_hc_index``'s recorded input; with ``output_attentions``, an output whose
+        ``attentions`` are the maps of the layer's attention modules (the weights each returns under eager
+        attention), as a whole model's output has them."""
         if _hc_index != len(self.outputs):
             raise HeadcutError("layer-wise scoring: calibration batches must be run once each, in order")
-        args, kwargs = self.calls[_hc_index]
-        out = self.layer(self.inputs[_hc_index], *args, **kwargs)
+        maps: list[torch.Tensor] = []
+        handles = [mod.register_forward_hook(lambda m, a, out: maps.append(out[1])) for mod in self._attention] \
+            if output_attentions else []
+        try:
+            args, kwargs = self.calls[_hc_index]
+            out = self.layer(self.inputs[_hc_index], *args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
         hidden = out[0] if isinstance(out, tuple) else out
         self.outputs.append(hidden.detach())
+        if output_attentions:
+            return SimpleNamespace(last_hidden_state=hidden, attentions=tuple(maps))
         return hidden
 
 
@@ -521,22 +538,36 @@ def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] |
                     means: dict[str, torch.Tensor] | None = None) -> Any:
     """Scores of every block (a :class:`headcut.scoring.HeadScores`), computed one layer at a time; ``means``
     (fluctuation only): filled with each block's mean output-projection input (FLAP's baseline, for the bias
-    compensation), from the same forward."""
-    from ..scoring.fluctuation import input_moments, scores_from_moments
-
+    compensation), from the same forward. An attention-map scorer runs the whole pass (the capture's masks
+    included) with eager attention."""
     from ..scoring import finish_scores, get_scorer
+    from ..scoring.attention_maps import eager_attention
+    from ..scoring.base import RawScores
 
     scorer = get_scorer(config.scorer)
     if scorer.name not in LAYERWISE_SCORERS:
         raise HeadcutError(f"scorer {scorer.name} needs the whole model; layer-wise: {', '.join(LAYERWISE_SCORERS)}")
     start = time.perf_counter()
+    by_layer: dict[int, list[Block]] = {}
+    for block in streamed.blocks:
+        by_layer.setdefault(streamed.layer_of[block.name], []).append(block)
+    with eager_attention(streamed.model) if scorer.name in MAP_SCORERS else contextlib.nullcontext():
+        raw, examples = _score_layers(streamed, scorer, batches, config, spill_dir, progress, means, by_layer)
+    stats.score_seconds = time.perf_counter() - start
+    return finish_scores(scorer, streamed.blocks, RawScores(raw, examples), config, stats.score_seconds)
+
+
+def _score_layers(streamed: StreamedModel, scorer: Any, batches: Sequence[dict[str, Any]] | None, config: Any,
+                  spill_dir: Path | None, progress: Callable[[int, int], None] | None,
+                  means: dict[str, torch.Tensor] | None, by_layer: dict[int, list[Block]]
+                  ) -> tuple[dict[str, torch.Tensor], int]:
+    """The raw scores of :func:`score_layerwise`, layer after layer."""
+    from ..scoring.fluctuation import input_moments, scores_from_moments
+
     base = streamed.model.base_model
     raw: dict[str, torch.Tensor] = {}
     examples = 0
     n = len(streamed.layers)
-    by_layer: dict[int, list[Block]] = {}
-    for block in streamed.blocks:
-        by_layer.setdefault(streamed.layer_of[block.name], []).append(block)
     if scorer.needs_data:
         if not batches:
             raise HeadcutError(f"scorer {scorer.name} needs calibration data")
@@ -548,7 +579,9 @@ def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] |
             blocks = by_layer.get(i, [])
             if scorer.needs_data:
                 outputs = _Activations(spill_dir)
-                view = _LayerView(streamed.layers[i], base, streamed.model.config, calls[i], current, outputs)
+                attention = [base.get_submodule(b.attn) for b in sorted(blocks, key=lambda b: b.layer)]
+                view = _LayerView(streamed.layers[i], base, streamed.model.config, calls[i], current, outputs,
+                                  attention)
                 if blocks and means is not None and scorer.name == "fluctuation":
                     moments, examples = input_moments(view, blocks, indexed, scorer.name)
                     raw.update(scores_from_moments(view, blocks, moments, examples).blocks)
@@ -572,10 +605,7 @@ def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] |
             progress(i + 1, n)
     if scorer.needs_data:
         current.drop()
-    stats.score_seconds = time.perf_counter() - start
-    from ..scoring.base import RawScores
-
-    return finish_scores(scorer, streamed.blocks, RawScores(raw, examples), config, stats.score_seconds)
+    return raw, examples
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
