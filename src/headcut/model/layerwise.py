@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -511,8 +511,6 @@ class LayerwiseStats:
     score_seconds: float = 0.0
     write_seconds: float = 0.0
     shards: int = 0
-    peak_rss_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"path": "layerwise", "reason": self.reason, "layers": self.layers, "largest_layer_bytes": self.layer_bytes,
