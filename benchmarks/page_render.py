@@ -541,8 +541,11 @@ def _kv_methods_section(data: dict[str, dict[str, Any]]) -> list[str]:
         lines += ["", f"## {title.split(':')[0]}: one-shot methods at equal KV budgets", "",
                   f"Perplexity on the second half of hamlet.txt ({base[0]['eval_examples']} blocks of 256 tokens) of "
                   f"each saved and reloaded model, scored on {base[0]['cal_examples']} blocks of the first half, whole "
-                  f"{unit} removed (of {total}; `--gqa group`); prune s: scoring, cut, save and evaluation. The "
-                  f"gradient rows are the section above's. Unpruned: {base[0]['perplexity']:.2f}.", "",
+                  f"{unit} removed (of {total}; `--gqa group`); prune s: scoring, cut, save and evaluation, wall time "
+                  "on the 2 CPU cores, which other jobs shared while some columns ran (compare perplexities, not "
+                  "times). +bias: `--bias-compensation` (FLAP §3.4); layer-wise bf16: `--layerwise` on a bf16 copy "
+                  f"of the checkpoint. The gradient rows are the section above's. Unpruned: {base[0]['perplexity']:.2f}.",
+                  "",
                   f"| {unit} removed | gradient | prune s | " + " | ".join(f"{m} | prune s" for m in methods) + " |",
                   "|---|---|---|" + "---|---|" * len(methods)]
         for removed in sorted(r for r in base if r):
