@@ -724,8 +724,7 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
 PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), ("torch-pruning", "probe", 0),
                  ("torch-pruning", "native", 0),
                  *[("torch-pruning", "kv-magnitude", r) for r in KV_STUDIES["smollm"].removed if r],
-                 *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r],
-                 *[("torch-pruning", "kv-taylor", r) for r in KV_STUDIES["smollm"].removed if r]]
+                 *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r]]
 
 
 def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:

@@ -622,35 +622,35 @@ PEER_LLM_NAMES = {
     ("torch-pruning", "unpruned"): "unpruned, peer environment (transformers {transformers})",
     ("torch-pruning", "native"): "Torch-Pruning {torch_pruning}, its LLM example's GQA head pruning (magnitude)",
     ("torch-pruning", "kv-magnitude"): "Torch-Pruning {torch_pruning} dependency graph, KV groups, magnitude",
-    ("torch-pruning", "kv-taylor"): "Torch-Pruning {torch_pruning} dependency graph, KV groups, Taylor",
     ("headcut", "gradient"): "headcut one-shot gradient",
     ("headcut", "fluctuation"): "headcut one-shot fluctuation",
 }
 
 
 def _peer_llm_reload(row: dict[str, Any]) -> str:
-    """How a row's saved model reloads, in words."""
+    """How a row's saved model reloads, in a few words (the errors in full are in the results file); "exact": the
+    reloaded model's logits equal the pruned model's (largest gap at most 1e-4)."""
     r = row.get("reload")
     if not r:
         return ""
-    gap = (lambda e: f" (logits within {e['max_logit_gap']:.1e})" if e.get("ok") else "")
+    exact = (lambda e: " (exact)" if e.get("ok") and e["max_logit_gap"] <= 1e-4 else
+             f" (logits off by {e['max_logit_gap']:.2g})" if e.get("ok") else "")
+    stock = r.get("from_pretrained", {})
     if row["tool"] == "headcut":
-        stock = r.get("from_pretrained", {})
         if r.get("form") == "stock" and stock.get("ok"):
-            return "stock `from_pretrained`" + gap(stock)
-        how = "`headcut.load`" + gap(r["headcut_load"])
+            return "stock `from_pretrained`" + exact(stock)
+        how = "`headcut.load`" + exact(r["headcut_load"])
         if r.get("from_pretrained_trust_remote_code", {}).get("ok"):
-            how += ", or `from_pretrained(trust_remote_code=True)`"
-        if not stock.get("ok"):
-            how += f"; stock `from_pretrained` refuses it ({stock.get('error', '')[:90]})"
-        return how
-    fp, module = r.get("from_pretrained", {}), r.get("torch_save_module")
-    if fp.get("ok") and fp["max_logit_gap"] <= 1e-3:
-        return "`save_pretrained`, stock `from_pretrained`" + gap(fp)
-    said = (f"stock `from_pretrained` fails: {fp.get('error', '')[:120]}" if not fp.get("ok") else
-            f"stock `from_pretrained` loads it but its logits differ by {fp['max_logit_gap']:.2g}")
+            how += " or `from_pretrained(trust_remote_code=True)`" + exact(r["from_pretrained_trust_remote_code"])
+        return how + ("; stock `from_pretrained` refuses it (size mismatch)" if not stock.get("ok") else "")
+    module = r.get("torch_save_module")
+    if stock.get("ok") and stock["max_logit_gap"] <= 1e-4:
+        return "`save_pretrained` + stock `from_pretrained`" + exact(stock)
+    said = ("stock `from_pretrained` fails (" + ("size mismatch" if "size mismatch" in stock.get("error", "")
+                                               else stock.get("error", "")[:80]) + ")"
+            if not stock.get("ok") else "stock `from_pretrained` loads it" + exact(stock))
     if module and module.get("ok"):
-        return said + "; reloads only as a pickled module (`torch.save(model)`, `torch.load(weights_only=False)`)" + gap(module)
+        return said + "; only as a pickled module: `torch.save(model)`, `torch.load(weights_only=False)`" + exact(module)
     return said + ("; `torch.save` of the module fails too" if module else "")
 
 
@@ -673,7 +673,7 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
              f"second half ({study.get('held_tokens', 0):,} tokens) in non-overlapping windows of 128 and of 2,048 "
              "tokens, each window its own input, the loss of every next token, token-weighted, exp. Calibration: the "
              f"smollm study's {study['cal_blocks'][0]} blocks of {study['cal_blocks'][1]} tokens of the first half "
-             "(headcut's scores and Torch-Pruning's Taylor gradients; its magnitude needs none). Each cut is one "
+             "(headcut's scores; Torch-Pruning's magnitude criterion needs no data). Each cut is one "
              f"process on {m['cpu']} ({m['cores']} cores, shared with other jobs: the load average is in the last "
              "column); prune s: the prune's wall time (model load and saving excluded); peak MiB: the process's peak "
              "resident memory after the prune (model load included, evaluation excluded). headcut's rows are measured "
@@ -738,7 +738,8 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
                      f"{total * study.get('query_per_group', 3) - sum(native['query_heads'])} query heads, one of "
                      "each group's three in every layer: the query heads of headcut's 30-group row, without its KV "
                      "cache saving.")
-    lines += ["", *notes] if notes else []
+    for note in notes:
+        lines += ["", note]
     lines += ["", "headcut's one-shot rows are the only ones this page has on SmolLM2 (its iterative, layer-wise and "
               "recipe results are on the classifiers above); the ppl@256 column is the page's KV studies' (64 blocks "
               "of 256 tokens of the second half, other tokens than here), a cross-check."]

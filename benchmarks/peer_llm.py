@@ -23,12 +23,11 @@ resident memory (``ru_maxrss``) is its own. The peer's variants:
   also cuts the hidden size and the MLPs). With grouped-query attention it never removes a KV head (it empties
   the K/V part of the group: "shared by multiple Q heads") and removes the same number of query heads from
   every KV group of every layer; of those, only one query head of three is reachable (see ``probe``).
-* ``kv-magnitude`` / ``kv-taylor``: whole KV groups (a KV head and its 3 query heads) removed with Torch-Pruning's
+* ``kv-magnitude``: whole KV groups (a KV head and its 3 query heads) removed with Torch-Pruning's
   dependency graph (``DependencyGraph.get_pruning_group`` on a group's query channels of ``o_proj``'s input maps
   them to the group's ``q_proj``, ``k_proj`` and ``v_proj`` rows; ``group.prune()`` cuts them) and scored by its
   importance on each layer's whole attention group, averaged over each KV group's channels as ``BasePruner``
-  averages a head's (magnitude: the example's criterion, no data; Taylor: ``GroupTaylorImportance`` on the
-  gradients of the calibration blocks). ``BasePruner`` cannot do this itself: given the KV groups as its heads
+  averages a head's (``GroupMagnitudeImportance``, the example's criterion: no data). ``BasePruner`` cannot do this itself: given the KV groups as its heads
   (``num_heads`` 3 for ``q_proj``, ``k_proj`` and ``v_proj``) its over-pruning check counts the K/V indices that
   GQA's ``repeat_kv`` repeats three times and refuses every group, so the 90 groups are ranked globally by this
   script, the lowest removed, skipping a group that would empty its layer (Torch-Pruning's check refuses that).
@@ -168,20 +167,13 @@ def _sync_attention(model: torch.nn.Module) -> None:
     model.config.num_attention_heads = model.model.layers[0].self_attn.q_proj.out_features // hd
 
 
-def _kv_cut(model: torch.nn.Module, removed: int, importance: str, cal: torch.Tensor,
-            example: torch.Tensor) -> dict[str, Any]:
+def _kv_cut(model: torch.nn.Module, removed: int, example: torch.Tensor) -> dict[str, Any]:
     """Remove ``removed`` whole KV groups with Torch-Pruning's dependency graph, ranked globally by its importance
     (see the module's doc); returns what was removed."""
     import torch_pruning as tp
 
     graph = tp.DependencyGraph().build_dependency(model, example_inputs=example, output_transform=lambda out: out.logits)
-    if importance == "taylor":
-        scorer = tp.importance.GroupTaylorImportance()
-        model.zero_grad()
-        for batch in cal.split(8):
-            model(input_ids=batch, labels=batch, use_cache=False).loss.backward()
-    else:
-        scorer = tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean")
+    scorer = tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean")
     cfg = model.config
     kv, width = cfg.num_key_value_heads, cfg.head_dim * (cfg.num_attention_heads // cfg.num_key_value_heads)
     layers = model.model.layers
@@ -205,14 +197,13 @@ def _kv_cut(model: torch.nn.Module, removed: int, importance: str, cal: torch.Te
         graph.get_pruning_group(layers[i].self_attn.o_proj, tp.prune_linear_in_channels, idxs).prune()
     # the group maps each query channel to its K/V channel, so a K/V channel comes three times (GQA's repeat_kv);
     # the cut weights are right (the pruning functions keep the set difference), but Linear.out_features is
-    # lowered by the repeated count (-192 for a whole layer's K): set the sizes from the weights
+    # lowered by the repeated count (SmolLM2's k_proj: 0 after one group, -192 after two): set it from the weights
     fixed = 0
     for layer in layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj):
             if (proj.out_features, proj.in_features) != tuple(proj.weight.shape):
                 proj.out_features, proj.in_features = proj.weight.shape
                 fixed += 1
-    model.zero_grad(set_to_none=True)
     return {"removed_groups": {str(i): sorted(g) for i, g in sorted(chosen.items())},
             "skipped_emptying": skipped, "linear_sizes_fixed": fixed}
 
@@ -266,8 +257,8 @@ def run_peer(spec: dict[str, Any]) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     data = load_file(spec["ids"])
-    ids, cal = data["eval"], data["cal"]
-    example = cal[:1, :16]
+    ids = data["eval"]
+    example = data["cal"][:1, :16]  # the traced input: 16 tokens of the first calibration block
     model = _load_peer_model(spec["src"])
     loaded_rss = peak_rss_mib()
     # the installed package's version (torch_pruning.__version__ of 1.6.1 still says 1.6.0)
@@ -282,8 +273,8 @@ def run_peer(spec: dict[str, Any]) -> dict[str, Any]:
         del pruner
         _sync_attention(model)
         row["head_ratio"] = spec["head_ratio"]
-    elif variant in ("kv-magnitude", "kv-taylor"):
-        row.update(_kv_cut(model, spec["removed"], variant.split("-")[1], cal, example))
+    elif variant == "kv-magnitude":
+        row.update(_kv_cut(model, spec["removed"], example))
     elif variant != "unpruned":
         raise SystemExit(f"unknown peer variant {variant!r}")
     row["prune_seconds"] = time.perf_counter() - start if variant != "unpruned" else None
@@ -427,8 +418,9 @@ def peer_versions(python: str) -> dict[str, str]:
 
 
 def write_ids(path: Path, tokenizer: Any, held_text: str, cal_blocks: torch.Tensor) -> int:
-    """The evaluated tokens (the first :data:`EVAL_TOKENS` of the second half, no special tokens) and the
-    calibration blocks (headcut's, so both tools score on the same ids) in one safetensors file."""
+    """The evaluated tokens (the first :data:`EVAL_TOKENS` of the second half, no special tokens) and headcut's
+    calibration blocks (the peer's magnitude needs no data: its graph is traced on 16 of their tokens) in one
+    safetensors file."""
     from safetensors.torch import save_file
 
     ids = torch.tensor(tokenizer(held_text, add_special_tokens=False)["input_ids"], dtype=torch.long)
