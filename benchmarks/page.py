@@ -53,6 +53,10 @@ sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-d
   ``benchmarks/classifier.py``): every method (training-free, the recipe, the learned gates and ``voita``) at
   ``SMALL_KS`` (16, 8 and 4 heads), the learned ones for 500 steps of 8 as in ``learned``; the page gives each test
   set's standard error.
+* ``peer_llm``: the LLM peer (``benchmarks/peer_llm.py``): Torch-Pruning 1.6.1 on SmolLM2's attention, in its own
+  virtual environment with transformers 4.48.3 (``--llm-peer-python``; made by peer_llm.py when absent), beside
+  headcut's one-shot gradient and fluctuation at the smollm study's KV budgets: perplexity in windows of 128 and
+  2,048 tokens, prune wall time, peak memory and how each saved model reloads, every cut in its own process.
 * ``refit``: on every task, the one-shot gradient cut followed by ``--refit`` (the output projections refitted
   by least squares to the unpruned model's outputs on the training rows, nothing trained) at ``REFIT_KS``.
 """
@@ -741,6 +745,48 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
                     log(f"{name} {method}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
 
 
+#: the LLM peer study's cuts, in order: (tool, variant, KV groups removed); ``probe``: what Torch-Pruning's
+#: ``BasePruner`` removes at each head ratio (no model measured); ``native``: its LLM example's GQA head pruning at
+#: the one ratio it carries out (a third of the query heads, no KV head)
+PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), ("torch-pruning", "probe", 0),
+                 ("torch-pruning", "native", 0),
+                 *[("torch-pruning", "kv-magnitude", r) for r in KV_STUDIES["smollm"].removed if r],
+                 *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r]]
+
+
+def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
+    """Torch-Pruning on SmolLM2's attention beside headcut's one-shot KV-group cuts (``benchmarks/peer_llm.py``):
+    every cut in its own process, on the smollm study's calibration blocks, measured by one function."""
+    import peer_llm
+
+    python = args.llm_peer_python or str(peer_llm.ensure_venv())
+    with _kv_data("smollm") as data:
+        src, groups, size, cal_options, eval_options, cal, held, tmp = data
+        tok = load_tokenizer(src)
+        cal_blocks = torch.cat([b["input_ids"] for b in
+                                load_calibration(headcut.load(src), tok, DataConfig(path=str(cal), **cal_options)).batches])
+        ids = tmp / "ids.safetensors"
+        held_tokens = peer_llm.write_ids(ids, tok, held.read_text(), cal_blocks)
+        store.data.update(eval_tokens=peer_llm.EVAL_TOKENS, held_tokens=held_tokens, windows=peer_llm.WINDOWS,
+                          cal_blocks=list(cal_blocks.shape), groups=groups, query_per_group=size,
+                          peer_python=python, peer_versions=peer_llm.peer_versions(python))
+        for tool, variant, removed in PEER_LLM_CUTS:
+            spec = {"tool": tool, "variant": variant, "removed": removed, "src": str(src), "ids": str(ids),
+                    "keep": (groups - removed) * size, "cal_text": str(cal), "cal_options": cal_options,
+                    "head_ratio": 1 / 3}
+            work = tmp / f"{tool}-{variant}-{removed}"
+
+            def measure(spec: dict[str, Any] = spec, work: Path = work, tool: str = tool) -> dict[str, Any]:
+                try:
+                    return peer_llm.run_cut(python if tool == "torch-pruning" else sys.executable, spec, work)
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+
+            row = store.row({"tool": tool, "variant": variant, "removed": removed}, measure)
+            ppl = row.get("perplexity") or {}
+            log(f"peer_llm {tool} {variant} {removed}: " + ", ".join(f"ppl@{w} {p:.2f}" for w, p in ppl.items()))
+
+
 def study_smollm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     _kv_study("smollm", store)
 
@@ -803,7 +849,7 @@ STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], 
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
     "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
     "gemma3": study_gemma3, "convention": study_convention, "review_plot": study_review_plot,
-    "debates": study_debates, "refit": study_refit, "kv_methods": study_kv_methods,
+    "debates": study_debates, "refit": study_refit, "kv_methods": study_kv_methods, "peer_llm": study_peer_llm,
 }
 
 
@@ -839,6 +885,8 @@ def main() -> None:
     ap.add_argument("--peer-iters", type=int, default=16, help="TextPruner's n_iters (its best in its README: 16)")
     ap.add_argument("--peer-variants", default="uneven",
                     help="uneven (heads per layer may differ: TextPruner's best) and/or even, comma-separated")
+    ap.add_argument("--llm-peer-python", default=None,
+                    help="python of the Torch-Pruning environment (peer_llm; default: made by benchmarks/peer_llm.py)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the recipe's targets")
     args = ap.parse_args()
     if args.studies is None:  # --extend/--rerun alone measure only what they name

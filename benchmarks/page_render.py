@@ -20,8 +20,8 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 #: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
-               "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "small_data_diagnosis",
-               "small_data_h200"]
+               "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "peer_llm",
+               "small_data_diagnosis", "small_data_h200"]
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -640,6 +640,136 @@ def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> lis
     return lines
 
 
+#: the LLM peer study's rows: (tool, variant) -> the method column
+PEER_LLM_NAMES = {
+    ("headcut", "unpruned"): "unpruned (transformers {transformers})",
+    ("torch-pruning", "unpruned"): "unpruned, peer environment (transformers {transformers})",
+    ("torch-pruning", "native"): "Torch-Pruning {torch_pruning}, its LLM example's GQA head pruning (magnitude)",
+    ("torch-pruning", "kv-magnitude"): "Torch-Pruning {torch_pruning} dependency graph, KV groups, magnitude",
+    ("headcut", "gradient"): "headcut one-shot gradient",
+    ("headcut", "fluctuation"): "headcut one-shot fluctuation",
+}
+
+
+def _peer_llm_reload(row: dict[str, Any]) -> str:
+    """How a row's saved model reloads, in a few words (the errors in full are in the results file); "exact": the
+    reloaded model's logits equal the pruned model's (largest gap at most 1e-4)."""
+    r = row.get("reload")
+    if not r:
+        return ""
+    exact = (lambda e: " (exact)" if e.get("ok") and e["max_logit_gap"] <= 1e-4 else
+             f" (logits off by {e['max_logit_gap']:.2g})" if e.get("ok") else "")
+    stock = r.get("from_pretrained", {})
+    if row["tool"] == "headcut":
+        if r.get("form") == "stock" and stock.get("ok"):
+            return "stock `from_pretrained`" + exact(stock)
+        how = "`headcut.load`" + exact(r["headcut_load"])
+        if r.get("from_pretrained_trust_remote_code", {}).get("ok"):
+            how += " or `from_pretrained(trust_remote_code=True)`" + exact(r["from_pretrained_trust_remote_code"])
+        return how + ("; stock `from_pretrained` refuses it (size mismatch)" if not stock.get("ok") else "")
+    module = r.get("torch_save_module")
+    if stock.get("ok") and stock["max_logit_gap"] <= 1e-4:
+        return "`save_pretrained` + stock `from_pretrained`" + exact(stock)
+    said = ("stock `from_pretrained` fails (" + ("size mismatch" if "size mismatch" in stock.get("error", "")
+                                               else stock.get("error", "")[:80]) + ")"
+            if not stock.get("ok") else "stock `from_pretrained` loads it" + exact(stock))
+    if module and module.get("ok"):
+        return said + "; only as a pickled module: `torch.save(model)`, `torch.load(weights_only=False)`" + exact(module)
+    return said + ("; `torch.save` of the module fails too" if module else "")
+
+
+def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) -> list[str]:
+    """Torch-Pruning beside headcut on SmolLM2's attention, every model measured by ``peer_llm.perplexity``."""
+    rows = [r for r in study["rows"] if r["variant"] != "probe"]
+    probe = next((r for r in study["rows"] if r["variant"] == "probe"), None)
+    order = list(PEER_LLM_NAMES)
+    rows.sort(key=lambda r: (order.index((r["tool"], r["variant"])) if (r["tool"], r["variant"]) in order else 99,
+                             r["removed"]))
+    page256 = {("gradient", r["removed"]): r for r in data.get("smollm", {}).get("rows", [])}
+    page256.update({(r["method"], r["removed"]): r for r in data.get("kv_methods", {}).get("rows", [])
+                    if r.get("study") == "smollm"})
+    m = study["machine"]
+    total = study.get("groups", 90)
+    lines = ["", "## An LLM peer, side by side: Torch-Pruning on SmolLM2's attention", "",
+             f"SmolLM2-135M-Instruct ({total} KV groups of {study.get('query_per_group', 3)} query heads), attention "
+             "only (no MLP channel, no hidden size), every model measured by one function "
+             f"(`benchmarks/peer_llm.py`, `perplexity`): the first {study['eval_tokens']:,} tokens of hamlet.txt's "
+             f"second half ({study.get('held_tokens', 0):,} tokens) in non-overlapping windows of 128 and of 2,048 "
+             "tokens, each window its own input, the loss of every next token, token-weighted, exp. Calibration: the "
+             f"smollm study's {study['cal_blocks'][0]} blocks of {study['cal_blocks'][1]} tokens of the first half "
+             "(headcut's scores; Torch-Pruning's magnitude criterion needs no data). Each cut is one "
+             f"process on {m['cpu']} ({m['cores']} cores, shared with other jobs: the load average is in the last "
+             "column); prune s: the prune's wall time (model load and saving excluded); peak MiB: the process's peak "
+             "resident memory after the prune (model load included, evaluation excluded). headcut's rows are measured "
+             "on the saved model reloaded with `headcut.load`; Torch-Pruning's in memory, its saved output reloaded "
+             "apart (last but one column).", ""]
+    lines += ["| method | KV groups removed | query heads removed | ppl@128 | ppl@2048 | prune s | peak MiB | "
+              "reloads (how) | ppl@256, page's KV studies | load avg (1 min) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        name = PEER_LLM_NAMES.get((r["tool"], r["variant"]), f"{r['tool']} {r['variant']}").format(
+            transformers=r.get("transformers", "?"),
+            torch_pruning=study.get("peer_versions", {}).get("torch-pruning", r.get("torch_pruning", "?")))
+        q_removed = total * study.get("query_per_group", 3) - sum(r.get("query_heads", []))
+        kv_removed = total - sum(r.get("kv_heads", []))
+        cross = ""
+        if r["tool"] == "headcut":
+            ref = page256.get((r["variant"], r["removed"])) if r["removed"] else page256.get(("gradient", 0))
+            if ref:
+                same = "" if not r.get("mask") else (", same cut" if ref.get("mask") == r["mask"] else ", another cut")
+                cross = f"{ref['perplexity']:.2f}{same}"
+        load = r.get("load_before")
+        lines.append(
+            f"| {name} | {kv_removed} | {q_removed} | {r['perplexity']['128']:.2f} | {r['perplexity']['2048']:.2f} | "
+            f"{_fmt(r.get('prune_seconds'), 1)} | {r['rss_pruned_mib']:.0f} | {_peer_llm_reload(r)} | {cross} | "
+            f"{'' if load is None else f'{load[0]:.1f}'} |")
+    notes = []
+    if probe:
+        from fractions import Fraction
+
+        heads = {"gqa-heads": "its example's heads (9 query and 3 KV per layer)",
+                 "kv-groups-as-heads": "the KV groups as its heads (3 per layer)"}
+        cells = []
+        for kind, said in heads.items():
+            runs = [p for p in probe["runs"] if p["num_heads"] == kind]
+            cells.append(said + ": " + ", ".join(
+                f"{'global' if p['global'] else 'local'} {Fraction(p['head_ratio']).limit_denominator(100)} -> "
+                + (f"{p['query_heads_removed']} query, {p['kv_heads_removed']} KV heads removed"
+                   if p["query_heads_removed"] or p["kv_heads_removed"] else "nothing removed")
+                + (f" ({p['error']})" if p.get("error") else "") for p in runs))
+        notes.append("What Torch-Pruning's `BasePruner` (its LLM example's path, attention only) removes from SmolLM2 "
+                     "at each head ratio, each on a fresh model, with " + "; with ".join(cells) + ". Nothing removed "
+                     "means its over-pruning check refused every group: it counts the K/V indices that GQA's "
+                     "`repeat_kv` repeats (3 per K/V channel) against the K/V projection's size; with its GQA heads "
+                     "that happens once a layer's query heads left equal its KV heads (it then takes K/V as prunable).")
+    kv = [r for r in rows if r["variant"].startswith("kv-")]
+    if kv:
+        skipped = sum(len(r.get("skipped_emptying", [])) for r in kv)
+        gaps = [r["masked_gap"] for r in kv if "masked_gap" in r]
+        notes.append(
+            "The KV-group rows: `BasePruner` cannot remove a KV head of a grouped-query model (it empties the K/V part "
+            "of the group), and with the KV groups given as its heads its over-pruning check counts the K/V indices "
+            "that `repeat_kv` repeats and refuses every group (the probe above), so these rows use its dependency "
+            "graph (`get_pruning_group` on a group's query channels of `o_proj`, then `group.prune()`) and its "
+            "importance on each layer's attention group averaged per KV group, the 90 groups ranked globally by "
+            "`peer_llm.py`; every budget is then met exactly"
+            + (f" ({skipped} group(s) skipped for emptying a layer)" if skipped else ", no layer emptied")
+            + (f". Each cut equals the unpruned model with the removed groups' query heads masked (largest logit gap "
+               f"{max(gaps):.1e})" if gaps else "") + ".")
+    native = next((r for r in rows if r["variant"] == "native"), None)
+    if native:
+        notes.append(f"Its GQA head path keeps all {total} KV heads (the KV cache unchanged) and removes "
+                     f"{total * study.get('query_per_group', 3) - sum(native['query_heads'])} query heads, one of "
+                     "each group's three in every layer: the query heads of headcut's 30-group row, without its KV "
+                     "cache saving.")
+    for note in notes:
+        lines += ["", note]
+    lines += ["", "headcut's one-shot rows are the only ones this page has on SmolLM2 (its iterative, layer-wise and "
+              "recipe results are on the classifiers above); the ppl@256 column is the page's KV studies' (64 blocks "
+              "of 256 tokens of the second half, other tokens than here), a cross-check."]
+    return lines
+
+
 def _long_context(data: dict[str, dict[str, Any]]) -> list[str]:
     """The long-context section, rendered by ``benchmarks/long_context.py`` from ``results/long_context.json``;
     nothing when either is absent."""
@@ -880,6 +1010,8 @@ def render(results: Path, docs: Path) -> Path:
             lines += _kv_section(name, data[name], plots, img)
     if data.get("kv_methods", {}).get("rows"):
         lines += _kv_methods_section(data)
+    if data.get("peer_llm", {}).get("rows"):
+        lines += _peer_llm_section(data["peer_llm"], data)
     if data.get("layerwise_memory", {}).get("rows"):
         lines += _layerwise_section(data["layerwise_memory"])
     lines += _long_context(data)
