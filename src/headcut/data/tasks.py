@@ -381,6 +381,14 @@ def _check_model(model: nn.Module, tokenizer: Any, task: str, config: DataConfig
         raise HeadcutError("the tokenizer has no mask token, so it cannot feed a masked-LM head")
 
 
+def open_rows(config: Any, dataset: Any = None) -> contextlib.AbstractContextManager[tuple[Any, str, bool]]:
+    """The rows of ``config``'s file or ``datasets`` name, or of ``dataset`` held in memory: a context giving
+    (rows, source name, whether it is a ``.txt`` file)."""
+    if dataset is None:
+        return open_data(config)
+    return contextlib.nullcontext((*in_memory(dataset, config.split), False))
+
+
 def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, dataset: Any = None,
                      unlabelled: bool = False) -> Calibration:
     """Read ``config.path`` and turn it into batches for ``model``'s task (see the module's doc).
@@ -401,12 +409,7 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
     columns: dict[str, str] = {}
     references: list[str] = []
     g = torch.Generator().manual_seed(config.seed)
-    opened: contextlib.AbstractContextManager[tuple[Any, str, bool]]
-    if dataset is None:
-        opened = open_data(config)
-    else:
-        opened = contextlib.nullcontext((*in_memory(dataset, config.split), False))
-    with opened as (ds, source, is_txt):
+    with open_rows(config, dataset) as (ds, source, is_txt):
         r = Rows(ds, source, config, g, notes)
         layout = "rows"
         if task == "causal-lm" and is_txt:

@@ -22,7 +22,6 @@ tokens, the rest dropped; each window is a forward of its own. :func:`load_windo
 
 from __future__ import annotations
 
-import contextlib
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,8 +34,8 @@ from ..errors import HeadcutError, label
 from .blocks import affixes, token_ids
 from .columns import pick
 from .config import TEXT_COLUMNS, DataConfig
-from .files import in_memory, open_data, pieces_of
-from .tasks import Calibration, _max_positions, _pad_id, detect_task
+from .files import pieces_of
+from .tasks import Calibration, _max_positions, _pad_id, detect_task, open_rows
 
 __all__ = ["TextStream", "load_windows"]
 
@@ -146,12 +145,7 @@ def load_windows(model: nn.Module, tokenizer: Any, config: DataConfig, windows: 
             raise HeadcutError(f"{label('windows')} {size}: a window needs at least 2 tokens")
         if limit is not None and size > limit:
             raise HeadcutError(f"{label('windows')} {size} is longer than the model's {limit} positions")
-    opened: contextlib.AbstractContextManager[tuple[Any, str, bool]]
-    if dataset is None:
-        opened = open_data(config)
-    else:
-        opened = contextlib.nullcontext((*in_memory(dataset, config.split), False))
-    with opened as (ds, source, is_txt):
+    with open_rows(config, dataset) as (ds, source, is_txt):
         stream = _stream(ds, source, is_txt, tokenizer, config, max(sizes))
     if not stream.ids:
         raise HeadcutError(f"{source} has no text to score (no tokens)")
