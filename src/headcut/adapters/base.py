@@ -275,6 +275,9 @@ class Adapter:
     #: placeholder so cached positions stay right)
     cached_kinds: ClassVar[tuple[str, ...]] = ("self", "decoder")
 
+    #: config fields that give every attention projection (q, k, v and o) a bias when true, tried in order for
+    #: FLAP's bias compensation (:mod:`headcut.model.compensation`, which checks each on a meta build)
+    bias_fields: ClassVar[tuple[str, ...]] = ("attention_bias",)
     #: why the family's layers cannot be pruned one at a time (:mod:`headcut.model.layerwise`); None: they can
     no_layerwise: ClassVar[str | None] = None
 

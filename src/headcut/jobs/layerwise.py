@@ -61,7 +61,6 @@ class Choice:
     layerwise: bool
     reason: str
     max_memory: int
-    limit_given: bool
 
 
 def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Choice:
@@ -74,18 +73,17 @@ def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Cho
     if layerwise:
         if can is not None:
             raise HeadcutError(can)
-        return Choice(True, "asked for", limit, max_memory is not None)
+        return Choice(True, "asked for", limit)
     if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
-        return Choice(False, "", limit, max_memory is not None)
+        return Choice(False, "", limit)
     size = checkpoint_bytes(Path(model).expanduser())
     if size * 1.25 <= limit:
-        return Choice(False, "", limit, max_memory is not None)
+        return Choice(False, "", limit)
     if can is None:
-        return Choice(True, f"automatic: the checkpoint's {lw.gib(size)} would not fit {where} whole", limit,
-                      max_memory is not None)
+        return Choice(True, f"automatic: the checkpoint's {lw.gib(size)} would not fit {where} whole", limit)
     if size > limit:
         raise HeadcutError(f"{model} holds {lw.gib(size)} of weights, more than {where}; {can}")
-    return Choice(False, "", limit, max_memory is not None)
+    return Choice(False, "", limit)
 
 
 @dataclass(kw_only=True)

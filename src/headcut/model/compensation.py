@@ -25,13 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import Block
+from ..adapters import Block, adapter_for
 from ..errors import HeadcutError
 from .refit import weight_out_in
-
-#: config fields that give a family's attention projections (q, k, v and o together) a bias
-BIAS_FIELDS = ("attention_bias",)
-
 
 def bias_field(model: nn.Module, blocks: list[Block]) -> str | None:
     """The config field to turn on so that every output projection of ``blocks`` has a bias: None where they all
@@ -43,7 +39,7 @@ def bias_field(model: nn.Module, blocks: list[Block]) -> str | None:
     base = model.base_model
     if all(getattr(base.get_submodule(b.o), "bias", None) is not None for b in blocks):
         return None
-    for name in BIAS_FIELDS:
+    for name in adapter_for(model).bias_fields:
         if not hasattr(model.config, name):
             continue
         probe = copy.copy(model)  # the field's effect, on a meta build of the family's class
