@@ -481,7 +481,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "max_steps": optional(integer), "lr": number, "grad_accum": integer, "warmup_steps": integer,
         "weight_decay": number, "eval_every": optional(integer), "checkpoint_every": optional(integer),
         "alpha": number, "temperature": number, "hidden_weight": number, "patience": optional(integer),
-        "labels": optional(strings), "out": optional(output), "force": boolean, **_MODEL_IN, **_DATA_IN,
+        "engine": choice(_catalog("ENGINES")), "labels": optional(strings), "out": optional(output), "force": boolean, **_MODEL_IN, **_DATA_IN,
         **_WRITES, **_TRAINS,
     },
     "evaluate": {"model": model, "data": optional(data), "options": eval_settings, **_MODEL_IN, **_DATA_IN},

@@ -65,6 +65,11 @@ OBJECTIVES = ("logits-norm", "loss")
 GNORM_PER = ("batch", "example")
 #: learned-gate training modes
 MODES = ("joint", "pipelined")
+#: how several processes train one model (``--engine``): auto (fsdp when ``accelerate launch --use_fsdp`` set it,
+#: else ddp), ddp (DistributedDataParallel), fsdp (FSDP2 ``fully_shard``)
+ENGINES = ("auto", "ddp", "fsdp")
+
+
 @dataclass(frozen=True)
 class ScorerEntry:
     """A scorer of ``headcut score``: ``target`` is ``module:object`` of its :class:`~headcut.scoring.Scorer`."""

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .catalog import ABS_PER, ATTN_IMPLEMENTATIONS, DTYPE_NAMES, GNORM_PER, GQA_POLICIES, MODES, NORMALIZE, OBJECTIVES
+from .catalog import ABS_PER, ATTN_IMPLEMENTATIONS, DTYPE_NAMES, ENGINES, GNORM_PER, GQA_POLICIES, MODES, NORMALIZE, OBJECTIVES
 from .errors import HeadcutTypeError, HeadcutValueError
 from .options import TRAINING_PANEL, OptionError, check_fields, option
 
@@ -182,8 +182,10 @@ class TrainConfig:
     #: ``joint`` training with gates: the model's weights stay fixed for the first N steps (the gates
     #: learn alone, as in ``pipelined``), then train with the gates (``--gates-first``; 0: joint from the start)
     gates_first: int = option(0, low=0, help="Learned gates, joint mode: the model's weights stay fixed for the "
-                              "first N steps (the gates learn alone), then train with the gates; 0: joint from the "
-                              "start.")
+                              "first N steps (the gates learn alone); 0: joint from the start.")
+
+    engine: str = option("auto", choices=ENGINES, panel=T, help="Several processes: ddp, or fsdp (weights, gradients, "
+                         "optimizer state sharded); auto: fsdp under accelerate --use_fsdp.")
 
     def validate(self) -> None:
         if self.epochs is not None and self.max_steps is not None:
@@ -225,7 +227,7 @@ class DistillOptions(TrainConfig):
     task loss alone."""
 
     alpha: float = option(0.0, low=0, high=1, metavar="A", help="Weight in [0, 1] of distillation from the unpruned "
-                          "model (logit KL at --temperature) in every training step; 0: the paper's task loss alone.")
+                          "model (logit KL at --temperature) in every step; 0: the paper's task loss.")
     temperature: float = option(2.0, low=0, low_open=True, metavar="T",
                                 help="Distillation temperature with --alpha.")
 

@@ -166,8 +166,8 @@ def prune_cmd(
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
-        "--trajectory", metavar="FILE.csv", help="Write the metric after every step to FILE.csv, and a PNG beside it "
-        "when matplotlib is installed (needs --eval-data; score-based methods).")] = None,
+        "--trajectory", metavar="FILE.csv", help="The metric after every step to FILE.csv, and a PNG with "
+        "matplotlib (needs --eval-data; score-based methods).")] = None,
     force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale "
                                         "checkpoint.")] = False,
     seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed: data shuffling and masking, batch order, "

@@ -52,7 +52,7 @@ def finetune(
     epochs: int | None = None, max_steps: int | None = None, lr: float = 5e-5, grad_accum: int = 1,
     warmup_steps: int = 0, weight_decay: float = 0.0, eval_every: int | None = None,
     checkpoint_every: int | None = 100, alpha: float = 0.5, temperature: float = 2.0, hidden_weight: float = 0.0,
-    patience: int | None = None, seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
+    patience: int | None = None, engine: str = "auto", seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
     eval_split: str = "validation", data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
@@ -65,7 +65,8 @@ def finetune(
     classification head (with ``task="sequence-classification"`` on a checkpoint without one: train a
     classifier from a base encoder). ``patience`` N: early stopping, after N evaluations (every ``eval_every``
     steps on ``eval_data``) without a better metric, keeping the best weights (such a run keeps no resume
-    checkpoints). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see :func:`prune`).
+    checkpoints). ``engine``: several processes' engine (``ddp``, ``fsdp``; ``auto``: see
+    :mod:`headcut.training.parallel`). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see :func:`prune`).
     ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.outputs.formats`). ``out``/``force``: save the
     result there, the paths checked and locked before any work (see :func:`prune`; ``headcut finetune --out``)."""
     from ..training.finetuning import finetune as run_finetune
@@ -76,7 +77,7 @@ def finetune(
         model=model, data=data, eval_data=eval_data, teacher=teacher, epochs=epochs, max_steps=max_steps, lr=lr,
         grad_accum=grad_accum, warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
         checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight,
-        patience=patience, seed=seed, task=task,
+        patience=patience, engine=engine, seed=seed, task=task,
         labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
         device=device))
     progress = progress or quiet()
@@ -88,7 +89,7 @@ def finetune(
         config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
                                 warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
                                 checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
-                                hidden_weight=hidden_weight, patience=patience)
+                                hidden_weight=hidden_weight, patience=patience, engine=engine)
         config.validate()
         if patience is not None and eval_data is None:
             raise HeadcutError(f"{label('patience')} needs {label('eval_data')} (the metric it watches) and {label('eval_every')}")
@@ -145,7 +146,12 @@ def finetune(
 
             clear_checkpoint_dir(checkpoint_dir)
         dist.barrier()
-        move(loaded.module, torch_device)
+        from ..training.parallel import resolve_engine
+
+        # FSDP: the model stays whole in CPU memory; only its shards go to the device
+        sharded = resolve_engine(config.engine, dist) == "fsdp"
+        if not sharded:
+            move(loaded.module, torch_device)
         if teacher_model is not None:
             move(teacher_model, torch_device)
         from ..model.evaluation import PRIMARY
@@ -160,7 +166,7 @@ def finetune(
                                   checkpoint_dir=checkpoint_dir, resume=resume,
                                   progress=lambda d, t: bars("train", d, t), on_step=bars.on_step, dist=dist,
                                   eval_progress=lambda d, t: bars("eval", d, t),
-                                  identity=identity)
+                                  identity=identity, device=torch_device)
         finally:
             bars.close()
         loaded.module.to("cpu")

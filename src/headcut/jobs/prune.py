@@ -385,7 +385,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         result.metric_after = refit_metric
     if recover_steps:
         recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device,
-                            extra)
+                            extra, dist)
         result.metric_after = recovery.metric_after
     del unpruned
     report = prune_report(
@@ -481,10 +481,12 @@ def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_c
 
 
 def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
-             seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None = None) -> Any:
+             seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None = None,
+             dist: Any = None) -> Any:
     """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
     model): :func:`headcut.training.finetuning.finetune` with its defaults; with ``extra`` (unlabelled inputs)
-    on ``cal``'s batches and ``extra``'s, from the teacher alone (alpha 1)."""
+    on ``cal``'s batches and ``extra``'s, from the teacher alone (alpha 1). ``dist``: data-parallel over the
+    processes of the run (engine ``auto``: FSDP under ``accelerate launch --use_fsdp``, else DDP)."""
     import dataclasses
 
     from ..training.finetuning import finetune as run_finetune
@@ -502,7 +504,7 @@ def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval
         recovered = run_finetune(model, cal, config,
                                  teacher=teacher, eval_calibration=eval_cal, progress=lambda d, t: bars("train", d, t),
                                  eval_progress=lambda d, t: bars("eval", d, t),
-                                 on_step=bars.on_step)
+                                 on_step=bars.on_step, dist=dist)
     finally:
         bars.close()
     model.to("cpu")

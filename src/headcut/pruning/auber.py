@@ -441,8 +441,6 @@ class AuberMethod(MethodBase):
         data = problem.data
         if not isinstance(data, Calibration) or data.items is None:
             raise HeadcutError("auber needs labelled training data (--data) read by headcut")
-        if problem.dist is not None and problem.dist.active:
-            raise HeadcutError("auber runs in one process: start it without accelerate launch / torchrun")
         if data.examples < 6:
             raise HeadcutError(f"auber needs at least 6 training examples to split 1:2 (got {data.examples})")
         task = data.task
@@ -559,9 +557,10 @@ class AuberMethod(MethodBase):
             train = data.select(train_idx)
             cfg = TrainConfig(epochs=options.layer_epochs, lr=options.lr, weight_decay=options.weight_decay,
                               grad_accum=options.grad_accum, max_grad_norm=options.max_grad_norm,
-                              checkpoint_every=None, seed=seed + j, mode="joint")
+                              checkpoint_every=None, seed=seed + j, mode="joint", engine=options.engine)
             train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
-            trained = Trainer(model, None, train.batches, cfg, progress=train_progress, loss_fn=teacher).train()
+            trained = Trainer(model, None, train.batches, cfg, progress=train_progress, loss_fn=teacher,
+                              dist=problem.dist).train()
             model.eval()
             steps = trained.steps
             tuned = float(evaluate(model, dev, bleu=False).metrics[metric_name])
@@ -595,7 +594,7 @@ class AuberMethod(MethodBase):
                           warmup_steps=options.warmup_steps, warmup_ratio=options.warmup_ratio,
                           schedule=options.schedule, grad_accum=options.grad_accum,
                           max_grad_norm=options.max_grad_norm, eval_every=every, checkpoint_every=None, seed=seed,
-                          mode="joint")
+                          mode="joint", engine=options.engine)
         early = EarlyStopping(metric_name, higher, options.patience)
         start_metrics = dict(evaluate(model, stop_set, bleu=False).metrics)
         early.update(model, 0, start_metrics)
@@ -607,12 +606,13 @@ class AuberMethod(MethodBase):
 
         on_step = problem.on_step
         shown = None if on_step is None else (lambda e: on_step({k: v for k, v in e.items() if k != "eval"}))
-        trained = Trainer(model, None, train.batches, cfg, eval_fn=eval_fn, progress=train_progress, loss_fn=teacher,
-                          on_step=shown, early_stopping=early).train()
+        trainer = Trainer(model, None, train.batches, cfg, eval_fn=eval_fn, progress=train_progress, loss_fn=teacher,
+                          on_step=shown, early_stopping=early, dist=problem.dist)
+        trained = trainer.train()
         model.eval()
         return {
             "examples": train.examples, "held_out": stop_set.examples, "eval_every": every,
-            "max_steps": cfg.total_steps(len(train.batches)), "steps": trained.steps,
+            "max_steps": trainer.total_steps, "steps": trained.steps,
             "start": start_metrics[metric_name], "early_stopping": early.to_json(),
             "history": [{k: e[k] for k in ("step", "loss", "eval") if k in e} for e in trained.history],
             "seconds": trained.seconds, "config": cfg.to_json(),

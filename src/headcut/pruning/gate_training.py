@@ -371,6 +371,7 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     if dist.active:
         run.distributed = {
             "processes": dist.world,
+            "engine": trainer.engine_name,
             "gate_max_difference": dist.max_difference(learner.parameters()),
             "model_max_difference": dist.max_difference([p.detach() for p in model.parameters()]),
         }

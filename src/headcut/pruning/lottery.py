@@ -272,8 +272,6 @@ class LotteryMethod(MethodBase):
         train = problem.data
         if not isinstance(train, Calibration) or not train.batches:
             raise HeadcutError("lottery trains on --data: labelled training data read by headcut")
-        if problem.dist is not None and problem.dist.active:
-            raise HeadcutError("lottery runs in one process: start it without accelerate launch / torchrun")
         dev = problem.eval_data
         if dev is not None and dev.task != train.task:
             raise HeadcutError(f"the eval data is for {dev.task}, the training data for {train.task}")
@@ -298,15 +296,17 @@ class LotteryMethod(MethodBase):
         train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
         base_cfg = TrainConfig(max_steps=options.reset_at, lr=options.lr, weight_decay=options.weight_decay,
                                warmup_steps=options.warmup_steps, schedule="constant", grad_accum=options.grad_accum,
-                               max_grad_norm=options.max_grad_norm, checkpoint_every=None, seed=seed, mode="joint")
+                               max_grad_norm=options.max_grad_norm, checkpoint_every=None, seed=seed, mode="joint",
+                               engine=options.engine)
         ckpt = Path(problem.checkpoint_dir) if problem.checkpoint_dir is not None else None
+        writes = ckpt if problem.dist is None or problem.dist.main else None  # one process writes the state
         identity = {"model": digest({k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}),
                     "data": digest(train.batches), "options": _plain_options(options), "prune": config.to_json(),
                     "target": budget.target, **(problem.identity or {})}
 
         def trainer(cfg: TrainConfig, **kw: Any) -> Trainer:
             return Trainer(model, None, train.batches, cfg, progress=train_progress, on_step=problem.on_step,
-                           loss_fn=teacher, **kw)
+                           loss_fn=teacher, dist=problem.dist, **kw)
 
         # ---- step 1-2: the late-resetting checkpoint C (or the resumed run's)
         saved = _load_state(ckpt, identity, options.reset_at) if (problem.resume and ckpt is not None) else None
@@ -324,7 +324,7 @@ class LotteryMethod(MethodBase):
                 trained = first.train()
             reset = first.snapshot()
             run.reset_loss = _mean_loss(trained.history, options.prune_every)
-            _save_state(ckpt, identity, reset, state, run, trajectory)
+            _save_state(writes, identity, reset, state, run, trajectory)
 
         # ---- steps 3-5 until K heads are left
         while state.total() > budget.target:
@@ -360,7 +360,7 @@ class LotteryMethod(MethodBase):
             if problem.on_step is not None:
                 problem.on_step({"phase": "prune", "iteration": i, "heads": state.total(),
                                  **({} if pruned_metric is None or metric is None else {metric.name: pruned_metric})})
-            _save_state(ckpt, identity, reset, state, run, trajectory)
+            _save_state(writes, identity, reset, state, run, trajectory)
 
         # ---- step 6: converge from C with the final structure
         mask = state.mask(blocks)
@@ -428,7 +428,8 @@ class LotteryMethod(MethodBase):
         cfg = replace(base_cfg, max_steps=ticket_steps, seed=seed)
         progress = problem.progress
         t = Trainer(model, None, problem.data.batches, cfg, loss_fn=teacher,  # type: ignore[union-attr]
-                    progress=None if progress is None else (lambda d, tot: progress("train", d, tot)))
+                    progress=None if progress is None else (lambda d, tot: progress("train", d, tot)),
+                    dist=problem.dist)
         with gates.installed():
             gates.set_mask(mask)
             trained = t.train()

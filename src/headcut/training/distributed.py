@@ -7,13 +7,14 @@ group then (through HF accelerate's ``PartialState`` when it is installed, else
 which the caller passes down to the training engine. A single process gets ``Dist()`` (world 1) and
 nothing else changes.
 
-What the engine does with it (:class:`headcut.training.engine.Trainer`): every process trains on its
+What the trainer does with it (:class:`headcut.training.engine.Trainer`): every process trains on its
 own shard of the batches (``batches[rank::world]``, cut to the shortest shard so every process makes
-the same number of steps); after each step's backward passes the gradients of the model and of the
-gates are averaged over the processes (one all-reduce of a flat buffer), so every process applies the
-same update from the same starting point and the model weights and gates stay identical everywhere.
-The torch RNG is seeded identically in every process (gate samples are the same on every process;
-each sees different data). Only the main process (rank 0) writes checkpoints and outputs.
+the same number of steps), through one of PyTorch's engines (:mod:`headcut.training.parallel`:
+DistributedDataParallel, or FSDP2 with ``--engine fsdp``), which averages the gradients of the model and
+of the gates over the processes, so every process applies the same update and the weights and gates
+stay identical everywhere. The torch RNG is seeded identically in every process (gate samples are the
+same on every process; each sees different data). Only the main process (rank 0) writes checkpoints and
+outputs.
 """
 
 from __future__ import annotations
@@ -48,18 +49,15 @@ class Dist:
         if self.active:
             torch.distributed.barrier()
 
-    def mean_(self, tensors: list[torch.Tensor]) -> None:
-        """Average ``tensors`` over the processes, in place (one all-reduce of a flat buffer)."""
-        if not self.active or not tensors:
-            return
-        flat = torch.cat([t.reshape(-1).to(torch.float64) for t in tensors])
-        torch.distributed.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].reshape(t.shape).to(t.dtype))
-            offset += n
+    def average(self, value: float) -> float:
+        """``value`` averaged over the processes (a step's loss, for its log and the divergence check, so
+        that every process stops at the same step); the gradients are averaged by the training engine
+        (:mod:`headcut.training.parallel`)."""
+        if not self.active:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return float(t) / self.world
 
     def max_difference(self, tensors: list[torch.Tensor]) -> float:
         """The largest absolute difference of ``tensors`` between any process and rank 0 (0.0 in a

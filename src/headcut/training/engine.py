@@ -73,6 +73,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from .distributed import Dist
+from .parallel import Engine, is_dtensor, start, whole
 from ..errors import HeadcutError
 from ..interrupts import deferred_signals
 from ..outputs.files import RunLock, remove_stale
@@ -81,9 +82,9 @@ from ..outputs.files import RunLock, remove_stale
 CHECKPOINT_NAME = "checkpoint.pt"
 #: version of the checkpoint layout
 CHECKPOINT_FORMAT = 1
-#: config fields a resumed run may change (its length and how often it evaluates and checkpoints);
-#: every other field must match the checkpoint's
-RESUME_MAY_CHANGE = ("epochs", "max_steps", "eval_every", "checkpoint_every")
+#: config fields a resumed run may change (its length, how often it evaluates and checkpoints, and the engine
+#: of a multi-process run: every engine writes the same checkpoint layout); every other field must match
+RESUME_MAY_CHANGE = ("epochs", "max_steps", "eval_every", "checkpoint_every", "engine")
 
 LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
 EvalFn = Callable[[int], dict[str, Any]]
@@ -109,10 +110,11 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     # empty tensors (the projections of a block cut to zero heads) hold nothing to check, and an inf-norm
     # of one has no identity
     tensors = [t.detach() for t in tensors if (t.is_floating_point() or t.is_complex()) and t.numel()]
-    if not tensors:
-        return True
+    sharded = [t for t in tensors if is_dtensor(t)]  # FSDP's shards: every process checks its own, together
+    plain = [t for t in tensors if not is_dtensor(t)]
     with torch.no_grad():
-        return bool(torch.isfinite(torch.nn.utils.get_total_norm(tensors, norm_type=math.inf)))
+        return all(bool(torch.isfinite(whole(torch.nn.utils.get_total_norm(group, norm_type=math.inf))))
+                   for group in (sharded, plain) if group)
 
 
 def first_nonfinite(value: Any, name: str = "", floats: bool = False) -> str | None:
@@ -311,6 +313,13 @@ def _merge_logs(logs: list[dict[str, Any]]) -> dict[str, Any]:
     return merged
 
 
+def _loaded(groups: list[dict[str, Any]], like: torch.optim.Optimizer, state: dict[str, Any]) -> torch.optim.Optimizer:
+    """An optimizer of ``like``'s type over ``groups`` holding ``state`` (a state dict of whole tensors)."""
+    new = type(like)(groups)  # each group carries every hyper-parameter
+    new.load_state_dict(state)
+    return new
+
+
 def atomic_save(obj: Any, dest: Path) -> None:
     """``torch.save(obj)`` to ``dest`` through a temporary file in the same folder, then a rename: the
     file is whole or absent, also after a crash or a stop signal."""
@@ -376,6 +385,7 @@ class Trainer:
         on_step: StepFn | None = None,
         identity: dict[str, Any] | None = None,
         early_stopping: EarlyStopping | None = None,
+        device: torch.device | None = None,
     ) -> None:
         config.validate()
         if early_stopping is not None and (eval_fn is None or config.eval_every is None):
@@ -454,15 +464,22 @@ class Trainer:
         self._in_loop = False
         #: the step of the checkpoint this run wrote or resumed from (the last good one), None: none yet
         self._saved_step: int | None = None
-        self._device = next(iter(model.parameters())).device
+        #: where the steps run: ``device``, else where the model is (FSDP: the model may stay in CPU memory, whole,
+        #: while its shards train on ``device``)
+        self._device = torch.device(device) if device is not None else next(iter(model.parameters())).device
         shapes = {k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}
         self.identity: dict[str, Any] = {
             "config": {k: v for k, v in asdict(config).items() if k not in RESUME_MAY_CHANGE},
             "data": data_identity,
             "model": digest(shapes),
             "gates": [list(g.shape) for g in self.gates],
+            **({"processes": self.dist.world} if self.dist.active else {}),
             **_plain(identity or {}),
         }
+        #: the engine of the run in progress (:mod:`headcut.training.parallel`); None outside :meth:`train`
+        self._engine: Engine | None = None
+        #: the engine the last :meth:`train` ran on: single, ddp or fsdp
+        self.engine_name: str | None = None
 
     # -- data order -------------------------------------------------------------------------------
     def _draw_order(self) -> torch.Tensor:
@@ -491,7 +508,8 @@ class Trainer:
             "format": CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "gates": [g.detach().clone() for g in self.gates],
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": (self._engine.gather_optimizer(self.optimizer) if self._engine is not None
+                          else self.optimizer.state_dict()),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
@@ -514,15 +532,18 @@ class Trainer:
         if self.checkpoint_dir is None:
             raise HeadcutError("no checkpoint_dir was given")
         dest = self.checkpoint_dir / CHECKPOINT_NAME
+        if self._engine is not None:
+            self._engine.gather()  # FSDP: the whole weights into the model (every process takes part)
         # the loop checks the trained tensors every step; this also covers buffers and anything set from
         # outside. Every process checks (their weights are the same), so none waits alone at the barrier.
         if not all_finite(list(self.model.state_dict().values()) + self.gates):
             raise self._diverged(self.step, "the weights are not finite", update=False)
+        state = self.state()  # every process: FSDP gathers the optimizer state
         if not self.dist.main:
             self.dist.barrier()
             self._saved_step = self.step
             return dest
-        atomic_save(self.state(), dest)
+        atomic_save(state, dest)
         self.dist.barrier()
         self._saved_step = self.step
         return dest
@@ -686,8 +707,11 @@ class Trainer:
                         torch.cuda.set_rng_state(self._rng_cuda, self._device)
                 self._in_loop = True
                 try:
+                    self._start_engine()
                     self._loop()
+                    self._stop_engine(finished=True)
                 finally:
+                    self._stop_engine(finished=False)
                     self._in_loop = False
                 if self.early_stopping is not None:
                     self.early_stopping.restore(self.model)
@@ -703,10 +727,51 @@ class Trainer:
 
     def _train_mode(self) -> None:
         self.model.train(self.config.mode == "joint")
+        if self._engine is not None:
+            self._engine.trained().train(self.config.mode == "joint")
+
+    # -- the engine (one process, DDP or FSDP: headcut.training.parallel) -------------------------
+    def _start_engine(self) -> None:
+        engine = start(self.config.engine, self.model, self.gates, self.loss_fn, self.dist, self._device)
+        self._engine, self.engine_name = engine, engine.name
+        trained = engine.trained()
+        if trained is not self.model:  # FSDP trains a sharded copy: the optimizer follows its parameters
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            theirs = dict(trained.named_parameters())
+            self._swap_optimizer(engine.shard_optimizer, [theirs[names[id(p)]] for p in self.model_params])
+
+    def _stop_engine(self, finished: bool) -> None:
+        """Close the engine; ``finished``: the run ended normally, so FSDP's weights and optimizer state are
+        gathered back (every process takes part); after an error they are not (a collective could hang)."""
+        engine = self._engine
+        if engine is None:
+            return
+        if finished and engine.trained() is not self.model:
+            engine.gather()
+            state = engine.gather_optimizer(self.optimizer)
+            self._swap_optimizer(lambda _opt, groups: _loaded(groups, self.optimizer, state), self.model_params)
+        self._engine = None
+        engine.close()
+
+    def _swap_optimizer(self, make: Callable[[torch.optim.Optimizer, list[dict[str, Any]]], torch.optim.Optimizer],
+                        model_params: list[torch.Tensor]) -> None:
+        """A new optimizer (``make(old, groups)``) over ``model_params`` and the gates, with the old one's state
+        and learning-rate schedule."""
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": params}
+                  for g, params in zip(self.optimizer.param_groups, (model_params, self.gates))]
+        schedule = self.scheduler.state_dict()
+        self.optimizer = make(self.optimizer, groups)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.scheduler.lr_lambdas)
+        self.scheduler.load_state_dict(schedule)
+        for group, base, fn in zip(self.optimizer.param_groups, self.scheduler.base_lrs, self.scheduler.lr_lambdas):
+            group["lr"] = base * fn(self.scheduler.last_epoch)
 
     def _loop(self) -> None:
         cfg = self.config
-        trained = self.model_params + self.gates
+        engine = self._engine
+        assert engine is not None
+        model_params = [p for g in self.optimizer.param_groups[:1] for p in g["params"]]  # FSDP: the shards
+        trained = model_params + self.gates
         if not all_finite(trained):  # the model given (every step after this one is checked)
             named = {**dict(self.model.named_parameters()), **{f"gates.{i}": g for i, g in enumerate(self.gates)}}
             raise HeadcutError(f"the weights hold non-finite values (nan or inf) before training, in "
@@ -720,21 +785,11 @@ class Trainer:
             logs: list[dict[str, Any]] = []
             for _ in range(cfg.grad_accum):
                 batch = self._next_batch()
-                loss, extra = self.loss_fn(self.model, batch, self.step)
-                if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-                    raise HeadcutError("the loss does not depend on anything being trained")
-                (loss / cfg.grad_accum).backward()
+                # the engine averages the gradients over the processes
+                loss, extra = engine.backward(batch, self.step, 1 / cfg.grad_accum)
                 loss_sum += float(loss.detach())
                 logs.append({k: _plain(v) for k, v in (extra or {}).items()})
-            if self.dist.active:
-                grads = []
-                for p in trained:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    grads.append(p.grad)
-                shared = torch.tensor([loss_sum])
-                self.dist.mean_(grads + [shared])
-                loss_sum = float(shared)
+            loss_sum = self.dist.average(loss_sum)
             # every process has the same averaged loss, so all of them stop at the same step
             if not math.isfinite(loss_sum):
                 raise self._diverged(self.step + 1, f"the loss is {loss_sum / cfg.grad_accum}")
@@ -745,8 +800,8 @@ class Trainer:
             if cfg.max_grad_norm is not None:
                 # each group on its own: a large regulariser on the gates (PASS's escalating lambda) must
                 # not scale the model's gradient down to nothing
-                if self.model_params:
-                    entry["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model_params, cfg.max_grad_norm))
+                if model_params:
+                    entry["grad_norm"] = float(whole(torch.nn.utils.clip_grad_norm_(model_params, cfg.max_grad_norm)))
                 if self.gates:
                     entry["gate_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.gates, cfg.max_grad_norm))
                 norms = [v for k, v in entry.items() if k.endswith("grad_norm")]
@@ -764,6 +819,7 @@ class Trainer:
                 raise self._diverged(self.step, "the weights are not finite after the update")
             stop = False
             if cfg.eval_every is not None and self.step % cfg.eval_every == 0 and self.eval_fn is not None:
+                engine.gather()  # FSDP: the trained weights into the model the evaluation runs
                 self.model.eval()
                 entry["eval"] = _plain(dict(self.eval_fn(self.step)))
                 if self.early_stopping is not None:

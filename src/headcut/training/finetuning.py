@@ -342,6 +342,7 @@ def finetune(
     dist: Dist | None = None,
     identity: dict[str, Any] | None = None,
     eval_progress: ProgressFn | None = None,
+    device: torch.device | None = None,
 ) -> FinetuneResult:
     """Fine-tune ``model`` in place on ``train`` (see the module's doc); returns the history and the
     eval metric before and after. ``checkpoint_dir``: where the engine writes ``checkpoint.pt`` (every
@@ -351,7 +352,8 @@ def finetune(
     evaluation batch), then ``on_step`` with the step's
     history entry (its ``loss``, ...). ``dist``: this process's place in a data-parallel run
     (:mod:`headcut.training.distributed`); ``result.distributed`` then says how far the processes' weights
-    differ at the end (0.0: identical). ``identity``: more of the run's identity for its checkpoints
+    differ at the end (0.0: identical); ``device``: where the steps run (default: where ``model`` is; with
+    ``config.engine`` fsdp ``model`` may stay whole in CPU memory while its shards train there). ``identity``: more of the run's identity for its checkpoints
     (e.g. the model's and teacher's paths): a checkpoint whose identity or settings differ is refused.
     A run whose loss, gradients or weights become non-finite raises
     :class:`headcut.training.TrainingDiverged` (a :class:`HeadcutError`); ``model`` is then left as it was
@@ -395,7 +397,7 @@ def finetune(
         model, None, train.batches, config,
         loss_fn=DistillationLoss(train.task, teacher, config.alpha, config.temperature, config.hidden_weight),
         eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
-        identity=dict(identity or {}, distilled=teacher is not None), early_stopping=early,
+        identity=dict(identity or {}, distilled=teacher is not None), early_stopping=early, device=device,
     )
     if resume:
         trainer.resume()
@@ -408,6 +410,7 @@ def finetune(
     if dist is not None and dist.active:
         result.distributed = {
             "processes": dist.world,
+            "engine": trainer.engine_name,
             "model_max_difference": dist.max_difference([p.detach() for p in model.parameters()]),
         }
     if eval_calibration is not None:
