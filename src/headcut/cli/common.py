@@ -407,15 +407,16 @@ def spec_parameters(specs: list[OptionSpec], *, hidden: bool = False,
 
 def click_params(parameters: list[inspect.Parameter]) -> list[Any]:
     """:func:`spec_parameters` as click parameters (for a command that adds them while it parses), made the way
-    typer makes a command's own."""
-    from typer.main import _get_param
-    from typer.utils import get_params_from_function
+    typer makes a command's own: the parameters of a one-command app built from them (typer's public API only,
+    which its releases keep; its private helpers changed between 0.27 and 0.29)."""
 
     def holder(**kwargs: Any) -> None:
         return None
 
     holder.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    return [_get_param(meta) for meta in get_params_from_function(holder).values()]
+    app = typer.Typer(add_completion=False)
+    app.command()(holder)
+    return list(typer.main.get_command(app).params)
 
 
 def with_specs(cls: type, name: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
