@@ -50,9 +50,12 @@
   the cause and the learning rates), so nothing downstream saves a model. Every checkpoint is written after
   that check, so the one left in ``checkpoint_dir`` holds the last good (finite) state;
   :meth:`Trainer.resume` refuses a checkpoint holding non-finite tensors or an impossible step.
-* **Several processes** (``dist``, :mod:`headcut.training.distributed`): each process trains on its shard of the
-  batches and the gradients are averaged over the processes after every step's backward passes, so
-  all processes stay identical; only the main process writes checkpoints.
+* **Engines** (``config.engine``, :mod:`headcut.training.parallel`): every forward and backward runs through one.
+  In one process the loss function on the model; with several (``dist``, :mod:`headcut.training.distributed`)
+  each process trains on its shard of the batches and PyTorch's DistributedDataParallel (``ddp``) or FSDP2
+  (``fsdp``: the optimizer then trains the shards of a copy of the model, and the whole weights are gathered
+  back before every evaluation and checkpoint and at the end) averages the gradients, so all processes stay
+  identical. Checkpoints hold whole tensors under every engine (one layout); only the main process writes them.
 """
 
 from __future__ import annotations
