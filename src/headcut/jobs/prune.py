@@ -339,7 +339,12 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
     train_label = {"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(entry.kind)
     bars = Bars(progress, method, metric, train=train_label)
-    move(loaded.module, torch_device)
+    from ..training.parallel import resolve_engine
+
+    # the learned gates under FSDP: the model stays whole in CPU memory, its shards train on the device
+    sharded = entry.kind == "learned" and resolve_engine(getattr(opts, "engine", "auto"), dist) == "fsdp"
+    if not sharded:
+        move(loaded.module, torch_device)
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
     from ..training.finetuning import frozen_teacher
 
@@ -347,7 +352,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     try:
         result = plan_prune(loaded.module, cal, config, opts, eval_calibration=eval_cal, progress=bars,
                             on_step=bars.on_step, checkpoint_dir=checkpoint_dir if training else None, resume=resume,
-                            dist=dist, identity=identity)
+                            dist=dist, identity=identity, device=torch_device if sharded else None)
     finally:
         bars.close()
     loaded.module.to("cpu")

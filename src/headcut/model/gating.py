@@ -69,7 +69,7 @@ class HeadGates:
                 block = blocks[counters[path] % len(blocks)]
                 counters[path] += 1
                 x = args[0]
-                g = self.gates[block.name].to(x.dtype)
+                g = self.gates[block.name].to(device=x.device, dtype=x.dtype)  # FSDP: gates in CPU memory
                 if block.heads == 0:
                     return None
                 shape = x.shape

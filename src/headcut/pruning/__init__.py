@@ -69,7 +69,7 @@ def plan_prune(
     model: nn.Module, data: CalibrationLike, config: PruneConfig, options: Any = None, *,
     eval_calibration: Any = None, metric: Metric | None = None, progress: PruneProgress | None = None,
     on_step: StepLog | None = None, checkpoint_dir: str | Path | None = None, resume: bool = False,
-    dist: Dist | None = None, identity: dict[str, Any] | None = None,
+    dist: Dist | None = None, identity: dict[str, Any] | None = None, device: Any = None,
 ) -> PruneResult:
     """Decide which heads to keep with ``config.method``; the heads are not removed (see :func:`prune`).
 
@@ -80,7 +80,7 @@ def plan_prune(
     ``--max-drop``/``trajectory`` and the metric before/after (:func:`eval_metric`); ``metric``
     replaces it with any :class:`Metric`. ``progress(phase, done, total)`` (phases ``prune``, ``score``,
     ``eval``, ``train``), ``on_step`` (training steps), ``checkpoint_dir``/``resume``/``dist``/
-    ``identity`` (training runs): see :class:`headcut.pruning.method.Problem`. Refusals
+    ``identity``/``device`` (training runs): see :class:`headcut.pruning.method.Problem`. Refusals
     (HeadcutError) come before any scoring or training."""
     sets, budget, method, options = check_budget(model, config, options)
     if metric is None and eval_calibration is not None:
@@ -93,7 +93,7 @@ def plan_prune(
     problem = Problem(
         model=model, config=config, blocks=blocks, sets=sets, budget=budget, data=data,
         eval_data=eval_calibration, metric=metric, progress=progress, on_step=on_step,
-        checkpoint_dir=checkpoint_dir, resume=resume, dist=dist, identity=identity,
+        checkpoint_dir=checkpoint_dir, resume=resume, dist=dist, identity=identity, device=device,
     )
     result = method.run(problem, options)
     result.options = options

@@ -311,6 +311,8 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     learner = learner_cls(slots, k, options, ctx)
     device = next(model.parameters()).device
     objective = unpruned_teacher(model, train.task, options) or DistillationLoss(train.task, None, 0.0, 1.0)
+    if problem.device is not None and objective.cache is not None:
+        objective.cache.teacher.to(problem.device)  # FSDP: the student stays in CPU memory, the teacher runs there
     gates = HeadGates(model)
     index = {name: idx.to(device) for name, idx in slots.index.items()}
 
@@ -340,7 +342,7 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     progress = None if problem.progress is None else (lambda d, t: problem.progress("train", d, t))
     trainer = Trainer(model, learner.parameters(), train.batches, options, loss_fn=loss_fn, eval_fn=eval_fn,
                       checkpoint_dir=problem.checkpoint_dir, progress=progress, after_step=after_step, dist=dist,
-                      extra_state=learner, on_step=problem.on_step, identity=dict(
+                      extra_state=learner, on_step=problem.on_step, device=problem.device, identity=dict(
                           problem.identity or {}, method=learner.name, target=k, prune=config.to_json(),
                       ))
     resumed_from = None

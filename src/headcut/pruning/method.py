@@ -51,7 +51,9 @@ class Problem:
     training data (learned methods; a Calibration); ``metric``: the quality measure of ``--max-drop``,
     the trajectory and the before/after report (None without evaluation data); ``progress(phase,
     done, total)``; ``on_step``: each training step's history entry; ``checkpoint_dir``/``resume``/
-    ``dist``/``identity``: the training engine's checkpoints, data-parallel place and run identity."""
+    ``dist``/``identity``: the training engine's checkpoints, data-parallel place and run identity;
+    ``device``: where the training steps run (None: where the model is; with ``--engine fsdp`` the model stays
+    whole in CPU memory and its shards train there)."""
 
     model: nn.Module
     config: PruneConfig
@@ -67,6 +69,7 @@ class Problem:
     resume: bool = False
     dist: Dist | None = None
     identity: dict[str, Any] | None = None
+    device: Any = None
 
 
 class Method(Protocol):
