@@ -249,3 +249,13 @@ def test_fsdp_refuses_shared_layers(tmp_path):
     assert "--engine fsdp cannot shard a layer that runs several times in one forward" in res.stderr
     assert "use --engine ddp" in res.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_engine_in_one_process_is_a_note(tiny):
+    """``--engine`` in a single process changes nothing, and says so (in words, with no option markers)."""
+    done = headcut.finetune(tiny / "model", tiny / "train.csv", max_steps=1, engine="fsdp",
+                            data_options={"seq_len": 16, "batch_size": 8})
+    notes = done.report["notes"]
+    assert "the fsdp engine applies to several processes (accelerate launch, torchrun); this run has one" in notes
+    assert done.report["distributed"] is None
+    assert not any("\x00" in n for n in notes)

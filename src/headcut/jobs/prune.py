@@ -242,7 +242,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             raise HeadcutError(f"{L('device')} applies to the methods that train ({trains}), not to {method}")
         notes: list[str] = []
         if data is not None and entry.data == "none" and not recover_steps and not refit:
-            notes.append(f"method {method} reads no data: {L('data')} was not used")
+            notes.append(f"method {method} reads no data: the data given was not used")
             data = None
         data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
         if recover_data is not None and eval_spec is not None:
@@ -254,6 +254,10 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                                    f"would be trained on the rows it is judged on; hold out other rows for "
                                    f"{L('eval_data')}")
         dist, torch_device = pick_device(device)
+        engine = getattr(opts, "engine", "auto")
+        if engine != "auto" and not dist.active:
+            notes.append(f"the {engine} engine applies to several processes (accelerate launch, torchrun); this "
+                         "run has one")
         chosen_formats = parse_formats(formats)
         from .layerwise import choose, refusal
 
