@@ -285,3 +285,30 @@ def test_bias_compensation_refused_where_the_stock_config_has_no_bias(tmp_path):
             headcut.prune(src, "fluctuation", keep=6, data=text, bias_compensation=True, layerwise=layerwise,
                           out=tmp_path / "o")
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("layerwise", [False, True])
+def test_fluctuation_refuses_blocks_that_are_one_unit(tmp_path, layerwise):
+    """FLAP standardises scores within a block: with one KV head per layer (Gemma 3 270M's shape) every KV
+    group is a whole block and would score 0, so the cut would be arbitrary. Refused before any data is read;
+    query heads (``--gqa uniform``) are still ranked."""
+    import transformers as T
+
+    from helpers import make_config
+
+    config = make_config("llama")
+    config.num_key_value_heads = 1
+    torch.manual_seed(0)
+    src = tmp_path / "src"
+    T.LlamaForCausalLM(config).save_pretrained(src)
+    make_tokenizer().save_pretrained(src)
+    text = tmp_path / "cal.txt"
+    text.write_text("\n".join(sentence(torch.Generator().manual_seed(0), 12) for _ in range(20)))
+    options = {"seq_len": 16, "batch_size": 4}
+    with pytest.raises(headcut.HeadcutError, match="fluctuation cannot rank this model's units: its scores are "
+                                                    "standardised within each block"):
+        headcut.prune(src, "fluctuation", keep=12, gqa="group", data=text, data_options=options,
+                      layerwise=layerwise)
+    kept = headcut.prune(src, "fluctuation", keep=12, gqa="uniform", data=text, data_options=options,
+                         layerwise=layerwise, out=tmp_path / "q")
+    assert sum(b.heads for b in headcut.model_blocks(kept.model)) == 12

@@ -22,6 +22,7 @@ The methods themselves are instances of :class:`ScoreMethod`, one module each: :
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass, replace
 
 from torch import nn
@@ -30,11 +31,12 @@ from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
 from ..config import PruneConfig, ScoreConfig
 from ..errors import HeadcutError
 from ..model.masks import HeadMask
+from .units import BlockSet
 from ..options import OptionError, check_fields, option
 from ..scoring.base import Batch
 from .base import PruneProgress, PruneResult, batches_of, score_masked
 from .method import MethodBase, Problem
-from .search import run_search
+from .search import Budget, run_search
 
 
 @dataclass
@@ -154,6 +156,27 @@ class ScoreMethod(MethodBase):
                             problem.metric, problem.progress)
         result.score_config = score_config
         return result
+
+
+
+    def check_units(self, sets: list[BlockSet], budget: Budget, config: PruneConfig, options: Any) -> None:
+        """Refuses a scorer that compares heads within a block only (:attr:`Scorer.within_block`) on a model
+        whose every block is one unit: each unit would score the block's mean, 0, and the cut would be
+        arbitrary."""
+        super().check_units(sets, budget, config, options)
+        from ..scoring import get_scorer
+
+        if not get_scorer(self.scorer).within_block:
+            return
+        attention = [s for s in sets if s.heads]
+        whole = [s for s in attention if s.mode == "group" and s.group_size >= s.heads]
+        if attention and len(whole) == len(attention):
+            raise HeadcutError(
+                f"{self.name} cannot rank this model's units: its scores are standardised within each block (FLAP "
+                f"§3.3), and every block is one unit here (e.g. {whole[0].names[0]}: {whole[0].heads} query heads "
+                f"sharing one KV head, under --gqa {config.gqa}), so every unit would score 0 and the cut would be "
+                "arbitrary; use a scorer that compares layers (gradient), or --gqa uniform (query heads ranked within "
+                "their layer; the KV cache shrinks only where a layer loses every head)")
 
 
 def ten_percent(total: int) -> int:

@@ -81,6 +81,9 @@ class Scorer:
     fn: ScorerFn
     needs_data: bool
     higher_is_important: bool
+    #: the scores compare heads within a block only (standardised over the block): a prune unit that is a
+    #: whole block (one KV group per layer under ``--gqa group``) scores the block's mean, 0, whatever it holds
+    within_block: bool = False
 
 
 # ---------------------------------------------------------------------------------------------

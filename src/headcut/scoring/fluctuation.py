@@ -135,4 +135,5 @@ SCORER = Scorer(
     fn=fluctuation,
     needs_data=True,
     higher_is_important=True,
+    within_block=True,  # §3.3's standardisation is over each layer's channels
 )
