@@ -554,7 +554,48 @@ def _kv_methods_section(data: dict[str, dict[str, Any]]) -> list[str]:
                 r = mine.get((m, removed))
                 cells += [f"{r['perplexity']:.2f}", f"{r['prune_seconds']:.0f}"] if r else ["", ""]
             lines.append(f"| {removed} | " + " | ".join(cells) + " |")
+        units = data.get("fluctuation_units")
+        if name == "gemma3" and units:
+            lines += ["", _fluctuation_units_note(units, mine)]
     return lines
+
+
+def _layers(blocks: list[str]) -> list[str]:
+    """Block names (``self.N``) as their layer numbers, in order."""
+    return [str(n) for n in sorted(int(b.rsplit(".", 1)[-1]) for b in blocks)]
+
+
+def _fluctuation_units_note(units: dict[str, Any], mine: dict[tuple[str, int], dict[str, Any]]) -> str:
+    """Why Gemma 3's fluctuation rows depend on the dtype (``benchmarks/fluctuation_units.py``); ``mine``: the
+    kv_methods rows of Gemma 3 by (method, removed)."""
+    checks = units.get("float32_cut_by_mask_at_4", {})
+    plain, bias = mine.get(("fluctuation layer-wise bf16", 4)), mine.get(("fluctuation+bias layer-wise bf16", 4))
+    lw = units.get("layerwise_float32_at_4") or {}
+    lw_said = ""
+    if lw.get("same_as_whole_model_float32") is not None:
+        lw_said = (" (the layer-wise path itself, run on the float32 checkpoint at 4, empties layers "
+                   f"{', '.join(_layers(lw['emptied']))}: "
+                   + ("the whole-model float32 row's" if lw["same_as_whole_model_float32"] else
+                      "not the whole-model float32 row's") + ")")
+    rescued = ""
+    if plain and bias and plain.get("mask") == bias.get("mask"):
+        rescued = (f" With the same layers emptied, the compensation takes the layer-wise cut at 4 from "
+                   f"{plain['perplexity']:,.2f} to {bias['perplexity']:.2f}: what those layers' attention adds is "
+                   "mostly its mean, which the bias keeps.")
+    said = []
+    for method, c in checks.items():
+        said.append(f"the {method} row's mask at 4 (layers {', '.join(_layers(c['emptied']))} "
+                    f"emptied) gives {c['perplexity_float32']:,.2f} on the float32 model (its row: "
+                    f"{c['perplexity_in_row']:,.2f})")
+    return ("The fluctuation columns of Gemma 3 do not rank its KV groups. FLAP's score standardises each block's "
+            "metric over the block's channels and a head scores the mean of its channels; a KV group scores the mean "
+            "of its query heads. Gemma 3 270M has one KV head per layer, so a group is the whole block and its score "
+            "is the mean of a standardised vector: 0 up to rounding in every layer (largest of the 18, float32 "
+            f"scores on the same blocks: {units['largest_unit_mean']:.1e}, while the heads inside a layer differ by "
+            f"{units['smallest_head_spread']:.2f} or more; `benchmarks/fluctuation_units.py`). Which layers a "
+            "fluctuation cut empties is therefore set by rounding, and the bf16 copy's rounding picks other layers "
+            "than float32" + lw_said + ": " + "; ".join(said) + "." + rescued + " The gradient column is the one that ranks "
+            "Gemma 3's KV heads; the fluctuation columns compare only the compensation.")
 
 
 def _layerwise_section(study: dict[str, Any]) -> list[str]:
@@ -648,7 +689,14 @@ PEER_LLM_NAMES = {
     ("torch-pruning", "kv-magnitude"): "Torch-Pruning {torch_pruning} dependency graph, KV groups, magnitude",
     ("headcut", "gradient"): "headcut one-shot gradient",
     ("headcut", "fluctuation"): "headcut one-shot fluctuation",
+    ("headcut", "fluctuation layer-wise"): "headcut fluctuation, layer-wise",
+    ("headcut", "fluctuation+bias layer-wise"): "headcut fluctuation + bias compensation (FLAP), layer-wise",
+    ("headcut", "gradient iterative"): "headcut iterative gradient ({rounds} rounds, re-scored)",
+    ("headcut", "recipe"): "headcut recipe: one-shot gradient + {recover_steps} steps of distilled recovery",
 }
+#: headcut's peer-table variants whose page-KV-study row (the ppl@256 column) has another name there
+PEER_LLM_KV_NAMES = {"fluctuation layer-wise": "fluctuation layer-wise bf16",
+                     "fluctuation+bias layer-wise": "fluctuation+bias layer-wise bf16"}
 
 
 def _peer_llm_reload(row: dict[str, Any]) -> str:
@@ -657,8 +705,9 @@ def _peer_llm_reload(row: dict[str, Any]) -> str:
     r = row.get("reload")
     if not r:
         return ""
-    exact = (lambda e: " (exact)" if e.get("ok") and e["max_logit_gap"] <= 1e-4 else
-             f" (logits off by {e['max_logit_gap']:.2g})" if e.get("ok") else "")
+    exact = (lambda e: "" if not e.get("ok") or e.get("max_logit_gap") is None else
+             (" (exact" + (f" to the {e['against']}" if e.get("against") else "") + ")")
+             if e["max_logit_gap"] <= 1e-4 else f" (logits off by {e['max_logit_gap']:.2g})")
     stock = r.get("from_pretrained", {})
     if row["tool"] == "headcut":
         if r.get("form") == "stock" and stock.get("ok"):
@@ -709,12 +758,15 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
     for r in rows:
         name = PEER_LLM_NAMES.get((r["tool"], r["variant"]), f"{r['tool']} {r['variant']}").format(
             transformers=r.get("transformers", "?"),
-            torch_pruning=study.get("peer_versions", {}).get("torch-pruning", r.get("torch_pruning", "?")))
+            torch_pruning=study.get("peer_versions", {}).get("torch-pruning", r.get("torch_pruning", "?")),
+            rounds=(r.get("options") or {}).get("rounds", "?"),
+            recover_steps=(r.get("options") or {}).get("recover_steps", "?"))
         q_removed = total * study.get("query_per_group", 3) - sum(r.get("query_heads", []))
         kv_removed = total - sum(r.get("kv_heads", []))
         cross = ""
         if r["tool"] == "headcut":
-            ref = page256.get((r["variant"], r["removed"])) if r["removed"] else page256.get(("gradient", 0))
+            ref = (page256.get((PEER_LLM_KV_NAMES.get(r["variant"], r["variant"]), r["removed"])) if r["removed"]
+                   else page256.get(("gradient", 0)))
             if ref:
                 same = "" if not r.get("mask") else (", same cut" if ref.get("mask") == r["mask"] else ", another cut")
                 cross = f"{ref['perplexity']:.2f}{same}"
@@ -764,10 +816,56 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
                      "cache saving.")
     for note in notes:
         lines += ["", note]
-    lines += ["", "headcut's one-shot rows are the only ones this page has on SmolLM2 (its iterative, layer-wise and "
-              "recipe results are on the classifiers above); the ppl@256 column is the page's KV studies' (64 blocks "
-              "of 256 tokens of the second half, other tokens than here), a cross-check."]
+    lines += ["", _peer_llm_variants(study, rows)]
+    lines += ["", "The ppl@256 column is the page's KV studies' (64 blocks of 256 tokens of the second half, other "
+              "tokens than here; the layer-wise rows there read a bf16 copy of the checkpoint), a cross-check."]
     return lines
+
+
+def _peer_llm_variants(study: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """What each of headcut's rows in the peer table is, and which budgets were measured."""
+    def budgets(variant: str) -> str:
+        got = sorted(r["removed"] for r in rows if r["tool"] == "headcut" and r["variant"] == variant)
+        return ", ".join(map(str, got)) if got else "none yet"
+
+    def option(variant: str, key: str) -> Any:
+        return next(((r.get("options") or {}).get(key) for r in rows if r["variant"] == variant
+                     and (r.get("options") or {}).get(key) is not None), "?")
+
+    from peer_llm import ITERATIVE_ROUNDS, RECOVER_STEPS
+
+    blocks, size = study["cal_blocks"]
+    steps = option("recipe", "recover_steps")
+    steps = RECOVER_STEPS if steps == "?" else steps
+    rounds = option("gradient iterative", "rounds")
+    rounds = ITERATIVE_ROUNDS if rounds == "?" else rounds
+    recovery = next((r.get("recovery") for r in rows if r["variant"] == "recipe" and r.get("recovery")), None)
+    return (
+        "headcut's rows, every one `headcut.prune(..., gqa=\"group\", data=<the first half>)` on the float32 "
+        "checkpoint, saved, then reloaded and measured: *one-shot gradient* and *one-shot fluctuation* (`--method "
+        "gradient|fluctuation`: scored once on the whole model); *fluctuation, layer-wise* (`--method fluctuation "
+        "--layerwise`: the checkpoint read, scored, cut and written one layer at a time, as stored; prune s and peak "
+        "MiB then cover the scoring and the cut-and-write pass, the peak taken after the write); *fluctuation + bias "
+        "compensation (FLAP), layer-wise* (the same with `--bias-compensation`: the removed heads' mean output folded "
+        "into `o_proj`'s bias, FLAP §3.4; no gated model equals it, so its reload has no logit gap to check); "
+        f"*iterative gradient* (`--method michel --rounds {rounds} --normalize none`: "
+        "the one-shot gradient scores re-computed on the masked model before each of the rounds, the KV groups to "
+        "remove split over them, larger rounds first; no per-layer normalisation, so it differs from the one-shot "
+        "gradient row by the re-scoring alone); *recipe* (the README main job's recipe: one-shot gradient, then "
+        f"`--recover-steps {steps}`: {steps} steps of recovery fine-tuning distilled from the unpruned model, "
+        "`finetune`'s defaults, lr 5e-5, alpha 0.5, temperature 2, on the same calibration blocks, batches of 16: "
+        f"one epoch of the {blocks} blocks of {size} tokens, never the evaluated half; its prune s includes the "
+        "recovery"
+        + (f", {recovery['seconds']:.0f} s of it in the first row measured" if isinstance(recovery, dict)
+           and isinstance(recovery.get("seconds"), (int, float)) else "")
+        + "). A step of 16 x 256 tokens, the student's forward and backward and the teacher's forward over "
+        "SmolLM2's 49,152-token vocabulary, took about two minutes on these 2 shared cores, so the recovery that fits "
+        "about ten minutes a cut is this one epoch, a few steps, where the main job's recipe runs 500. Measured "
+        f"budgets (KV groups removed): layer-wise {budgets('fluctuation layer-wise')}; layer-wise + bias "
+        f"{budgets('fluctuation+bias layer-wise')}; iterative {budgets('gradient iterative')}; recipe "
+        f"{budgets('recipe')}. The iterative and recipe runs (three gradient scorings; one, then the recovery: about "
+        "ten minutes or more each here) were measured at a subset of the budgets, in the time these cores had for "
+        "them.")
 
 
 def _long_context(data: dict[str, dict[str, Any]]) -> list[str]:
