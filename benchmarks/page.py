@@ -749,8 +749,9 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
 
 
 #: the KV groups removed by headcut's costly rows in the LLM peer study (iterative: three gradient scorings;
-#: recipe: one, then recovery), a subset of the budgets: the time these 2 CPU cores had for them
-PEER_LLM_COSTLY_REMOVED = [18, 45, 6]
+#: recipe: one, then recovery), in the order they are measured (two before the layer-wise rows without bias
+#: compensation, the rest after): those the time these 2 CPU cores had allowed are in the results
+PEER_LLM_COSTLY_REMOVED = [18, 45, 6, 30, 12]
 #: the LLM peer study's cuts, in order: (tool, variant, KV groups removed); ``probe``: what Torch-Pruning's
 #: ``BasePruner`` removes at each head ratio (no model measured); ``native``: its LLM example's GQA head pruning at
 #: the one ratio it carries out (a third of the query heads, no KV head)
@@ -764,6 +765,7 @@ PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), (
                  # without it (the one-shot fluctuation cut, read layer by layer) at every budget, then the last
                  *[("headcut", "fluctuation+bias layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
                  *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[:2] for m in ("gradient iterative", "recipe")],
+                 ("headcut", "unpruned+recovery", 0),  # the recipe's control: its recovery on the uncut model
                  *[("headcut", "fluctuation layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
                  *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[2:] for m in ("gradient iterative", "recipe")]]
 

@@ -693,6 +693,7 @@ PEER_LLM_NAMES = {
     ("headcut", "fluctuation+bias layer-wise"): "headcut fluctuation + bias compensation (FLAP), layer-wise",
     ("headcut", "gradient iterative"): "headcut iterative gradient ({rounds} rounds, re-scored)",
     ("headcut", "recipe"): "headcut recipe: one-shot gradient + {recover_steps} steps of distilled recovery",
+    ("headcut", "unpruned+recovery"): "control: unpruned + the recipe's {recover_steps} recovery steps, no cut",
 }
 #: headcut's peer-table variants whose page-KV-study row (the ppl@256 column) has another name there
 PEER_LLM_KV_NAMES = {"fluctuation layer-wise": "fluctuation layer-wise bf16",
@@ -715,7 +716,8 @@ def _peer_llm_reload(row: dict[str, Any]) -> str:
         how = "`headcut.load`" + exact(r["headcut_load"])
         if r.get("from_pretrained_trust_remote_code", {}).get("ok"):
             how += " or `from_pretrained(trust_remote_code=True)`" + exact(r["from_pretrained_trust_remote_code"])
-        return how + ("; stock `from_pretrained` refuses it (size mismatch)" if not stock.get("ok") else "")
+        return how + ("; stock `from_pretrained` refuses it (size mismatch)" if "from_pretrained" in r
+                      and not stock.get("ok") else "")
     module = r.get("torch_save_module")
     if stock.get("ok") and stock["max_logit_gap"] <= 1e-4:
         return "`save_pretrained` + stock `from_pretrained`" + exact(stock)
@@ -760,13 +762,13 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
             transformers=r.get("transformers", "?"),
             torch_pruning=study.get("peer_versions", {}).get("torch-pruning", r.get("torch_pruning", "?")),
             rounds=(r.get("options") or {}).get("rounds", "?"),
-            recover_steps=(r.get("options") or {}).get("recover_steps", "?"))
+            recover_steps=(r.get("options") or {}).get("recover_steps", (r.get("options") or {}).get("max_steps", "?")))
         q_removed = total * study.get("query_per_group", 3) - sum(r.get("query_heads", []))
         kv_removed = total - sum(r.get("kv_heads", []))
         cross = ""
         if r["tool"] == "headcut":
             ref = (page256.get((PEER_LLM_KV_NAMES.get(r["variant"], r["variant"]), r["removed"])) if r["removed"]
-                   else page256.get(("gradient", 0)))
+                   else page256.get(("gradient", 0)) if r["variant"] == "unpruned" else None)
             if ref:
                 same = "" if not r.get("mask") else (", same cut" if ref.get("mask") == r["mask"] else ", another cut")
                 cross = f"{ref['perplexity']:.2f}{same}"
@@ -839,7 +841,36 @@ def _peer_llm_variants(study: dict[str, Any], rows: list[dict[str, Any]]) -> str
     steps = RECOVER_STEPS if steps == "?" else steps
     rounds = option("gradient iterative", "rounds")
     rounds = ITERATIVE_ROUNDS if rounds == "?" else rounds
-    recovery = next((r.get("recovery") for r in rows if r["variant"] == "recipe" and r.get("recovery")), None)
+    recipe = [r for r in rows if r["variant"] == "recipe" and isinstance((r.get("recovery") or {}).get("seconds"),
+                                                                         (int, float))]
+    per_step = [r["recovery"]["seconds"] / r["recovery"]["steps"] for r in recipe if r["recovery"].get("steps")]
+    peaks = [r["rss_pruned_mib"] for r in recipe]
+    control = next((r for r in rows if r["variant"] == "unpruned+recovery"), None)
+    unpruned = next((r for r in rows if r["tool"] == "headcut" and r["variant"] == "unpruned"), None)
+    oneshot = {r["removed"]: r.get("mask") for r in rows if r["tool"] == "headcut" and r["variant"] == "fluctuation"}
+    layerwise = [r for r in rows if r["variant"] == "fluctuation layer-wise" and r["removed"] in oneshot]
+    same = sum(r.get("mask") == oneshot[r["removed"]] for r in layerwise)
+    same_said = (f" The layer-wise fluctuation cut is the one-shot fluctuation cut read layer by layer: the same "
+                 f"groups removed at {same} of the {len(layerwise)} budgets measured both ways." if layerwise else "")
+    every = {r["removed"] for r in rows if r["variant"] == "gradient" and r["removed"]}
+    costly = [{r["removed"] for r in rows if r["variant"] == v} for v in ("gradient iterative", "recipe")]
+    subset = ("" if all(c >= every for c in costly) else
+              " The iterative and recipe runs (three gradient scorings; one, then the recovery) were measured at the "
+              "budgets listed, as many as the time these 2 cores had allowed.")
+    said_control = ""
+    if control and unpruned:
+        said_control = (
+            f" The control row is the uncut model after the same recovery: {unpruned['perplexity']['128']:.2f} -> "
+            f"{control['perplexity']['128']:.2f} at 128 tokens and {unpruned['perplexity']['2048']:.2f} -> "
+            f"{control['perplexity']['2048']:.2f} at 2,048. The recovery trains on the play's first half (half its "
+            "loss is the next-token loss on that text) and the evaluation reads the second half of the same play, "
+            "so part of what it gains is the play's style, not the cut repaired: compare the recipe rows with the "
+            "control, not with the unpruned row.")
+    elif recipe and unpruned:
+        said_control = (
+            " The recovery trains on the play's first half (half its loss is the next-token loss on that text) and "
+            "the evaluation reads the second half of the same play, so part of what it gains is the play's style, "
+            "not the cut repaired; the uncut model after the same recovery (the control) was not measured.")
     return (
         "headcut's rows, every one `headcut.prune(..., gqa=\"group\", data=<the first half>)` on the float32 "
         "checkpoint, saved, then reloaded and measured: *one-shot gradient* and *one-shot fluctuation* (`--method "
@@ -849,23 +880,36 @@ def _peer_llm_variants(study: dict[str, Any], rows: list[dict[str, Any]]) -> str
         "compensation (FLAP), layer-wise* (the same with `--bias-compensation`: the removed heads' mean output folded "
         "into `o_proj`'s bias, FLAP §3.4; no gated model equals it, so its reload has no logit gap to check); "
         f"*iterative gradient* (`--method michel --rounds {rounds} --normalize none`: "
-        "the one-shot gradient scores re-computed on the masked model before each of the rounds, the KV groups to "
-        "remove split over them, larger rounds first; no per-layer normalisation, so it differs from the one-shot "
-        "gradient row by the re-scoring alone); *recipe* (the README main job's recipe: one-shot gradient, then "
-        f"`--recover-steps {steps}`: {steps} steps of recovery fine-tuning distilled from the unpruned model, "
-        "`finetune`'s defaults, lr 5e-5, alpha 0.5, temperature 2, on the same calibration blocks, batches of 16: "
-        f"one epoch of the {blocks} blocks of {size} tokens, never the evaluated half; its prune s includes the "
-        "recovery"
-        + (f", {recovery['seconds']:.0f} s of it in the first row measured" if isinstance(recovery, dict)
-           and isinstance(recovery.get("seconds"), (int, float)) else "")
-        + "). A step of 16 x 256 tokens, the student's forward and backward and the teacher's forward over "
-        "SmolLM2's 49,152-token vocabulary, took about two minutes on these 2 shared cores, so the recovery that fits "
-        "about ten minutes a cut is this one epoch, a few steps, where the main job's recipe runs 500. Measured "
-        f"budgets (KV groups removed): layer-wise {budgets('fluctuation layer-wise')}; layer-wise + bias "
-        f"{budgets('fluctuation+bias layer-wise')}; iterative {budgets('gradient iterative')}; recipe "
-        f"{budgets('recipe')}. The iterative and recipe runs (three gradient scorings; one, then the recovery: about "
-        "ten minutes or more each here) were measured at a subset of the budgets, in the time these cores had for "
-        "them.")
+        "the gradient scores re-computed on the masked model before each round, the KV groups to remove split over "
+        "the rounds, larger rounds first; no per-layer normalisation, so it differs from the one-shot gradient row "
+        "by the re-scoring alone); *recipe* (the README main job's recipe: one-shot gradient, then "
+        f"`--recover-steps {steps}`: {steps} steps of recovery fine-tuning distilled from the unpruned model with "
+        "`finetune`'s defaults, lr 5e-5, alpha 0.5, temperature 2, on the same calibration blocks in batches of 16: "
+        f"one epoch of the {blocks} blocks of {size} tokens of the first half, never the evaluated half; its prune s "
+        "includes the recovery"
+        + ((f", {min(per_step):.0f} s a step here" if round(min(per_step)) == round(max(per_step)) else
+            f", {min(per_step):.0f}-{max(per_step):.0f} s a step here") if per_step else "")
+        + (f", and its peak is {max(peaks) / 1024:.1f} GiB: the gradient scoring's model, the teacher, the student "
+           "and their logits over the 49,152-token vocabulary" if peaks else "")
+        + "). One epoch of the calibration blocks is what fits about ten minutes a cut on these 2 shared cores; the "
+        "main job's recipe runs 500 steps." + said_control + " Measured budgets (KV groups removed): layer-wise "
+        f"{budgets('fluctuation layer-wise')}; layer-wise + bias {budgets('fluctuation+bias layer-wise')}; iterative "
+        f"{budgets('gradient iterative')}; recipe {budgets('recipe')}." + subset + same_said + _load_said(rows))
+
+
+def _load_said(rows: list[dict[str, Any]]) -> str:
+    """How the load differed between the one-shot gradient rows and the iterative ones (their prune times)."""
+    def span(variant: str) -> tuple[list[float], list[float]]:
+        got = [r for r in rows if r["variant"] == variant and r.get("prune_seconds") and r.get("load_before")]
+        return [r["load_before"][0] for r in got], [r["prune_seconds"] for r in got]
+
+    (gl, gs), (il, is_) = span("gradient"), span("gradient iterative")
+    if not gl or not il:
+        return ""
+    return (f" Prune times follow the load (last column): the one-shot gradient rows ran at a load of "
+            f"{min(gl):.1f}-{max(gl):.1f} and took {min(gs):.0f}-{max(gs):.0f} s, the iterative rows (three gradient "
+            f"scorings each) at {min(il):.1f}-{max(il):.1f} and took {min(is_):.0f}-{max(is_):.0f} s: compare times "
+            "only between rows measured at about the same load.")
 
 
 def _long_context(data: dict[str, dict[str, Any]]) -> list[str]:

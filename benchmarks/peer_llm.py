@@ -82,6 +82,9 @@ HEADCUT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "fluctuation+bias layer-wise": ("fluctuation", {"layerwise": True, "bias_compensation": True}),
     "gradient iterative": ("michel", {"rounds": ITERATIVE_ROUNDS, "normalize": "none"}),
     "recipe": ("gradient", {"recover_steps": RECOVER_STEPS}),
+    # the recipe's control: the unpruned model trained by the same recovery (``headcut.finetune``, the same loss,
+    # defaults, steps and blocks), no cut: what the recovery's training on hamlet.txt's first half does alone
+    "unpruned+recovery": ("finetune", {"max_steps": RECOVER_STEPS}),
 }
 #: the peer's environment
 PEER_PACKAGES = [["torch==2.13.0"], ["transformers==4.48.3", "torch-pruning==1.6.1"]]
@@ -356,7 +359,23 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"headcut": headcut.__version__, "transformers": transformers.__version__,
                            "torch": torch.__version__, "method": method, "options": extra}
     folder = Path(spec["work"]) / "cut"
-    if spec["removed"]:
+    if method == "finetune":  # the recipe's control: no cut, the same recovery on the unpruned model
+        start = time.perf_counter()
+        tuned = headcut.finetune(spec["src"], data=spec["cal_text"], teacher=spec["src"], checkpoint_every=None,
+                                 data_options=spec["cal_options"], **extra)
+        row["train_seconds"] = time.perf_counter() - start
+        row["prune_seconds"] = None
+        row["rss_pruned_mib"] = peak_rss_mib()
+        tuned.save(folder)
+        row["recovery"] = _brief({k: tuned.report.get(k) for k in ("steps", "history_summary", "config",
+                                                                      "train_seconds")})
+        in_memory = tuned.model
+        del tuned
+        model = headcut.load(folder)
+        row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": _logits_gap(in_memory, model,
+                                                                                   ids[:128].view(1, -1))}}
+        del in_memory
+    elif spec["removed"]:
         layerwise = bool(extra.get("layerwise"))
         start = time.perf_counter()
         pruned = headcut.prune(spec["src"], method, keep=spec["keep"], gqa="group", data=spec["cal_text"],
@@ -372,7 +391,7 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
             row["prune_seconds"], row["score_seconds"] = scored + row["save_seconds"], scored
             row["rss_pruned_mib"] = peak_rss_mib()
             row["layerwise"] = pruned.report.get("layerwise")
-        for key in ("recovery", "bias_compensation"):
+        for key in ("recovery", "bias_compensation", "scorings"):
             if pruned.report.get(key) is not None:
                 row[key] = _brief(pruned.report[key])
         row["mask"] = pruned.mask.to_json()
