@@ -22,6 +22,7 @@ from pathlib import Path
 
 import headcut
 import headcut_offline as offline
+from headcut.errors import HeadcutError
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -65,11 +66,16 @@ def main() -> None:
         # the layer-wise path on the float32 checkpoint: the same scores' ranking as the whole model's?
         whole = next((r for r in kv["rows"] if r["study"] == "gemma3" and r["method"] == "fluctuation"
                       and r["removed"] == 4), None)
-        lw = headcut.prune(str(src), "fluctuation", keep=(18 - 4) * 4, gqa="group", data=str(cal), layerwise=True,
-                           data_options={"seq_len": 256, "max_examples": spec.cal_examples, **batch})
-        out["layerwise_float32_at_4"] = {
-            "emptied": sorted(k for k, v in lw.mask.to_json()["keep"].items() if not v),
-            "same_as_whole_model_float32": None if whole is None else lw.mask.to_json() == whole["mask"]}
+        try:  # a headcut that refuses fluctuation where every block is one unit says so instead
+            lw = headcut.prune(str(src), "fluctuation", keep=(18 - 4) * 4, gqa="group", data=str(cal),
+                               layerwise=True,
+                               data_options={"seq_len": 256, "max_examples": spec.cal_examples, **batch})
+        except HeadcutError as error:
+            out["layerwise_float32_at_4"] = {"refused": str(error)}
+        else:
+            out["layerwise_float32_at_4"] = {
+                "emptied": sorted(k for k, v in lw.mask.to_json()["keep"].items() if not v),
+                "same_as_whole_model_float32": None if whole is None else lw.mask.to_json() == whole["mask"]}
     out["seconds"] = time.perf_counter() - start
     out["machine"] = machine()
     (RESULTS / "fluctuation_units.json").write_text(json.dumps(out, indent=1) + "\n")
