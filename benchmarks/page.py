@@ -55,8 +55,11 @@ sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-d
   set's standard error.
 * ``peer_llm``: the LLM peer (``benchmarks/peer_llm.py``): Torch-Pruning 1.6.1 on SmolLM2's attention, in its own
   virtual environment with transformers 4.48.3 (``--llm-peer-python``; made by peer_llm.py when absent), beside
-  headcut's one-shot gradient and fluctuation at the smollm study's KV budgets: perplexity in windows of 128 and
-  2,048 tokens, prune wall time, peak memory and how each saved model reloads, every cut in its own process.
+  headcut's rows (``peer_llm.HEADCUT_VARIANTS``): one-shot gradient and fluctuation, layer-wise fluctuation with and
+  without FLAP's bias compensation at the smollm study's KV budgets, iterative gradient and the recipe (one-shot
+  gradient and distilled recovery on the calibration blocks) at ``PEER_LLM_COSTLY_REMOVED``: perplexity in windows
+  of 128 and 2,048 tokens, prune wall time, peak memory and how each saved model reloads, every cut in its own
+  process.
 * ``refit``: on every task, the one-shot gradient cut followed by ``--refit`` (the output projections refitted
   by least squares to the unpruned model's outputs on the training rows, nothing trained) at ``REFIT_KS``.
 """
@@ -745,13 +748,26 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
                     log(f"{name} {method}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
 
 
+#: the KV groups removed by headcut's costly rows in the LLM peer study (iterative: three gradient scorings;
+#: recipe: one, then recovery), in the order they are measured (two before the layer-wise rows without bias
+#: compensation, the rest after): those the time these 2 CPU cores had allowed are in the results
+PEER_LLM_COSTLY_REMOVED = [18, 45, 6, 30, 12]
 #: the LLM peer study's cuts, in order: (tool, variant, KV groups removed); ``probe``: what Torch-Pruning's
 #: ``BasePruner`` removes at each head ratio (no model measured); ``native``: its LLM example's GQA head pruning at
 #: the one ratio it carries out (a third of the query heads, no KV head)
 PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), ("torch-pruning", "probe", 0),
                  ("torch-pruning", "native", 0),
                  *[("torch-pruning", "kv-magnitude", r) for r in KV_STUDIES["smollm"].removed if r],
-                 *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r]]
+                 *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r],
+                 # issue 34's other headcut rows (``peer_llm.HEADCUT_VARIANTS``), in the order they are measured: the
+                 # layer-wise runs with bias compensation (a few minutes a cut) at every budget, the iterative and
+                 # recipe runs (ten minutes or more each) at two of PEER_LLM_COSTLY_REMOVED, the layer-wise runs
+                 # without it (the one-shot fluctuation cut, read layer by layer) at every budget, then the last
+                 *[("headcut", "fluctuation+bias layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
+                 *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[:2] for m in ("gradient iterative", "recipe")],
+                 ("headcut", "unpruned+recovery", 0),  # the recipe's control: its recovery on the uncut model
+                 *[("headcut", "fluctuation layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
+                 *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[2:] for m in ("gradient iterative", "recipe")]]
 
 
 def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:

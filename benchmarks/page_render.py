@@ -554,7 +554,48 @@ def _kv_methods_section(data: dict[str, dict[str, Any]]) -> list[str]:
                 r = mine.get((m, removed))
                 cells += [f"{r['perplexity']:.2f}", f"{r['prune_seconds']:.0f}"] if r else ["", ""]
             lines.append(f"| {removed} | " + " | ".join(cells) + " |")
+        units = data.get("fluctuation_units")
+        if name == "gemma3" and units:
+            lines += ["", _fluctuation_units_note(units, mine)]
     return lines
+
+
+def _layers(blocks: list[str]) -> list[str]:
+    """Block names (``self.N``) as their layer numbers, in order."""
+    return [str(n) for n in sorted(int(b.rsplit(".", 1)[-1]) for b in blocks)]
+
+
+def _fluctuation_units_note(units: dict[str, Any], mine: dict[tuple[str, int], dict[str, Any]]) -> str:
+    """Why Gemma 3's fluctuation rows depend on the dtype (``benchmarks/fluctuation_units.py``); ``mine``: the
+    kv_methods rows of Gemma 3 by (method, removed)."""
+    checks = units.get("float32_cut_by_mask_at_4", {})
+    plain, bias = mine.get(("fluctuation layer-wise bf16", 4)), mine.get(("fluctuation+bias layer-wise bf16", 4))
+    lw = units.get("layerwise_float32_at_4") or {}
+    lw_said = ""
+    if lw.get("same_as_whole_model_float32") is not None:
+        lw_said = (" (the layer-wise path itself, run on the float32 checkpoint at 4, empties layers "
+                   f"{', '.join(_layers(lw['emptied']))}: "
+                   + ("the whole-model float32 row's" if lw["same_as_whole_model_float32"] else
+                      "not the whole-model float32 row's") + ")")
+    rescued = ""
+    if plain and bias and plain.get("mask") == bias.get("mask"):
+        rescued = (f" With the same layers emptied, the compensation takes the layer-wise cut at 4 from "
+                   f"{plain['perplexity']:,.2f} to {bias['perplexity']:.2f}: what those layers' attention adds is "
+                   "mostly its mean, which the bias keeps.")
+    said = []
+    for method, c in checks.items():
+        said.append(f"the {method} row's mask at 4 (layers {', '.join(_layers(c['emptied']))} "
+                    f"emptied) gives {c['perplexity_float32']:,.2f} on the float32 model (its row: "
+                    f"{c['perplexity_in_row']:,.2f})")
+    return ("The fluctuation columns of Gemma 3 do not rank its KV groups. FLAP's score standardises each block's "
+            "metric over the block's channels and a head scores the mean of its channels; a KV group scores the mean "
+            "of its query heads. Gemma 3 270M has one KV head per layer, so a group is the whole block and its score "
+            "is the mean of a standardised vector: 0 up to rounding in every layer (largest of the 18, float32 "
+            f"scores on the same blocks: {units['largest_unit_mean']:.1e}, while the heads inside a layer differ by "
+            f"{units['smallest_head_spread']:.2f} or more; `benchmarks/fluctuation_units.py`). Which layers a "
+            "fluctuation cut empties is therefore set by rounding, and the bf16 copy's rounding picks other layers "
+            "than float32" + lw_said + ": " + "; ".join(said) + "." + rescued + " The gradient column is the one that ranks "
+            "Gemma 3's KV heads; the fluctuation columns compare only the compensation.")
 
 
 def _layerwise_section(study: dict[str, Any]) -> list[str]:
@@ -648,7 +689,15 @@ PEER_LLM_NAMES = {
     ("torch-pruning", "kv-magnitude"): "Torch-Pruning {torch_pruning} dependency graph, KV groups, magnitude",
     ("headcut", "gradient"): "headcut one-shot gradient",
     ("headcut", "fluctuation"): "headcut one-shot fluctuation",
+    ("headcut", "fluctuation layer-wise"): "headcut fluctuation, layer-wise",
+    ("headcut", "fluctuation+bias layer-wise"): "headcut fluctuation + bias compensation (FLAP), layer-wise",
+    ("headcut", "gradient iterative"): "headcut iterative gradient ({rounds} rounds, re-scored)",
+    ("headcut", "recipe"): "headcut recipe: one-shot gradient + {recover_steps} steps of distilled recovery",
+    ("headcut", "unpruned+recovery"): "control: unpruned + the recipe's {recover_steps} recovery steps, no cut",
 }
+#: headcut's peer-table variants whose page-KV-study row (the ppl@256 column) has another name there
+PEER_LLM_KV_NAMES = {"fluctuation layer-wise": "fluctuation layer-wise bf16",
+                     "fluctuation+bias layer-wise": "fluctuation+bias layer-wise bf16"}
 
 
 def _peer_llm_reload(row: dict[str, Any]) -> str:
@@ -657,8 +706,9 @@ def _peer_llm_reload(row: dict[str, Any]) -> str:
     r = row.get("reload")
     if not r:
         return ""
-    exact = (lambda e: " (exact)" if e.get("ok") and e["max_logit_gap"] <= 1e-4 else
-             f" (logits off by {e['max_logit_gap']:.2g})" if e.get("ok") else "")
+    exact = (lambda e: "" if not e.get("ok") or e.get("max_logit_gap") is None else
+             (" (exact" + (f" to the {e['against']}" if e.get("against") else "") + ")")
+             if e["max_logit_gap"] <= 1e-4 else f" (logits off by {e['max_logit_gap']:.2g})")
     stock = r.get("from_pretrained", {})
     if row["tool"] == "headcut":
         if r.get("form") == "stock" and stock.get("ok"):
@@ -666,7 +716,8 @@ def _peer_llm_reload(row: dict[str, Any]) -> str:
         how = "`headcut.load`" + exact(r["headcut_load"])
         if r.get("from_pretrained_trust_remote_code", {}).get("ok"):
             how += " or `from_pretrained(trust_remote_code=True)`" + exact(r["from_pretrained_trust_remote_code"])
-        return how + ("; stock `from_pretrained` refuses it (size mismatch)" if not stock.get("ok") else "")
+        return how + ("; stock `from_pretrained` refuses it (size mismatch)" if "from_pretrained" in r
+                      and not stock.get("ok") else "")
     module = r.get("torch_save_module")
     if stock.get("ok") and stock["max_logit_gap"] <= 1e-4:
         return "`save_pretrained` + stock `from_pretrained`" + exact(stock)
@@ -709,12 +760,15 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
     for r in rows:
         name = PEER_LLM_NAMES.get((r["tool"], r["variant"]), f"{r['tool']} {r['variant']}").format(
             transformers=r.get("transformers", "?"),
-            torch_pruning=study.get("peer_versions", {}).get("torch-pruning", r.get("torch_pruning", "?")))
+            torch_pruning=study.get("peer_versions", {}).get("torch-pruning", r.get("torch_pruning", "?")),
+            rounds=(r.get("options") or {}).get("rounds", "?"),
+            recover_steps=(r.get("options") or {}).get("recover_steps", (r.get("options") or {}).get("max_steps", "?")))
         q_removed = total * study.get("query_per_group", 3) - sum(r.get("query_heads", []))
         kv_removed = total - sum(r.get("kv_heads", []))
         cross = ""
         if r["tool"] == "headcut":
-            ref = page256.get((r["variant"], r["removed"])) if r["removed"] else page256.get(("gradient", 0))
+            ref = (page256.get((PEER_LLM_KV_NAMES.get(r["variant"], r["variant"]), r["removed"])) if r["removed"]
+                   else page256.get(("gradient", 0)) if r["variant"] == "unpruned" else None)
             if ref:
                 same = "" if not r.get("mask") else (", same cut" if ref.get("mask") == r["mask"] else ", another cut")
                 cross = f"{ref['perplexity']:.2f}{same}"
@@ -764,10 +818,98 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
                      "cache saving.")
     for note in notes:
         lines += ["", note]
-    lines += ["", "headcut's one-shot rows are the only ones this page has on SmolLM2 (its iterative, layer-wise and "
-              "recipe results are on the classifiers above); the ppl@256 column is the page's KV studies' (64 blocks "
-              "of 256 tokens of the second half, other tokens than here), a cross-check."]
+    lines += ["", _peer_llm_variants(study, rows)]
+    lines += ["", "The ppl@256 column is the page's KV studies' (64 blocks of 256 tokens of the second half, other "
+              "tokens than here; the layer-wise rows there read a bf16 copy of the checkpoint), a cross-check."]
     return lines
+
+
+def _peer_llm_variants(study: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """What each of headcut's rows in the peer table is, and which budgets were measured."""
+    def budgets(variant: str) -> str:
+        got = sorted(r["removed"] for r in rows if r["tool"] == "headcut" and r["variant"] == variant)
+        return ", ".join(map(str, got)) if got else "none yet"
+
+    def option(variant: str, key: str) -> Any:
+        return next(((r.get("options") or {}).get(key) for r in rows if r["variant"] == variant
+                     and (r.get("options") or {}).get(key) is not None), "?")
+
+    from peer_llm import ITERATIVE_ROUNDS, RECOVER_STEPS
+
+    blocks, size = study["cal_blocks"]
+    steps = option("recipe", "recover_steps")
+    steps = RECOVER_STEPS if steps == "?" else steps
+    rounds = option("gradient iterative", "rounds")
+    rounds = ITERATIVE_ROUNDS if rounds == "?" else rounds
+    recipe = [r for r in rows if r["variant"] == "recipe" and isinstance((r.get("recovery") or {}).get("seconds"),
+                                                                         (int, float))]
+    per_step = [r["recovery"]["seconds"] / r["recovery"]["steps"] for r in recipe if r["recovery"].get("steps")]
+    peaks = [r["rss_pruned_mib"] for r in recipe]
+    control = next((r for r in rows if r["variant"] == "unpruned+recovery"), None)
+    unpruned = next((r for r in rows if r["tool"] == "headcut" and r["variant"] == "unpruned"), None)
+    oneshot = {r["removed"]: r.get("mask") for r in rows if r["tool"] == "headcut" and r["variant"] == "fluctuation"}
+    layerwise = [r for r in rows if r["variant"] == "fluctuation layer-wise" and r["removed"] in oneshot]
+    same = sum(r.get("mask") == oneshot[r["removed"]] for r in layerwise)
+    same_said = (f" The layer-wise fluctuation cut is the one-shot fluctuation cut read layer by layer: the same "
+                 f"groups removed at {same} of the {len(layerwise)} budgets measured both ways." if layerwise else "")
+    every = {r["removed"] for r in rows if r["variant"] == "gradient" and r["removed"]}
+    costly = [{r["removed"] for r in rows if r["variant"] == v} for v in ("gradient iterative", "recipe")]
+    subset = ("" if all(c >= every for c in costly) else
+              " The iterative and recipe runs (three gradient scorings; one, then the recovery) were measured at the "
+              "budgets listed, as many as the time these 2 cores had allowed.")
+    said_control = ""
+    if control and unpruned:
+        said_control = (
+            f" The control row is the uncut model after the same recovery: {unpruned['perplexity']['128']:.2f} -> "
+            f"{control['perplexity']['128']:.2f} at 128 tokens and {unpruned['perplexity']['2048']:.2f} -> "
+            f"{control['perplexity']['2048']:.2f} at 2,048. The recovery trains on the play's first half (half its "
+            "loss is the next-token loss on that text) and the evaluation reads the second half of the same play, "
+            "so part of what it gains is the play's style, not the cut repaired: compare the recipe rows with the "
+            "control, not with the unpruned row.")
+    elif recipe and unpruned:
+        said_control = (
+            " The recovery trains on the play's first half (half its loss is the next-token loss on that text) and "
+            "the evaluation reads the second half of the same play, so part of what it gains is the play's style, "
+            "not the cut repaired; the uncut model after the same recovery (the control) was not measured.")
+    return (
+        "headcut's rows, every one `headcut.prune(..., gqa=\"group\", data=<the first half>)` on the float32 "
+        "checkpoint, saved, then reloaded and measured: *one-shot gradient* and *one-shot fluctuation* (`--method "
+        "gradient|fluctuation`: scored once on the whole model); *fluctuation, layer-wise* (`--method fluctuation "
+        "--layerwise`: the checkpoint read, scored, cut and written one layer at a time, as stored; prune s and peak "
+        "MiB then cover the scoring and the cut-and-write pass, the peak taken after the write); *fluctuation + bias "
+        "compensation (FLAP), layer-wise* (the same with `--bias-compensation`: the removed heads' mean output folded "
+        "into `o_proj`'s bias, FLAP §3.4; no gated model equals it, so its reload has no logit gap to check); "
+        f"*iterative gradient* (`--method michel --rounds {rounds} --normalize none`: "
+        "the gradient scores re-computed on the masked model before each round, the KV groups to remove split over "
+        "the rounds, larger rounds first; no per-layer normalisation, so it differs from the one-shot gradient row "
+        "by the re-scoring alone); *recipe* (the README main job's recipe: one-shot gradient, then "
+        f"`--recover-steps {steps}`: {steps} steps of recovery fine-tuning distilled from the unpruned model with "
+        "`finetune`'s defaults, lr 5e-5, alpha 0.5, temperature 2, on the same calibration blocks in batches of 16: "
+        f"one epoch of the {blocks} blocks of {size} tokens of the first half, never the evaluated half; its prune s "
+        "includes the recovery"
+        + ((f", {min(per_step):.0f} s a step here" if round(min(per_step)) == round(max(per_step)) else
+            f", {min(per_step):.0f}-{max(per_step):.0f} s a step here") if per_step else "")
+        + (f", and its peak is {max(peaks) / 1024:.1f} GiB: the gradient scoring's model, the teacher, the student "
+           "and their logits over the 49,152-token vocabulary" if peaks else "")
+        + "). One epoch of the calibration blocks is what fits about ten minutes a cut on these 2 shared cores; the "
+        "main job's recipe runs 500 steps." + said_control + " Measured budgets (KV groups removed): layer-wise "
+        f"{budgets('fluctuation layer-wise')}; layer-wise + bias {budgets('fluctuation+bias layer-wise')}; iterative "
+        f"{budgets('gradient iterative')}; recipe {budgets('recipe')}." + subset + same_said + _load_said(rows))
+
+
+def _load_said(rows: list[dict[str, Any]]) -> str:
+    """How the load differed between the one-shot gradient rows and the iterative ones (their prune times)."""
+    def span(variant: str) -> tuple[list[float], list[float]]:
+        got = [r for r in rows if r["variant"] == variant and r.get("prune_seconds") and r.get("load_before")]
+        return [r["load_before"][0] for r in got], [r["prune_seconds"] for r in got]
+
+    (gl, gs), (il, is_) = span("gradient"), span("gradient iterative")
+    if not gl or not il:
+        return ""
+    return (f" Prune times follow the load (last column): the one-shot gradient rows ran at a load of "
+            f"{min(gl):.1f}-{max(gl):.1f} and took {min(gs):.0f}-{max(gs):.0f} s, the iterative rows (three gradient "
+            f"scorings each) at {min(il):.1f}-{max(il):.1f} and took {min(is_):.0f}-{max(is_):.0f} s: compare times "
+            "only between rows measured at about the same load.")
 
 
 def _long_context(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -34,8 +34,10 @@ resident memory (``ru_maxrss``) is its own. The peer's variants:
 * ``probe``: what ``BasePruner`` does at each head ratio, with the GQA heads and with the KV groups as heads:
   query and KV heads removed (not a cut of the table).
 
-headcut's rows are ``headcut.prune(src, method, keep=..., gqa="group", data=first half, data_options=...)``
-as page.py's KV studies cut, saved and reloaded with ``headcut.load`` before they are measured.
+headcut's rows (:data:`HEADCUT_VARIANTS`) are ``headcut.prune(src, method, keep=..., gqa="group", data=first half,
+data_options=..., **options)`` as page.py's KV studies cut, saved and reloaded with ``headcut.load`` before they are
+measured: one-shot, layer-wise (scored in ``prune``, cut while ``save`` writes: both timed as the prune), iterative
+and the recipe (its recovery trains on the calibration blocks of the first half, never on the evaluated half).
 
 Every row: perplexity on the same tokens of hamlet.txt's second half (the first ``EVAL_TOKENS``) in
 non-overlapping windows of 128 and of 2,048 tokens (:func:`perplexity`: the loss of every next token in each
@@ -65,6 +67,25 @@ BUDGETS = [6, 12, 18, 30, 45]
 WINDOWS = [128, 2048]
 #: tokens of the second half evaluated (8 windows of 2,048 = 128 of 128; the KV studies' 64 x 256)
 EVAL_TOKENS = 16384
+#: headcut's rows: variant -> (method, ``headcut.prune`` keywords). The one-shot rows; the layer-wise runs of FLAP's
+#: fluctuation (the checkpoint read one layer at a time, as stored: float32 here), with and without its bias
+#: compensation; the gradient scores re-computed on the masked model before each of ``ITERATIVE_ROUNDS`` steps
+#: (``michel`` with ``rounds``, no per-layer normalisation: the one-shot gradient scores, re-scored); and the README
+#: main job's recipe (one-shot gradient, then ``RECOVER_STEPS`` steps of distilled recovery on the calibration
+#: blocks, the first half of hamlet.txt, never the evaluated half)
+ITERATIVE_ROUNDS = 3
+RECOVER_STEPS = 4
+HEADCUT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gradient": ("gradient", {}),
+    "fluctuation": ("fluctuation", {}),
+    "fluctuation layer-wise": ("fluctuation", {"layerwise": True}),
+    "fluctuation+bias layer-wise": ("fluctuation", {"layerwise": True, "bias_compensation": True}),
+    "gradient iterative": ("michel", {"rounds": ITERATIVE_ROUNDS, "normalize": "none"}),
+    "recipe": ("gradient", {"recover_steps": RECOVER_STEPS}),
+    # the recipe's control: the unpruned model trained by the same recovery (``headcut.finetune``, the same loss,
+    # defaults, steps and blocks), no cut: what the recovery's training on hamlet.txt's first half does alone
+    "unpruned+recovery": ("finetune", {"max_steps": RECOVER_STEPS}),
+}
 #: the peer's environment
 PEER_PACKAGES = [["torch==2.13.0"], ["transformers==4.48.3", "torch-pruning==1.6.1"]]
 DEFAULT_VENV = Path("/work/venvs/torch-pruning")
@@ -325,29 +346,69 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
 # ---- headcut (in page.py's environment) ----------------------------------------------------------------
 
 def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
+    """One of :data:`HEADCUT_VARIANTS`: pruned, saved, reloaded with ``headcut.load`` and measured. A layer-wise
+    run scores in ``prune`` and cuts while it writes (``save``): its prune seconds and peak are taken after the
+    save, and its reloaded model is checked against the unpruned model gated by its mask (no model of it is in
+    memory; with bias compensation there is no gated equal, so no gap)."""
     import headcut
     import transformers
     from safetensors.torch import load_file
 
     ids = load_file(spec["ids"])["eval"]
+    method, extra = HEADCUT_VARIANTS[spec["variant"]]
     row: dict[str, Any] = {"headcut": headcut.__version__, "transformers": transformers.__version__,
-                           "torch": torch.__version__}
+                           "torch": torch.__version__, "method": method, "options": extra}
     folder = Path(spec["work"]) / "cut"
-    if spec["removed"]:
+    if method == "finetune":  # the recipe's control: no cut, the same recovery on the unpruned model
         start = time.perf_counter()
-        pruned = headcut.prune(spec["src"], spec["variant"], keep=spec["keep"], gqa="group", data=spec["cal_text"],
-                               data_options=spec["cal_options"])
-        row["prune_seconds"] = time.perf_counter() - start
+        tuned = headcut.finetune(spec["src"], data=spec["cal_text"], teacher=spec["src"], checkpoint_every=None,
+                                 data_options=spec["cal_options"], **extra)
+        row["train_seconds"] = time.perf_counter() - start
+        row["prune_seconds"] = None
         row["rss_pruned_mib"] = peak_rss_mib()
+        tuned.save(folder)
+        row["recovery"] = _brief({k: tuned.report.get(k) for k in ("steps", "history_summary", "config",
+                                                                      "train_seconds")})
+        in_memory = tuned.model
+        del tuned
+        model = headcut.load(folder)
+        row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": _logits_gap(in_memory, model,
+                                                                                   ids[:128].view(1, -1))}}
+        del in_memory
+    elif spec["removed"]:
+        layerwise = bool(extra.get("layerwise"))
+        start = time.perf_counter()
+        pruned = headcut.prune(spec["src"], method, keep=spec["keep"], gqa="group", data=spec["cal_text"],
+                               data_options=spec["cal_options"], **extra)
+        scored = time.perf_counter() - start
+        if not layerwise:
+            row["prune_seconds"] = scored
+            row["rss_pruned_mib"] = peak_rss_mib()
         start = time.perf_counter()
         pruned.save(folder)
         row["save_seconds"] = time.perf_counter() - start
+        if layerwise:  # the cut happens in the write pass: both passes are the prune
+            row["prune_seconds"], row["score_seconds"] = scored + row["save_seconds"], scored
+            row["rss_pruned_mib"] = peak_rss_mib()
+            row["layerwise"] = pruned.report.get("layerwise")
+        for key in ("recovery", "bias_compensation", "scorings"):
+            if pruned.report.get(key) is not None:
+                row[key] = _brief(pruned.report[key])
         row["mask"] = pruned.mask.to_json()
-        in_memory = pruned.model
+        in_memory = None if layerwise else pruned.model
         del pruned
         model = headcut.load(folder)  # the saved model, reloaded: what is measured
         check = ids[:128].view(1, -1)
-        row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": _logits_gap(in_memory, model, check)}}
+        if in_memory is not None:
+            row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": _logits_gap(in_memory, model, check)}}
+        elif not extra.get("bias_compensation"):
+            reference = headcut.load(spec["src"])
+            with headcut.gated(reference, row["mask"]):
+                gap = _logits_gap(reference, model, check)
+            row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": gap, "against": "gated unpruned model"}}
+            del reference
+        else:
+            row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": None, "against": None}}
         config = json.loads((folder / "config.json").read_text())
         row["reload"]["form"] = "headcut" if "auto_map" in config else "stock"
         del in_memory
@@ -368,6 +429,15 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
     row["kv_heads"] = [a.self_attn.k_proj.out_features // hd if hasattr(a.self_attn, "k_proj") else 0 for a in layers]
     row["perplexity"] = {str(w): perplexity(model, ids, w) for w in WINDOWS}
     return row
+
+
+def _brief(part: Any) -> Any:
+    """A report part without its long per-step lists (the recovery's curve: first and last points kept)."""
+    if isinstance(part, dict):
+        return {k: _brief(v) for k, v in part.items()}
+    if isinstance(part, list) and len(part) > 8:
+        return [*part[:2], "...", *part[-2:]]
+    return part
 
 
 def cut(spec_path: str) -> None:
