@@ -743,9 +743,15 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
         with _kv_data(name) as data:
             for method in methods:
                 for removed in [r for r in KV_STUDIES[name].removed if r]:
-                    row = store.row({"study": name, "method": method, "removed": removed},
-                                    lambda m=method, r=removed: _kv_cut(name, m, r, None, data))
-                    log(f"{name} {method}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
+                    def measure(m: str = method, r: int = removed) -> dict[str, Any]:
+                        try:
+                            return _kv_cut(name, m, r, None, data)
+                        except headcut.HeadcutError as refused:  # e.g. fluctuation where every block is one unit
+                            return {"refused": str(refused)}
+
+                    row = store.row({"study": name, "method": method, "removed": removed}, measure)
+                    log(f"{name} {method}: {removed} KV groups removed, " + (
+                        f"refused: {row['refused']}" if "refused" in row else f"perplexity {row['perplexity']:.2f}"))
 
 
 #: the KV groups removed by headcut's costly rows in the LLM peer study (iterative: three gradient scorings;

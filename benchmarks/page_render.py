@@ -552,7 +552,8 @@ def _kv_methods_section(data: dict[str, dict[str, Any]]) -> list[str]:
             cells = [f"{base[removed]['perplexity']:.2f}", f"{base[removed]['prune_seconds']:.0f}"]
             for m in methods:
                 r = mine.get((m, removed))
-                cells += [f"{r['perplexity']:.2f}", f"{r['prune_seconds']:.0f}"] if r else ["", ""]
+                cells += (["refused", ""] if r and "refused" in r else
+                          [f"{r['perplexity']:.2f}", f"{r['prune_seconds']:.0f}"] if r else ["", ""])
             lines.append(f"| {removed} | " + " | ".join(cells) + " |")
         units = data.get("fluctuation_units")
         if name == "gemma3" and units:
@@ -595,7 +596,9 @@ def _fluctuation_units_note(units: dict[str, Any], mine: dict[tuple[str, int], d
             f"{units['smallest_head_spread']:.2f} or more; `benchmarks/fluctuation_units.py`). Which layers a "
             "fluctuation cut empties is therefore set by rounding, and the bf16 copy's rounding picks other layers "
             "than float32" + lw_said + ": " + "; ".join(said) + "." + rescued + " The gradient column is the one that ranks "
-            "Gemma 3's KV heads; the fluctuation columns compare only the compensation.")
+            "Gemma 3's KV heads; the fluctuation columns compare only the compensation. Since these rows were measured, "
+            "headcut refuses `fluctuation` on a model whose every block is one unit (this one under `--gqa group`), "
+            "with this reason; the rows stay as the measurement behind that refusal.")
 
 
 def _layerwise_section(study: dict[str, Any]) -> list[str]:
