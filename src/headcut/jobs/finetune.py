@@ -120,9 +120,9 @@ def finetune(
             raise HeadcutError("resume needs a checkpoint folder")
         dist, torch_device = pick_device(device)
         notes: list[str] = []
-        if engine != "auto" and not dist.active:
-            notes.append(f"the {engine} engine applies to several processes (accelerate launch, torchrun); this "
-                         "run has one")
+        from ..training.parallel import engine_note
+
+        notes += engine_note(engine, dist)
         if labels is not None and isinstance(model, nn.Module):
             raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels yourself)")
         extra = {"labels": list(labels)} if labels is not None else {}

@@ -254,10 +254,9 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                                    f"would be trained on the rows it is judged on; hold out other rows for "
                                    f"{L('eval_data')}")
         dist, torch_device = pick_device(device)
-        engine = getattr(opts, "engine", "auto")
-        if engine != "auto" and not dist.active:
-            notes.append(f"the {engine} engine applies to several processes (accelerate launch, torchrun); this "
-                         "run has one")
+        from ..training.parallel import engine_note
+
+        notes += engine_note(getattr(opts, "engine", "auto"), dist)
         chosen_formats = parse_formats(formats)
         from .layerwise import choose, refusal
 

@@ -57,26 +57,31 @@ MAP_SCORERS = ("confidence", "entropy")
 SHARD_BYTES = 2 * 1024**3
 
 
-def peak_rss() -> int:
-    """The process's peak resident memory so far, in bytes: ``VmHWM`` of ``/proc/self/status`` where there is one
-    (``getrusage``'s maximum also counts the parent's memory at the ``fork`` before this program started)."""
+def _proc_kib(path: str, key: str) -> int | None:
+    """The ``key`` line of a ``/proc`` file (a size in kB), in bytes; None where there is no such file or line."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory so far, in bytes: ``VmHWM`` of ``/proc/self/status`` where there is one
+    (``getrusage``'s maximum also counts the parent's memory at the ``fork`` before this program started)."""
+    peak = _proc_kib("/proc/self/status", "VmHWM:")
+    if peak is not None:
+        return peak
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * (1 if sys.platform == "darwin" else 1024)
 
 
 def available_memory() -> int:
     """The memory headcut may use by default: the machine's available memory (``MemAvailable``), else its total."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    available = _proc_kib("/proc/meminfo", "MemAvailable:")
+    if available is not None:
+        return available
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (ValueError, OSError, AttributeError):

@@ -172,8 +172,8 @@ class ScoreMethod(MethodBase):
         whole = [s for s in attention if s.mode == "group" and s.group_size >= s.heads]
         if attention and len(whole) == len(attention):
             raise HeadcutError(
-                f"{self.name} cannot rank this model's units: its scores are standardised within each block (FLAP "
-                f"§3.3), and every block is one unit here (e.g. {whole[0].names[0]}: {whole[0].heads} query heads "
+                f"{self.name} cannot rank this model's units: its scores are standardised within each block, "
+                f"and every block is one unit here (e.g. {whole[0].names[0]}: {whole[0].heads} query heads "
                 f"sharing one KV head, under --gqa {config.gqa}), so every unit would score 0 and the cut would be "
                 "arbitrary; use a scorer that compares layers (gradient), or --gqa uniform (query heads ranked within "
                 "their layer; the KV cache shrinks only where a layer loses every head)")

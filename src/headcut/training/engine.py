@@ -76,7 +76,7 @@ from torch import nn
 
 from ..config import TrainConfig
 from .distributed import Dist
-from .parallel import Engine, is_dtensor, start, whole
+from .parallel import Engine, is_dtensor, rebuilt, start, whole
 from ..errors import HeadcutError
 from ..interrupts import deferred_signals
 from ..outputs.files import RunLock, remove_stale
@@ -314,13 +314,6 @@ def _merge_logs(logs: list[dict[str, Any]]) -> dict[str, Any]:
         else:
             merged[key] = values[-1]
     return merged
-
-
-def _loaded(groups: list[dict[str, Any]], like: torch.optim.Optimizer, state: dict[str, Any]) -> torch.optim.Optimizer:
-    """An optimizer of ``like``'s type over ``groups`` holding ``state`` (a state dict of whole tensors)."""
-    new = type(like)(groups)  # each group carries every hyper-parameter
-    new.load_state_dict(state)
-    return new
 
 
 def atomic_save(obj: Any, dest: Path) -> None:
@@ -752,7 +745,7 @@ class Trainer:
         if finished and engine.trained() is not self.model:
             engine.gather()
             state = engine.gather_optimizer(self.optimizer)
-            self._swap_optimizer(lambda _opt, groups: _loaded(groups, self.optimizer, state), self.model_params)
+            self._swap_optimizer(lambda opt, groups: rebuilt(opt, groups, state), self.model_params)
         self._engine = None
         engine.close()
 

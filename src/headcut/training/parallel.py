@@ -9,8 +9,8 @@
   gradients in buckets while the backward runs; every process holds the whole model, its gradients and its
   optimizer state.
 * ``fsdp``: a structural copy of the model (its parameters share the model's storage until
-  ``fully_shard`` cuts them) is sharded with FSDP2's ``fully_shard``: each transformer layer (each element of
-  the model's layer lists) is one unit, the rest of the model the root unit. Its parameters become DTensor
+  ``fully_shard`` cuts them) is sharded with FSDP2's ``fully_shard``: each attention block's transformer layer
+  is one unit, the rest of the model the root unit. Its parameters become DTensor
   shards on the training device: each process holds 1/N of the weights, gradients and optimizer state, and
   gathers one layer's weights at a time for its forward and backward (reduce-scatter of the gradients).
   The gate tensors (a few floats per head) stay whole on every process; a ``DistributedDataParallel`` over
@@ -38,15 +38,20 @@ LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str
 
 
 def resolve_engine(requested: str, dist: Dist) -> str:
-    """The engine a run uses: ``single`` for one process; ``auto``: ``fsdp`` when accelerate's launcher was
-    told to use FSDP (``ACCELERATE_USE_FSDP``), else ``ddp``."""
-    if requested not in ("auto", "ddp", "fsdp"):
-        raise HeadcutError(f"unknown engine {requested!r}: auto, ddp or fsdp")
+    """The engine a run uses (``requested``: a checked ``TrainConfig.engine``): ``single`` for one process;
+    ``auto``: ``fsdp`` when accelerate's launcher was told to use FSDP (``ACCELERATE_USE_FSDP``), else ``ddp``."""
     if not dist.active:
         return "single"
     if requested == "auto":
         return "fsdp" if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes") else "ddp"
     return requested
+
+
+def engine_note(requested: str, dist: Dist) -> list[str]:
+    """The note of an engine named for a run of one process (where it changes nothing), else none."""
+    if requested == "auto" or dist.active:
+        return []
+    return [f"the {requested} engine applies to several processes (accelerate launch, torchrun); this run has one"]
 
 
 class _Step(nn.Module):
@@ -92,25 +97,33 @@ def whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if is_dtensor(t) else t
 
 
+def rebuilt(like: torch.optim.Optimizer, groups: list[dict[str, Any]], state: dict[str, Any]) -> torch.optim.Optimizer:
+    """An optimizer of ``like``'s type over ``groups`` (each carrying every hyper-parameter) holding ``state``."""
+    new = type(like)(groups)
+    new.load_state_dict(state)
+    return new
+
+
 class Engine:
     """One process's part in a training run; see the module doc. ``model``: the caller's model; ``gates``:
-    the gate tensors trained with it; ``params``: the tensors the optimizer trains in place of
-    ``model``'s parameters (the same ones except under fsdp)."""
+    the gate tensors trained with it; ``work``: the module trained in its place (fsdp's sharded copy; None: the
+    model itself)."""
 
     name = "single"
 
     def __init__(self, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist,
-                 device: torch.device) -> None:
+                 device: torch.device, work: nn.Module | None = None) -> None:
         self.model = model
+        self.work = work if work is not None else model
         self.gates = gates
         self.dist = dist
         self.device = device
-        self.step_module = _Step(model, gates, loss_fn)
+        self.step_module = _Step(self.work, gates, loss_fn)
         self.runner: nn.Module = self.step_module
 
     def trained(self) -> nn.Module:
         """The module whose parameters the optimizer trains."""
-        return self.model
+        return self.work
 
     def backward(self, batch: dict[str, Any], step: int, scale: float) -> tuple[torch.Tensor, dict[str, Any]]:
         """One micro-batch: the loss and its log values, and ``(loss * scale).backward()``, which averages the
@@ -135,7 +148,7 @@ class Engine:
 
     def close(self) -> None:
         """Release the engine's wrappers (the caller's model is a plain module again)."""
-        self.runner = self.step_module = None  # type: ignore[assignment]
+        self.runner = self.step_module = self.work = None  # type: ignore[assignment]
 
 
 def _check_loss(loss: Any) -> None:
@@ -156,15 +169,17 @@ class DataParallel(Engine):
 
 
 def layer_units(model: nn.Module) -> list[str]:
-    """The names of the modules FSDP shards as units: every element of the model's module lists (its
-    transformer layers, an encoder's and a decoder's), outermost lists only."""
+    """The names of the modules FSDP shards as units: each attention block's layer (the element of the
+    outermost module list above it, as :func:`headcut.model.layer_cache.layer_stack` finds it), in order."""
+    from ..adapters import adapter_for
+    from ..model.layer_cache import layer_stack
+
+    names = {id(m): n for n, m in model.named_modules()}
     units: list[str] = []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList) or any(name.startswith(u + ".") for u in units):
-            continue
-        for child_name, child in module.named_children():
-            if any(True for _ in child.parameters()):
-                units.append(f"{name}.{child_name}" if name else child_name)
+    for block in adapter_for(model).blocks(model.base_model):
+        found = layer_stack(model, block)
+        if found is not None and names[id(found[0][found[1]])] not in units:
+            units.append(names[id(found[0][found[1]])])
     return units
 
 
@@ -189,29 +204,22 @@ class FullyShardedParallel(Engine):
 
         from ..adapters import adapter_for
 
-        outs = [b.o for b in adapter_for(model).blocks(model.base_model)]
-        shared = sorted({o for o in outs if outs.count(o) > 1})
+        shared = [b.name for b in adapter_for(model).blocks(model.base_model) if b.shared is not None]
         if shared:
             raise HeadcutError("--engine fsdp cannot shard a layer that runs several times in one forward "
                                f"({shared[0]}: a shared layer, as ALBERT's): use --engine ddp")
-        self._names = [n for n, _ in model.named_parameters()]
         work = _structural_copy(model)
         mesh = init_device_mesh(device.type, (dist.world,))
         for unit in layer_units(work):
             fully_shard(work.get_submodule(unit), mesh=mesh)
         fully_shard(work, mesh=mesh)
-        self.work = work
-        super().__init__(model, gates, loss_fn, dist, device)
-        self.step_module = _Step(work, gates, loss_fn)
+        super().__init__(model, gates, loss_fn, dist, device, work)
         if gates:
             ignore = [f"model.{n}" for n, _ in work.named_parameters()] + [f"model.{n}" for n, _ in
                                                                             work.named_buffers()]
             self.runner = _ddp(self.step_module, device, ignore)
         else:
             self.runner = self.step_module
-
-    def trained(self) -> nn.Module:
-        return self.work
 
     def gather(self) -> None:
         own = dict(self.model.named_parameters())
@@ -226,8 +234,7 @@ class FullyShardedParallel(Engine):
         from torch.distributed.tensor import distribute_tensor
 
         state = optimizer.state_dict()
-        new = type(optimizer)(groups)  # each group carries every hyper-parameter
-        params = [p for g in new.param_groups for p in g["params"]]
+        params = [p for g in groups for p in g["params"]]
         for index, entry in list(state["state"].items()):
             p = params[int(index)]
             if not is_dtensor(p):
@@ -236,8 +243,7 @@ class FullyShardedParallel(Engine):
             for key, value in list(entry.items()):
                 if isinstance(value, torch.Tensor) and value.shape == p.shape and value.dim() > 0:
                     entry[key] = distribute_tensor(value.detach().to(self.device), p.device_mesh, p.placements)
-        new.load_state_dict(state)
-        return new
+        return rebuilt(optimizer, groups, state)
 
     def gather_optimizer(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         state = optimizer.state_dict()
@@ -247,10 +253,6 @@ class FullyShardedParallel(Engine):
                 if isinstance(value, torch.Tensor) and is_dtensor(value):
                     entry[key] = value.full_tensor()
         return state
-
-    def close(self) -> None:
-        super().close()
-        self.work = None  # type: ignore[assignment]
 
 
 ENGINES: dict[str, type[Engine]] = {"single": Engine, "ddp": DataParallel, "fsdp": FullyShardedParallel}
