@@ -218,6 +218,7 @@ class Task:
         if "after_pruning" in metric:
             row["after_pruning"] = 100 * metric["after_pruning"]
         row["heads_after"] = pruned.report["heads"]["after"]
+        row["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"  # headcut's "auto"
         training = pruned.report.get("training") or {}
         row["train_steps"] = training.get("steps", 0)
         row["recover_steps"] = options.get("recover_steps", 0)
@@ -821,34 +822,50 @@ def study_gemma3(tasks: Callable[[str], Task], store: Store, args: argparse.Name
 SMALL_KS = [16, 8, 4]
 
 
-def _task_study(task: Task, store: Store, ks: list[int], learned_ks: list[int]) -> None:
+def _task_study(task: Task, store: Store, ks: list[int], learned_ks: list[int], args: argparse.Namespace) -> bool:
     """A task's whole curve: the training-free methods at ``ks``, the recipe at ``ks``, the learned-gate methods
-    (``voita`` too) at ``learned_ks`` as in ``learned``."""
+    (``voita`` too) at ``learned_ks`` as in ``learned``. ``--methods``/``--ks`` measure only part of it (several
+    processes or machines at once, each on a copy of ``results/``); then the study is not complete (False)."""
+    chosen = _subset(args.methods, [*ONESHOT, "recipe", *LEARNED, "voita"], "method")
+    wanted = _subset(args.ks, [str(k) for k in sorted({*ks, *learned_ks}, reverse=True)], "K")
+    ks, learned_ks = [k for k in ks if str(k) in wanted], [k for k in learned_ks if str(k) in wanted]
     store.data.update(unpruned=task.accuracy(), evaluation=task.dev.examples)
     # greedy-gnorm's one run first (it is stored only when done), then the quick methods; michel's and the
     # recipe's runs of a few minutes each last, every one stored as it ends
-    _oneshot(task, store, ["greedy-gnorm"] + [m for m in ONESHOT if m not in ("greedy-gnorm", "michel")], ks)
-    for k in ks:
+    first = ["greedy-gnorm"] + [m for m in ONESHOT if m not in ("greedy-gnorm", "michel")]
+    _oneshot(task, store, [m for m in first if m in chosen], ks)
+    for k in ks if "recipe" in chosen else []:
         options = recipe(k)
         method = options.pop("method")
         row = store.row({"method": "recipe", "k": k}, lambda: task.prune(k, method, **options))
         log(f"{task.name} recipe K={k}: {row['after']:.2f} %")
-    _oneshot(task, store, ["michel"], ks)
-    for method in [*LEARNED, "voita"]:  # as on the first task
+    _oneshot(task, store, [m for m in ["michel"] if m in chosen], ks)
+    for method in [m for m in [*LEARNED, "voita"] if m in chosen]:  # as on the first task
         for k in learned_ks:
             _learned(task, store, method, k)
+    return not (args.methods or args.ks)
 
 
-def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
-    _task_study(tasks("convention"), store, KS, LEARNED_KS)
+def _subset(given: str | None, every: list[str], what: str) -> list[str]:
+    """The comma-separated ``given`` (None: ``every``), each checked against ``every``."""
+    if not given:
+        return every
+    wrong = [x for x in given.split(",") if x not in every]
+    if wrong:
+        raise SystemExit(f"unknown {what} {wrong[0]!r}; choose from {', '.join(every)}")
+    return given.split(",")
 
 
-def study_review_plot(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
-    _task_study(tasks("review-plot"), store, SMALL_KS, SMALL_KS)
+def study_convention(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> bool:
+    return _task_study(tasks("convention"), store, KS, LEARNED_KS, args)
 
 
-def study_debates(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
-    _task_study(tasks("debates"), store, SMALL_KS, SMALL_KS)
+def study_review_plot(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> bool:
+    return _task_study(tasks("review-plot"), store, SMALL_KS, SMALL_KS, args)
+
+
+def study_debates(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> bool:
+    return _task_study(tasks("debates"), store, SMALL_KS, SMALL_KS, args)
 
 
 #: the heads kept in the refit study, on every task
@@ -867,7 +884,8 @@ def study_refit(tasks: Callable[[str], Task], store: Store, args: argparse.Names
             log(f"{name} refit K={k}: {row['after_pruning']:.2f} -> {row['after']:.2f} %")
 
 
-STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], None]] = {
+#: every study; one returning False measured only part of itself (``--methods``/``--ks``)
+STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], bool | None]] = {
     "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
     "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
     "gemma3": study_gemma3, "convention": study_convention, "review_plot": study_review_plot,
@@ -889,9 +907,28 @@ def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace,
         if store.complete and name not in extend:
             continue
         log(f"study {name}")
-        STUDIES[name](tasks, store, args)
-        store.save(complete=True)
+        partial = STUDIES[name](tasks, store, args) is False
+        store.save(complete=not partial)
         log(f"study {name}: {store.data['seconds']:.0f} s")
+
+
+#: the fields that name a row (``Store.row``'s keys across the studies)
+ROW_KEYS = ("method", "k", "seed", "task", "lever", "run", "variant", "bench")
+
+
+def merge(paths: list[Path]) -> None:
+    """Fold partial results (a copy of ``results/`` measured elsewhere with ``--methods``/``--ks``) into
+    ``results/``: each file's rows its study lacks are added, with the machine they ran on."""
+    for path in paths:
+        other = json.loads(path.read_text())
+        store = Store(other["study"], rerun=False)
+        have = {tuple(r.get(k) for k in ROW_KEYS) for r in store.data["rows"]}
+        new = [r for r in other["rows"] if tuple(r.get(k) for k in ROW_KEYS) not in have]
+        for row in new:
+            row.setdefault("machine", other.get("machine"))
+        store.data["rows"] += new
+        store.save(complete=store.complete)
+        log(f"{path}: {len(new)} rows added to {other['study']}")
 
 
 def main() -> None:
@@ -910,9 +947,15 @@ def main() -> None:
     ap.add_argument("--llm-peer-python", default=None,
                     help="python of the Torch-Pruning environment (peer_llm; default: made by benchmarks/peer_llm.py)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the recipe's targets")
+    ap.add_argument("--methods", default=None,
+                    help="the task studies (convention, review_plot, debates): measure only these methods' rows "
+                         "(comma-separated; the study stays incomplete)")
+    ap.add_argument("--ks", default=None, help="the task studies: measure only at these K (comma-separated)")
+    ap.add_argument("--merge", nargs="*", default=[], type=Path,
+                    help="results files of a study measured in part elsewhere: add their rows this one lacks")
     args = ap.parse_args()
-    if args.studies is None:  # --extend/--rerun alone measure only what they name
-        args.studies = "none" if args.extend or args.rerun else "all"
+    if args.studies is None:  # --extend/--rerun alone measure only what they name; --merge alone nothing
+        args.studies = "none" if args.extend or args.rerun or args.merge else "all"
     if args.studies == "all":
         names = list(STUDIES)
         if not args.peer_python:
@@ -925,6 +968,7 @@ def main() -> None:
         ap.error(f"unknown study {wrong[0]!r}; studies: {', '.join(STUDIES)}")
     extend = frozenset(s for s in args.extend.split(",") if s)
     rerun = {s for s in args.rerun.split(",") if s}
+    merge(args.merge)
     run_studies(list(dict.fromkeys([*names, *extend, *rerun])), rerun, args, extend)
     from page_render import render
 

@@ -21,7 +21,7 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
                "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "peer_llm",
-               "small_data_diagnosis", "small_data_h200"]
+               "small_data_diagnosis", "small_data_h200", "small_data_h100"]
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -943,11 +943,27 @@ def _task_section(name: str, study: dict[str, Any], title: str, about: str, plot
     n, unpruned = study.get("evaluation", 0), study.get("unpruned", 0.0)
     lines = ["", f"## {title}", "", f"{about}; unpruned {unpruned:.2f} % on {n:,} held-out examples (standard error "
              f"{_standard_error(unpruned, n):.2f} points)." if n else f"{about}.", ""]
+    lines += _devices_said(rows, unpruned)
     if plots:
         png = f"{name.replace('_', '-')}-accuracy-vs-heads.png"
         _plot_curves(curves, {}, unpruned, plot_title, img / png)
         lines += [f"![{name}: accuracy vs heads kept](img/{png})", ""]
     return lines + _table(curves)
+
+
+def _devices_said(rows: list[dict[str, Any]], unpruned: float) -> list[str]:
+    """Which rows were trained on a GPU (``page.py --methods ... --merge``), and the unpruned accuracy there."""
+    gpu = [r for r in rows if r.get("device", "cpu") != "cpu"]
+    if not gpu:
+        return []
+    methods = ", ".join(dict.fromkeys(r["method"] for r in gpu))
+    devices = ", ".join(sorted({r["device"] for r in gpu}))
+    before = sorted({round(r["before"], 2) for r in gpu})
+    same = "equals" if before == [round(unpruned, 2)] else "differs from"
+    return [f"The {methods} rows were trained on {devices} (several runs at once; the classifier copied there in fp16, "
+            "the word embeddings of tokens in none of the task's texts zeroed, and read back as fp32: the unpruned "
+            f"accuracy there, {', '.join(f'{b:.2f}' for b in before)} %, {same} the {unpruned:.2f} % measured "
+            "here); every other row ran on the 2 CPU cores.", ""]
 
 
 def _target_line(name: str, n: int, unpruned: float, row: dict[str, Any], trained: int) -> str:
@@ -1028,6 +1044,12 @@ DIAGNOSES = {
                         "2 CPU cores'; the word-augmented and spliced runs distil (alpha 1) over the 900 training "
                         "rows and 10 made copies of each, every in-domain input over those rows and the 11,186 snippets "
                         "of neither split (12,086 rows)"),
+    "small_data_h100": ("Small data: a smaller part of the model trained in the recovery, on a GPU",
+                        "These ran 18 at once on one NVIDIA H100 (the model copied as for the H200 runs), so their "
+                        "times are that machine's under that load, not the 2 CPU cores'. Each trains only the "
+                        "parameters it names (the rest frozen from the cut, or from the refit), to test whether the "
+                        "recovery overfits the 900 rows with the whole model; `recipe` and `refit + recipe` are the "
+                        "same machine's reference runs (on the CPU: 82.06 / 81.28 and 82.56 / 81.06)"),
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import random
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -159,12 +160,16 @@ def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     start = time.perf_counter()
     refit = finetune.pop("refit", False)
     seed = finetune.pop("seed", 0)
+    train_only = finetune.pop("train_only", None)
     pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
                            seed=seed,
                            progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0),
                            refit=refit, eval_data=task.splits["test"] if refit else None)
     after_cut = task.held_out(pruned.model)
     cut_only = {"after_cut": 100 * pruned.report["metric"]["after_pruning"], "after_refit": after_cut} if refit else {}
+    if train_only is not None:  # the other parameters frozen (the trainer leaves out those without a gradient)
+        for name, p in pruned.model.named_parameters():
+            p.requires_grad_(re.search(train_only, name) is not None)
     teacher = finetune.pop("teacher", task.path)
     data = finetune.pop("data", task.splits["train"])
     data_options = dict(TRAIN_OPTIONS, max_examples=finetune.pop("max_examples", TRAIN_OPTIONS["max_examples"]))
@@ -278,6 +283,14 @@ def _with_augmented(task: Task, k: int, copies: int, finetune: dict[str, Any], h
 _MADE = {"alpha": 1.0, "refit": True, "max_examples": 10**6}
 
 
+#: recovery with part of the model frozen: (refit first, what is trained, the trained parameters' names)
+FROZEN = [(False, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
+          (True, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
+          (True, "attention outputs and LayerNorms trained", r"attention\.output\.|LayerNorm|classifier"),
+          (False, "embeddings frozen", r"encoder\.|pooler|classifier"),
+          (True, "embeddings frozen", r"encoder\.|pooler|classifier"),
+          (True, "biases and LayerNorms trained", r"bias|LayerNorm|classifier")]
+
 RUNS = {
     "stability": lambda task, k: stability(task, k),
     "scorers": lambda task, k: scorers(task),
@@ -307,6 +320,11 @@ RUNS = {
     "refit + word-augmented x10 + hidden states 1000 steps (distillation only)":
         lambda task, k: _with_augmented(task, k, 10, dict(_MADE, hidden_weight=1.0), steps=1000),
     "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
+    **{f"{'refit + ' if refit else ''}recipe, {what}": (
+        lambda task, k, refit=refit, pattern=pattern: recovery(task, k, 1000 if k < 12 else 500, refit=refit,
+                                                               train_only=pattern))
+       for refit, what, pattern in FROZEN},
+    "recipe lr 2e-5": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=2e-5),
 }
 
 
