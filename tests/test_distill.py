@@ -163,6 +163,9 @@ def test_recover_data_adds_unlabelled_rows_to_the_recovery(tmp_path):
     recovery = more.report["recovery"]
     assert recovery["recover_data"]["examples"] == 16 and recovery["config"]["alpha"] == 1.0
     assert plain.report["recovery"]["config"]["alpha"] == 0.5 and "recover_data" not in plain.report["recovery"]
+    # few labelled rows and no --recover-data: the note says what helped on small data; with it, no note
+    assert any("data: 24 labelled examples" in n and "--recover-data" in n for n in plain.report["notes"])
+    assert not any("labelled examples" in n for n in more.report["notes"])
     # one epoch of 6 labelled and 4 unlabelled batches: the 4 have no task loss
     assert sum("task_loss" not in e for e in recovery["curve"]) == 4
     assert all("task_loss" in e for e in plain.report["recovery"]["curve"])
