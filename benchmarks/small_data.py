@@ -154,17 +154,19 @@ def spliced(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
 
 
 def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
-    """The recipe's cut (one-shot gradient scores on every training row), then ``steps`` of recovery with
+    """The recipe's cut (one-shot gradient scores on every training row; ``method``, ``cut_options``: another
+    method's), then ``steps`` of recovery with
     ``finetune``'s options (default: distilled from the unpruned model, alpha 0.5, T 2: the recipe's), evaluated on
     the held-out split every ``CURVE_EVERY`` steps (``seed``: of the cut's data order and the recovery's)."""
     start = time.perf_counter()
     refit = finetune.pop("refit", False)
     seed = finetune.pop("seed", 0)
     train_only = finetune.pop("train_only", None)
-    pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
+    method, cut_options = finetune.pop("method", "gradient"), finetune.pop("cut_options", {})
+    pruned = headcut.prune(task.path, method, keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
                            seed=seed,
                            progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0),
-                           refit=refit, eval_data=task.splits["test"] if refit else None)
+                           refit=refit, eval_data=task.splits["test"] if refit else None, **cut_options)
     after_cut = task.held_out(pruned.model)
     cut_only = {"after_cut": 100 * pruned.report["metric"]["after_pruning"], "after_refit": after_cut} if refit else {}
     if train_only is not None:  # the other parameters frozen (the trainer leaves out those without a gradient)
@@ -325,6 +327,9 @@ RUNS = {
                                                                train_only=pattern))
        for refit, what, pattern in FROZEN},
     "recipe lr 2e-5": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=2e-5),
+    "recipe, fluctuation scores": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, method="fluctuation"),
+    "recipe, fluctuation scores and bias compensation": lambda task, k: recovery(
+        task, k, 1000 if k < 12 else 500, method="fluctuation", cut_options={"bias_compensation": True}),
 }
 
 
