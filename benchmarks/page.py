@@ -9,6 +9,9 @@ the date), row by row: an interrupted study goes on from its last finished row o
 finished one is not measured again unless named in ``--rerun`` (from scratch) or ``--extend`` (only the rows
 it lacks, after a K or a variant was added here); given alone, these two measure only the studies they name.
 The page is then rendered from every results file (``--studies none`` only renders). Progress goes to stderr.
+A task study can be measured in parts: ``--methods``/``--ks`` restrict it (run each part in a copy of this
+folder, on this machine or a GPU one), and ``--merge COPY/results/STUDY.json`` adds the copy's rows (each row keeps
+its machine; the study's own time is not changed: add a part's CPU time by hand).
 All the studies took 13.9 hours on 2 CPU cores (the sum of the times each study records); each can be run on its
 own.
 
