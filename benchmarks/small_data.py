@@ -155,9 +155,10 @@ def spliced(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
 
 def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     """The recipe's cut (one-shot gradient scores on every training row; ``method``, ``cut_options``: another
-    method's), then ``steps`` of recovery with
-    ``finetune``'s options (default: distilled from the unpruned model, alpha 0.5, T 2: the recipe's), evaluated on
-    the held-out split every ``CURVE_EVERY`` steps (``seed``: of the cut's data order and the recovery's)."""
+    method's), then ``steps`` of recovery with ``finetune``'s options (default: distilled from the unpruned model,
+    alpha 0.5, T 2: the recipe's; ``train_only``: a regular expression of the parameters trained, the others
+    frozen), evaluated on the held-out split every ``CURVE_EVERY`` steps (``seed``: of the cut's data order and
+    the recovery's)."""
     start = time.perf_counter()
     refit = finetune.pop("refit", False)
     seed = finetune.pop("seed", 0)
@@ -285,7 +286,8 @@ def _with_augmented(task: Task, k: int, copies: int, finetune: dict[str, Any], h
 _MADE = {"alpha": 1.0, "refit": True, "max_examples": 10**6}
 
 
-#: recovery with part of the model frozen: (refit first, what is trained, the trained parameters' names)
+#: recovery with part of the model frozen: (refit first, what is trained, the trained parameters' names: those of
+#: the page's classifiers, all BERT-architecture MiniLMs; a benchmark of these tasks, not headcut's own code)
 FROZEN = [(False, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
           (True, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
           (True, "attention outputs and LayerNorms trained", r"attention\.output\.|LayerNorm|classifier"),

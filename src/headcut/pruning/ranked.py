@@ -22,8 +22,8 @@ The methods themselves are instances of :class:`ScoreMethod`, one module each: :
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 from dataclasses import dataclass, replace
+from typing import Any
 
 from torch import nn
 
@@ -31,12 +31,12 @@ from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
 from ..config import PruneConfig, ScoreConfig
 from ..errors import HeadcutError
 from ..model.masks import HeadMask
-from .units import BlockSet
 from ..options import OptionError, check_fields, option
 from ..scoring.base import Batch
 from .base import PruneProgress, PruneResult, batches_of, score_masked
 from .method import MethodBase, Problem
 from .search import Budget, run_search
+from .units import BlockSet
 
 
 @dataclass
@@ -156,8 +156,6 @@ class ScoreMethod(MethodBase):
                             problem.metric, problem.progress)
         result.score_config = score_config
         return result
-
-
 
     def check_units(self, sets: list[BlockSet], budget: Budget, config: PruneConfig, options: Any) -> None:
         """Refuses a scorer that compares heads within a block only (:attr:`Scorer.within_block`) on a model
