@@ -21,7 +21,7 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
                "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "peer_llm",
-               "small_data_diagnosis", "small_data_h200", "small_data_h100"]
+               "small_data_diagnosis", "small_data_h200", "small_data_h100", "small_data_cli"]
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -1050,6 +1050,17 @@ DIAGNOSES = {
                         "parameters it names (the rest frozen from the cut, or from the refit), to test whether the "
                         "recovery overfits the 900 rows with the whole model; `recipe` and `refit + recipe` are the "
                         "same machine's reference runs (on the CPU: 82.06 / 81.28 and 82.56 / 81.06)"),
+    "small_data_cli": ("Small data: the recipe with another method's cut",
+                       "`headcut prune MODEL --method METHOD --keep K --data train.csv --eval-data test.csv "
+                       "--max-examples 4000 --batch-size 8 --recover-steps S` (S: 500 at 16 heads, 1,000 at 8): the "
+                       "recipe with FLAP's fluctuation scores (no labels read) or Michel et al.'s iterative gradient "
+                       "scores (re-scored after every 7 heads removed: 8 scorings to 16 heads, 10 to 8) choosing "
+                       "the heads in place of the one-shot gradient scores, run on the command line (each row's command is in the results file; the "
+                       "recipe's own numbers are in each task's section). The times are the whole command's with one "
+                       "torch thread, two or three runs at once on the 2 cores, not a run alone; no curve is kept. "
+                       "FLAP's bias compensation puts the removed heads' mean output in their place, and on this "
+                       "post-LayerNorm encoder that alone sends the cut to chance (33.33 %, against 65.28 % without "
+                       "it; the slimmed model's logits match that mean substitution in the unpruned model to 0.06)"),
 }
 
 

@@ -8,7 +8,9 @@ row (an interrupted run goes on from its last finished row).
 Each recovery run is evaluated on the held-out split every ``CURVE_EVERY`` steps (250; the first runs stored: 100):
 the curve shows what the recovery does over time (a diagnosis only: no run chooses anything on the held-out split).
 Several processes at once need a ``--results`` file each (their rows were merged into the one file by hand).
-Progress goes to stderr.
+``--reports FILE...`` measures nothing: it keeps rows of runs made on the command line (``headcut prune ... --json
+FILE``; ``results/small_data_cli.json``: the recipe with fluctuation's cut in place of gradient's). Progress goes to
+stderr.
 """
 
 from __future__ import annotations
@@ -329,10 +331,59 @@ RUNS = {
                                                                train_only=pattern))
        for refit, what, pattern in FROZEN},
     "recipe lr 2e-5": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=2e-5),
+    "recipe with temperature 5 and alpha 0.9": lambda task, k: recovery(task, k, 1000 if k < 12 else 500,
+                                                                        temperature=5.0, alpha=0.9),
+    "refit + recipe with fluctuation scores and hidden states": lambda task, k: recovery(
+        task, k, 1000 if k < 12 else 500, method="fluctuation", refit=True, hidden_weight=1.0),
+    "recipe with mixup 0.4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, mixup=0.4),
+    "recipe with fluctuation scores and mixup 0.4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500,
+                                                                      method="fluctuation", mixup=0.4),
     "recipe, fluctuation scores": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, method="fluctuation"),
     "recipe, fluctuation scores and bias compensation": lambda task, k: recovery(
         task, k, 1000 if k < 12 else 500, method="fluctuation", cut_options={"bias_compensation": True}),
 }
+
+
+#: ``headcut prune`` arguments a report's command line repeats (the data paths are the task's splits)
+_FLAGS = ("method", "keep", "max_examples", "batch_size", "recover_steps", "refit", "bias_compensation", "seed")
+
+
+def report_row(path: Path) -> dict[str, Any]:
+    """A row of a ``headcut prune ... --eval-data TEST --json FILE`` run on the command line (``--reports``): the
+    accuracy after the cut and after the recovery, the whole command's time, and the command."""
+    import json
+
+    report = json.loads(path.read_text())
+    args = report["arguments"]
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in _FLAGS
+             if (v := args.get(k)) not in (None, False) and not (k == "seed" and v == 0)]
+    metric = report["metric"]
+    task = next(name for name, folder in TASK_FOLDERS.items() if folder in args["model"])
+    return {"task": task, "k": args["keep"], "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
+            "seconds": report["seconds"], "command": " ".join(["headcut prune", Path(args["model"]).name, *flags,
+                                                                "--data train.csv --eval-data test.csv"]),
+            **({"after_refit": 100 * metric["after_refit"]} if metric.get("after_refit") is not None else {})}
+
+
+#: the page's tasks' cached classifiers (the ``--reports`` rows' task)
+TASK_FOLDERS = {"review-plot": "minilm-review-plot-900", "debates": "minilm-debates-2016",
+                "rt": "minilm-rotten-tomatoes-4000", "convention": "minilm-convention-2012"}
+
+
+def run_names(arg: str) -> list[str]:
+    """``--runs``' names: comma-separated, a name's own commas kept (the longest name of ``RUNS`` that the next
+    comma-separated parts spell)."""
+    parts, names = arg.split(","), []
+    while parts:
+        for n in range(len(parts), 0, -1):
+            name = ",".join(parts[:n]).strip()
+            if name in RUNS:
+                names.append(name)
+                del parts[:n]
+                break
+        else:
+            raise SystemExit(f"unknown run {parts[0].strip()!r}; the runs: {'; '.join(RUNS)}")
+    return names
 
 
 def main() -> None:
@@ -343,7 +394,21 @@ def main() -> None:
     ap.add_argument("--results", default="small_data_diagnosis",
                     help="the results file's name (one per process when several run at once)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--reports", nargs="*", default=[], metavar="FILE",
+                    help="also keep rows of command-line runs: `headcut prune` --json reports, run RUN_NAME "
+                         "(--report-run), nothing measured")
+    ap.add_argument("--report-run", default="recipe with fluctuation's cut (command line)",
+                    help="the run name of the --reports rows")
     args = ap.parse_args()
+    if args.reports:
+        store = Store(args.results, rerun=False)
+        for path in map(Path, args.reports):
+            row = report_row(path)
+            store.data.setdefault("unpruned", {})[row["task"]] = row.pop("before")
+            store.row({"task": row.pop("task"), "k": row.pop("k"), "run": args.report_run}, lambda: row)
+        store.save(complete=False)
+        return
+    run_names(args.runs)  # unknown names refused before any work
     if args.threads:
         import torch
 
@@ -353,7 +418,7 @@ def main() -> None:
         task = Task.load(name)
         store.data.setdefault("unpruned", {})[name] = task.accuracy()
         for k in map(int, args.ks.split(",")):
-            for run in args.runs.split(","):
+            for run in run_names(args.runs):
                 row = store.row({"task": name, "k": k, "run": run}, lambda: RUNS[run](task, k))
                 log(f"{name} K={k} {run}: {row.get('after', row.get('after_cut'))}")
     store.save(complete=False)

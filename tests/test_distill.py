@@ -254,3 +254,30 @@ def test_lottery_and_auber_distil_from_the_unpruned_model(tmp_path, method, extr
     a, b = headcut.load(tmp_path / "o0"), headcut.load(tmp_path / "o0.8")
     assert reports[0]["mask"] != reports[1]["mask"] or any(
         not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_mixup_distillation_is_zero_for_the_teacher_itself_and_deterministic():
+    """MixKD's term (mixed input embeddings, KL to the teacher on them) is 0 for the teacher itself, the same for
+    the same seed and step, logged by finetune, and refused for a task that is not sequence classification."""
+    from headcut.config import FinetuneConfig
+    from headcut.training.finetuning import DistillationLoss, finetune, frozen_teacher
+
+    model = make_model("bert", "BertForSequenceClassification")
+    cal = calibration(model)
+    batch = cal.batches[0]
+    teacher = frozen_teacher(model)
+    same = DistillationLoss("classification", teacher, 0.5, 2.0, mixup=0.4)
+    assert float(same.mixed_kl(model.eval(), batch, 3)) == pytest.approx(0.0, abs=1e-6)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    first, again = (float(DistillationLoss("classification", teacher, 0.5, 2.0, mixup=0.4, seed=1).mixed_kl(
+        model, batch, 3)) for _ in range(2))
+    assert first == again > 0
+    result = finetune(model, cal, FinetuneConfig(max_steps=4, lr=1e-3, mixup=0.4, checkpoint_every=None),
+                      teacher=teacher)
+    assert len(result.history) == 4 and all(e["kl_mixed"] >= 0 for e in result.history)
+    with pytest.raises(HeadcutError, match="needs a sequence classifier"):
+        DistillationLoss("causal-lm", teacher, 0.5, 2.0, mixup=0.4)
+    with pytest.raises(HeadcutError, match="mixup must be >= 0"):
+        FinetuneConfig(mixup=-1.0).validate()

@@ -247,6 +247,10 @@ class FinetuneConfig(TrainConfig):
     #: weight of hidden-state matching to the teacher (:func:`headcut.training.finetuning.hidden_matching`); 0: off
     hidden_weight: float = option(0.0, low=0, metavar="W", help="Weight of hidden-state matching to the teacher "
                                   "(needs --distill-from); 0: off.")
+    #: MixKD's Beta(a, a) mixing of pairs of examples' input embeddings, a distillation term on them
+    #: (:meth:`headcut.training.finetuning.DistillationLoss.mixed_kl`); 0: off
+    mixup: float = option(0.0, low=0, metavar="A", help="Also distil on pairs of the batch's examples mixed in the "
+                          "embedding space, weights from Beta(A, A) (MixKD; needs --distill-from, classifiers); 0: off.")
     #: early stopping: stop after this many evaluations (every ``eval_every`` steps) without a better eval
     #: metric and keep the best weights; None: train to the end
     patience: int | None = option(None, low=1, help="Early stopping: stop after N evaluations without a better "

@@ -52,7 +52,7 @@ def finetune(
     epochs: int | None = None, max_steps: int | None = None, lr: float = 5e-5, grad_accum: int = 1,
     warmup_steps: int = 0, weight_decay: float = 0.0, eval_every: int | None = None,
     checkpoint_every: int | None = 100, alpha: float = 0.5, temperature: float = 2.0, hidden_weight: float = 0.0,
-    patience: int | None = None, engine: str = "auto", seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
+    mixup: float = 0.0, patience: int | None = None, engine: str = "auto", seed: int = 0, tokenizer: Any = None, task: str | None = None, labels: Sequence[str] | None = None, split: str = "train",
     eval_split: str = "validation", data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
@@ -77,19 +77,20 @@ def finetune(
         model=model, data=data, eval_data=eval_data, teacher=teacher, epochs=epochs, max_steps=max_steps, lr=lr,
         grad_accum=grad_accum, warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
         checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight,
-        patience=patience, engine=engine, seed=seed, task=task,
+        mixup=mixup, patience=patience, engine=engine, seed=seed, task=task,
         labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
         device=device))
     progress = progress or quiet()
     with values():  # every value refused before any work, as a HeadcutValueError
-        if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight):
-            raise HeadcutError(f"{label('alpha')}, {label('temperature')} and {label('hidden_weight')} need {label('teacher')}")
+        if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight or mixup):
+            raise HeadcutError(f"{label('alpha')}, {label('temperature')}, {label('hidden_weight')} and {label('mixup')} need "
+                               f"{label('teacher')}")
         if eval_every is not None and eval_data is None:
             raise HeadcutError(f"{label('eval_every')} needs {label('eval_data')}")
         config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
                                 warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
                                 checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
-                                hidden_weight=hidden_weight, patience=patience, engine=engine)
+                                hidden_weight=hidden_weight, mixup=mixup, patience=patience, engine=engine)
         config.validate()
         if patience is not None and eval_data is None:
             raise HeadcutError(f"{label('patience')} needs {label('eval_data')} (the metric it watches) and {label('eval_every')}")
