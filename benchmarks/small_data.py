@@ -8,7 +8,7 @@ row (an interrupted run goes on from its last finished row).
 Each recovery run is evaluated on the held-out split every ``CURVE_EVERY`` steps (250; the first runs stored: 100):
 the curve shows what the recovery does over time (a diagnosis only: no run chooses anything on the held-out split).
 Several processes at once need a ``--results`` file each (their rows were merged into the one file by hand).
-``--reports FILE...`` measures nothing: it keeps rows of runs made on the command line (``headcut prune ... --json
+``--tasks TASK --reports FILE...`` measures nothing: it keeps rows of runs made on the command line (``headcut prune ... --json
 FILE``; ``results/small_data_cli.json``: the recipe with fluctuation's cut in place of gradient's). Progress goes to
 stderr.
 """
@@ -349,8 +349,9 @@ _FLAGS = ("method", "keep", "max_examples", "batch_size", "recover_steps", "refi
 
 
 def report_row(path: Path) -> dict[str, Any]:
-    """A row of a ``headcut prune ... --eval-data TEST --json FILE`` run on the command line (``--reports``): the
-    accuracy after the cut and after the recovery, the whole command's time, and the command."""
+    """A row of a ``headcut prune ... --eval-data TEST --json FILE`` run on the command line (``--reports``) on the
+    task of ``--tasks``: the accuracy after the cut and after the recovery, the whole command's time, and the
+    command."""
     import json
 
     report = json.loads(path.read_text())
@@ -358,16 +359,10 @@ def report_row(path: Path) -> dict[str, Any]:
     flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in _FLAGS
              if (v := args.get(k)) not in (None, False) and not (k == "seed" and v == 0)]
     metric = report["metric"]
-    task = next(name for name, folder in TASK_FOLDERS.items() if folder in args["model"])
-    return {"task": task, "k": args["keep"], "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
+    return {"k": args["keep"], "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
             "seconds": report["seconds"], "command": " ".join(["headcut prune", Path(args["model"]).name, *flags,
                                                                 "--data train.csv --eval-data test.csv"]),
             **({"after_refit": 100 * metric["after_refit"]} if metric.get("after_refit") is not None else {})}
-
-
-#: the page's tasks' cached classifiers (the ``--reports`` rows' task)
-TASK_FOLDERS = {"review-plot": "minilm-review-plot-900", "debates": "minilm-debates-2016",
-                "rt": "minilm-rotten-tomatoes-4000", "convention": "minilm-convention-2012"}
 
 
 def run_names(arg: str) -> list[str]:
@@ -395,17 +390,19 @@ def main() -> None:
                     help="the results file's name (one per process when several run at once)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--reports", nargs="*", default=[], metavar="FILE",
-                    help="also keep rows of command-line runs: `headcut prune` --json reports, run RUN_NAME "
-                         "(--report-run), nothing measured")
+                    help="keep rows of command-line runs instead of measuring: `headcut prune` --json reports "
+                         "of the one task of --tasks, run name --report-run")
     ap.add_argument("--report-run", default="recipe with fluctuation's cut (command line)",
                     help="the run name of the --reports rows")
     args = ap.parse_args()
     if args.reports:
+        if "," in args.tasks:
+            raise SystemExit("--reports: name their task with --tasks (one task)")
         store = Store(args.results, rerun=False)
         for path in map(Path, args.reports):
             row = report_row(path)
-            store.data.setdefault("unpruned", {})[row["task"]] = row.pop("before")
-            store.row({"task": row.pop("task"), "k": row.pop("k"), "run": args.report_run}, lambda: row)
+            store.data.setdefault("unpruned", {})[args.tasks] = row.pop("before")
+            store.row({"task": args.tasks, "k": row.pop("k"), "run": args.report_run}, lambda: row)
         store.save(complete=False)
         return
     run_names(args.runs)  # unknown names refused before any work

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -313,6 +314,8 @@ class DistillationLoss:
             hidden = hidden_matching(_hidden_states(out), t_hidden, batch.get("attention_mask"))
             loss = loss + hidden_weight * hidden
             logs["hidden"] = hidden.detach()
+        if self.mixup and "input_ids" not in batch:
+            raise HeadcutError("mixup distillation mixes token embeddings: it needs text inputs (input_ids)")
         if self.mixup and batch["input_ids"].shape[0] > 1:
             mixed = self.mixed_kl(model, batch, step)
             loss = loss + (self.alpha if task_loss is not None else 1.0) * self.temperature**2 * mixed
@@ -320,13 +323,11 @@ class DistillationLoss:
         return loss, logs
 
     def mixed_kl(self, model: nn.Module, batch: dict[str, Any], step: int) -> torch.Tensor:
-        """MixKD (Liang et al., ICLR 2021, eq. 4-6): the batch's examples mixed pairwise in the input-embedding
-        space, ``e' = lam * e(x_i) + (1 - lam) * e(x_perm(i))`` with ``lam ~ Beta(mixup, mixup)`` per pair (eq. 4;
-        each model mixes its own embeddings, the attention mask is the union), and the KL of the student to the
-        teacher on those inputs (eq. 6): more inputs to match the teacher on than the training rows alone give,
+        """MixKD (Liang et al., ICLR 2021): the batch's examples mixed pairwise in the input-embedding space,
+        ``e' = lam * e(x_i) + (1 - lam) * e(x_perm(i))`` with ``lam ~ Beta(mixup, mixup)`` per pair (each model
+        mixes its own embeddings, the attention mask is the union), and the KL of the student to the teacher on
+        those inputs: more inputs to match the teacher on than the training rows alone give,
         at no cost in labels. Deterministic: the pairs and ``lam`` come from ``seed`` and ``step``."""
-        import random
-
         ids = batch["input_ids"]
         n = ids.shape[0]
         rng = random.Random(self.seed * 1_000_003 + step)
