@@ -130,8 +130,9 @@ TASKS: dict[str, Callable[[], tuple[Path, dict[str, Path]]]] = {
 
 
 def recipe(k: int) -> dict[str, Any]:
-    """The README main job's recipe for K heads (``headcut.prune`` arguments): one-shot gradient scores, then
-    distilled recovery fine-tuning for one epoch of the 4,000 snippets (two below 12 heads)."""
+    """The gradient recipe for K heads (``headcut.prune`` arguments; the README main job's until issue 33, whose
+    default recipe's rows come from the command line, ``small_data.py --reports``): one-shot gradient scores,
+    then distilled recovery fine-tuning for one epoch of the 4,000 snippets (two below 12 heads)."""
     return {"method": "gradient", "recover_steps": 500 if k >= 12 else 1000}
 
 

@@ -345,7 +345,8 @@ RUNS = {
 
 
 #: ``headcut prune`` arguments a report's command line repeats (the data paths are the task's splits)
-_FLAGS = ("method", "keep", "max_examples", "batch_size", "recover_steps", "refit", "bias_compensation", "seed")
+_FLAGS = ("method", "keep", "via", "max_examples", "batch_size", "recover_steps", "recover_hidden_weight", "refit",
+          "bias_compensation", "seed")
 
 
 def report_row(path: Path) -> dict[str, Any]:
@@ -359,7 +360,11 @@ def report_row(path: Path) -> dict[str, Any]:
     flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in _FLAGS
              if (v := args.get(k)) not in (None, False) and not (k == "seed" and v == 0)]
     metric = report["metric"]
-    return {"k": args["keep"], "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
+    rounds = [{"k": r["keep"], **{k: 100 * v for k, v in r["metric"].items() if v is not None}}
+              for r in report.get("rounds", [])]
+    steps = sum((r.get("recovery") or {}).get("steps", 0) for r in [*report.get("rounds", []), report])
+    return {"k": args["keep"], "steps": steps, **({"rounds": rounds} if rounds else {}),
+            "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
             "seconds": report["seconds"], "command": " ".join(["headcut prune", Path(args["model"]).name, *flags,
                                                                 "--data train.csv --eval-data test.csv"]),
             **({"after_refit": 100 * metric["after_refit"]} if metric.get("after_refit") is not None else {})}
@@ -394,13 +399,15 @@ def main() -> None:
                          "of the one task of --tasks, run name --report-run")
     ap.add_argument("--report-run", default="recipe with fluctuation's cut (command line)",
                     help="the run name of the --reports rows")
+    ap.add_argument("--report-timing", default=None, metavar="TEXT",
+                    help="how the --reports runs were timed, where not alone on the machine (the rows' 'timing')")
     args = ap.parse_args()
     if args.reports:
         if "," in args.tasks:
             raise SystemExit("--reports: name their task with --tasks (one task)")
         store = Store(args.results, rerun=False)
         for path in map(Path, args.reports):
-            row = report_row(path)
+            row = report_row(path) | ({"timing": args.report_timing} if args.report_timing else {})
             store.data.setdefault("unpruned", {})[args.tasks] = row.pop("before")
             store.row({"task": args.tasks, "k": row.pop("k"), "run": args.report_run}, lambda: row)
         store.save(complete=False)

@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # The README's main job, end to end on real data: a MiniLM sentiment classifier (all-MiniLM-L6-v2,
 # 6 x 12 = 72 heads, fine-tuned by `headcut finetune` on 4,000 Rotten Tomatoes snippets once and
-# cached), scored, pruned to 16 heads (one-shot gradient scores, then recovery fine-tuning distilled from
-# the unpruned model for one epoch of those snippets), timed before and after; the slimmed model is
+# cached), scored, pruned to 16 heads (FLAP's fluctuation scores, a least-squares refit of the kept heads' output
+# projections, then recovery fine-tuning distilled from the unpruned model, its hidden states matched too, for one
+# epoch of those snippets), timed before and after; the slimmed model is
 # reloaded with plain transformers. One evaluation set throughout: the 2,808 held-out snippets. Outputs
-# go to $HEADCUT_DEMO_DIR (default ./headcut-demo); step headings and progress go to stderr, results to stdout.
+# go to $HEADCUT_DEMO_DIR (default ./headcut-demo); HEADCUT_DEMO_KEEP sets the heads kept (default 16; below 12 the
+# cut runs in two rounds, --via 16, each with its refit and 500 recovery steps); step headings and progress go to stderr, results to stdout.
 set -euo pipefail
 work=${HEADCUT_DEMO_DIR:-headcut-demo}
-# gradient + distilled recovery: the most accuracy per CPU-minute at 16 heads (docs/benchmarks.md, "Targets"
-# and "Levers"); HEADCUT_DEMO_METHOD picks another method
-method=${HEADCUT_DEMO_METHOD:-gradient}
+# fluctuation + refit + distilled recovery with hidden-state matching: the recipe that held on every task of the
+# benchmark page, small data included (docs/benchmarks.md, "Targets on every task"); HEADCUT_DEMO_METHOD picks
+# another method
+method=${HEADCUT_DEMO_METHOD:-fluctuation}
+keep=${HEADCUT_DEMO_KEEP:-16}
 case "$method" in
   # a learned-gate method: 250 steps of gates distilled from the unpruned model (--alpha 0.9), then 250
   # distilled recovery steps: 500 steps of 8 = one epoch of the 4,000 training snippets in all
   pass|passconc|dsp|ste|voita|lag) how=(--max-steps 250 --alpha 0.9 --recover-steps 250 --batch-size 8
       --max-examples 4000)
     what="250 steps of gates distilled from the unpruned model, then 250 distilled recovery steps: one epoch of the 4,000 training snippets";;
-  # any other method: its choice of heads, then 500 steps of 8 of distilled recovery = one epoch
-  *) how=(--recover-steps 500 --batch-size 8 --max-examples 4000)
-    what="scores of the 4,000 training snippets, then 500 steps of recovery fine-tuning distilled from the unpruned model: one epoch";;
+  # any other method: its choice of heads, the refit, then 500 steps of 8 of distilled recovery = one epoch
+  *) how=(--refit --recover-steps 500 --recover-hidden-weight 1 --batch-size 8 --max-examples 4000)
+    what="scores of the 4,000 training snippets, a least-squares refit, then 500 steps of recovery fine-tuning distilled from the unpruned model with its hidden states matched: one epoch"
+    if [ "$keep" -lt 12 ]; then how+=(--via 16); what="two rounds (72 -> 16 -> $keep heads) of: $what"; fi;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
@@ -32,22 +37,23 @@ headcut info "$model"
 say "which heads matter? (Greedy-Gnorm scores on 512 training snippets)"
 headcut score "$model" --data "$train" --max-examples 512 --scorer gnorm --json "$work/scores.json"
 
-say "pruning 72 -> 16 heads with $method ($what; accuracy on the 2,808 held-out snippets)"
-headcut prune "$model" --method "$method" --keep 16 --data "$train" --eval-data "$test" \
-  "${how[@]}" --out "$work/minilm-16" --force --json "$work/prune.json"
+say "pruning 72 -> $keep heads with $method ($what; accuracy on the 2,808 held-out snippets)"
+headcut prune "$model" --method "$method" --keep "$keep" --data "$train" --eval-data "$test" \
+  "${how[@]}" --out "$work/minilm-$keep" --force --json "$work/prune.json"
 
 say "timing both, interleaved (CPU, batch 8 x 128 tokens, 10 rounds)"
-headcut bench "$model" "$work/minilm-16" --batch-size 8 --seq-len 128 --runs 10 --warmup 2 --update-card \
+headcut bench "$model" "$work/minilm-$keep" --batch-size 8 --seq-len 128 --runs 10 --warmup 2 --update-card \
   --json "$work/bench.json"
 
 say "before and after"
-python - "$work" <<'PY'
+python - "$work" "minilm-$keep" <<'PY'
 import json, sys
 from pathlib import Path
 import torch, transformers
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
 work = Path(sys.argv[1])
+slim = work / sys.argv[2]
 report = json.loads((work / "prune.json").read_text())
 bench = json.loads((work / "bench.json").read_text())["models"]
 metric = report["metric"]
@@ -63,10 +69,10 @@ print(f"{'':32}{'before':>14}{'after':>14}")
 for name, a, b in rows:
     print(f"{name:32}{a:>14}{b:>14}")
 # plain transformers loads the slimmed model (trust_remote_code) and agrees with headcut's loader
-tok = transformers.AutoTokenizer.from_pretrained(work / "minilm-16")
-plain = transformers.AutoModelForSequenceClassification.from_pretrained(work / "minilm-16", trust_remote_code=True)
+tok = transformers.AutoTokenizer.from_pretrained(slim)
+plain = transformers.AutoModelForSequenceClassification.from_pretrained(slim, trust_remote_code=True)
 batch = tok(["A gripping, beautifully acted film.", "Dull and far too long."], padding=True, return_tensors="pt")
 with torch.no_grad():
     labels = [plain.config.id2label[i] for i in plain(**batch).logits.argmax(-1).tolist()]
-print(f"\nplain transformers reloads {work / 'minilm-16'}: predictions {labels}")
+print(f"\nplain transformers reloads {slim}: predictions {labels}")
 PY

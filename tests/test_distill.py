@@ -194,6 +194,95 @@ def test_recover_data_adds_unlabelled_rows_to_the_recovery(tmp_path):
         headcut.prune(t5, "magnitude", keep=4, data=pairs, recover_steps=2, recover_data=extra)
 
 
+def test_recover_hidden_weight_adds_hidden_state_matching_to_the_recovery(tmp_path):
+    import headcut
+
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    train = write_rows(tmp_path / "train.csv", cls_rows(24))
+    dev = write_rows(tmp_path / "dev.csv", cls_rows(12, seed=1))
+    options = {"batch_size": 8}
+    plain = headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=3, data_options=options)
+    hidden = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=3, data_options=options,
+                           recover_hidden_weight=2.0)
+    assert hidden.mask.keep == plain.mask.keep
+    recovery = hidden.report["recovery"]
+    assert recovery["config"]["hidden_weight"] == 2.0 and plain.report["recovery"]["config"]["hidden_weight"] == 0.0
+    assert all(e["hidden"] > 0 for e in recovery["curve"])
+    assert not any("hidden" in e for e in plain.report["recovery"]["curve"])
+    # the logged loss is the distillation loss plus 2 x the hidden-state term
+    first = recovery["curve"][0]
+    expected = 0.5 * 4 * first["kl"] + 0.5 * first["task_loss"] + 2.0 * first["hidden"]  # alpha 0.5, T 2
+    assert first["loss"] == pytest.approx(expected, rel=1e-4)
+    assert any(not torch.equal(v, plain.model.state_dict()[k]) for k, v in hidden.model.state_dict().items())
+    hidden.save(tmp_path / "o")
+    assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(hidden.report["metric"]["after"])
+    assert "hidden states matched with weight 2" in (tmp_path / "o" / "README.md").read_text()
+
+    with pytest.raises(HeadcutError, match="recover_hidden_weight weighs a term of the recovery fine-tuning: it "
+                                           "needs recover_steps"):
+        headcut.prune(src, "magnitude", keep=4, data=train, recover_hidden_weight=1.0)
+    with pytest.raises(HeadcutError, match="recover_hidden_weight must be a number >= 0"):
+        headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_hidden_weight=-1.0)
+    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-steps", "2",
+                 "--recover-hidden-weight", "1", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "hidden states matched (weight 1)" in result.stdout
+    bad = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-hidden-weight", "1",
+              "--out", tmp_path / "q")
+    one_line_error(bad, "--recover-hidden-weight weighs a term of the recovery fine-tuning: it needs --recover-steps N")
+
+
+def test_via_cuts_in_two_rounds_and_reports_one_cut_of_the_input_model(tmp_path):
+    import headcut
+
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")  # 2 blocks x 4 heads
+    train = write_rows(tmp_path / "train.csv", cls_rows(24))
+    dev = write_rows(tmp_path / "dev.csv", cls_rows(12, seed=1))
+    # magnitude scores read only the weights, which a cut leaves as they are: two rounds choose the one-shot heads,
+    # and the composed mask is in the input model's numbering
+    one = headcut.prune(src, "magnitude", keep=3)
+    two = headcut.prune(src, "magnitude", keep=3, via=6)
+    assert two.mask.keep == one.mask.keep and two.report["mask"] == one.report["mask"]
+    assert two.report["heads"]["before"] == 8 and two.report["heads"]["after"] == 3
+    assert two.report["params"] == one.report["params"]
+    (first,) = two.report["rounds"]
+    assert first["keep"] == 6 and sum(map(len, first["mask"]["keep"].values())) == 6
+    assert all(set(two.mask.keep[b]) <= set(first["mask"]["keep"][b]) for b in two.mask.keep)
+    ids = torch.randint(5, 90, (2, 7))
+    with torch.no_grad():
+        assert torch.allclose(one.model(input_ids=ids).logits, two.model(input_ids=ids).logits, atol=1e-6)
+
+    tuned = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, eval_data=dev, refit=True, recover_steps=2,
+                          recover_hidden_weight=1.0, data_options={"batch_size": 8})
+    (first,) = tuned.report["rounds"]
+    assert set(first["metric"]) == {"after_pruning", "after_refit", "after"} and first["recovery"]["steps"] == 2
+    assert first["refit"]["refitted"] and tuned.report["recovery"]["steps"] == 2
+    assert tuned.report["metric"]["before"] == pytest.approx(headcut.evaluate(src, dev).value)
+    tuned.save(tmp_path / "o")
+    assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(tuned.report["metric"]["after"])
+    assert "two rounds: first to 6 heads, refitted and fine-tuned for 2 steps" in (tmp_path / "o" / "README.md").read_text()
+    replay = headcut.export(src, mask=tuned.mask)  # the composed mask replays the structure on the input model
+    assert replay.report["heads_per_block_after"] == tuned.report["heads"]["per_block_after"]
+
+    for bad, match in ((dict(keep=3, via=9), "via 9 must lie between the heads kept in the end \\(3\\) and the "
+                        "model's 8"), (dict(keep=3, via=3), "via 3 must lie between"),
+                       (dict(sparsity=0.5, via=2), "via 2 must lie between the heads kept in the end \\(4\\)"),
+                       (dict(via=6), "no budget")):
+        with pytest.raises(HeadcutError, match=match):
+            headcut.prune(src, "magnitude", **bad)
+    with pytest.raises(HeadcutError, match="via cuts in two rounds, each scored on the model the one before left: "
+                                           "it applies to the score-based methods"):
+        headcut.prune(src, "pass", keep=3, via=6, data=train)
+    with pytest.raises(HeadcutError, match="via cuts to a number of heads in two rounds"):
+        headcut.prune(src, "magnitude", max_drop=0.1, via=6, eval_data=dev)
+    result = run("prune", src, "--method", "fluctuation", "--keep", "3", "--via", "6", "--data", train,
+                 "--eval-data", dev, "--refit", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "round 1: cut to 6 heads; accuracy after the cut" in result.stdout
+    bad = run("prune", src, "--method", "magnitude", "--keep", "3", "--via", "8", "--out", tmp_path / "q")
+    one_line_error(bad, "--via 8 must lie between the heads kept in the end (3) and the model's 8")
+
+
 def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():
     """hidden_matching(teacher, teacher) is 0 and 1 for all-zero states; padding does not count; finetune with
     hidden_weight logs the term and runs the teacher once per step (its states are not cached)."""

@@ -467,8 +467,9 @@ RULES: dict[str, dict[str, Rule]] = {
     "prune": {
         "model": model, "method": registered(_method), "keep": optional(integer), "sparsity": optional(number),
         "max_drop": optional(number), "data": optional(data), "uniform": boolean, "min_heads_per_block": integer,
-        "gqa": text, "trajectory": bool_or_path, "recover_steps": integer, "refit": boolean,
-        "recover_data": optional(data), "layerwise": boolean, "max_memory": optional(size),
+        "via": optional(integer), "gqa": text, "trajectory": bool_or_path, "recover_steps": integer, "refit": boolean,
+        "recover_data": optional(data), "recover_hidden_weight": number, "layerwise": boolean,
+        "max_memory": optional(size),
         "out": optional(output), "force": boolean, "options": anything,
         **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,
     },

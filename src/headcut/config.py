@@ -105,8 +105,10 @@ class PruneConfig:
     ``keep``/``sparsity`` optional as a floor. A method that decides the count itself (``auber``)
     needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same
     number of heads in every block. ``min_heads_per_block``: never take a block below this. ``gqa``: the
-    grouped-query policy (units and slimming). ``seed``: every random choice of the method. ``trajectory``:
-    measure the metric after every step (score-based methods; needs evaluation data)."""
+    grouped-query policy (units and slimming). ``via``: cut in two rounds, to ``via`` heads and then to the
+    budget, each round scored on the model the one before left (score-based methods). ``seed``: every random
+    choice of the method. ``trajectory``: measure the metric after every step (score-based methods; needs
+    evaluation data)."""
 
     method: str = "gradient"
     keep: int | None = option(None, low=0, metavar="K", panel=B, help="Heads to keep (exactly; auber: at most).")
@@ -118,6 +120,8 @@ class PruneConfig:
                            "transformers checkpoint, no remote code).")
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
     gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", panel=B, help="Grouped-query attention policy.")
+    via: int | None = option(None, low=1, metavar="K", panel=B, help="Score-based: cut to K first (refit, recovery), "
+                             "then to the budget.")
     seed: int = 0
     trajectory: bool = False
 
@@ -131,6 +135,11 @@ class PruneConfig:
         budget_given = self.keep is not None or self.sparsity is not None or self.max_drop is not None
         if not budget_given and entry.budget == "required":
             raise OptionError("no budget: give {keep}, {sparsity} or {max_drop}")
+        if self.via is not None and (self.max_drop is not None or self.trajectory):
+            raise OptionError("{via} cuts to a number of heads in two rounds: give {keep} or {sparsity}, not "
+                              "{max_drop} or {trajectory}")
+        if self.via is not None and self.keep is None and self.sparsity is None:
+            raise OptionError("{via} needs the final budget: {keep} or {sparsity}")
         check_fields(self)
 
     def to_json(self) -> dict[str, Any]:

@@ -147,18 +147,21 @@ def prune_cmd(
     data: Annotated[Optional[str], typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
                                                 show_default=False)] = None,
     eval_data: Annotated[Optional[str], typer.Option(
-        "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Held-out data: the metric, --max-drop, --trajectory, "
-        "--eval-every.")] = None,
+        "--eval-data", metavar="FILE|NAME[:CONFIG]",
+        help="Held-out data: metric, --max-drop, --trajectory, --eval-every.")] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
                                             metavar="SPLIT")] = "validation",
     out: Out_ = None,
     recover_steps: Annotated[int, typer.Option(
         "--recover-steps", metavar="N", show_default=False,
-        help="After the cut, N steps of distilled recovery fine-tuning on --data.")] = 0,
+        help="N distilled recovery steps on --data after the cut.")] = 0,
     refit: Annotated[bool, typer.Option(
         "--refit", help="Refit the output projections on --data after the cut.")] = False,
     recover_data: Annotated[Optional[str], typer.Option(
         "--recover-data", metavar="FILE|NAME[:CONFIG]", help="Unlabelled text for --recover-steps (alpha 1).")] = None,
+    recover_hidden_weight: Annotated[float, typer.Option(
+        "--recover-hidden-weight", metavar="W", show_default=False,
+        help="Hidden-state matching weight in --recover-steps (0: off).")] = 0.0,
     layerwise: Annotated[bool, typer.Option(
         "--layerwise", help="Score and cut one layer at a time; automatic past --max-memory.")] = False,
     max_memory: Annotated[Optional[str], typer.Option(
@@ -166,12 +169,11 @@ def prune_cmd(
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
-        "--trajectory", metavar="FILE.csv", help="The metric after every step to FILE.csv, and a PNG with "
-        "matplotlib (needs --eval-data; score-based methods).")] = None,
+        "--trajectory", metavar="FILE.csv", help="Per-step metric to FILE.csv and a PNG (needs --eval-data).")] = None,
     force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale "
                                         "checkpoint.")] = False,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed: data shuffling and masking, batch order, "
-                                      "dropout and every random choice of the method.")] = 0,
+    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed: data order and masking, dropout, the method's "
+                                      "choices.")] = 0,
     resume: Resume = False,
     device: Device = None,
     json_out: JsonOut = None,
@@ -205,8 +207,8 @@ def prune_cmd(
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
-            refit=refit, recover_data=recover_data, layerwise=layerwise, max_memory=max_memory,
-            out=out, force=force, arguments=arguments, **budget, **options,
+            refit=refit, recover_data=recover_data, recover_hidden_weight=recover_hidden_weight, layerwise=layerwise,
+            max_memory=max_memory, out=out, force=force, arguments=arguments, **budget, **options,
         )
     finally:
         log.close()

@@ -223,13 +223,23 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
                    f"{_mib(layerwise['largest_layer_bytes'])}), activations in {layerwise['activations']}; peak memory "
                    f"{_mib(peak)} for a checkpoint of {_mib(size)}; scoring {layerwise['score_seconds']:.1f} s, "
                    f"writing {layerwise['write_seconds']:.1f} s into {layerwise['shards']} shard(s)")
+    for i, stage in enumerate(report.get("rounds") or [], 1):
+        steps = [f"the cut {_fmt(stage['metric']['after_pruning'])}"]
+        steps += [f"the refit {_fmt(stage['metric']['after_refit'])}"] if "after_refit" in stage["metric"] else []
+        steps += [f"recovery {_fmt(stage['metric']['after'])}"] if "after" in stage["metric"] else []
+        line = f"round {i}: cut to {stage['keep']} heads" + (f", {stage['recovery']['steps']} recovery steps"
+                                                            if stage.get("recovery") else "")
+        if metric is not None:
+            line += f"; {metric['name']} after " + ", after ".join(steps)
+        out.append(line + f"; round {i + 1}: the cut below")
     refit = report.get("refit")
     if refit is not None:
         fitted = refit["refitted"]
         before = sum(r["error_before"] for r in fitted) / max(len(fitted), 1)
         after = sum(r["error_after"] for r in fitted) / max(len(fitted), 1)
-        line = (f"refit: {len(fitted)} output projection{'s' if len(fitted) != 1 else ''} fitted to the unpruned "
-                f"model's on {refit['tokens']} tokens, mean relative error {before:.3f} -> {after:.3f}, "
+        whose = "first round's model's" if report.get("rounds") else "unpruned model's"
+        line = (f"refit: {len(fitted)} output projection{'s' if len(fitted) != 1 else ''} fitted to the {whose} "
+                f"on {refit['tokens']} tokens, mean relative error {before:.3f} -> {after:.3f}, "
                 f"{refit['seconds']:.1f} s")
         if metric is not None and metric.get("after_refit") is not None:
             line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after the refit {_fmt(metric['after_refit'])}"
@@ -240,6 +250,8 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         first, last = summary_.get("first", {}), summary_.get("last", {})
         extra = recovery.get("recover_data")
         also = (f" (alpha 1, with {extra['examples']} unlabelled rows of {extra['source']})" if extra else "")
+        weight = (recovery.get("config") or {}).get("hidden_weight")
+        also += f", hidden states matched (weight {weight:g})" if weight else ""
         line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model{also}, loss "
                 f"{_fmt(first.get('loss'))} -> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
         if metric is not None and metric.get("after_pruning") is not None:

@@ -38,6 +38,7 @@ def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, r
     if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
         return f"{L('layerwise')} reads a local checkpoint folder of safetensors files, layer by layer"
     for given, name in ((config.max_drop is not None, "max_drop"), (config.trajectory, "trajectory"),
+                        (config.via is not None, "via"),
                         (eval_data is not None, "eval_data"), (refit, "refit"), (bool(recover_steps), "recover_steps")):
         if given:
             return (f"{L(name)} needs the whole model in memory; a {L('layerwise')} run only scores, cuts and writes "

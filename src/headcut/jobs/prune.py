@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,14 +93,14 @@ class Pruned(Written):
 def prune(
     model: ModelLike, method: str, *, keep: int | None = None, sparsity: float | None = None,
     max_drop: float | None = None, data: Any = None, eval_data: Any = None, uniform: bool = False,
-    min_heads_per_block: int = 0, gqa: str = "auto", seed: int = 0, trajectory: bool = False,
+    min_heads_per_block: int = 0, gqa: str = "auto", via: int | None = None, seed: int = 0, trajectory: bool = False,
     tokenizer: Any = None, task: str | None = None, split: str = "train", eval_split: str = "validation",
     data_options: Mapping[str, Any] | None = None, device: str | None = None,
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
     formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
-    recover_data: Any = None, layerwise: bool = False, max_memory: str | int | None = None,
-    out: str | os.PathLike[str] | None = None, force: bool = False,
+    recover_data: Any = None, recover_hidden_weight: float = 0.0, layerwise: bool = False,
+    max_memory: str | int | None = None, out: str | os.PathLike[str] | None = None, force: bool = False,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
@@ -117,7 +117,9 @@ def prune(
     the recovery). ``recover_data``: unlabelled in-domain inputs for the recovery (a path, ``datasets`` name or
     rows like ``data``; a classifier's rows need only their text column; every row is read): the recovery then
     learns from the unpruned model alone (alpha 1) over ``data``'s rows and these, and its labels are not read
-    (the report's ``recovery.recover_data``). ``refit``: after the cut (before any recovery), refit each kept block's output projection by
+    (the report's ``recovery.recover_data``). ``recover_hidden_weight`` W > 0: the recovery also matches the
+    unpruned model's hidden states (``finetune``'s ``hidden_weight``). ``refit``: after the cut (before any
+    recovery), refit each kept block's output projection by
     least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
     has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``layerwise``: read the checkpoint
     one layer at a time (:mod:`headcut.model.layerwise`: a one-shot method of a forward-only scorer on a local
@@ -178,11 +180,12 @@ class PruneRequest:
 
 
 def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop: Any, data: Any, eval_data: Any,
-                   uniform: bool, min_heads_per_block: int, gqa: str, seed: int, trajectory: Any, tokenizer: Any,
+                   uniform: bool, min_heads_per_block: int, gqa: str, via: Any, seed: int, trajectory: Any,
+                   tokenizer: Any,
                    task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
                    resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
-                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any, layerwise: bool,
-                   max_memory: Any, out: Any, force: bool,
+                   formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any,
+                   recover_hidden_weight: float, layerwise: bool, max_memory: Any, out: Any, force: bool,
                    options: dict[str, Any]) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
@@ -191,16 +194,18 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
     from ..pruning import get_method, make_options
 
     given = dict(model=model, method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data,
-                 eval_data=eval_data, uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed,
+                 eval_data=eval_data, uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, via=via,
+                 seed=seed,
                  trajectory=trajectory, tokenizer=tokenizer, task=task, split=split, eval_split=eval_split,
                  data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
                  restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                  gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, recover_data=recover_data,
-                 layerwise=layerwise, max_memory=max_memory, options=options)
+                 recover_hidden_weight=recover_hidden_weight, layerwise=layerwise, max_memory=max_memory,
+                 options=options)
     L = label
     with values():  # every value refused before any work, as a HeadcutValueError
         config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
-                             min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed,
+                             min_heads_per_block=min_heads_per_block, gqa=gqa, via=via, seed=seed,
                              trajectory=trajectory is not False and trajectory is not None)
         config.validate()
         entry = method_entry(method)
@@ -214,6 +219,13 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
         if isinstance(trajectory, (str, os.PathLike)) and Path(trajectory).suffix.lower() != ".csv":
             raise HeadcutError(f"{L('trajectory')} must name a .csv file (a .png is written beside it), got "
                                f"{trajectory}")
+        if via is not None and entry.kind != "score":
+            scored = ", ".join(m.name for m in METHODS.values() if m.kind == "score")
+            raise HeadcutError(f"{L('via')} cuts in two rounds, each scored on the model the one before left: it "
+                               f"applies to the score-based methods ({scored}), not to {method}")
+        if via is not None and getattr(opts, "bias_compensation", False):
+            raise HeadcutError(f"{L('via')} and {L('bias_compensation')} do not go together: compensate a one-round "
+                               "cut")
         if getattr(opts, "eval_every", None) is not None and eval_data is None:
             raise HeadcutError(f"{L('eval_every')} needs {L('eval_data')}")
         if not (isinstance(recover_steps, int) and recover_steps >= 0):
@@ -226,6 +238,11 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                 raise HeadcutError(f"{L('recover_data')} is read by the recovery fine-tuning: it needs "
                                    f"{L('recover_steps')} N")
             check_data_spec(recover_data, L("recover_data"))
+        if recover_hidden_weight < 0:
+            raise HeadcutError(f"{L('recover_hidden_weight')} must be a number >= 0 (got {recover_hidden_weight!r})")
+        if recover_hidden_weight and not recover_steps:
+            raise HeadcutError(f"{L('recover_hidden_weight')} weighs a term of the recovery fine-tuning: it needs "
+                               f"{L('recover_steps')} N")
         if refit and data is None:
             raise HeadcutError(f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
                                f"on data: it needs {L('data')}")
@@ -298,11 +315,12 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     model, method, data, eval_data = g["model"], g["method"], g["data"], g["eval_data"]
     keep, sparsity, max_drop, uniform = g["keep"], g["sparsity"], g["max_drop"], g["uniform"]
     min_heads_per_block, gqa, seed, trajectory = g["min_heads_per_block"], g["gqa"], g["seed"], g["trajectory"]
+    via = g["via"]
     tokenizer, task, split, eval_split = g["tokenizer"], g["task"], g["split"], g["eval_split"]
     data_options, device, resume = g["data_options"], g["device"], g["resume"]
     progress, allow_pickle, trust_remote_code = g["progress"], g["allow_pickle"], g["trust_remote_code"]
     gguf_type, recover_steps, refit, options = g["gguf_type"], g["recover_steps"], g["refit"], g["options"]
-    recover_data = g["recover_data"]
+    recover_data, hidden_weight = g["recover_data"], float(g["recover_hidden_weight"])
     config, entry, opts, notes = request.config, request.entry, request.options, request.notes
     data_spec, eval_spec, dist, torch_device = request.data_spec, request.eval_spec, request.dist, request.device
     chosen, checkpoint_dir = request.formats, request.checkpoint_dir
@@ -311,12 +329,20 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     start = time.perf_counter()
     arguments = arguments if arguments is not None else plain_arguments(dict(
         model=model, method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data, eval_data=eval_data,
-        uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, seed=seed, trajectory=trajectory,
+        uniform=uniform, min_heads_per_block=min_heads_per_block, gqa=gqa, via=via, seed=seed, trajectory=trajectory,
         task=task, split=split, eval_split=eval_split, data_options=data_options, device=device, **options))
     progress = progress or quiet()
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     check_formats(loaded.module, chosen, gguf_type, cut="uniform" if config.uniform else "any")
-    check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
+    _, budget, _, _ = check_budget(loaded.module, config, opts)  # refuse an unreachable budget before reading data
+    rounds = [config]
+    if via is not None:  # the first round's budget, refused the same way
+        if not budget.target < via < budget.total:
+            raise HeadcutError(f"{label('via')} {via} must lie between the heads kept in the end ({budget.target}) "
+                               f"and the model's {budget.total}")
+        first = replace(config, keep=via, sparsity=None, via=None)
+        check_budget(loaded.module, first, opts)
+        rounds = [first, replace(config, keep=budget.target, sparsity=None, via=None)]
     compensate = bool(getattr(opts, "bias_compensation", False))
     if compensate:
         from ..model import compensation
@@ -357,8 +383,20 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     from ..training.finetuning import frozen_teacher
 
     unpruned = frozen_teacher(loaded.module) if recover_steps or refit else None
+    earlier: list[dict[str, Any]] = []  # --via: the first round's record
+    if len(rounds) > 1:
+        bars.close()
+        first_result, first_slim, record = _first_round(
+            loaded.module, rounds[0], opts, cal, eval_cal, unpruned, Bars(progress, f"{method}, round 1", metric),
+            refit, recover_steps, seed, progress, metric, torch_device, extra, dist, hidden_weight, gqa)
+        earlier.append(record)
+        notes += first_slim.notes
+        bars = Bars(progress, f"{method}, round 2", metric, train=train_label)
+        move(loaded.module, torch_device)
+    # the refit fits the outputs of the model this round cuts
+    refit_teacher = frozen_teacher(loaded.module) if refit and earlier else unpruned
     try:
-        result = plan_prune(loaded.module, cal, config, opts, eval_calibration=eval_cal, progress=bars,
+        result = plan_prune(loaded.module, cal, rounds[-1], opts, eval_calibration=eval_cal, progress=bars,
                             on_step=bars.on_step, checkpoint_dir=checkpoint_dir if training else None, resume=resume,
                             dist=dist, identity=identity, device=torch_device if sharded else None)
     finally:
@@ -374,12 +412,21 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         if run.moved is not None:
             notes.append(f"{method} kept {run.own_kept:g} heads by its own rule (gate > 0.5); the adjustment to "
                          f"--keep {result.target} moved {run.moved} head(s)")
-    near_uniform = _uniform_alternatives(loaded.module, config, result.target)
+    near_uniform = None if earlier else _uniform_alternatives(loaded.module, config, result.target)
     if compensate:
         added = _compensation(loaded.module, result.mask, cal, progress, torch_device)
     slimmed = slim(loaded.module, result.mask, gqa=gqa)
     result.slim = slimmed
     notes += slimmed.notes
+    if earlier:  # the two rounds as one cut of the input model
+        result.mask = HeadMask({b: [first_result.mask.keep[b][i] for i in kept]
+                                for b, kept in result.mask.keep.items()})
+        result.heads_before, result.metric_before = first_result.heads_before, first_result.metric_before
+        result.config = config
+        result.scorings += first_result.scorings
+        result.seconds += first_result.seconds
+        slimmed = result.slim = replace(slimmed, heads_before=first_slim.heads_before,
+                                        params_before=first_slim.params_before)
     if compensate:
         compensation.apply(loaded.module, model_blocks(loaded.module), added, bias_field)
         compensation.check_names(loaded.module, bias_field)
@@ -394,11 +441,12 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
             loaded.module.to("cpu")
     recovery, refitted, pruned_metric, refit_metric = None, None, result.metric_after, None
     if refit:
-        refitted, refit_metric = _refit(loaded.module, unpruned, cal, eval_cal, progress, metric, torch_device)
+        refitted, refit_metric = _refit(loaded.module, refit_teacher, cal, eval_cal, progress, metric, torch_device)
         result.metric_after = refit_metric
+    del refit_teacher
     if recover_steps:
         recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device,
-                            extra, dist)
+                            extra, dist, hidden_weight)
         result.metric_after = recovery.metric_after
     del unpruned
     report = prune_report(
@@ -416,6 +464,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         if report.get("metric") is not None:
             report["metric"]["after_pruning"] = pruned_metric
             report["metric"]["after_refit"] = refit_metric
+    if earlier:
+        report["rounds"] = earlier
     if recovery is not None:
         report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
                               "config": recovery.config.to_json(), "seconds": recovery.seconds,
@@ -498,11 +548,43 @@ def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_c
     return refitted, after
 
 
+def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibration | None,
+                 eval_cal: Calibration | None, unpruned: nn.Module | None, bars: Bars, refit: bool, recover_steps: int,
+                 seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None, dist: Any,
+                 hidden_weight: float, gqa: str) -> tuple[Any, Any, dict[str, Any]]:
+    """``--via``'s first round: ``config``'s cut of ``model`` (in place), then the refit and the recovery against
+    the unpruned model as in a one-round run; returns the cut's result, the slimming and the round's record for
+    the report (its mask in the input model's numbering, its metric after each step)."""
+    from ..model.surgery import slim
+    from ..pruning import plan_prune
+
+    try:
+        result = plan_prune(model, cal, config, opts, eval_calibration=eval_cal, progress=bars, on_step=bars.on_step,
+                            dist=dist)
+    finally:
+        bars.close()
+    model.to("cpu")
+    slimmed = slim(model, result.mask, gqa=gqa)
+    record: dict[str, Any] = {"keep": config.keep, "mask": result.mask.to_json(),
+                              "metric": {"after_pruning": result.metric_after}}
+    if refit:
+        refitted, record["metric"]["after_refit"] = _refit(model, unpruned, cal, eval_cal, progress, metric, device)
+        record["refit"] = refitted.to_json()
+    if recover_steps:
+        recovered = _recover(model, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, device, extra,
+                             dist, hidden_weight)
+        record["metric"]["after"] = recovered.metric_after
+        record["recovery"] = {"steps": recovered.steps, "seconds": recovered.seconds,
+                              "history_summary": recovered.summary()}
+    return result, slimmed, record
+
+
 def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
              seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None = None,
-             dist: Any = None) -> Any:
+             dist: Any = None, hidden_weight: float = 0.0) -> Any:
     """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
-    model): :func:`headcut.training.finetuning.finetune` with its defaults; with ``extra`` (unlabelled inputs)
+    model): :func:`headcut.training.finetuning.finetune` with its defaults (``hidden_weight``: its hidden-state
+    matching to the teacher); with ``extra`` (unlabelled inputs)
     on ``cal``'s batches and ``extra``'s, from the teacher alone (alpha 1). ``dist``: data-parallel over the
     processes of the run (engine ``auto``: FSDP under ``accelerate launch --use_fsdp``, else DDP)."""
     import dataclasses
@@ -511,7 +593,7 @@ def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval
 
     if cal is None:
         raise HeadcutError(f"{label('recover_steps')} needs training data with labels ({label('data')})")
-    config = FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None)
+    config = FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None, hidden_weight=hidden_weight)
     if extra is not None:
         cal = dataclasses.replace(cal, batches=cal.batches + extra.batches, examples=cal.examples + extra.examples)
         config = dataclasses.replace(config, alpha=1.0)

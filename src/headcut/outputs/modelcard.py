@@ -127,11 +127,18 @@ def _method_section(report: dict[str, Any]) -> list[str]:
                     and k not in hidden}
         if settings:
             lines.append("Settings: " + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())) + ".")
+        for stage in report.get("rounds") or []:
+            lines.append(f"The cut ran in two rounds: first to {stage['keep']} heads"
+                         + (", refitted" if stage.get("refit") else "")
+                         + (f" and fine-tuned for {stage['recovery']['steps']} steps" if stage.get("recovery") else "")
+                         + ", then to the heads kept, as below.")
         recovery = report.get("recovery")
         if recovery:
             extra = recovery.get("recover_data")
             also = (f" on the training rows and {extra['examples']} unlabelled rows of {extra['source']} (alpha 1)"
                     if extra else "")
+            weight = (recovery.get("config") or {}).get("hidden_weight")
+            also += f", its hidden states matched with weight {weight:g}" if weight else ""
             lines.append(f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned "
                          f"model{also}.")
         distilled = ((report.get("training") or {}).get("distillation") or {})
