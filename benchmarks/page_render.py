@@ -164,7 +164,8 @@ def _table(curves: dict[str, dict[int, float]]) -> list[str]:
 
 def _targets(recipe: dict[str, Any]) -> list[str]:
     lines = ["", "## Targets", "",
-             "The README main job's recipe (`headcut prune MODEL --method gradient --keep K --data train.csv "
+             "The gradient recipe, the README main job's until issue 33 (its default now: [targets on every "
+             "task](#targets-on-every-task)) (`headcut prune MODEL --method gradient --keep K --data train.csv "
              "--max-examples 4000 --batch-size 8 --recover-steps N`: one-shot gradient scores of the 4,000 training "
              "snippets, the cut, then N steps of batch 8 of recovery fine-tuning distilled from the unpruned model), "
              "per seed (accuracy in %, on the held-out snippets):", "",
@@ -885,7 +886,7 @@ def _peer_llm_variants(study: dict[str, Any], rows: list[dict[str, Any]]) -> str
         f"*iterative gradient* (`--method michel --rounds {rounds} --normalize none`: "
         "the gradient scores re-computed on the masked model before each round, the KV groups to remove split over "
         "the rounds, larger rounds first; no per-layer normalisation, so it differs from the one-shot gradient row "
-        "by the re-scoring alone); *recipe* (the README main job's recipe: one-shot gradient, then "
+        "by the re-scoring alone); *recipe* (the gradient recipe, the README main job's when this ran: one-shot gradient, then "
         f"`--recover-steps {steps}`: {steps} steps of recovery fine-tuning distilled from the unpruned model with "
         "`finetune`'s defaults, lr 5e-5, alpha 0.5, temperature 2, on the same calibration blocks in batches of 16: "
         f"one epoch of the {blocks} blocks of {size} tokens of the first half, never the evaluated half; its prune s "
@@ -1000,11 +1001,15 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
                                           + rows[0].get("train_steps", 0)))
     review = data.get("review_plot") or {}
     tasks = {"rt": data.get("oneshot"), **{n.replace("_", "-"): data.get(n) for n in TASK_SECTIONS}}
-    for row in (data.get("small_data_cli") or {}).get("rows", []):  # the main job's default since issue 33
+    order = list(tasks)
+    cli = sorted((data.get("small_data_cli") or {}).get("rows", []),
+                 key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), -r["k"], r["run"]))
+    for row in cli:  # the main job's default since issue 33
         study = tasks.get(row["task"]) or {}
-        if row["run"] == DEFAULT_RUN and study.get("unpruned") and study.get("evaluation"):
-            lines.append(_target_line(f"{row['task']}, the default", study["evaluation"], study["unpruned"], row,
-                                      row["steps"]))
+        if row["run"].startswith(DEFAULT_RUN) and study.get("unpruned") and study.get("evaluation"):
+            also = row["run"][len(DEFAULT_RUN):]  # e.g. the same run again alone on the machine
+            lines.append(_target_line(f"{row['task']}, the default{also}", study["evaluation"], study["unpruned"],
+                                      row, row["steps"]))
     for row in (data.get("small_data_diagnosis") or {}).get("rows", []):  # the recipe with unlabelled text
         if row["run"] == "refit + --recover-data 1000 steps" and review.get("unpruned") and review.get("evaluation"):
             lines.append(_target_line(f"{row['task']} with `--refit --recover-data` ({row['examples']:,} unlabelled "
@@ -1065,14 +1070,18 @@ DIAGNOSES = {
                         "parameters it names (the rest frozen from the cut, or from the refit), to test whether the "
                         "recovery overfits the 900 rows with the whole model; `recipe` and `refit + recipe` are the "
                         "same machine's reference runs (on the CPU: 82.06 / 81.28 and 82.56 / 81.06)"),
-    "small_data_cli": ("Small data: the recipe with another method's cut",
+    "small_data_cli": ("Small data: the recipe with another method's cut, and the default",
+                       "The rows *the default* are the main job's recipe (their commands are in the results file: "
+                       "`--method fluctuation --refit --recover-steps 500 --recover-hidden-weight 1`, with `--via 16` "
+                       "at 8 heads; *in one round*: `--recover-steps 1000` without `--via`); the others "
                        "`headcut prune MODEL --method METHOD --keep K --data train.csv --eval-data test.csv "
                        "--max-examples 4000 --batch-size 8 --recover-steps S` (S: 500 at 16 heads, 1,000 at 8): the "
                        "recipe with FLAP's fluctuation scores (no labels read) or Michel et al.'s iterative gradient "
                        "scores (re-scored after every 7 heads removed: 8 scorings to 16 heads, 10 to 8) choosing "
                        "the heads in place of the one-shot gradient scores, run on the command line (each row's command is in the results file; the "
                        "recipe's own numbers are in each task's section). The times are the whole command's with one "
-                       "torch thread, two or three runs at once on the 2 cores, not a run alone; no curve is kept. "
+                       "torch thread, two or three runs at once on the 2 cores, not a run alone, except the row "
+                       "marked alone (two torch threads, nothing else running); no curve is kept. "
                        "FLAP's bias compensation puts the removed heads' mean output in their place, and on this "
                        "post-LayerNorm encoder that alone sends the cut to chance (33.33 %, against 65.28 % without "
                        "it; the slimmed model's logits match that mean substitution in the unpruned model to 0.06)"),

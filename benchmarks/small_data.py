@@ -391,8 +391,9 @@ def main() -> None:
     ap.add_argument("--tasks", default="review-plot,debates")
     ap.add_argument("--ks", default="8")
     ap.add_argument("--runs", default=",".join(RUNS), help="runs to measure, comma-separated (names of RUNS)")
-    ap.add_argument("--results", default="small_data_diagnosis",
-                    help="the results file's name (one per process when several run at once)")
+    ap.add_argument("--results", default=None,
+                    help="the results file's name (one per process when several run at once; default: "
+                         "small_data_diagnosis, with --reports small_data_cli)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--reports", nargs="*", default=[], metavar="FILE",
                     help="keep rows of command-line runs instead of measuring: `headcut prune` --json reports "
@@ -402,6 +403,7 @@ def main() -> None:
     ap.add_argument("--report-timing", default=None, metavar="TEXT",
                     help="how the --reports runs were timed, where not alone on the machine (the rows' 'timing')")
     args = ap.parse_args()
+    args.results = args.results or ("small_data_cli" if args.reports else "small_data_diagnosis")
     if args.reports:
         if "," in args.tasks:
             raise SystemExit("--reports: name their task with --tasks (one task)")
