@@ -439,16 +439,13 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
             result.metric_after = eval_metric(loaded.module, eval_cal).measure(
                 HeadMask.full(model_blocks(loaded.module)))
             loaded.module.to("cpu")
-    recovery, refitted, pruned_metric, refit_metric = None, None, result.metric_after, None
-    if refit:
-        refitted, refit_metric = _refit(loaded.module, refit_teacher, cal, eval_cal, progress, metric, torch_device)
-        result.metric_after = refit_metric
-    del refit_teacher
-    if recover_steps:
-        recovery = _recover(loaded.module, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, torch_device,
-                            extra, dist, hidden_weight)
-        result.metric_after = recovery.metric_after
-    del unpruned
+    pruned_metric = result.metric_after
+    refitted, refit_metric, recovery = _refit_and_recover(
+        loaded.module, refit_teacher if refit else None, unpruned if recover_steps else None, cal, eval_cal,
+        recover_steps, seed, progress, metric, torch_device, extra, dist, hidden_weight)
+    result.metric_after = (recovery.metric_after if recovery is not None
+                           else refit_metric if refitted is not None else result.metric_after)
+    del refit_teacher, unpruned
     report = prune_report(
         model=loaded.name, arguments=arguments, result=result, slimmed=slimmed,
         size_before=weights_bytes(loaded.folder), data=cal.to_json() if cal is not None else None,
@@ -548,6 +545,21 @@ def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_c
     return refitted, after
 
 
+def _refit_and_recover(model: nn.Module, refit_teacher: nn.Module | None, teacher: nn.Module | None,
+                       cal: Calibration | None, eval_cal: Calibration | None, steps: int, seed: int,
+                       progress: Reporter, metric: str | None, device: Any, extra: Calibration | None, dist: Any,
+                       hidden_weight: float) -> tuple[Any, Any, Any]:
+    """What follows a cut: the refit to ``refit_teacher``'s outputs (None: no refit), then ``steps`` of recovery
+    distilled from ``teacher`` (None: none); returns the refit, its metric and the recovery (None where not run)."""
+    refitted, refit_metric, recovery = None, None, None
+    if refit_teacher is not None:
+        refitted, refit_metric = _refit(model, refit_teacher, cal, eval_cal, progress, metric, device)
+    if teacher is not None:
+        recovery = _recover(model, teacher, cal, eval_cal, steps, seed, progress, metric, device, extra, dist,
+                            hidden_weight)
+    return refitted, refit_metric, recovery
+
+
 def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibration | None,
                  eval_cal: Calibration | None, unpruned: nn.Module | None, bars: Bars, refit: bool, recover_steps: int,
                  seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None, dist: Any,
@@ -567,12 +579,13 @@ def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibrat
     slimmed = slim(model, result.mask, gqa=gqa)
     record: dict[str, Any] = {"keep": config.keep, "mask": result.mask.to_json(),
                               "metric": {"after_pruning": result.metric_after}}
-    if refit:
-        refitted, record["metric"]["after_refit"] = _refit(model, unpruned, cal, eval_cal, progress, metric, device)
+    refitted, refit_metric, recovered = _refit_and_recover(
+        model, unpruned if refit else None, unpruned if recover_steps else None, cal, eval_cal, recover_steps, seed,
+        progress, metric, device, extra, dist, hidden_weight)
+    if refitted is not None:
+        record["metric"]["after_refit"] = refit_metric
         record["refit"] = refitted.to_json()
-    if recover_steps:
-        recovered = _recover(model, unpruned, cal, eval_cal, recover_steps, seed, progress, metric, device, extra,
-                             dist, hidden_weight)
+    if recovered is not None:
         record["metric"]["after"] = recovered.metric_after
         record["recovery"] = {"steps": recovered.steps, "seconds": recovered.seconds,
                               "history_summary": recovered.summary()}
