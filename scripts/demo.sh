@@ -6,7 +6,8 @@
 # epoch of those snippets), timed before and after; the slimmed model is
 # reloaded with plain transformers. One evaluation set throughout: the 2,808 held-out snippets. Outputs
 # go to $HEADCUT_DEMO_DIR (default ./headcut-demo); HEADCUT_DEMO_KEEP sets the heads kept (default 16; below 12 the
-# cut runs in two rounds, --via 16, each with its refit and 500 recovery steps); step headings and progress go to stderr, results to stdout.
+# cut runs in two rounds, --via 16, each with its refit and 500 recovery steps); step headings and progress go to
+# stderr, results to stdout.
 set -euo pipefail
 work=${HEADCUT_DEMO_DIR:-headcut-demo}
 # fluctuation + refit + distilled recovery with hidden-state matching: the recipe that held on every task of the
