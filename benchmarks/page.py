@@ -270,10 +270,12 @@ class Store:
         self.save()
         return row
 
-    def save(self, complete: bool = False, **fields: Any) -> None:
+    def save(self, complete: bool = False, measured: bool = True, **fields: Any) -> None:
+        """Write the study's file; ``measured`` False (rows merged from elsewhere): its machine and time stay."""
         self.data.update(fields)
-        self.data["machine"] = machine()
-        self.data["seconds"] = round(self.spent + time.perf_counter() - self.started, 1)
+        if measured:
+            self.data["machine"] = machine()
+            self.data["seconds"] = round(self.spent + time.perf_counter() - self.started, 1)
         self.data["complete"] = complete
         RESULTS.mkdir(exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
@@ -920,9 +922,11 @@ def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace,
 ROW_KEYS = ("method", "k", "seed", "task", "lever", "run", "variant", "bench")
 
 
-def merge(paths: list[Path]) -> None:
+def merge(paths: list[Path], copied: str | None = None) -> None:
     """Fold partial results (a copy of ``results/`` measured elsewhere with ``--methods``/``--ks``) into
-    ``results/``: each file's rows its study lacks are added, with the machine they ran on."""
+    ``results/``: each file's rows its study lacks are added, with the machine they ran on, the unpruned accuracy
+    measured there and ``copied`` (how the classifier was carried there, for the page); the study's own machine
+    and time are not changed."""
     for path in paths:
         other = json.loads(path.read_text())
         store = Store(other["study"], rerun=False)
@@ -930,8 +934,12 @@ def merge(paths: list[Path]) -> None:
         new = [r for r in other["rows"] if tuple(r.get(k) for k in ROW_KEYS) not in have]
         for row in new:
             row.setdefault("machine", other.get("machine"))
+            if other.get("unpruned") is not None:
+                row.setdefault("unpruned_there", other["unpruned"])
+            if copied:
+                row.setdefault("copied", copied)
         store.data["rows"] += new
-        store.save(complete=store.complete)
+        store.save(complete=store.complete, measured=False)
         log(f"{path}: {len(new)} rows added to {other['study']}")
 
 
@@ -957,6 +965,9 @@ def main() -> None:
     ap.add_argument("--ks", default=None, help="the task studies: measure only at these K (comma-separated)")
     ap.add_argument("--merge", nargs="*", default=[], type=Path,
                     help="results files of a study measured in part elsewhere: add their rows this one lacks")
+    ap.add_argument("--copied", default=None,
+                    help="with --merge: how the classifier was carried to the machine the rows ran on (the page "
+                         "says it), e.g. 'fp16'")
     args = ap.parse_args()
     if args.studies is None:  # --extend/--rerun alone measure only what they name; --merge alone nothing
         args.studies = "none" if args.extend or args.rerun or args.merge else "all"
@@ -972,7 +983,7 @@ def main() -> None:
         ap.error(f"unknown study {wrong[0]!r}; studies: {', '.join(STUDIES)}")
     extend = frozenset(s for s in args.extend.split(",") if s)
     rerun = {s for s in args.rerun.split(",") if s}
-    merge(args.merge)
+    merge(args.merge, args.copied)
     run_studies(list(dict.fromkeys([*names, *extend, *rerun])), rerun, args, extend)
     from page_render import render
 

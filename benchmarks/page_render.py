@@ -953,18 +953,32 @@ def _task_section(name: str, study: dict[str, Any], title: str, about: str, plot
 
 
 def _devices_said(rows: list[dict[str, Any]], unpruned: float) -> list[str]:
-    """Which rows were trained on a GPU (``page.py --methods ... --merge``), and the unpruned accuracy there."""
-    gpu = [r for r in rows if r.get("device", "cpu") != "cpu"]
-    if not gpu:
+    """Which rows ran on a GPU (``page.py --methods ... --merge``), how the classifier was carried there, and the
+    unpruned accuracy measured there."""
+    def gpu_of(row: dict[str, Any]) -> str | None:
+        device = row.get("device", "cpu")
+        return device if device != "cpu" else (row.get("machine") or {}).get("gpu")
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if gpu_of(r):
+            groups.setdefault((gpu_of(r), r.get("copied", "fp16")), []).append(r)
+    if not groups:
         return []
-    methods = ", ".join(dict.fromkeys(r["method"] for r in gpu))
-    devices = ", ".join(sorted({r["device"] for r in gpu}))
-    before = sorted({round(r["before"], 2) for r in gpu})
-    same = "equals" if before == [round(unpruned, 2)] else "differs from"
-    return [f"The {methods} rows were trained on {devices} (several runs at once; the classifier copied there in fp16, "
-            "the word embeddings of tokens in none of the task's texts zeroed, and read back as fp32: the unpruned "
-            f"accuracy there, {', '.join(f'{b:.2f}' for b in before)} %, {same} the {unpruned:.2f} % measured "
-            "here); every other row ran on the 2 CPU cores.", ""]
+    said = []
+    for (device, copied), group in groups.items():
+        named = []
+        for method in dict.fromkeys(r["method"] for r in group):
+            ks = sorted({r["k"] for r in group if r["method"] == method}, reverse=True)
+            every = {r["k"] for r in rows if r["method"] == method}
+            named.append(method if set(ks) == every else f"{method} ({' and '.join(map(str, ks))} heads)")
+        methods = ", ".join(named)
+        before = sorted({round(r.get("before", r.get("unpruned_there", float("nan"))), 2) for r in group})
+        same = "equals" if before == [round(unpruned, 2)] else "differs from"
+        said.append(f"The {methods} rows ran on {device} (several runs at once; the classifier copied there in "
+                    f"{copied} and read back as fp32: the unpruned accuracy there, "
+                    f"{', '.join(f'{b:.2f}' for b in before)} %, {same} the {unpruned:.2f} % measured here).")
+    return [" ".join(said) + " Every other row ran on the 2 CPU cores.", ""]
 
 
 def _target_line(name: str, n: int, unpruned: float, row: dict[str, Any], trained: int) -> str:
