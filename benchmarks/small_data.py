@@ -402,6 +402,9 @@ def main() -> None:
                     help="the run name of the --reports rows")
     ap.add_argument("--report-timing", default=None, metavar="TEXT",
                     help="how the --reports runs were timed, where not alone on the machine (the rows' 'timing')")
+    ap.add_argument("--report-device", default=None, metavar="NAME",
+                    help="the GPU the --reports runs ran on (the rows' 'device'; the page judges no GPU time "
+                         "against the CPU limit)")
     args = ap.parse_args()
     args.results = args.results or ("small_data_cli" if args.reports else "small_data_diagnosis")
     if args.reports:
@@ -409,10 +412,13 @@ def main() -> None:
             raise SystemExit("--reports: name their task with --tasks (one task)")
         store = Store(args.results, rerun=False)
         for path in map(Path, args.reports):
-            row = report_row(path) | ({"timing": args.report_timing} if args.report_timing else {})
+            row = report_row(path) | ({"timing": args.report_timing} if args.report_timing else {}) | (
+                {"device": args.report_device} if args.report_device else {})
             store.data.setdefault("unpruned", {})[args.tasks] = row.pop("before")
-            store.row({"task": args.tasks, "k": row.pop("k"), "run": args.report_run}, lambda: row)
-        store.save(complete=False)
+            key = {"task": args.tasks, "k": row.pop("k"), "run": args.report_run}
+            if not any(all(r.get(k) == v for k, v in key.items()) for r in store.data["rows"]):
+                store.data["rows"].append({**row, **key})
+        store.save(complete=False, measured=False)  # measured elsewhere: the study's machine and time stay
         return
     run_names(args.runs)  # unknown names refused before any work
     if args.threads:
