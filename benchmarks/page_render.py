@@ -1020,7 +1020,8 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
                  key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), -r["k"], r["run"]))
     for row in cli:  # the main job's default since issue 33
         study = tasks.get(row["task"]) or {}
-        if row["run"].startswith(DEFAULT_RUN) and study.get("unpruned") and study.get("evaluation"):
+        if row["run"].startswith(DEFAULT_RUN) and row["k"] in TASK_TARGETS and study.get("unpruned") and study.get(
+                "evaluation"):
             also = row["run"][len(DEFAULT_RUN):]  # e.g. the same run again alone on the machine
             lines.append(_target_line(f"{row['task']}, the default{also}", study["evaluation"], study["unpruned"],
                                       row, row["steps"]))
