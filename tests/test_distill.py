@@ -370,3 +370,20 @@ def test_mixup_distillation_is_zero_for_the_teacher_itself_and_deterministic():
         DistillationLoss("causal-lm", teacher, 0.5, 2.0, mixup=0.4)
     with pytest.raises(HeadcutError, match="mixup must be >= 0"):
         FinetuneConfig(mixup=-1.0).validate()
+
+
+def test_majority_note_flags_a_pruned_classifier_no_better_than_its_most_frequent_label() -> None:
+    from headcut.jobs.prune import _majority_note
+
+    cal = Calibration(task="classification", batches=[{"labels": torch.tensor([0, 1, 1])},
+                                                      {"labels": torch.tensor([1, 2])}],
+                      examples=5, source="rows", columns={}, label_names=["neg", "pos", "plot"])
+    assert cal.majority() == ("pos", 0.6)
+    (note,) = _majority_note(cal, before=0.8, after=0.6)
+    assert "'pos'" in note and "0.6000" in note and "0.8000" in note
+    assert _majority_note(cal, before=0.8, after=0.61) == []  # better than the majority answer
+    assert _majority_note(cal, before=0.6, after=0.4) == []  # the input model was no better either
+    assert _majority_note(None, before=0.8, after=0.2) == []
+    lm = Calibration(task="causal-lm", batches=[{"labels": torch.tensor([[1, 2]])}], examples=1, source="t",
+                     columns={})
+    assert lm.majority() is None and _majority_note(lm, before=3.0, after=9.0) == []

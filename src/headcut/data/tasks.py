@@ -106,6 +106,21 @@ class Calibration:
         return replace(self, batches=batches, examples=len(items), batch_size=size, tokens=tokens,
                        scored_tokens=scored, references=references, items=items, notes=list(self.notes))
 
+    def majority(self) -> tuple[str, float] | None:
+        """Classification: the most frequent label (its name where known) and its share of the examples, the
+        accuracy of a model that ignores its input; None for other tasks or data without labels."""
+        if self.task != "classification":
+            return None
+        counts: dict[int, int] = {}
+        for batch in self.batches:
+            for y in batch["labels"].view(-1).tolist() if "labels" in batch else []:
+                counts[int(y)] = counts.get(int(y), 0) + 1
+        if not counts:
+            return None
+        top = max(counts, key=lambda y: (counts[y], -y))
+        names = self.label_names or []
+        return (names[top] if 0 <= top < len(names) else str(top)), counts[top] / sum(counts.values())
+
     def to_json(self) -> dict[str, Any]:
         """What a report records of the data (everything but the batches and the tokenizer)."""
         return {

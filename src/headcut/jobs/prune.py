@@ -446,6 +446,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     result.metric_after = (recovery.metric_after if recovery is not None
                            else refit_metric if refitted is not None else result.metric_after)
     del refit_teacher, unpruned
+    notes += _majority_note(eval_cal, result.metric_before, result.metric_after)
     report = prune_report(
         model=loaded.name, arguments=arguments, result=result, slimmed=slimmed,
         size_before=weights_bytes(loaded.folder), data=cal.to_json() if cal is not None else None,
@@ -558,6 +559,21 @@ def _refit_and_recover(model: nn.Module, refit_teacher: nn.Module | None, teache
         recovery = _recover(model, teacher, cal, eval_cal, steps, seed, progress, metric, device, extra, dist,
                             hidden_weight)
     return refitted, refit_metric, recovery
+
+
+def _majority_note(eval_cal: Calibration | None, before: float | None, after: float | None) -> list[str]:
+    """A note when the pruned model's accuracy on the eval data is no better than always answering its most
+    frequent label while the input model's was (the cut, or a recovery that never left that state, lost the
+    task: seen at 4 of 72 heads on a 3-class task)."""
+    majority = eval_cal.majority() if eval_cal is not None else None
+    if majority is None or before is None or after is None:
+        return []
+    name, share = majority
+    if after > share + 1e-9 or before <= share + 1e-9:
+        return []
+    return [f"eval data: the pruned model's accuracy ({after:.4f}) is no better than always answering "
+            f"{name!r} ({share:.4f} of --eval-data; the input model's: {before:.4f}): it has lost the task; keep "
+            "more heads, or try another method or recovery (docs/commands.md, recovery)"]
 
 
 def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibration | None,
