@@ -64,9 +64,11 @@ def grams(model: nn.Module, cal: Calibration) -> dict[str, torch.Tensor]:
 
 
 def theta(model: nn.Module, block: Block) -> torch.Tensor:
-    """The projection's ``[W^T; b]`` (in features + 1, out features), float64."""
+    """The projection's ``[W^T; b]`` (in features + 1, out features; b = 0 without a bias), float64."""
     mod = model.base_model.get_submodule(block.o)
-    return torch.cat([weight_out_in(mod).detach().double().T, mod.bias.detach().double()[None]], 0)
+    w = weight_out_in(mod).detach().double()
+    bias = mod.bias.detach().double() if getattr(mod, "bias", None) is not None else w.new_zeros(w.shape[0])
+    return torch.cat([w.T, bias[None]], 0)
 
 
 def error(block: Block, kept: list[int], gram: torch.Tensor, th: torch.Tensor) -> float:
