@@ -21,7 +21,8 @@ from page_levers import LEVERS, RECOVERY_LOSSES
 TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
 STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
                "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "peer_llm",
-               "small_data_diagnosis", "small_data_h200", "small_data_h100", "small_data_cli"]
+               "small_data_diagnosis", "small_data_h200", "small_data_h100", "small_data_cli",
+               "small_data_averaging"]
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -1018,13 +1019,14 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
     order = list(tasks)
     cli = sorted((data.get("small_data_cli") or {}).get("rows", []),
                  key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), -r["k"], r["run"]))
-    for row in cli:  # the main job's default since issue 33
-        study = tasks.get(row["task"]) or {}
-        if row["run"].startswith(DEFAULT_RUN) and row["k"] in TASK_TARGETS and study.get("unpruned") and study.get(
-                "evaluation"):
-            also = row["run"][len(DEFAULT_RUN):]  # e.g. the same run again alone on the machine
-            lines.append(_target_line(f"{row['task']}, the default{also}", study["evaluation"], study["unpruned"],
-                                      row, row["steps"]))
+    for prefix, called in ((EARLIER_RUN, "the earlier default"), (DEFAULT_RUN, "the default")):
+        for row in cli:  # the main job's default since issue 33, and before weight averaging
+            study = tasks.get(row["task"]) or {}
+            if row["run"].startswith(prefix) and row["k"] in TASK_TARGETS and study.get("unpruned") and study.get(
+                    "evaluation"):
+                also = row["run"][len(prefix):]  # e.g. the same run again alone on the machine
+                lines.append(_target_line(f"{row['task']}, {called}{also}", study["evaluation"], study["unpruned"],
+                                          row, row["steps"]))
     for row in (data.get("small_data_diagnosis") or {}).get("rows", []):  # the recipe with unlabelled text
         if row["run"] == "refit + --recover-data 1000 steps" and review.get("unpruned") and review.get("evaluation"):
             lines.append(_target_line(f"{row['task']} with `--refit --recover-data` ({row['examples']:,} unlabelled "
@@ -1036,9 +1038,12 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
             "1 point and 8 within 2 points, or within the test set's standard error where that is larger, in at most "
             "1,000 training steps of batch 8 and 15 minutes on 2 CPU cores (accuracy in %). The first rows are the "
             "gradient recipe (one-shot gradient scores, then distilled recovery: the main job's until then); the rows "
-            "*the default* are the main job's recipe since: `headcut prune MODEL --method fluctuation --keep K "
-            "--refit --recover-steps 500 --recover-hidden-weight 1 --max-examples 4000 --batch-size 8`, with "
-            "`--via 16` below 12 heads (two rounds of 500 steps), run on the command line (a time in brackets: not a "
+            "*the earlier default* are the main job's recipe after it: `headcut prune MODEL --method fluctuation "
+            "--keep K --refit --recover-steps 500 --recover-hidden-weight 1 --max-examples 4000 --batch-size 8`, "
+            "with `--via 16` below 12 heads (two rounds of 500 steps); the rows *the default* are the main job's "
+            "recipe now, the same with `--recover-average 0.5` (a constant learning rate, the weights averaged over "
+            "each recovery's last 250 steps) and `--via 24` below 24 heads (two rounds of 500 steps at 16 and 8 "
+            "heads). All ran on the command line (a time in brackets: not a "
             "run alone, other runs shared the 2 cores; *H200*: the same command with the seed named, on a GPU, to "
             "see the spread over seeds: there the time is not judged against the CPU limit, only shown). The last "
             "rows add `--refit` and unlabelled snippets of the "
@@ -1068,7 +1073,9 @@ def _refit_section(study: dict[str, Any]) -> list[str]:
 
 #: the run name (``small_data.py --reports ... --report-run``) of the main job's default recipe's rows: the
 #: fluctuation cut, ``--refit``, recovery with hidden-state matching, in two rounds (``--via 16``) below 12 heads
-DEFAULT_RUN = "the default (command line)"
+DEFAULT_RUN = "the default"
+#: the run name of the rows of the default before ``--recover-average`` and ``--via 24`` (``--via 16`` below 12 heads)
+EARLIER_RUN = "the earlier default"
 
 #: the small-data diagnosis files (``benchmarks/small_data.py --results NAME``): heading and how their times were taken
 DIAGNOSES = {
@@ -1088,9 +1095,11 @@ DIAGNOSES = {
                         "recovery overfits the 900 rows with the whole model; `recipe` and `refit + recipe` are the "
                         "same machine's reference runs (on the CPU: 82.06 / 81.28 and 82.56 / 81.06)"),
     "small_data_cli": ("Small data: the recipe with another method's cut, and the default",
-                       "The rows *the default* are the main job's recipe (their commands are in the results file: "
+                       "The rows *the default* are the main job's recipe, *the earlier default* its recipe before "
+                       "weight averaging (their commands are in the results file: "
                        "`--method fluctuation --refit --recover-steps 500 --recover-hidden-weight 1`, with `--via 16` "
-                       "at 8 heads; *in one round*: `--recover-steps 1000` without `--via`); the others "
+                       "at 8 heads (the earlier default; *in one round*: `--recover-steps 1000` without `--via`), or "
+                       "with `--recover-average 0.5 --via 24` at 16 and 8 heads (the default)); the others "
                        "`headcut prune MODEL --method METHOD --keep K --data train.csv --eval-data test.csv "
                        "--max-examples 4000 --batch-size 8 --recover-steps S` (S: 500 at 16 heads, 1,000 at 8): the "
                        "recipe with FLAP's fluctuation scores (no labels read) or Michel et al.'s iterative gradient "
@@ -1104,17 +1113,35 @@ DIAGNOSES = {
                        "FLAP's bias compensation puts the removed heads' mean output in their place, and on this "
                        "post-LayerNorm encoder that alone sends the cut to chance (33.33 %, against 65.28 % without "
                        "it; the slimmed model's logits match that mean substitution in the unpruned model to 0.06)"),
+    "small_data_averaging": (
+        "Small data: weight averaging in the recovery, on a GPU",
+        "These ran on one NVIDIA H200, the first 18 rows at once, then the next 9 at once (the classifier copied "
+        "there in fp16 and read back as fp32: unpruned 84.83 % there too), so their times are that machine's under "
+        "that load, not the 2 CPU cores'. *The earlier default* is the main job's command before averaging (`--via 16` at 8 heads, "
+        "one round at 16; its seeds 0-2 equal the command-line runs in the section above); each other row changes "
+        "what it names, the recoveries' weights averaged (SWA, `--recover-average F`: a constant learning rate, "
+        "the weights at the end the mean over the last F of the steps) or a soup (the mean of the weights of "
+        "two recoveries from the same refit). A row at 8 heads names its first round (to 16 heads), whose "
+        "accuracy is the one-round run at 16 heads with the same settings. The last two rows ran the same steps on "
+        "the 2 CPU cores (one torch thread each, the two at once): the CPU's arithmetic ends elsewhere than the "
+        "GPU's with the same seed",
+        "`benchmarks/averaging.py` (seeds 0, 1 and 2 of `headcut prune MODEL --method fluctuation --keep K --refit "
+        "--recover-steps 500 --recover-hidden-weight 1 --max-examples 4000 --batch-size 8` and of each variant; "
+        "accuracy in % on the 1,800 held-out examples; change: after minus unpruned; no curve)"),
 }
 
 
-def _diagnosis(study: dict[str, Any], heading: str, timing: str) -> list[str]:
-    """A small-data diagnosis (``benchmarks/small_data.py``): what each variant of the recipe does at the heads it
-    was run at, beside the unpruned model."""
+#: how a small-data diagnosis was measured (``benchmarks/small_data.py``), unless its entry in DIAGNOSES says
+SMALL_DATA_INTRO = ("`benchmarks/small_data.py` (seed 0; accuracy in % on each task's held-out examples; change: after "
+                    "minus unpruned; the recovery curves, every 100 or 250 steps on the held-out examples, are a "
+                    "diagnosis only and chose nothing)")
+
+
+def _diagnosis(study: dict[str, Any], heading: str, timing: str, intro: str = SMALL_DATA_INTRO) -> list[str]:
+    """A small-data diagnosis (``benchmarks/small_data.py``, or the script ``intro`` names): what each variant of
+    the recipe does at the heads it was run at, beside the unpruned model."""
     unpruned = study.get("unpruned", {})
-    lines = ["", f"## {heading}", "",
-             "`benchmarks/small_data.py` (seed 0; accuracy in % on each task's held-out examples; change: after minus "
-             "unpruned; the recovery curves, every 100 or 250 steps on the held-out examples, are a diagnosis only and "
-             f"chose nothing). {timing}:", "",
+    lines = ["", f"## {heading}", "", f"{intro}. {timing}:", "",
              "| task | heads | run | after the cut | after | change | train accuracy | time |",
              "|---|---|---|---|---|---|---|---|"]
     for row in study["rows"]:
@@ -1220,9 +1247,9 @@ def render(results: Path, docs: Path) -> Path:
         if data.get(name) and data[name].get("rows"):
             lines += _task_section(name, data[name], title, about, plot_title, plots, img)
     lines += _small_data_targets(data)
-    for name, (heading, timing) in DIAGNOSES.items():
+    for name, (heading, timing, *intro) in DIAGNOSES.items():
         if data.get(name, {}).get("rows"):
-            lines += _diagnosis(data[name], heading, timing)
+            lines += _diagnosis(data[name], heading, timing, *intro)
     if data.get("refit", {}).get("rows"):
         lines += _refit_section(data["refit"])
     if curves:

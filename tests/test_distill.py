@@ -194,14 +194,23 @@ def test_recover_data_adds_unlabelled_rows_to_the_recovery(tmp_path):
         headcut.prune(t5, "magnitude", keep=4, data=pairs, recover_steps=2, recover_data=extra)
 
 
-def test_recover_hidden_weight_adds_hidden_state_matching_to_the_recovery(tmp_path):
+def _recovery_case(tmp_path, steps: int):
+    """A tiny classifier, its training and eval rows, batch options, and its magnitude cut to 4 heads with ``steps``
+    of plain recovery (what a recovery option is compared with)."""
     import headcut
 
     src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
     train = write_rows(tmp_path / "train.csv", cls_rows(24))
     dev = write_rows(tmp_path / "dev.csv", cls_rows(12, seed=1))
     options = {"batch_size": 8}
-    plain = headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=3, data_options=options)
+    plain = headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=steps, data_options=options)
+    return src, train, dev, options, plain
+
+
+def test_recover_hidden_weight_adds_hidden_state_matching_to_the_recovery(tmp_path):
+    import headcut
+
+    src, train, dev, options, plain = _recovery_case(tmp_path, 3)
     hidden = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=3, data_options=options,
                            recover_hidden_weight=2.0)
     assert hidden.mask.keep == plain.mask.keep
@@ -223,13 +232,19 @@ def test_recover_hidden_weight_adds_hidden_state_matching_to_the_recovery(tmp_pa
         headcut.prune(src, "magnitude", keep=4, data=train, recover_hidden_weight=1.0)
     with pytest.raises(HeadcutError, match="recover_hidden_weight must be a number >= 0"):
         headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_hidden_weight=-1.0)
-    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-steps", "2",
-                 "--recover-hidden-weight", "1", "--out", tmp_path / "p")
+    _recovery_flag(tmp_path, src, train, ["--recover-hidden-weight", "1"], "hidden states matched (weight 1)",
+                   "--recover-hidden-weight weighs a term of the recovery fine-tuning: it needs --recover-steps N")
+
+
+def _recovery_flag(tmp_path, src, train, flag: list[str], printed: str, refusal: str) -> None:
+    """``flag`` on the command line: with ``--recover-steps`` the summary prints ``printed``; without, the one-line
+    error ``refusal``."""
+    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-steps", "2", *flag,
+                 "--out", tmp_path / "p")
     assert result.exit_code == 0, result.output
-    assert "hidden states matched (weight 1)" in result.stdout
-    bad = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-hidden-weight", "1",
-              "--out", tmp_path / "q")
-    one_line_error(bad, "--recover-hidden-weight weighs a term of the recovery fine-tuning: it needs --recover-steps N")
+    assert printed in result.stdout
+    bad = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, *flag, "--out", tmp_path / "q")
+    one_line_error(bad, refusal)
 
 
 def test_via_cuts_in_two_rounds_and_reports_one_cut_of_the_input_model(tmp_path):
@@ -387,3 +402,33 @@ def test_majority_note_flags_a_pruned_classifier_no_better_than_its_most_frequen
     lm = Calibration(task="causal-lm", batches=[{"labels": torch.tensor([[1, 2]])}], examples=1, source="t",
                      columns={})
     assert lm.majority() is None and _majority_note(lm, before=3.0, after=9.0) == []
+
+
+def test_recover_average_runs_the_recovery_at_a_constant_rate_and_averages_its_weights(tmp_path):
+    import headcut
+
+    src, train, dev, options, plain = _recovery_case(tmp_path, 4)
+    averaged = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=4,
+                             data_options=options, recover_average=0.5)
+    config = averaged.report["recovery"]["config"]
+    assert (config["average_last"], config["schedule"]) == (0.5, "constant")
+    assert (plain.report["recovery"]["config"]["average_last"], plain.report["recovery"]["config"]["schedule"]) == (
+        0.0, "linear")
+    assert [e["lr"] for e in averaged.report["recovery"]["curve"]] == [5e-5] * 4  # constant
+    assert any(not torch.equal(v, plain.model.state_dict()[k]) for k, v in averaged.model.state_dict().items())
+    averaged.save(tmp_path / "o")
+    assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(averaged.report["metric"]["after"])
+    assert "weights averaged over the last 0.5 of the steps" in (tmp_path / "o" / "README.md").read_text()
+    # both rounds of --via average
+    two = headcut.prune(src, "magnitude", keep=3, via=6, data=train, recover_steps=2, data_options=options,
+                        recover_average=1.0)
+    assert two.report["recovery"]["config"]["average_last"] == 1.0
+
+    with pytest.raises(HeadcutError, match="recover_average averages the weights of the recovery fine-tuning: it "
+                                           "needs recover_steps"):
+        headcut.prune(src, "magnitude", keep=4, data=train, recover_average=0.5)
+    with pytest.raises(HeadcutError, match=r"recover_average must be a fraction of the recovery's steps, in \[0, 1\]"):
+        headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_average=2.0)
+    _recovery_flag(tmp_path, src, train, ["--recover-average", "0.5"],
+                   "weights averaged over the last 0.5 of the steps (constant LR)",
+                   "--recover-average averages the weights of the recovery fine-tuning: it needs --recover-steps N")

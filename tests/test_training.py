@@ -325,3 +325,27 @@ def test_deferred_signals_hold_then_deliver_the_first_signal() -> None:
         assert seen == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_average_last_ends_with_the_mean_of_the_last_steps_weights(tmp_path: Path) -> None:
+    """average_last F: the weights at the end are the mean of the weights after each of the last F x N steps
+    (stochastic weight averaging), the steps themselves unchanged."""
+    batches = make_batches(n=4)
+    config = TrainConfig(max_steps=8, lr=1e-2, schedule="constant", seed=1)
+    plain = TinyMLP()
+    after: list[dict[str, torch.Tensor]] = []
+    Trainer(plain, None, batches, config,
+            on_step=lambda e: after.append({k: v.detach().clone() for k, v in plain.state_dict().items()})).train()
+    averaged = TinyMLP()
+    Trainer(averaged, None, batches, TrainConfig(max_steps=8, lr=1e-2, schedule="constant", seed=1,
+                                                 average_last=0.5)).train()
+    for name, value in averaged.state_dict().items():
+        expected = torch.stack([a[name] for a in after[4:]]).mean(0)
+        torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(value, after[-1][name])  # not simply the last step's weights
+    with pytest.raises(HeadcutError, match="averages its weights .* keeps no resume checkpoints"):
+        Trainer(TinyMLP(), None, batches, TrainConfig(max_steps=2, average_last=0.5), checkpoint_dir=tmp_path)
+    with pytest.raises(HeadcutError, match="averages its weights .* cannot resume"):
+        Trainer(TinyMLP(), None, batches, TrainConfig(max_steps=2, average_last=0.5)).resume(tmp_path)
+    with pytest.raises(HeadcutError, match="average_last"):
+        TrainConfig(max_steps=2, average_last=1.5).validate()

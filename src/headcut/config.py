@@ -178,6 +178,10 @@ class TrainConfig:
     schedule: str = option("linear", choices=("linear", "constant"), cli=False,
                            help="Learning-rate schedule after warmup.")
     grad_accum: int = option(1, low=1, panel=T, help="Batches per optimizer step.")
+    #: stochastic weight averaging (Izmailov et al. 2018): the model's weights at the end are the mean of its
+    #: weights after each of the last ``average_last`` x steps (0: off, the last step's weights)
+    average_last: float = option(0.0, low=0, high=1, cli=False,
+                                 help="Average the model's weights over the last fraction F of the steps; 0: off.")
     max_grad_norm: float | None = option(1.0, low=0, low_open=True, cli=False,
                                          help="Gradient clipping per parameter group (None: off).")
     eval_every: int | None = option(None, low=1, panel=T, help="Evaluate --eval-data every N steps (lottery's "

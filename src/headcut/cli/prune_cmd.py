@@ -162,6 +162,9 @@ def prune_cmd(
     recover_hidden_weight: Annotated[float, typer.Option(
         "--recover-hidden-weight", metavar="W", show_default=False,
         help="Hidden-state matching weight in --recover-steps (0: off).")] = 0.0,
+    recover_average: Annotated[float, typer.Option(
+        "--recover-average", metavar="F", show_default=False,
+        help="Constant LR in --recover-steps, weights averaged over the last F of them (SWA; 0: off).")] = 0.0,
     layerwise: Annotated[bool, typer.Option(
         "--layerwise", help="Score and cut one layer at a time; automatic past --max-memory.")] = False,
     max_memory: Annotated[Optional[str], typer.Option(
@@ -207,7 +210,8 @@ def prune_cmd(
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
-            refit=refit, recover_data=recover_data, recover_hidden_weight=recover_hidden_weight, layerwise=layerwise,
+            refit=refit, recover_data=recover_data, recover_hidden_weight=recover_hidden_weight,
+            recover_average=recover_average, layerwise=layerwise,
             max_memory=max_memory, out=out, force=force, arguments=arguments, **budget, **options,
         )
     finally:

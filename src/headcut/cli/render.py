@@ -252,6 +252,8 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         also = (f" (alpha 1, with {extra['examples']} unlabelled rows of {extra['source']})" if extra else "")
         weight = (recovery.get("config") or {}).get("hidden_weight")
         also += f", hidden states matched (weight {weight:g})" if weight else ""
+        average = (recovery.get("config") or {}).get("average_last")
+        also += f", weights averaged over the last {average:g} of the steps (constant LR)" if average else ""
         line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model{also}, loss "
                 f"{_fmt(first.get('loss'))} -> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
         if metric is not None and metric.get("after_pruning") is not None:

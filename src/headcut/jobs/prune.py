@@ -99,7 +99,8 @@ def prune(
     checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
     formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
-    recover_data: Any = None, recover_hidden_weight: float = 0.0, layerwise: bool = False,
+    recover_data: Any = None, recover_hidden_weight: float = 0.0, recover_average: float = 0.0,
+    layerwise: bool = False,
     max_memory: str | int | None = None, out: str | os.PathLike[str] | None = None, force: bool = False,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
@@ -118,7 +119,10 @@ def prune(
     rows like ``data``; a classifier's rows need only their text column; every row is read): the recovery then
     learns from the unpruned model alone (alpha 1) over ``data``'s rows and these, and its labels are not read
     (the report's ``recovery.recover_data``). ``recover_hidden_weight`` W > 0: the recovery also matches the
-    unpruned model's hidden states (``finetune``'s ``hidden_weight``). ``refit``: after the cut (before any
+    unpruned model's hidden states (``finetune``'s ``hidden_weight``). ``recover_average`` F in (0, 1]: each
+    recovery runs at a constant learning rate and ends with the mean of its weights over its last F x N steps
+    (stochastic weight averaging; ``finetune``'s ``average_last``; 0: linear decay, the last step's weights).
+    ``refit``: after the cut (before any
     recovery), refit each kept block's output projection by
     least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
     has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``layerwise``: read the checkpoint
@@ -148,6 +152,24 @@ def prune(
             if request.trajectory_file is not None:
                 pruned.written = pruned.write_trajectory(request.trajectory_file)
     return pruned
+
+
+@dataclass
+class Recovery:
+    """How each round's recovery fine-tuning runs (``prune``'s ``recover_steps``, ``recover_hidden_weight``,
+    ``recover_average``)."""
+
+    steps: int
+    hidden_weight: float = 0.0
+    #: > 0: a constant learning rate, and the weights at the end the mean over this fraction of the last steps
+    average: float = 0.0
+
+    def config(self, seed: int) -> FinetuneConfig:
+        """The recovery's :class:`FinetuneConfig`: ``finetune``'s defaults (lr 5e-5, alpha 0.5, temperature 2) with
+        these settings; no resume checkpoints."""
+        averaged = {"average_last": self.average, "schedule": "constant"} if self.average else {}
+        return FinetuneConfig(max_steps=self.steps, seed=seed, checkpoint_every=None,
+                              hidden_weight=self.hidden_weight, **averaged)
 
 
 @dataclass
@@ -185,8 +207,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                    task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
                    resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
                    formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any,
-                   recover_hidden_weight: float, layerwise: bool, max_memory: Any, out: Any, force: bool,
-                   options: dict[str, Any]) -> PruneRequest:
+                   recover_hidden_weight: float, recover_average: float, layerwise: bool, max_memory: Any, out: Any,
+                   force: bool, options: dict[str, Any]) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
     this one check; its messages name keywords, which the command line shows as flags)."""
@@ -200,8 +222,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                  data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
                  restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                  gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, recover_data=recover_data,
-                 recover_hidden_weight=recover_hidden_weight, layerwise=layerwise, max_memory=max_memory,
-                 options=options)
+                 recover_hidden_weight=recover_hidden_weight, recover_average=recover_average, layerwise=layerwise,
+                 max_memory=max_memory, options=options)
     L = label
     with values():  # every value refused before any work, as a HeadcutValueError
         config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
@@ -242,6 +264,12 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             raise HeadcutError(f"{L('recover_hidden_weight')} must be a number >= 0 (got {recover_hidden_weight!r})")
         if recover_hidden_weight and not recover_steps:
             raise HeadcutError(f"{L('recover_hidden_weight')} weighs a term of the recovery fine-tuning: it needs "
+                               f"{L('recover_steps')} N")
+        if not (isinstance(recover_average, (int, float)) and 0 <= recover_average <= 1):
+            raise HeadcutError(f"{L('recover_average')} must be a fraction of the recovery's steps, in [0, 1] (got "
+                               f"{recover_average!r})")
+        if recover_average and not recover_steps:
+            raise HeadcutError(f"{L('recover_average')} averages the weights of the recovery fine-tuning: it needs "
                                f"{L('recover_steps')} N")
         if refit and data is None:
             raise HeadcutError(f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
@@ -320,7 +348,9 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     data_options, device, resume = g["data_options"], g["device"], g["resume"]
     progress, allow_pickle, trust_remote_code = g["progress"], g["allow_pickle"], g["trust_remote_code"]
     gguf_type, recover_steps, refit, options = g["gguf_type"], g["recover_steps"], g["refit"], g["options"]
-    recover_data, hidden_weight = g["recover_data"], float(g["recover_hidden_weight"])
+    recover_data = g["recover_data"]
+    plan = Recovery(steps=recover_steps, hidden_weight=float(g["recover_hidden_weight"]),
+                    average=float(g["recover_average"]))
     config, entry, opts, notes = request.config, request.entry, request.options, request.notes
     data_spec, eval_spec, dist, torch_device = request.data_spec, request.eval_spec, request.dist, request.device
     chosen, checkpoint_dir = request.formats, request.checkpoint_dir
@@ -388,7 +418,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         bars.close()
         first_result, first_slim, record = _first_round(
             loaded.module, rounds[0], opts, cal, eval_cal, unpruned, Bars(progress, f"{method}, round 1", metric),
-            refit, recover_steps, seed, progress, metric, torch_device, extra, dist, hidden_weight, gqa)
+            refit, plan, seed, progress, metric, torch_device, extra, dist, gqa)
         earlier.append(record)
         notes += first_slim.notes
         bars = Bars(progress, f"{method}, round 2", metric, train=train_label)
@@ -442,7 +472,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     pruned_metric = result.metric_after
     refitted, refit_metric, recovery = _refit_and_recover(
         loaded.module, refit_teacher if refit else None, unpruned if recover_steps else None, cal, eval_cal,
-        recover_steps, seed, progress, metric, torch_device, extra, dist, hidden_weight)
+        plan, seed, progress, metric, torch_device, extra, dist)
     result.metric_after = (recovery.metric_after if recovery is not None
                            else refit_metric if refitted is not None else result.metric_after)
     del refit_teacher, unpruned
@@ -547,18 +577,17 @@ def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_c
 
 
 def _refit_and_recover(model: nn.Module, refit_teacher: nn.Module | None, teacher: nn.Module | None,
-                       cal: Calibration | None, eval_cal: Calibration | None, steps: int, seed: int,
-                       progress: Reporter, metric: str | None, device: Any, extra: Calibration | None, dist: Any,
-                       hidden_weight: float) -> tuple[Any, Any, Any]:
-    """What follows a cut: the refit to ``refit_teacher``'s outputs (None: no refit), then ``steps`` of recovery
-    distilled from ``teacher`` (None: none); returns the refit, its metric and the recovery (None where not run)."""
-    refitted, refit_metric, recovery = None, None, None
+                       cal: Calibration | None, eval_cal: Calibration | None, recovery: Recovery, seed: int,
+                       progress: Reporter, metric: str | None, device: Any, extra: Calibration | None,
+                       dist: Any) -> tuple[Any, Any, Any]:
+    """What follows a cut: the refit to ``refit_teacher``'s outputs (None: no refit), then ``recovery`` distilled
+    from ``teacher`` (None: none); returns the refit, its metric and the recovery (None where not run)."""
+    refitted, refit_metric, recovered = None, None, None
     if refit_teacher is not None:
         refitted, refit_metric = _refit(model, refit_teacher, cal, eval_cal, progress, metric, device)
     if teacher is not None:
-        recovery = _recover(model, teacher, cal, eval_cal, steps, seed, progress, metric, device, extra, dist,
-                            hidden_weight)
-    return refitted, refit_metric, recovery
+        recovered = _recover(model, teacher, cal, eval_cal, recovery, seed, progress, metric, device, extra, dist)
+    return refitted, refit_metric, recovered
 
 
 def _majority_note(eval_cal: Calibration | None, before: float | None, after: float | None) -> list[str]:
@@ -577,9 +606,9 @@ def _majority_note(eval_cal: Calibration | None, before: float | None, after: fl
 
 
 def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibration | None,
-                 eval_cal: Calibration | None, unpruned: nn.Module | None, bars: Bars, refit: bool, recover_steps: int,
+                 eval_cal: Calibration | None, unpruned: nn.Module | None, bars: Bars, refit: bool, recovery: Recovery,
                  seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None, dist: Any,
-                 hidden_weight: float, gqa: str) -> tuple[Any, Any, dict[str, Any]]:
+                 gqa: str) -> tuple[Any, Any, dict[str, Any]]:
     """``--via``'s first round: ``config``'s cut of ``model`` (in place), then the refit and the recovery against
     the unpruned model as in a one-round run; returns the cut's result, the slimming and the round's record for
     the report (its mask in the input model's numbering, its metric after each step)."""
@@ -596,8 +625,8 @@ def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibrat
     record: dict[str, Any] = {"keep": config.keep, "mask": result.mask.to_json(),
                               "metric": {"after_pruning": result.metric_after}}
     refitted, refit_metric, recovered = _refit_and_recover(
-        model, unpruned if refit else None, unpruned if recover_steps else None, cal, eval_cal, recover_steps, seed,
-        progress, metric, device, extra, dist, hidden_weight)
+        model, unpruned if refit else None, unpruned if recovery.steps else None, cal, eval_cal, recovery, seed,
+        progress, metric, device, extra, dist)
     if refitted is not None:
         record["metric"]["after_refit"] = refit_metric
         record["refit"] = refitted.to_json()
@@ -608,12 +637,12 @@ def _first_round(model: nn.Module, config: PruneConfig, opts: Any, cal: Calibrat
     return result, slimmed, record
 
 
-def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None, steps: int,
-             seed: int, progress: Reporter, metric: str | None, device: Any, extra: Calibration | None = None,
-             dist: Any = None, hidden_weight: float = 0.0) -> Any:
-    """``steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
-    model): :func:`headcut.training.finetuning.finetune` with its defaults (``hidden_weight``: its hidden-state
-    matching to the teacher); with ``extra`` (unlabelled inputs)
+def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None,
+             recovery: Recovery, seed: int, progress: Reporter, metric: str | None, device: Any,
+             extra: Calibration | None = None, dist: Any = None) -> Any:
+    """``recovery.steps`` of recovery fine-tuning of the slimmed ``model``, distilled from ``teacher`` (the unpruned
+    model): :func:`headcut.training.finetuning.finetune` with its defaults and ``recovery``'s settings
+    (:meth:`Recovery.config`); with ``extra`` (unlabelled inputs)
     on ``cal``'s batches and ``extra``'s, from the teacher alone (alpha 1). ``dist``: data-parallel over the
     processes of the run (engine ``auto``: FSDP under ``accelerate launch --use_fsdp``, else DDP)."""
     import dataclasses
@@ -622,11 +651,11 @@ def _recover(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval
 
     if cal is None:
         raise HeadcutError(f"{label('recover_steps')} needs training data with labels ({label('data')})")
-    config = FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None, hidden_weight=hidden_weight)
+    config = recovery.config(seed)
     if extra is not None:
         cal = dataclasses.replace(cal, batches=cal.batches + extra.batches, examples=cal.examples + extra.examples)
         config = dataclasses.replace(config, alpha=1.0)
-    bars = Bars(progress, "recovery", metric, train=f"recovery fine-tuning (distilled, {steps} steps)")
+    bars = Bars(progress, "recovery", metric, train=f"recovery fine-tuning (distilled, {recovery.steps} steps)")
     move(model, device)
     move(teacher, device)
     try:

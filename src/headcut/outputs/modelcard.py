@@ -139,6 +139,9 @@ def _method_section(report: dict[str, Any]) -> list[str]:
                     if extra else "")
             weight = (recovery.get("config") or {}).get("hidden_weight")
             also += f", its hidden states matched with weight {weight:g}" if weight else ""
+            average = (recovery.get("config") or {}).get("average_last")
+            also += (f", at a constant learning rate with its weights averaged over the last {average:g} of the steps"
+                     if average else "")
             lines.append(f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned "
                          f"model{also}.")
         distilled = ((report.get("training") or {}).get("distillation") or {})

@@ -389,6 +389,9 @@ class Trainer:
         if early_stopping is not None and checkpoint_dir is not None:
             raise HeadcutError("a run with early stopping writes no checkpoints: give no checkpoint_dir")
         self.early_stopping = early_stopping
+        if config.average_last and (early_stopping is not None or checkpoint_dir is not None):
+            raise HeadcutError("a run that averages its weights (average_last) keeps no resume checkpoints and no "
+                               "early stopping: give neither a checkpoint_dir nor early stopping")
         if config.epochs is None and config.max_steps is None:
             raise HeadcutError("give epochs or max_steps")
         if config.mode is None:
@@ -579,6 +582,9 @@ class Trainer:
         trainer's config, so a run may be resumed with another ``max_steps``/``epochs`` (and eval and
         checkpoint cadence); everything else in the run's identity (see the module doc) must match,
         or a one-line error lists what differs."""
+        if self.config.average_last:
+            raise HeadcutError("a run that averages its weights (average_last) cannot resume: its checkpoints hold "
+                               "no running mean")
         if path is None:
             if self.checkpoint_dir is None:
                 raise HeadcutError("resume needs a path or a checkpoint_dir")
@@ -773,6 +779,10 @@ class Trainer:
             raise HeadcutError(f"the weights hold non-finite values (nan or inf) before training, in "
                                f"{first_nonfinite(named)}: the model is damaged; nothing was trained or written")
         last_saved = self.step if self._rng_cpu is not None else -1
+        # average_last: the running mean of the model's weights after each of the last steps (float32), put in
+        # place of the weights at the end (stochastic weight averaging; the gates are not averaged)
+        averaged_from = self.total_steps - round(cfg.average_last * self.total_steps) if cfg.average_last else None
+        mean: list[torch.Tensor] | None = None
         self._train_mode()
         self.optimizer.zero_grad(set_to_none=True)
         while self.step < self.total_steps:
@@ -807,6 +817,13 @@ class Trainer:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
+            if averaged_from is not None and self.step > averaged_from and model_params:
+                with torch.no_grad():
+                    if mean is None:
+                        mean = [p.detach().float().clone() for p in model_params]
+                    else:
+                        for m, p in zip(mean, model_params):
+                            m.add_(p.detach().float() - m, alpha=1.0 / (self.step - averaged_from))
             entry.update(_merge_logs(logs))
             if self.after_step is not None:
                 with torch.no_grad():
@@ -831,5 +848,9 @@ class Trainer:
                 last_saved = self.step
             if stop:
                 break
+        if mean is not None:
+            with torch.no_grad():
+                for m, p in zip(mean, model_params):
+                    p.copy_(m)
         if self.checkpoint_dir is not None and last_saved != self.step:
             self.save_checkpoint()
