@@ -298,7 +298,7 @@ AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle 
 TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", metavar="",
                                            help="Allow checkpoints that ship their own model code.")]
 Task = Annotated[Optional[str], typer.Option(
-    "--task", help=f"Load with this task head ({', '.join(TASKS)}); default: the checkpoint's own.", metavar="TASK",
+    "--task", help=f"Task head: {', '.join(TASKS)} (default: the model's).", metavar="TASK",
     autocompletion=_choices(TASKS))]
 Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
 OutputFormat = Annotated[str, typer.Option(

@@ -164,7 +164,7 @@ def prune_cmd(
         help="Hidden-state matching weight in --recover-steps (0: off).")] = 0.0,
     recover_average: Annotated[float, typer.Option(
         "--recover-average", metavar="F", show_default=False,
-        help="Constant LR in --recover-steps, weights averaged over the last F of them (SWA; 0: off).")] = 0.0,
+        help="SWA in --recover-steps: last F averaged, constant LR; 0: off.")] = 0.0,
     layerwise: Annotated[bool, typer.Option(
         "--layerwise", help="Score and cut one layer at a time; automatic past --max-memory.")] = False,
     max_memory: Annotated[Optional[str], typer.Option(
