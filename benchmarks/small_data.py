@@ -363,6 +363,8 @@ def report_row(path: Path) -> dict[str, Any]:
     rounds = [{"k": r["keep"], **{k: 100 * v for k, v in r["metric"].items() if v is not None}}
               for r in report.get("rounds", [])]
     steps = sum((r.get("recovery") or {}).get("steps", 0) for r in [*report.get("rounds", []), report])
+    extra = args.get("recover_data")
+    flags += [f"--recover-data {Path(extra).name}"] if extra else []
     return {"k": args["keep"], "steps": steps, **({"rounds": rounds} if rounds else {}),
             "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
             "seconds": report["seconds"], "command": " ".join(["headcut prune", Path(args["model"]).name, *flags,
