@@ -1019,7 +1019,8 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
     order = list(tasks)
     cli = sorted((data.get("small_data_cli") or {}).get("rows", []),
                  key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), -r["k"], r["run"]))
-    for prefix, called in ((EARLIER_RUN, "the earlier default"), (DEFAULT_RUN, "the default")):
+    for prefix, called in ((EARLIER_RUN, "the earlier default"), (PREVIOUS_RUN, "the previous default"),
+                           (DEFAULT_RUN, "the default")):
         for row in cli:  # the main job's default since issue 33, and before weight averaging
             study = tasks.get(row["task"]) or {}
             if row["run"].startswith(prefix) and row["k"] in TASK_TARGETS and study.get("unpruned") and study.get(
@@ -1040,10 +1041,11 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
             "gradient recipe (one-shot gradient scores, then distilled recovery: the main job's until then); the rows "
             "*the earlier default* are the main job's recipe after it: `headcut prune MODEL --method fluctuation "
             "--keep K --refit --recover-steps 500 --recover-hidden-weight 1 --max-examples 4000 --batch-size 8`, "
-            "with `--via 16` below 12 heads (two rounds of 500 steps); the rows *the default* are the main job's "
-            "recipe now, the same with `--recover-average 0.5` (a constant learning rate, the weights averaged over "
-            "each recovery's last 250 steps) and `--via 24` below 24 heads (two rounds of 500 steps at 16 and 8 "
-            "heads); a row *the default with ...* changes what it names (*--recover-data of the rows spliced x10*: "
+            "with `--via 16` below 12 heads (two rounds of 500 steps); the rows *the previous default* are the same "
+            "with `--recover-average 0.5` (a constant learning rate, the weights averaged over each recovery's last "
+            "250 steps) and `--via 24` below 24 heads (two rounds of 500 steps at 16 and 8 heads); the rows *the "
+            "default* are the main job's recipe now, the previous default with `--recover-hidden-weight 2` (the "
+            "hidden-state term weighed twice as much); a row *the ... default with ...* changes what it names (*--recover-data of the rows spliced x10*: "
             "the training file with ten spliced rows after each row, benchmarks/small_data.py's `spliced`: a row's "
             "first words, then another row's last words, given as unlabelled inputs). All ran on the command line, "
             "except the rows that name benchmarks/averaging.py (the same steps "
@@ -1076,10 +1078,13 @@ def _refit_section(study: dict[str, Any]) -> list[str]:
 
 
 #: the run name (``small_data.py --reports ... --report-run``) of the main job's default recipe's rows: the
-#: fluctuation cut, ``--refit``, recovery with hidden-state matching, in two rounds (``--via 16``) below 12 heads
+#: fluctuation cut, ``--refit``, recovery with hidden-state matching (weight 2) and weight averaging, in two rounds
+#: (``--via 24``) below 24 heads
 DEFAULT_RUN = "the default"
 #: the run name of the rows of the default before ``--recover-average`` and ``--via 24`` (``--via 16`` below 12 heads)
 EARLIER_RUN = "the earlier default"
+#: the run name of the rows of the default with ``--recover-average 0.5 --via 24`` but ``--recover-hidden-weight 1``
+PREVIOUS_RUN = "the previous default"
 
 #: the small-data diagnosis files (``benchmarks/small_data.py --results NAME``): heading and how their times were taken
 DIAGNOSES = {
@@ -1099,11 +1104,12 @@ DIAGNOSES = {
                         "recovery overfits the 900 rows with the whole model; `recipe` and `refit + recipe` are the "
                         "same machine's reference runs (on the CPU: 82.06 / 81.28 and 82.56 / 81.06)"),
     "small_data_cli": ("Small data: the recipe with another method's cut, and the default",
-                       "The rows *the default* are the main job's recipe, *the earlier default* its recipe before "
-                       "weight averaging (their commands are in the results file: "
-                       "`--method fluctuation --refit --recover-steps 500 --recover-hidden-weight 1`, with `--via 16` "
-                       "at 8 heads (the earlier default; *in one round*: `--recover-steps 1000` without `--via`), or "
-                       "with `--recover-average 0.5 --via 24` at 16 and 8 heads (the default)); the others "
+                       "The rows *the default* are the main job's recipe, *the previous default* its recipe before "
+                       "`--recover-hidden-weight 2`, *the earlier default* its recipe before weight averaging (their "
+                       "commands are in the results file: `--method fluctuation --refit --recover-steps 500 "
+                       "--recover-hidden-weight 1`, with `--via 16` at 8 heads (the earlier default; *in one round*: "
+                       "`--recover-steps 1000` without `--via`), or with `--recover-average 0.5 --via 24` at 16 and 8 "
+                       "heads (the previous default), and `--recover-hidden-weight 2` (the default)); the others "
                        "`headcut prune MODEL --method METHOD --keep K --data train.csv --eval-data test.csv "
                        "--max-examples 4000 --batch-size 8 --recover-steps S` (S: 500 at 16 heads, 1,000 at 8): the "
                        "recipe with FLAP's fluctuation scores (no labels read) or Michel et al.'s iterative gradient "

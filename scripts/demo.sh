@@ -3,7 +3,7 @@
 # 6 x 12 = 72 heads, fine-tuned by `headcut finetune` on 4,000 Rotten Tomatoes snippets once and
 # cached), scored, pruned to 16 heads in two rounds, 72 -> 24 -> 16 (each: FLAP's fluctuation scores, a least-squares
 # refit of the kept heads' output projections, then recovery fine-tuning distilled from the unpruned model, its
-# hidden states matched too, for one epoch of those snippets, its weights averaged over the last half), timed before
+# hidden states matched too (weight 2), for one epoch of those snippets, its weights averaged over the last half), timed before
 # and after; the slimmed model is
 # reloaded with plain transformers. One evaluation set throughout: the 2,808 held-out snippets. Outputs
 # go to $HEADCUT_DEMO_DIR (default ./headcut-demo); HEADCUT_DEMO_KEEP sets the heads kept (default 16; below 24 the
@@ -24,8 +24,8 @@ case "$method" in
     what="250 steps of gates distilled from the unpruned model, then 250 distilled recovery steps: one epoch of the 4,000 training snippets";;
   # any other method: its choice of heads, the refit, then 500 steps of 8 of distilled recovery = one epoch, at a
   # constant rate with the weights averaged over the last 250 steps; below 24 heads in two rounds
-  *) how=(--refit --recover-steps 500 --recover-hidden-weight 1 --recover-average 0.5 --batch-size 8 --max-examples 4000)
-    what="scores of the 4,000 training snippets, a least-squares refit, then 500 steps of recovery fine-tuning distilled from the unpruned model with its hidden states matched, the weights averaged over the last 250: one epoch"
+  *) how=(--refit --recover-steps 500 --recover-hidden-weight 2 --recover-average 0.5 --batch-size 8 --max-examples 4000)
+    what="scores of the 4,000 training snippets, a least-squares refit, then 500 steps of recovery fine-tuning distilled from the unpruned model with its hidden states matched (weight 2), the weights averaged over the last 250: one epoch"
     if [ "$keep" -lt 24 ]; then how+=(--via 24); what="two rounds (72 -> 24 -> $keep heads) of: $what"; fi;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
