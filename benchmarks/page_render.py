@@ -1021,7 +1021,7 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
                  key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), -r["k"], r["run"]))
     for prefix, called in ((EARLIER_RUN, "the earlier default"), (PREVIOUS_RUN, "the previous default"),
                            (DEFAULT_RUN, "the default")):
-        for row in cli:  # the main job's default since issue 33, and before weight averaging
+        for row in cli:  # the main job's defaults since issue 33: earlier, previous, now
             study = tasks.get(row["task"]) or {}
             if row["run"].startswith(prefix) and row["k"] in TASK_TARGETS and study.get("unpruned") and study.get(
                     "evaluation"):
