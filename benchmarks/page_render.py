@@ -1045,7 +1045,9 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
             "with `--recover-average 0.5` (a constant learning rate, the weights averaged over each recovery's last "
             "250 steps) and `--via 24` below 24 heads (two rounds of 500 steps at 16 and 8 heads); the rows *the "
             "default* are the main job's recipe now, the previous default with `--recover-hidden-weight 2` (the "
-            "hidden-state term weighed twice as much); a row *the ... default with ...* changes what it names "
+            "hidden-state term weighed twice as much) and, below 12 heads, `--via-steps 250 --recover-steps 750` "
+            "(the first round recovers for 250 steps, the second for 750; *with 500 steps in each round*: before "
+            "that); a row *the ... default with ...* changes what it names "
             "(*--recover-data of the rows spliced x10*: "
             "the training file with ten spliced rows after each row, benchmarks/small_data.py's `spliced`: a row's "
             "first words, then another row's last words, given as unlabelled inputs). All ran on the command line, "
@@ -1080,7 +1082,8 @@ def _refit_section(study: dict[str, Any]) -> list[str]:
 
 #: the run name (``small_data.py --reports ... --report-run``) of the main job's default recipe's rows: the
 #: fluctuation cut, ``--refit``, recovery with hidden-state matching (weight 2) and weight averaging, in two rounds
-#: (``--via 24``) below 24 heads
+#: (``--via 24``) below 24 heads, the first recovering for 250 steps and the second for 750 below 12
+#: (``--via-steps 250 --recover-steps 750``)
 DEFAULT_RUN = "the default"
 #: the run name of the rows of the default before ``--recover-average`` and ``--via 24`` (``--via 16`` below 12 heads)
 EARLIER_RUN = "the earlier default"
@@ -1110,7 +1113,9 @@ DIAGNOSES = {
                        "commands are in the results file: `--method fluctuation --refit --recover-steps 500 "
                        "--recover-hidden-weight 1`, with `--via 16` at 8 heads (the earlier default; *in one round*: "
                        "`--recover-steps 1000` without `--via`), or with `--recover-average 0.5 --via 24` at 16 and 8 "
-                       "heads (the previous default), and `--recover-hidden-weight 2` (the default)); the others "
+                       "heads (the previous default), and `--recover-hidden-weight 2` (the default; below 12 heads also "
+                       "`--via-steps 250 --recover-steps 750`, and *with 500 steps in each round* without them)); "
+                       "the others "
                        "`headcut prune MODEL --method METHOD --keep K --data train.csv --eval-data test.csv "
                        "--max-examples 4000 --batch-size 8 --recover-steps S` (S: 500 at 16 heads, 1,000 at 8): the "
                        "recipe with FLAP's fluctuation scores (no labels read) or Michel et al.'s iterative gradient "

@@ -345,8 +345,8 @@ RUNS = {
 
 
 #: ``headcut prune`` arguments a report's command line repeats (the data paths are the task's splits)
-_FLAGS = ("method", "keep", "via", "max_examples", "batch_size", "recover_steps", "recover_hidden_weight",
-          "recover_average", "refit", "bias_compensation", "seed")
+_FLAGS = ("method", "keep", "via", "via_steps", "max_examples", "batch_size", "recover_steps",
+          "recover_hidden_weight", "recover_average", "refit", "bias_compensation", "seed")
 
 
 def report_row(path: Path) -> dict[str, Any]:

@@ -7,7 +7,8 @@
 # and after; the slimmed model is
 # reloaded with plain transformers. One evaluation set throughout: the 2,808 held-out snippets. Outputs
 # go to $HEADCUT_DEMO_DIR (default ./headcut-demo); HEADCUT_DEMO_KEEP sets the heads kept (default 16; below 24 the
-# cut runs in two rounds, --via 24, each with its refit and 500 recovery steps); step headings and progress go to
+# cut runs in two rounds, --via 24, each with its refit and 500 recovery steps; below 12, 250 steps in the first
+# round and 750 in the second); step headings and progress go to
 # stderr, results to stdout.
 set -euo pipefail
 work=${HEADCUT_DEMO_DIR:-headcut-demo}
@@ -24,9 +25,14 @@ case "$method" in
     what="250 steps of gates distilled from the unpruned model, then 250 distilled recovery steps: one epoch of the 4,000 training snippets";;
   # any other method: its choice of heads, the refit, then 500 steps of 8 of distilled recovery = one epoch, at a
   # constant rate with the weights averaged over the last 250 steps; below 24 heads in two rounds
-  *) how=(--refit --recover-steps 500 --recover-hidden-weight 2 --recover-average 0.5 --batch-size 8 --max-examples 4000)
-    what="scores of the 4,000 training snippets, a least-squares refit, then 500 steps of recovery fine-tuning distilled from the unpruned model with its hidden states matched (weight 2), the weights averaged over the last 250: one epoch"
-    if [ "$keep" -lt 24 ]; then how+=(--via 24); what="two rounds (72 -> 24 -> $keep heads) of: $what"; fi;;
+  # (below 12 heads the first round recovers for 250 steps and the second for 750: 1,000 in all)
+  *) steps=500; [ "$keep" -lt 12 ] && steps=750
+    how=(--refit --recover-steps $steps --recover-hidden-weight 2 --recover-average 0.5 --batch-size 8 --max-examples 4000)
+    what="scores of the 4,000 training snippets, a least-squares refit, then $steps steps of recovery fine-tuning distilled from the unpruned model with its hidden states matched (weight 2), the weights averaged over the last $((steps / 2))"
+    if [ "$keep" -lt 12 ]; then how+=(--via 24 --via-steps 250)
+      what="two rounds (72 -> 24 -> $keep heads; the first recovers for 250 steps) of: $what"
+    elif [ "$keep" -lt 24 ]; then how+=(--via 24); what="two rounds (72 -> 24 -> $keep heads) of: $what: one epoch"
+    else what="$what: one epoch"; fi;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"

@@ -298,6 +298,41 @@ def test_via_cuts_in_two_rounds_and_reports_one_cut_of_the_input_model(tmp_path)
     one_line_error(bad, "--via 8 must lie between the heads kept in the end (3) and the model's 8")
 
 
+def test_via_steps_sets_the_first_rounds_recovery_steps(tmp_path):
+    import headcut
+
+    src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")  # 2 blocks x 4 heads
+    train = write_rows(tmp_path / "train.csv", cls_rows(24))
+    options = {"batch_size": 8}
+    short = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=3, via_steps=1,
+                          data_options=options)
+    (first,) = short.report["rounds"]
+    assert first["recovery"]["steps"] == 1 and short.report["recovery"]["steps"] == 3
+    assert len(short.report["recovery"]["curve"]) == 3
+    none = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, via_steps=0,
+                         data_options=options)
+    (first,) = none.report["rounds"]
+    assert "recovery" not in first and "after" not in first["metric"] and none.report["recovery"]["steps"] == 2
+    same = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, data_options=options)
+    assert same.report["rounds"][0]["recovery"]["steps"] == 2  # default: --recover-steps in both rounds
+
+    with pytest.raises(HeadcutError, match="via_steps sets the recovery steps of via's first round: it needs via K "
+                                           "and recover_steps N"):
+        headcut.prune(src, "fluctuation", keep=3, data=train, recover_steps=2, via_steps=1)
+    with pytest.raises(HeadcutError, match="via_steps sets the recovery steps"):
+        headcut.prune(src, "fluctuation", keep=3, via=6, data=train, via_steps=1)
+    with pytest.raises(HeadcutError, match="via_steps must be a whole number >= 0"):
+        headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, via_steps=-1)
+    result = run("prune", src, "--method", "fluctuation", "--keep", "3", "--via", "6", "--data", train,
+                 "--recover-steps", "2", "--via-steps", "1", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    assert "first to 6 heads and fine-tuned for 1 step," in (tmp_path / "p" / "README.md").read_text()
+    bad = run("prune", src, "--method", "fluctuation", "--keep", "3", "--via-steps", "1", "--data", train,
+              "--recover-steps", "2", "--out", tmp_path / "q")
+    one_line_error(bad, "--via-steps sets the recovery steps of --via's first round: it needs --via K and "
+                        "--recover-steps N")
+
+
 def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():
     """hidden_matching(teacher, teacher) is 0 and 1 for all-zero states; padding does not count; finetune with
     hidden_weight logs the term and runs the teacher once per step (its states are not cached)."""

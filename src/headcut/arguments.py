@@ -469,7 +469,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "max_drop": optional(number), "data": optional(data), "uniform": boolean, "min_heads_per_block": integer,
         "via": optional(integer), "gqa": text, "trajectory": bool_or_path, "recover_steps": integer, "refit": boolean,
         "recover_data": optional(data), "recover_hidden_weight": number, "recover_average": number,
-        "layerwise": boolean,
+        "via_steps": optional(integer), "layerwise": boolean,
         "max_memory": optional(size),
         "out": optional(output), "force": boolean, "options": anything,
         **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,

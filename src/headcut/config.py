@@ -114,8 +114,8 @@ class PruneConfig:
     keep: int | None = option(None, low=0, metavar="K", panel=B, help="Heads to keep (exactly; auber: at most).")
     sparsity: float | None = option(None, low=0, high=1, metavar="S", panel=B, help="Fraction of heads to remove: K = "
                                     "floor((1 - S) x heads).")
-    max_drop: float | None = option(None, low=0, metavar="D", panel=B, help="Score-based methods: remove heads step by step "
-                                    "while the --eval-data metric stays within D of the unpruned model.")
+    max_drop: float | None = option(None, low=0, metavar="D", panel=B, help="Score-based: remove heads while the "
+                                    "--eval-data metric stays within D.")
     uniform: bool = option(False, panel=B, help="Keep the same number of heads in every block (most decoders: a stock "
                            "transformers checkpoint, no remote code).")
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")

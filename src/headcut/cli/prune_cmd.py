@@ -165,6 +165,9 @@ def prune_cmd(
     recover_average: Annotated[float, typer.Option(
         "--recover-average", metavar="F", show_default=False,
         help="SWA in --recover-steps: last F averaged, constant LR; 0: off.")] = 0.0,
+    via_steps: Annotated[Optional[int], typer.Option(
+        "--via-steps", metavar="M", show_default=False,
+        help="--via's first-round recovery steps (default: --recover-steps).")] = None,
     layerwise: Annotated[bool, typer.Option(
         "--layerwise", help="Score and cut one layer at a time; automatic past --max-memory.")] = False,
     max_memory: Annotated[Optional[str], typer.Option(
@@ -211,7 +214,7 @@ def prune_cmd(
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
             refit=refit, recover_data=recover_data, recover_hidden_weight=recover_hidden_weight,
-            recover_average=recover_average, layerwise=layerwise,
+            recover_average=recover_average, via_steps=via_steps, layerwise=layerwise,
             max_memory=max_memory, out=out, force=force, arguments=arguments, **budget, **options,
         )
     finally:

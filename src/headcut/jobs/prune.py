@@ -100,7 +100,7 @@ def prune(
     progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
     formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
     recover_data: Any = None, recover_hidden_weight: float = 0.0, recover_average: float = 0.0,
-    layerwise: bool = False,
+    via_steps: int | None = None, layerwise: bool = False,
     max_memory: str | int | None = None, out: str | os.PathLike[str] | None = None, force: bool = False,
     arguments: dict[str, Any] | None = None, **options: Any,
 ) -> Pruned:
@@ -122,6 +122,8 @@ def prune(
     unpruned model's hidden states (``finetune``'s ``hidden_weight``). ``recover_average`` F in (0, 1]: each
     recovery runs at a constant learning rate and ends with the mean of its weights over its last F x N steps
     (stochastic weight averaging; ``finetune``'s ``average_last``; 0: linear decay, the last step's weights).
+    ``via_steps`` M: ``via``'s first round recovers for M steps instead of N (0: no recovery there), so that a
+    deep cut can spend more of its steps on the heads it keeps in the end.
     ``refit``: after the cut (before any
     recovery), refit each kept block's output projection by
     least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
@@ -207,7 +209,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                    task: Any, split: str, eval_split: str, data_options: Any, device: Any, checkpoint_dir: Any,
                    resume: bool, restart: bool, progress: Any, allow_pickle: bool, trust_remote_code: bool,
                    formats: Any, gguf_type: str, recover_steps: int, refit: bool, recover_data: Any,
-                   recover_hidden_weight: float, recover_average: float, layerwise: bool, max_memory: Any, out: Any,
+                   recover_hidden_weight: float, recover_average: float, via_steps: int | None, layerwise: bool,
+                   max_memory: Any, out: Any,
                    force: bool, options: dict[str, Any]) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
@@ -222,8 +225,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                  data_options=data_options, device=device, checkpoint_dir=checkpoint_dir, resume=resume,
                  restart=restart, progress=progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
                  gguf_type=gguf_type, recover_steps=recover_steps, refit=refit, recover_data=recover_data,
-                 recover_hidden_weight=recover_hidden_weight, recover_average=recover_average, layerwise=layerwise,
-                 max_memory=max_memory, options=options)
+                 recover_hidden_weight=recover_hidden_weight, recover_average=recover_average, via_steps=via_steps,
+                 layerwise=layerwise, max_memory=max_memory, options=options)
     L = label
     with values():  # every value refused before any work, as a HeadcutValueError
         config = PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
@@ -271,6 +274,12 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
         if recover_average and not recover_steps:
             raise HeadcutError(f"{L('recover_average')} averages the weights of the recovery fine-tuning: it needs "
                                f"{L('recover_steps')} N")
+        if via_steps is not None:
+            if isinstance(via_steps, bool) or not isinstance(via_steps, int) or via_steps < 0:
+                raise HeadcutError(f"{L('via_steps')} must be a whole number >= 0 (got {via_steps!r})")
+            if via is None or not recover_steps:
+                raise HeadcutError(f"{L('via_steps')} sets the recovery steps of {L('via')}'s first round: it needs "
+                                   f"{L('via')} K and {L('recover_steps')} N")
         if refit and data is None:
             raise HeadcutError(f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
                                f"on data: it needs {L('data')}")
@@ -351,6 +360,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
     recover_data = g["recover_data"]
     plan = Recovery(steps=recover_steps, hidden_weight=float(g["recover_hidden_weight"]),
                     average=float(g["recover_average"]))
+    first_plan = plan if g["via_steps"] is None else replace(plan, steps=g["via_steps"])
     config, entry, opts, notes = request.config, request.entry, request.options, request.notes
     data_spec, eval_spec, dist, torch_device = request.data_spec, request.eval_spec, request.dist, request.device
     chosen, checkpoint_dir = request.formats, request.checkpoint_dir
@@ -418,7 +428,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         bars.close()
         first_result, first_slim, record = _first_round(
             loaded.module, rounds[0], opts, cal, eval_cal, unpruned, Bars(progress, f"{method}, round 1", metric),
-            refit, plan, seed, progress, metric, torch_device, extra, dist, gqa)
+            refit, first_plan, seed, progress, metric, torch_device, extra, dist, gqa)
         earlier.append(record)
         notes += first_slim.notes
         bars = Bars(progress, f"{method}, round 2", metric, train=train_label)
