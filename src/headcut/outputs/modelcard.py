@@ -106,10 +106,6 @@ def _fmt_metric(value: Any) -> str:
     return "—" if value is None else str(value)
 
 
-def _steps(n: int) -> str:
-    return f"{n} step{'s' if n != 1 else ''}"
-
-
 def _method_section(report: dict[str, Any]) -> list[str]:
     command = report.get("command")
     lines: list[str] = []
@@ -134,7 +130,8 @@ def _method_section(report: dict[str, Any]) -> list[str]:
         for stage in report.get("rounds") or []:
             lines.append(f"The cut ran in two rounds: first to {stage['keep']} heads"
                          + (", refitted" if stage.get("refit") else "")
-                         + (f" and fine-tuned for {_steps(stage['recovery']['steps'])}" if stage.get("recovery") else "")
+                         + (f" and fine-tuned for {stage['recovery']['steps']} step"
+                            + ("s" if stage["recovery"]["steps"] != 1 else "") if stage.get("recovery") else "")
                          + ", then to the heads kept, as below.")
         recovery = report.get("recovery")
         if recovery:
