@@ -1290,8 +1290,8 @@ def render(results: Path, docs: Path) -> Path:
                          img / "accuracy-vs-heads.png")
             lines += ["![accuracy vs heads kept](img/accuracy-vs-heads.png)", ""]
         lines += [f"Accuracy (%) by heads kept; unpruned {unpruned:.2f} %. {DEFAULT_SAID} The recipe (the main "
-                  "job's before issue 33): one-shot gradient scores of 4,000 training snippets and distilled recovery (500 steps of 8; 1,000 below 12 heads); learned "
-                  "gates: 500 steps of 8 with the papers' loss (no distillation, no recovery); training-free methods "
+                  "job's before issue 33): one-shot gradient scores of 4,000 training snippets and distilled recovery "
+                  "(500 steps of 8; 1,000 below 12 heads); learned gates: 500 steps of 8 with the papers' loss (no distillation, no recovery); training-free methods "
                   "scored on 512 training snippets, nothing trained (random: mean of 5 seeds).", ""]
         lines += _table(curves)
         absent = _absent_methods(curves, points)
