@@ -275,7 +275,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             raise HeadcutError(f"{L('recover_average')} averages the weights of the recovery fine-tuning: it needs "
                                f"{L('recover_steps')} N")
         if via_steps is not None:
-            if isinstance(via_steps, bool) or not isinstance(via_steps, int) or via_steps < 0:
+            if via_steps < 0:  # its type: RULES['prune'] (optional integer)
                 raise HeadcutError(f"{L('via_steps')} must be a whole number >= 0 (got {via_steps!r})")
             if via is None or not recover_steps:
                 raise HeadcutError(f"{L('via_steps')} sets the recovery steps of {L('via')}'s first round: it needs "
