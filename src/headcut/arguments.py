@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import functools
 import inspect
-import math
 import numbers
 import os
 import types
@@ -32,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError
+from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError, is_finite, label, shown
 from .outputs.files import file_error
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,11 +47,14 @@ def _got(value: Any) -> str:
     if value is None or isinstance(value, bool):
         return repr(value)
     if isinstance(value, (int, float, str, bytes)) or isinstance(value, os.PathLike):
-        shown = repr(value if not isinstance(value, os.PathLike) else os.fspath(value))
-        if len(shown) > 60:
-            shown = shown[:57] + "..."
-        return f"{type(value).__name__} {shown}"
+        return f"{type(value).__name__} {shown(value if not isinstance(value, os.PathLike) else os.fspath(value))}"
     return f"a {type(value).__name__}"
+
+
+def _named(name: str) -> str:
+    """An argument named in a message: a keyword the command line may have given as a flag, labelled
+    (:func:`~headcut.errors.label`: ``--seed`` there), an item of one (``models[0]``) as it is."""
+    return label(name) if name.isidentifier() else name
 
 
 def _wrong(name: str, what: str, value: Any) -> HeadcutTypeError:
@@ -76,17 +78,29 @@ def anything(name: str, value: Any) -> None:
 
 
 def integer(name: str, value: Any) -> None:
-    """An integer (a Python or numpy int, not a bool)."""
+    """An integer (a Python or numpy int, not a bool) of at most 64 bits (torch's and C's largest; no count,
+    length or step is larger)."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise _wrong(name, "an integer", value)
+    if not -(2**63) <= value < 2**64:
+        raise HeadcutValueError(f"{_named(name)} {shown(value)} is out of range: integers here fit in 64 bits")
 
 
 def number(name: str, value: Any) -> None:
     """A finite real number (an int or a float, not a bool)."""
     if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise _wrong(name, "a number", value)
-    if not math.isfinite(value):
-        raise HeadcutValueError(f"{name} must be a finite number, got {value!r}")
+    if not is_finite(value):
+        raise HeadcutValueError(f"{name} must be a finite number, got {shown(value)}")
+
+
+def seed(name: str, value: Any) -> None:
+    """A seed torch's generators take: an integer in [-2**63, 2**64)."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise _wrong(name, "an integer", value)
+    if not -(2**63) <= value < 2**64:
+        raise HeadcutValueError(f"{_named(name)} must be an integer in [-2**63, 2**64) (a seed torch takes), "
+                                f"got {shown(value)}")
 
 
 def instance_of(kind: type, what: str) -> Rule:
@@ -456,7 +470,7 @@ def _scorer(value: str) -> Any:
 
 
 _MODEL_IN = {"task": optional(choice(_catalog("TASKS"))), "allow_pickle": boolean, "trust_remote_code": boolean}
-_DATA_IN = {"tokenizer": optional(tokenizer), "split": text, "data_options": optional(data_options), "seed": integer,
+_DATA_IN = {"tokenizer": optional(tokenizer), "split": text, "data_options": optional(data_options), "seed": seed,
             "progress": optional(reporter)}
 _WRITES = {"formats": optional(formats), "gguf_type": text, "arguments": optional(a_dict)}
 _TRAINS = {"device": optional(text), "checkpoint_dir": optional(checkpoint_dir), "resume": boolean,

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from .catalog import ABS_PER, ATTN_IMPLEMENTATIONS, DTYPE_NAMES, ENGINES, GNORM_PER, GQA_POLICIES, MODES, NORMALIZE, OBJECTIVES
-from .errors import HeadcutTypeError, HeadcutValueError
+from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError, Shown, ascii_whole
 from .options import TRAINING_PANEL, OptionError, check_fields, option
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
@@ -44,9 +44,13 @@ def check_choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> N
                           c=", ".join(str(v) for v in valid))
 
 
-def _count(flag: str, value: Any, low: int) -> None:
+def _count(flag: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
+    """An integer in [low, high] (by default up to torch's largest, a C ``long long``)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise OptionError("{%s} must be an integer >= %d (got {v!r})" % (_field(flag), low), v=value)
+    if value > high:
+        raise OptionError("{%s} must be at most {h} (got {v!r})" % _field(flag), v=value,
+                          h="2**63 - 1" if high == 2**63 - 1 else high)
 
 
 def _seed(flag: str, value: Any) -> None:
@@ -324,7 +328,8 @@ class BenchConfig:
                           ("gen_runs", 1)):
             _count(f"--{name.replace('_', '-')}", getattr(self, name), low)
         if self.threads is not None:
-            _count("--threads", self.threads, 1)
+            # more threads than CPUs only slows the timing down; many more make OpenMP abort the process
+            _count("--threads", self.threads, 1, os.cpu_count() or 2**31 - 1)
         check_fields(self, ("interleave",))
         if self.dtype is not None:
             check_choice("--dtype", self.dtype, DTYPE_NAMES)
@@ -341,14 +346,16 @@ class BenchConfig:
         return notes
 
     def _check_onnxruntime(self) -> None:
-        import importlib.util
+        from .extras import imported, installed
 
-        if importlib.util.find_spec("onnxruntime") is None:
-            raise HeadcutValueError("--runtime onnxruntime needs onnxruntime: pip install 'headcut[onnx]' "
-                               "(onnx, onnxscript, onnxruntime)")
+        hint = "pip install 'headcut[onnx]' (onnx, onnxscript, onnxruntime)"
+        if not installed("onnxruntime"):
+            raise HeadcutValueError(f"--runtime onnxruntime needs onnxruntime: {hint}")
+        try:
+            onnxruntime = imported("onnxruntime", "--runtime onnxruntime", hint)
+        except HeadcutError as exc:
+            raise HeadcutValueError(Exception.__str__(exc)) from None
         if self.device.startswith("cuda"):
-            import onnxruntime
-
             providers = onnxruntime.get_available_providers()
             if "CUDAExecutionProvider" not in providers:
                 raise HeadcutValueError(
@@ -362,6 +369,10 @@ class BenchConfig:
 
 #: ``--lm-eval default``: the seven zero-shot tasks the pruning papers report (LLM-Pruner, FLAP, SliceGPT, Wanda ...)
 LM_EVAL_DEFAULT = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+#: the most digits of a ``--windows`` length (longer than any model's positions)
+WINDOW_DIGITS = 9
+WINDOWS_RULE = ("{windows} takes window lengths of at least 2 tokens (and at most %d) in ASCII digits, "
+                "comma-separated (e.g. 128,2048); got {v!r}" % (10 ** WINDOW_DIGITS - 1))
 #: the --help sections of ``headcut eval``'s own options
 PERPLEXITY_PANEL = "Perplexity"
 LM_EVAL_PANEL = "lm-evaluation-harness (extra \\[lm-eval])"
@@ -404,12 +415,11 @@ class EvalOptions:
             return ()
         sizes: list[int] = []
         for part in str(self.windows).split(","):
-            text = part.strip()
-            if not text.isdigit() or int(text) < 2:
-                raise OptionError("{windows} takes window lengths of at least 2 tokens, comma-separated (e.g. "
-                                  "128,2048); got {v!r}", v=self.windows)
-            if int(text) not in sizes:
-                sizes.append(int(text))
+            size = ascii_whole(part.strip(), WINDOW_DIGITS)
+            if size is None or size < 2:
+                raise OptionError(WINDOWS_RULE, v=Shown(self.windows))
+            if size not in sizes:
+                sizes.append(size)
         return tuple(sizes)
 
     def task_names(self) -> tuple[str, ...]:
@@ -462,11 +472,13 @@ def eval_options(given: Mapping[str, Any]) -> EvalOptions:
         raise HeadcutTypeError(f"evaluate() got an unknown option {unknown[0]!r}; its options: {', '.join(known)}")
     values = dict(given)
     windows = values.get("windows")
-    if isinstance(windows, numbers.Integral) and not isinstance(windows, bool):
-        values["windows"] = str(int(windows))
-    elif isinstance(windows, (list, tuple)) and windows and all(
-            isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in windows):
-        values["windows"] = ",".join(str(int(w)) for w in windows)
+    whole = [windows] if isinstance(windows, numbers.Integral) else windows
+    if isinstance(whole, (list, tuple)) and whole and all(
+            isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in whole):
+        for w in whole:
+            if abs(int(w)) >= 10 ** WINDOW_DIGITS:  # window_sizes refuses the rest; str() of a long one fails
+                raise OptionError(WINDOWS_RULE, v=Shown(w))
+        values["windows"] = ",".join(str(int(w)) for w in whole)
     tasks = values.get("lm_eval")
     if isinstance(tasks, (list, tuple)) and all(isinstance(t, str) for t in tasks):
         values["lm_eval"] = ",".join(tasks)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import HeadcutValueError, label
+from .errors import HeadcutValueError, label, shown
 
 #: the forms ``--device`` takes (``cuda:N`` for any N)
 DEVICE_FORMS = ("auto", "cpu", "cuda", "cuda:N", "mps")
@@ -19,9 +19,12 @@ def check_device(requested: str, *, auto: bool = True) -> str:
     """``requested`` if it names a device this machine has (``auto``: only where ``auto`` is allowed), else a
     one-line :class:`HeadcutValueError`."""
     forms = [f for f in DEVICE_FORMS if auto or f != "auto"]
-    if not isinstance(requested, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", requested) or (
-            requested == "auto" and not auto):
-        raise HeadcutValueError(f"unknown {label('device')} {requested!r}; choose {', '.join(forms)}")
+    # the index in ASCII digits without leading zeros, as torch reads it (``\d`` takes other scripts' digits,
+    # which torch refuses), and short: torch wraps an index past 127 round to a negative one
+    form = re.fullmatch(r"auto|cpu|cuda(?::(0|[1-9][0-9]{0,3}))?|mps", requested) if isinstance(requested, str) \
+        else None
+    if form is None or (requested == "auto" and not auto):
+        raise HeadcutValueError(f"unknown {label('device')} {shown(requested)}; choose {', '.join(forms)}")
     if requested in ("auto", "cpu"):
         return requested
     import torch
@@ -34,7 +37,7 @@ def check_device(requested: str, *, auto: bool = True) -> str:
     if not torch.cuda.is_available():
         raise HeadcutValueError(f"{label('device')} {requested}: CUDA is not available to torch "
                                 f"{torch.__version__} here")
-    index = torch.device(requested).index
+    index = None if form.group(1) is None else int(form.group(1))
     if index is not None and index >= torch.cuda.device_count():
         raise HeadcutValueError(f"{label('device')} {requested}: this machine has {torch.cuda.device_count()} CUDA "
                                 f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")

@@ -10,7 +10,9 @@ argument checks (:mod:`headcut.arguments`) raise the subclasses that are also Py
   cannot work (a fraction outside [0, 1], an unknown choice, a checkpoint folder inside a file).
 """
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 
 
@@ -20,6 +22,58 @@ def first_line(exc: BaseException) -> str:
         if line.strip():
             return line.strip()
     return type(exc).__name__
+
+
+#: integers longer than this many bits are shown by their length (Python refuses to print more than 4300 digits)
+LONGEST_SHOWN_INT = 256
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a one-line message: at most ``limit`` characters, and an integer too long to print
+    whole (or at all: Python refuses more than 4300 digits) as its length in bits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > LONGEST_SHOWN_INT:
+        return f"{'-' if value < 0 else ''}<an integer of {value.bit_length()} bits>"
+    try:
+        text = repr(value)
+    except ValueError:  # a container holding such an integer
+        text = f"<a {type(value).__name__}>"
+    text = " ".join(text.splitlines())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class Shown:
+    """A value as :func:`shown` writes it, for a message template (``{v!r}``, ``{v}`` and ``{v:g}`` all give that
+    text): a template never fails on the value it reports."""
+
+    def __init__(self, value: Any, limit: int = 60) -> None:
+        self.text = shown(value, limit)
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return self.text
+
+
+def is_finite(value: Any) -> bool:
+    """Whether a real number is finite as a float: an integer too large for a float is not (``math.isfinite``
+    raises OverflowError for it)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def ascii_whole(text: str, digits: int) -> int | None:
+    """The whole number that ``text`` writes in at most ``digits`` ASCII digits (after an optional minus sign),
+    else None: ``int()`` also reads other scripts' digits and fails on superscripts (``"²".isdigit()`` holds)
+    and on more than 4300 digits."""
+    body = text[1:] if text.startswith("-") else text
+    if not body or not body.isascii() or not body.isdigit() or len(body.lstrip("0")) > digits:
+        return None
+    return int(text)
 
 
 #: marks an option's name inside a message (see :func:`label`)
@@ -44,6 +98,15 @@ class HeadcutError(Exception):
 
     def __str__(self) -> str:
         return self.render()
+
+
+class SharedError(HeadcutError):
+    """A refusal that every process of a multi-process run raises alike (their agreement before training):
+    ``echo`` is False in all but the main process, whose line is the one a command prints."""
+
+    def __init__(self, message: str, echo: bool = True) -> None:
+        super().__init__(message)
+        self.echo = echo
 
 
 class HeadcutValueError(HeadcutError, ValueError):

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import ast
 import functools
-import math
 import numbers
 import string
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import HeadcutValueError, label
+from .errors import LONGEST_SHOWN_INT, HeadcutValueError, Shown, is_finite, label
 
 #: the metadata key of an option field
 KEY = "headcut"
@@ -109,7 +108,10 @@ class OptionError(HeadcutValueError):
 
     def __init__(self, template: str, **values: Any) -> None:
         names = [name for _, name, _, _ in string.Formatter().parse(template) if name and name not in values]
-        super().__init__(template.format(**{n: label(n) for n in names}, **values))
+        # a value too long to print (an integer of more than 4300 digits) by its length
+        safe = {k: Shown(v) if isinstance(v, int) and v.bit_length() > LONGEST_SHOWN_INT else v
+                for k, v in values.items()}
+        super().__init__(template.format(**{n: label(n) for n in names}, **safe))
 
 
 def cli_name(name: str) -> str:
@@ -171,7 +173,7 @@ def _check_value(spec: OptionSpec, value: Any) -> None:
     if spec.kind == "int":
         ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
     else:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and is_finite(value)
     low, high = meta.low, meta.high
     if ok and low is not None:
         ok = value > low if meta.low_open else value >= low

@@ -27,4 +27,7 @@ def main() -> None:
     from .common import stop_on_signals
 
     stop_on_signals()
-    app(prog_name="headcut")
+    try:
+        app(prog_name="headcut")
+    finally:
+        stop_on_signals(False)

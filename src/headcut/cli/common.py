@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -147,16 +148,23 @@ def fail(message: str) -> None:
     raise typer.Exit(2)
 
 
-def stop_on_signals() -> None:
+#: seconds a process of a multi-process run that stops with the others waits for the main process to print the
+#: line they share (:class:`headcut.errors.SharedError`) before it exits
+SHARED_GRACE_S = 2.0
+
+
+def stop_on_signals(stop: bool = True) -> None:
     """Make SIGTERM (a cancelled CI job, a pre-empted node) and SIGHUP (a closed terminal) stop a run the
-    way Ctrl-C does: temporary outputs removed, resume checkpoints kept."""
+    way Ctrl-C does: temporary outputs removed, resume checkpoints kept. ``stop=False``: their default action
+    again (once a command has ended: a signal then ends the exiting process, with no exception raised into the
+    interpreter's shutdown)."""
 
     def handler(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), handler)
+            signal.signal(getattr(signal, name), handler if stop else signal.SIG_DFL)
 
 
 #: the loggers whose records a command holds (besides the root logger, which the others propagate to)
@@ -233,6 +241,12 @@ def handle_errors(fn: F) -> F:
             with held_diagnostics():
                 return fn(*args, **kwargs)
         except HeadcutError as exc:
+            if not getattr(exc, "echo", True):
+                # every process of the run stops alike and the main one says why: this one leaves it the time to
+                # (a launcher stops the others once one has exited), ending silently on the launcher's signal
+                stop_on_signals(False)
+                time.sleep(SHARED_GRACE_S)
+                raise typer.Exit(2) from None
             fail(exc.render(flag_namer()))
         except OSError as exc:  # a file the checks did not foresee: one line naming it, still
             error = file_error(exc)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Annotated, Optional
 
 import typer
 
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, SCORERS
 from ..errors import HeadcutError
+from ..extras import imported, installed
 from . import app
 from .common import (
     DATA_HELP,
@@ -83,8 +83,11 @@ def score_cmd(
     from .render import heatmap_tables, write_plot
 
     ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per).validate()
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise HeadcutError("--plot needs matplotlib: pip install 'headcut[plots]' (or pip install matplotlib)")
+    if plot is not None:
+        hint = "pip install 'headcut[plots]' (or pip install matplotlib)"
+        if not installed("matplotlib"):
+            raise HeadcutError(f"--plot needs matplotlib: {hint}")
+        imported("matplotlib", "--plot", hint)
     spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
     _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
     try:

@@ -16,10 +16,13 @@ from typing import Any
 
 import torch
 
-from ..errors import HeadcutError
+from ..errors import HeadcutError, ascii_whole, shown as shown_value
 from .config import MIN_LINES_READ, DataConfig
 
 __all__ = ["Rows", "label_ids", "pick"]
+
+#: the most digits of a label id written as text (more is no class of any model)
+LABEL_DIGITS = 18
 
 
 def pick(columns: Sequence[str], explicit: str | None, candidates: Sequence[str], role: str, flag: str,
@@ -81,8 +84,9 @@ def label_ids(values: Sequence[Any], rows: Sequence[int], column: str, source: s
             if lower.get(value.lower()) is not None:
                 out.append(lower[value.lower()])  # type: ignore[arg-type]
                 continue
-            if value.strip().lstrip("-").isdigit():
-                value = int(value)
+            number = ascii_whole(value.strip(), LABEL_DIGITS)  # not "²" (isdigit) nor 5000 digits (int fails)
+            if number is not None:
+                value = number
             else:
                 if value not in unknown:
                     unknown.append(value)
@@ -92,12 +96,12 @@ def label_ids(values: Sequence[Any], rows: Sequence[int], column: str, source: s
             raise HeadcutError(f"{source}: column {column!r} holds {type(value).__name__} labels (row {row + 1})")
         if not 0 <= value < n:
             raise HeadcutError(
-                f"{source}: label {value} (row {row + 1}) is out of range: the model has {n} labels "
+                f"{source}: label {shown_value(value)} (row {row + 1}) is out of range: the model has {n} labels "
                 f"(0..{n - 1}: {', '.join(names)})"
             )
         out.append(value)
     if unknown:
-        shown = ", ".join(repr(u) for u in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        shown = ", ".join(shown_value(u, 40) for u in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         raise HeadcutError(
             f"{source}: label{'s' if len(unknown) > 1 else ''} {shown} in column {column!r} "
             f"{'are' if len(unknown) > 1 else 'is'} not among the model's labels ({', '.join(names)}); "

@@ -61,6 +61,27 @@ CHARS_PER_TOKEN = 32
 FORMAT_NAMES = "csv, tsv, json, jsonl, parquet or txt"
 
 
+def check_encoding(name: Any) -> None:
+    """Refuse (one line) an encoding name that cannot decode text: not a string, unknown to Python, with a NUL
+    or a lone surrogate in it (``codecs.lookup`` raises ValueError or UnicodeEncodeError for those), a codec
+    that is not a text encoding (rot13, hex, base64) or one that decodes nothing (``undefined``)."""
+    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+    if isinstance(name, str):
+        try:
+            codec = codecs.lookup(name)
+            # not rot13, hex ...; an incremental decoder (how the text is read) that decodes at all
+            known = getattr(codec, "_is_text_encoding", True)
+            if known:
+                codecs.getincrementaldecoder(name)("strict").decode(b"", final=True)
+        except (LookupError, ValueError, TypeError):  # ValueError: a NUL, a surrogate, "undefined" (UnicodeError)
+            known = False
+    else:
+        known = False
+    if not known:
+        raise HeadcutError(f"--encoding {shown} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
+                           "cp1252 or utf-16")
+
+
 def parse_format(text: str) -> tuple[str, str | None]:
     """``(suffix, compression)`` of a ``--data-format`` value such as ``csv``, ``.jsonl`` or ``txt.gz``."""
     parts = [p for p in str(text).strip().lower().split(".") if p]
@@ -125,12 +146,4 @@ class DataConfig:
             raise HeadcutError(f"mlm_probability must be in (0, 1] (got {self.mlm_probability})")
         if self.data_format is not None:
             parse_format(self.data_format)
-        try:
-            known = getattr(codecs.lookup(str(self.encoding)), "_is_text_encoding", True)  # not rot13, hex ...
-        except LookupError:
-            known = False
-        if not known:
-            raise HeadcutError(
-                f"--encoding {self.encoding!r} is not a text encoding Python knows; use e.g. utf-8, latin-1, cp1252 "
-                "or utf-16"
-            )
+        check_encoding(self.encoding)

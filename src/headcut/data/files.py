@@ -32,12 +32,10 @@ import io
 import logging
 import lzma
 import os
-import re
 import select
 import shutil
 import stat
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,6 +44,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import HeadcutError, first_line
+from ..extras import imported, installed
+from ..outputs.files import remove_stale_scratch, scratch_folder
 from ..sources import looks_local
 from .config import COMPRESSIONS, FILE_FORMATS, FORMAT_NAMES, DataConfig, parse_format
 
@@ -60,8 +60,8 @@ PIECE_CHARS = 1 << 15
 #: a pipe copied into the temporary folder stops with an error before its disk keeps less free space than
 #: this (or half of what it had, on a disk that had less than twice this)
 MIN_FREE_BYTES = 512 << 20
-#: the prefix of the temporary folders (``headcut-data-PID-...``)
-TEMP_PREFIX = "headcut-data-"
+#: the kind of the temporary folders (``headcut-data-PID-...``)
+TEMP_KIND = "data"
 #: first bytes of compressed data -> its suffix
 MAGIC = {b"\x1f\x8b": ".gz", b"BZh": ".bz2", b"\xfd7zXZ\x00": ".xz", b"\x28\xb5\x2f\xfd": ".zst"}
 
@@ -194,10 +194,9 @@ def _decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
         return bz2.BZ2File(raw)  # type: ignore[return-value]
     if compression == ".xz":
         return lzma.LZMAFile(raw)  # type: ignore[return-value]
-    try:
-        import zstandard
-    except ImportError:
-        raise HeadcutError("reading .zst data needs the zstandard package: pip install zstandard") from None
+    if not installed("zstandard"):
+        raise HeadcutError("reading .zst data needs the zstandard package: pip install zstandard")
+    zstandard = imported("zstandard", "reading .zst data", "pip install zstandard")
     return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
 
 
@@ -386,45 +385,12 @@ def pieces_of(chunks: Iterable[str], strip_final_newline: bool = False) -> Itera
 
 # ---- temporary folders -------------------------------------------------------------------------------------
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # e.g. another user's process
-        return True
-    return True
-
-
-def remove_stale_temp_folders() -> list[Path]:
-    """Remove this user's ``headcut-data-PID-*`` temporary folders whose process is gone (left behind by a
-    SIGKILL); returns those removed."""
-    removed = []
-    root = Path(tempfile.gettempdir())
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return removed
-    for entry in entries:
-        match = re.fullmatch(re.escape(TEMP_PREFIX) + r"(\d+)-.+", entry.name)
-        if not match or int(match.group(1)) == os.getpid():
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or _pid_alive(int(match.group(1))):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(Path(entry.path))
-    return removed
-
-
 @contextlib.contextmanager
 def temp_folder() -> Iterator[Path]:
-    """A private temporary folder ``headcut-data-PID-*``, removed on exit."""
-    with tempfile.TemporaryDirectory(prefix=f"{TEMP_PREFIX}{os.getpid()}-") as folder:
-        yield Path(folder)
+    """A private temporary folder ``headcut-data-PID-*``, removed on exit (those of dead runs are removed first:
+    :func:`headcut.outputs.files.scratch_folder`)."""
+    with scratch_folder(TEMP_KIND) as folder:
+        yield folder
 
 
 def _copy_stream(source: DataSource, folder: Path, encoding: str) -> DataSource:
@@ -562,6 +528,41 @@ def _load_table(source: DataSource, cache: Path, encoding: str) -> Any:
     return ds
 
 
+def _check_file(source: DataSource) -> None:
+    """Refuse a local data file this process cannot open, or an empty one."""
+    try:
+        size = source.path.stat().st_size
+        with source.path.open("rb"):
+            pass
+    except OSError as exc:
+        raise HeadcutError(f"cannot read {source.shown}: {exc.strerror or first_line(exc)}") from None
+    if size == 0:
+        raise HeadcutError(f"{source.shown} is empty")
+
+
+def precheck(config: DataConfig) -> None:
+    """Refuse, before any model is loaded, a local data file that the run would refuse after loading it: one that
+    cannot be opened or is empty, a table that is not ``config.encoding`` text anywhere in it (a table is read
+    whole) or whose start is not its format, a ``.txt`` file whose first :data:`CHUNK` bytes are not (a text file
+    is read lazily, as far as the run needs). A pipe can be read only once: only its kind is checked here."""
+    path = str(config.path)
+    if not looks_local(path):
+        return
+    source = data_source(path, config.data_format)
+    if source.stream:
+        return
+    _check_file(source)
+    if source.suffix == ".parquet":
+        return
+    encoding = str(config.encoding)
+    if source.suffix == ".txt":
+        next(decoded(source, encoding), None)
+        return
+    _check_table(source, encoding)
+    for _ in decoded(source, encoding):
+        pass
+
+
 @contextlib.contextmanager
 def open_data(config: DataConfig) -> Iterator[tuple[Any, str, bool]]:
     """Yield ``(dataset, source, is_txt)`` for ``config.path``: a ``datasets.Dataset`` of a local table
@@ -571,16 +572,9 @@ def open_data(config: DataConfig) -> Iterator[tuple[Any, str, bool]]:
     encoding = str(config.encoding)
     if looks_local(path):
         source = data_source(path, config.data_format)
-        remove_stale_temp_folders()
+        remove_stale_scratch()
         if not source.stream:
-            try:
-                size = source.path.stat().st_size
-                with source.path.open("rb"):
-                    pass
-            except OSError as exc:
-                raise HeadcutError(f"cannot read {path}: {exc.strerror or first_line(exc)}") from None
-            if size == 0:
-                raise HeadcutError(f"{path} is empty")
+            _check_file(source)
         if source.suffix == ".txt":
             yield TextFile(source, encoding), str(source.path), True
             return

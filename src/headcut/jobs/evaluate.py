@@ -14,7 +14,8 @@ from ..data import Calibration, DataConfig
 from ..errors import HeadcutError, HeadcutTypeError, label
 from ..options import OptionError
 from ..progress import Reporter, quiet
-from .base import LoadedModel, ModelLike, calibration, check_data_spec, data_config, load_model, model_tokenizer
+from .base import (LoadedModel, ModelLike, calibration, check_data_spec, checked_data, data_config, load_model,
+                   model_tokenizer)
 
 
 @dataclass
@@ -89,6 +90,7 @@ def evaluate(model: ModelLike, data: Any = None, *, tokenizer: Any = None, task:
                                    f"or {label('lm_eval')} TASKS (lm-evaluation-harness)")
         if data is not None:
             check_data_spec(data, label('data'))
+            checked_data(data, split, data_options, seed)
         sizes = opts.window_sizes()
         if sizes and data is None:
             raise OptionError("{windows} needs {data}: the text to measure perplexity on")

@@ -6,7 +6,7 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -21,6 +21,7 @@ from ..outputs.files import real_path
 from ..progress import Reporter, quiet
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
 from .base import (
+    Agreement,
     Bars,
     ModelLike,
     Written,
@@ -30,6 +31,9 @@ from .base import (
     local_reads,
     move,
     plain_arguments,
+    checkpoint_found,
+    data_settings,
+    run_fingerprint,
     spec_path,
     pick_device,
 )
@@ -72,121 +76,134 @@ def finetune(
     from ..training.finetuning import finetune as run_finetune
     from ..outputs.files import checkpoint_dir_for, locked_output, plan_outputs
 
-    start = time.perf_counter()
-    arguments = arguments if arguments is not None else plain_arguments(dict(
-        model=model, data=data, eval_data=eval_data, teacher=teacher, epochs=epochs, max_steps=max_steps, lr=lr,
-        grad_accum=grad_accum, warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
-        checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight,
-        mixup=mixup, patience=patience, engine=engine, seed=seed, task=task,
-        labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
-        device=device))
-    progress = progress or quiet()
-    with values():  # every value refused before any work, as a HeadcutValueError
-        if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight or mixup):
-            raise HeadcutError(f"{label('alpha')}, {label('temperature')}, {label('hidden_weight')} and {label('mixup')} need "
-                               f"{label('teacher')}")
-        if eval_every is not None and eval_data is None:
-            raise HeadcutError(f"{label('eval_every')} needs {label('eval_data')}")
-        config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
-                                warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
-                                checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
-                                hidden_weight=hidden_weight, mixup=mixup, patience=patience, engine=engine)
-        config.validate()
-        if patience is not None and eval_data is None:
-            raise HeadcutError(f"{label('patience')} needs {label('eval_data')} (the metric it watches) and {label('eval_every')}")
-        if patience is not None:
-            if resume:
-                raise HeadcutError(f"{label('resume')} does not apply with {label('patience')}: an early-stopped run keeps no checkpoints")
-            checkpoint_dir = None  # the best weights live in memory; nothing to resume from
-        data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
-    if isinstance(teacher, (str, os.PathLike)):
-        io.check_checkpoint(teacher, allow_pickle)
-    with values():
-        target = None
-        own_checkpoint = out is not None and checkpoint_dir is None and patience is None
-        if own_checkpoint:
-            checkpoint_dir = checkpoint_dir_for(out)
-        if out is not None:
-            target, _ = plan_outputs(
-                reads={label("model"): model if isinstance(model, (str, os.PathLike)) else None,
-                       label("data"): spec_path(data), label("eval_data"): spec_path(eval_data),
-                       label("teacher"): teacher if isinstance(teacher, (str, os.PathLike)) else None},
-                out=Path(out), force=force, checkpoint=checkpoint_dir_for(out))
-            restart = restart or force
-        if checkpoint_dir is not None:
-            from ..training.engine import prepare_checkpoint_dir
+    agreement = Agreement()  # several processes: they agree before training, or all stop with one line
+    with agreement.guard():
+        start = time.perf_counter()
+        arguments = arguments if arguments is not None else plain_arguments(dict(
+            model=model, data=data, eval_data=eval_data, teacher=teacher, epochs=epochs, max_steps=max_steps, lr=lr,
+            grad_accum=grad_accum, warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
+            checkpoint_every=checkpoint_every, alpha=alpha, temperature=temperature, hidden_weight=hidden_weight,
+            mixup=mixup, patience=patience, engine=engine, seed=seed, task=task,
+            labels=",".join(labels) if labels else None, split=split, eval_split=eval_split, data_options=data_options,
+            device=device))
+        progress = progress or quiet()
+        with values():  # every value refused before any work, as a HeadcutValueError
+            if teacher is None and (alpha != 0.5 or temperature != 2.0 or hidden_weight or mixup):
+                raise HeadcutError(f"{label('alpha')}, {label('temperature')}, {label('hidden_weight')} and {label('mixup')} need "
+                                   f"{label('teacher')}")
+            if eval_every is not None and eval_data is None:
+                raise HeadcutError(f"{label('eval_every')} needs {label('eval_data')}")
+            config = FinetuneConfig(epochs=epochs, max_steps=max_steps, lr=lr, grad_accum=grad_accum,
+                                    warmup_steps=warmup_steps, weight_decay=weight_decay, eval_every=eval_every,
+                                    checkpoint_every=checkpoint_every, seed=seed, alpha=alpha, temperature=temperature,
+                                    hidden_weight=hidden_weight, mixup=mixup, patience=patience, engine=engine)
+            config.validate()
+            if patience is not None and eval_data is None:
+                raise HeadcutError(f"{label('patience')} needs {label('eval_data')} (the metric it watches) and {label('eval_every')}")
+            if patience is not None:
+                if resume:
+                    raise HeadcutError(f"{label('resume')} does not apply with {label('patience')}: an early-stopped run keeps no checkpoints")
+                checkpoint_dir = None  # the best weights live in memory; nothing to resume from
+            data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
+        if isinstance(teacher, (str, os.PathLike)):
+            io.check_checkpoint(teacher, allow_pickle)
+        with values():
+            target = None
+            own_checkpoint = out is not None and checkpoint_dir is None and patience is None
+            if own_checkpoint:
+                checkpoint_dir = checkpoint_dir_for(out)
+            if out is not None:
+                target, _ = plan_outputs(
+                    reads={label("model"): model if isinstance(model, (str, os.PathLike)) else None,
+                           label("data"): spec_path(data), label("eval_data"): spec_path(eval_data),
+                           label("teacher"): teacher if isinstance(teacher, (str, os.PathLike)) else None},
+                    out=Path(out), force=force, checkpoint=checkpoint_dir_for(out))
+                restart = restart or force
+            if checkpoint_dir is not None:
+                from ..training.engine import prepare_checkpoint_dir
 
-            prepare_checkpoint_dir(checkpoint_dir, resume, restart)
-        elif resume:
-            raise HeadcutError("resume needs a checkpoint folder")
-        dist, torch_device = pick_device(device)
-        notes: list[str] = []
-        from ..training.parallel import engine_note
+                prepare_checkpoint_dir(checkpoint_dir, resume, restart)
+            elif resume:
+                raise HeadcutError("resume needs a checkpoint folder")
+            dist, torch_device = pick_device(device)
+            notes: list[str] = []
+            from ..training.parallel import engine_note
 
-        notes += engine_note(engine, dist)
-        if labels is not None and isinstance(model, nn.Module):
-            raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels yourself)")
-        extra = {"labels": list(labels)} if labels is not None else {}
-        chosen = parse_formats(formats)
-    lock = locked_output(target, dist.main, target.path, checkpoint_dir) if target is not None else \
-        contextlib.nullcontext()
-    with lock:
-        loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed, **extra)
-        check_formats(loaded.module, chosen, gguf_type)
-        teacher_model = None
-        teacher_name = None
-        if teacher is not None:
-            t = load_model(teacher, task, allow_pickle, trust_remote_code, [], progress)
-            teacher_model, teacher_name = t.module, t.name
-        cal = calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
-        eval_cal = calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code, progress,
-                                "eval data")
-        assert cal is not None
-        for c, what in ((cal, "data"), (eval_cal, "eval data")):
-            if c is not None:
-                notes += [f"{what}: {n}" for n in c.notes]
-        if checkpoint_dir is not None and dist.main and not resume:
-            from ..training.engine import clear_checkpoint_dir
+            notes += engine_note(engine, dist)
+            if labels is not None and isinstance(model, nn.Module):
+                raise HeadcutError("labels= applies to a model loaded from a checkpoint (set the head's labels "
+                                   "yourself)")
+            extra = {"labels": list(labels)} if labels is not None else {}
+            chosen = parse_formats(formats)
+        lock = locked_output(target, dist.main, target.path, checkpoint_dir) if target is not None else \
+            contextlib.nullcontext()
+        with lock:
+            loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed, **extra)
+            check_formats(loaded.module, chosen, gguf_type)
+            teacher_model = None
+            teacher_name = None
+            if teacher is not None:
+                t = load_model(teacher, task, allow_pickle, trust_remote_code, [], progress)
+                teacher_model, teacher_name = t.module, t.name
+            cal = calibration(data_spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress,
+                              "data")
+            eval_cal = calibration(eval_spec, loaded, tokenizer, eval_split, data_options, seed, trust_remote_code,
+                                   progress, "eval data")
+            assert cal is not None
+            for c, what in ((cal, "data"), (eval_cal, "eval data")):
+                if c is not None:
+                    notes += [f"{what}: {n}" for n in c.notes]
+            if checkpoint_dir is not None and dist.main and not resume:
+                from ..training.engine import clear_checkpoint_dir
 
-            clear_checkpoint_dir(checkpoint_dir)
-        dist.barrier()
-        from ..training.parallel import resolve_engine
+                clear_checkpoint_dir(checkpoint_dir)
+            from ..training.parallel import resolve_engine
 
-        # FSDP: the model stays whole in CPU memory; only its shards go to the device
-        sharded = resolve_engine(config.engine, dist) == "fsdp"
-        if not sharded:
-            move(loaded.module, torch_device)
-        if teacher_model is not None:
-            move(teacher_model, torch_device)
-        from ..model.evaluation import PRIMARY
+            # every process's data, model and settings, before the first collective: the same everywhere, or one
+            # line from every process (also the one line of a process whose setup failed, in place of its work)
+            agreement.agree(dist, lambda: run_fingerprint(
+                {**asdict(config), "engine": resolve_engine(config.engine, dist), "task": task, "labels": labels,
+                 "resume": resume, "eval_split": eval_split if eval_spec is not None else None,
+                 **data_settings(data_spec, split, data_options, seed)},
+                {"model": loaded.module, "teacher": teacher_model}, {"data": cal, "eval_data": eval_cal},
+                found=checkpoint_found(checkpoint_dir) if resume else None))
 
-        metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
-        bars = Bars(progress, "finetune", metric, train="fine-tuning")
-        identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name,
-                    "teacher": teacher_name if teacher_name is None or not Path(teacher_name).exists()
-                    else str(real_path(teacher_name))}
-        try:
-            result = run_finetune(loaded.module, cal, config, teacher=teacher_model, eval_calibration=eval_cal,
-                                  checkpoint_dir=checkpoint_dir, resume=resume,
-                                  progress=lambda d, t: bars("train", d, t), on_step=bars.on_step, dist=dist,
-                                  eval_progress=lambda d, t: bars("eval", d, t),
-                                  identity=identity, device=torch_device)
-        finally:
-            bars.close()
-        loaded.module.to("cpu")
-        report = finetune_report(
-            model=loaded.name, teacher=teacher_name, arguments=arguments, result=result, data=cal.to_json(),
-            eval_data=eval_cal.to_json() if eval_cal is not None else None, seconds=time.perf_counter() - start,
-            notes=notes,
-        )
-        reads = local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec,
-                                "--distill-from": teacher if isinstance(teacher, (str, os.PathLike)) else None})
-        tuned = Finetuned(model=loaded.module, result=result, report=report, source=loaded.folder, notes=notes,
-                         reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
-        if target is not None and dist.main:
-            tuned.save(target)
-            if own_checkpoint and checkpoint_dir is not None:
-                import shutil
+            # FSDP: the model stays whole in CPU memory; only its shards go to the device
+            sharded = resolve_engine(config.engine, dist) == "fsdp"
+            if not sharded:
+                move(loaded.module, torch_device)
+            if teacher_model is not None:
+                move(teacher_model, torch_device)
+            from ..model.evaluation import PRIMARY
 
-                shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    return tuned
+            metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
+            bars = Bars(progress, "finetune", metric, train="fine-tuning")
+            identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name,
+                        "teacher": teacher_name if teacher_name is None or not Path(teacher_name).exists()
+                        else str(real_path(teacher_name))}
+            try:
+                result = run_finetune(loaded.module, cal, config, teacher=teacher_model, eval_calibration=eval_cal,
+                                      checkpoint_dir=checkpoint_dir, resume=resume,
+                                      progress=lambda d, t: bars("train", d, t), on_step=bars.on_step, dist=dist,
+                                      eval_progress=lambda d, t: bars("eval", d, t),
+                                      identity=identity, device=torch_device)
+            finally:
+                bars.close()
+            loaded.module.to("cpu")
+            report = finetune_report(
+                model=loaded.name, teacher=teacher_name, arguments=arguments, result=result, data=cal.to_json(),
+                eval_data=eval_cal.to_json() if eval_cal is not None else None, seconds=time.perf_counter() - start,
+                notes=notes,
+            )
+            reads = local_reads(**{"MODEL": loaded.folder, "--data": data_spec, "--eval-data": eval_spec,
+                                    "--distill-from": teacher if isinstance(teacher, (str, os.PathLike)) else None})
+            tuned = Finetuned(model=loaded.module, result=result, report=report, source=loaded.folder, notes=notes,
+                             reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
+            if target is not None and dist.main:
+                tuned.save(target)
+                if own_checkpoint and checkpoint_dir is not None:
+                    import shutil
+
+                    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        return tuned
+

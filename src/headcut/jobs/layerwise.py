@@ -8,6 +8,7 @@ pruned model exist only in the saved folder (``headcut.load(out)`` loads it like
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -127,7 +128,7 @@ class LayerwisePruned(Pruned):
             fresh = lw.StreamedModel.open(self.folder, self.config_obj, self.model_cls)
             cuts = plan_cuts(resolve_mask(self.mask.to_json(), fresh.blocks), fresh.blocks, self.gqa)
             before, after, compensate = self._compensation(fresh)
-            with target.staging() as tmp:
+            with target.staging(need=fresh.stored_bytes(self.model)) as tmp:
                 with self.progress.task("cutting and writing, layer by layer", len(fresh.layers), "layers") as bar:
                     lw.write_layerwise(fresh, cuts, tmp, self.stats, progress=lambda d, t: bar.update(d, t),
                                        before_cut=before, after_cut=after)
@@ -180,6 +181,15 @@ class LayerwisePruned(Pruned):
         return before, after, finish
 
 
+def _check_spill_room(folder: Path, activation_bytes: int) -> None:
+    """Refuse, before scoring, to spill activations to a folder whose disk cannot hold them."""
+    from ..outputs.files import free_space
+
+    free = free_space(folder)
+    if free is not None and free < lw.spill_need(activation_bytes):
+        raise lw.spill_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), folder, activation_bytes)
+
+
 def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
     """The work of :func:`headcut.prune` on a checked request that runs layer-wise."""
     from ..model.loading import open_checkpoint
@@ -194,12 +204,12 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     progress = g["progress"] or quiet()
     notes = list(request.notes)
     start = time.perf_counter()
-    folder, _, config_obj, cls, _, _ = open_checkpoint(g["model"], g["task"], g["allow_pickle"],
-                                                       g["trust_remote_code"])
+    folder, _, config_obj, cls, _, own = open_checkpoint(g["model"], g["task"], g["allow_pickle"],
+                                                         g["trust_remote_code"])
     assert folder is not None
     stats = lw.LayerwiseStats(max_memory=choice.max_memory, reason=choice.reason)
     with progress.step(f"reading the structure of {g['model']} (no weights)"):
-        streamed = lw.StreamedModel.open(folder, config_obj, cls)
+        streamed = lw.StreamedModel.open(folder, config_obj, cls, new_head=g["task"] is not None and not own)
     stats.layers = len(streamed.layers)
     stats.layer_bytes = max(streamed.layer_bytes(i) for i in range(len(streamed.layers)))
     stats.checkpoint_bytes = checkpoint_bytes(folder)
@@ -224,6 +234,8 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     spill = 2 * stats.activation_bytes + 2 * stats.layer_bytes > choice.max_memory
     stats.activations = "disk" if spill else "memory"
     with lw.spill_folder(None) as tmp:
+        if spill:
+            _check_spill_room(Path(tmp), stats.activation_bytes)
         with progress.task("scoring, layer by layer", len(streamed.layers), "layers") as bar:
             scores = lw.score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
                                         progress=lambda d, t: bar.update(d, t), means=means)

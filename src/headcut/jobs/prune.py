@@ -7,7 +7,7 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..outputs.files import OutputDir, OutputFile, real_path, special_kind
 from ..progress import Reporter, quiet
 from ..outputs.reports import prune_report, weights_bytes, write_trajectory_csv, write_trajectory_png
 from .base import (
+    Agreement,
     Bars,
     ModelLike,
     Written,
@@ -36,6 +37,9 @@ from .base import (
     local_reads,
     move,
     plain_arguments,
+    checkpoint_found,
+    data_settings,
+    run_fingerprint,
     same_data,
     spec_path,
     pick_device,
@@ -58,8 +62,8 @@ class Pruned(Written):
     def write_trajectory(self, csv_path: str | os.PathLike[str] | OutputFile, png: bool = True,
                          force: bool = False) -> list[Path]:
         """Write the trajectory (one row per step) to a ``.csv`` file, and its plot beside it as ``.png``
-        when matplotlib is installed (and ``png``); returns the files written."""
-        import importlib.util
+        when matplotlib is installed and imports (and ``png``); returns the files written."""
+        from ..extras import usable
 
         csv_file = csv_path if isinstance(csv_path, OutputFile) else OutputFile(csv_path, "--trajectory", force=force)
         if csv_file.path.suffix.lower() != ".csv":
@@ -67,7 +71,7 @@ class Pruned(Written):
         png_file = OutputFile(csv_file.path.with_suffix(".png"), "--trajectory (its PNG)", force=csv_file.force)
         if not isinstance(csv_path, OutputFile):
             csv_file.check()
-        png = png and importlib.util.find_spec("matplotlib") is not None
+        png = png and usable("matplotlib")
         if png:
             png_file.check()
         temps: list[Path] = []
@@ -136,23 +140,25 @@ def prune(
     save the result there (atomically; ``force`` replaces only a folder headcut wrote): the output paths are
     checked and locked before any work, and a learned method's resume checkpoint is ``OUT.headcut-checkpoint``
     unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
-    request = prune_request(**{k: v for k, v in locals().items() if k not in ("options", "arguments")},
-                             options=options)
-    with request.lock():
-        if request.layerwise is not None and request.layerwise.layerwise:
-            from .layerwise import prune_layerwise
+    given = {k: v for k, v in locals().items() if k not in ("options", "arguments")}
+    agreement = Agreement()  # several processes: they agree before the work, or all stop with one line
+    with agreement.guard():
+        request = prune_request(**given, options=options)
+        with request.lock():
+            if request.layerwise is not None and request.layerwise.layerwise:  # one process only
+                from .layerwise import prune_layerwise
 
-            pruned = prune_layerwise(request, arguments, request.layerwise)
-        else:
-            pruned = _prune(request, arguments)
-        if request.target is not None and request.dist.main:
-            pruned.save(request.target)
-            if request.checkpoint_dir is not None and request.own_checkpoint:
-                import shutil
+                pruned = prune_layerwise(request, arguments, request.layerwise)
+            else:
+                pruned = _prune(request, arguments, agreement)
+            if request.target is not None and request.dist.main:
+                pruned.save(request.target)
+                if request.checkpoint_dir is not None and request.own_checkpoint:
+                    import shutil
 
-                shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
-            if request.trajectory_file is not None:
-                pruned.written = pruned.write_trajectory(request.trajectory_file)
+                    shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
+                if request.trajectory_file is not None:
+                    pruned.written = pruned.write_trajectory(request.trajectory_file)
     return pruned
 
 
@@ -343,8 +349,9 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
                          target=target, trajectory_file=trajectory_file, layerwise=path)
 
 
-def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
-    """The work of :func:`prune` on a checked request."""
+def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: Agreement) -> Pruned:
+    """The work of :func:`prune` on a checked request; ``agreement``: that of the run's processes, reached
+    once the model and the data are read (:class:`headcut.jobs.base.Agreement`)."""
     from ..pruning import check_budget, plan_prune
     from ..model.surgery import slim
 
@@ -406,14 +413,25 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None) -> Pruned:
         from ..training.engine import clear_checkpoint_dir
 
         clear_checkpoint_dir(checkpoint_dir)
-    dist.barrier()
+    from ..training.parallel import resolve_engine
+
+    # every process's data, model and settings, before the first collective: the same everywhere, or one line
+    # from every process (also the one line of a process whose setup failed, in place of its work)
+    agreement.agree(dist, lambda: run_fingerprint(
+        {**asdict(config), **(asdict(opts) if is_dataclass(opts) else {}),
+         "engine": resolve_engine(getattr(opts, "engine", "auto"), dist), "recover_steps": recover_steps,
+         "refit": refit, "recover_hidden_weight": plan.hidden_weight, "recover_average": plan.average,
+         "via_steps": g["via_steps"], "task": task, "resume": resume,
+         "eval_split": eval_split if eval_spec is not None else None,
+         **data_settings(data_spec, split, data_options, seed)},
+        {"model": loaded.module}, {"data": cal, "eval_data": eval_cal, "recover_data": extra},
+        found=checkpoint_found(checkpoint_dir) if resume else None))
 
     from ..model.evaluation import PRIMARY
 
     metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
     train_label = {"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(entry.kind)
     bars = Bars(progress, method, metric, train=train_label)
-    from ..training.parallel import resolve_engine
 
     # the learned gates under FSDP: the model stays whole in CPU memory, its shards train on the device
     sharded = entry.kind == "learned" and resolve_engine(getattr(opts, "engine", "auto"), dist) == "fsdp"

@@ -10,7 +10,7 @@ from ..arguments import checked, values
 from ..config import ScoreConfig
 from ..errors import HeadcutError, label
 from ..progress import Reporter, quiet
-from .base import ModelLike, calibration, check_data_spec, load_model
+from .base import ModelLike, calibration, check_data_spec, checked_data, load_model
 
 
 @dataclass
@@ -46,6 +46,7 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
             raise HeadcutError(f"scorer {scorer} needs {label('data')} (value-l1, magnitude and random do not)")
         if entry.needs_data:
             check_data_spec(data, label('data'))
+            checked_data(data, split, data_options, seed)
     notes: list[str] = []
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     cal = None

@@ -88,7 +88,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -103,6 +102,7 @@ from ..config import BenchConfig
 from ..errors import HeadcutError, first_line
 from ..model.runtime import returned_cache
 from ..model.surgery import count_params, weights_bytes
+from ..outputs.files import scratch_folder
 
 #: ``--dtype`` values
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -904,7 +904,7 @@ def _onnx_for(item: Any, model: nn.Module, stack: contextlib.ExitStack,
     folder = Path(item).expanduser() if isinstance(item, (str, os.PathLike)) else None
     if folder is not None and (folder / ONNX_FILE).is_file():
         return folder / ONNX_FILE, None
-    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="headcut-onnx-")))
+    tmp = stack.enter_context(scratch_folder("onnx"))
     progress("onnx export", 0, 1)
     exported = export_onnx(model, tmp)
     progress("onnx export", 1, 1)

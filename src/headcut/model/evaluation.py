@@ -22,7 +22,6 @@ Progress: ``progress(done, total)`` after every batch (the caller's task; withou
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from torch.nn import functional as F
 
 from ..data import Calibration
 from ..errors import HeadcutError
+from ..extras import imported, installed
 
 #: a progress callback: (batches done, batches in all)
 EvalProgress = Callable[[int, int], None]
@@ -115,7 +115,16 @@ def _nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
 
 
 def _bleu_available() -> bool:
-    return importlib.util.find_spec("sacrebleu") is not None
+    return installed("sacrebleu")
+
+
+def _bleu_broken() -> str | None:
+    """Why an installed sacrebleu cannot compute BLEU (it fails on import, in one line), or None."""
+    try:
+        imported("sacrebleu", "BLEU", "pip install --force-reinstall sacrebleu")
+    except HeadcutError as exc:
+        return str(exc)
+    return None
 
 
 def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress | None = None, *,
@@ -131,6 +140,10 @@ def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress 
     want_bleu = task == "seq2seq" and bleu
     if want_bleu and not _bleu_available():
         notes.append("BLEU not computed: the optional sacrebleu package is not installed (pip install sacrebleu)")
+        want_bleu = False
+    broken = _bleu_broken() if want_bleu else None
+    if broken is not None:
+        notes.append(f"BLEU not computed: {broken}")
         want_bleu = False
     if want_bleu and (calibration.tokenizer is None or calibration.references is None):
         notes.append("BLEU not computed: the calibration data has no tokenizer or references")

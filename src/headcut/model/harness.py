@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib.metadata
-import importlib.util
 import io
 import logging
 import math
@@ -37,6 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadcutError, label
+from ..extras import imported, installed
 
 __all__ = ["HarnessResult", "PreparedTasks", "check_installed", "check_model", "prepare_tasks", "run_harness"]
 
@@ -61,10 +61,17 @@ class HarnessResult:
         return asdict(self)
 
 
+#: the harness's modules headcut uses, imported by :func:`check_installed`
+HARNESS_MODULES = ("lm_eval", "lm_eval.tasks", "lm_eval.evaluator", "lm_eval.models.huggingface")
+
+
 def check_installed() -> None:
-    """Refuse ``--lm-eval`` when the harness is not installed (before any model is loaded)."""
-    if importlib.util.find_spec("lm_eval") is None:
+    """Refuse ``--lm-eval`` when the harness is not installed, or is installed but fails on import (any
+    exception: a broken install, a dependency of another version), before any model is loaded."""
+    if not installed("lm_eval"):
         raise HeadcutError(f"{label('lm_eval')} needs lm-evaluation-harness, which is not installed: {INSTALL}")
+    for name in HARNESS_MODULES:
+        imported(name, label("lm_eval"), INSTALL)
 
 
 def check_model(task: str) -> None:

@@ -29,10 +29,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ..adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
-from ..errors import HeadcutError, label
+from ..errors import HeadcutError, label, shown
 from .layer_cache import layer_stack
 from .runtime import apply_ops
 
@@ -92,22 +92,29 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
           "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 
 
+#: the largest size :func:`parse_size` takes (8 EiB: more than any machine's memory, and still a 64-bit count)
+MAX_SIZE = 2**63
+
+
 def parse_size(text: str | int) -> int:
-    """Bytes from ``12GB``, ``12GiB``, ``500MB`` or a plain number of bytes; HeadcutError otherwise."""
+    """Bytes from ``12GB``, ``12GiB``, ``500MB`` or a plain number of bytes (ASCII digits, at most
+    :data:`MAX_SIZE`); HeadcutError otherwise."""
+    value: int | float
     if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = float(text), ""
+        value, unit = text, ""
     else:
         s = str(text).strip().lower().replace(" ", "")
         digits = s.rstrip("abcdefghijklmnopqrstuvwxyz")
         value_text, unit = digits, s[len(digits):]
         try:
-            value = float(value_text)
+            value = float(value_text) if value_text.isascii() else -1.0
         except ValueError:
             value = -1.0
         if unit not in _UNITS:
             value = -1.0
-    if not value > 0:
-        raise HeadcutError(f"{label('max_memory')} must be a size such as 12GB, 12GiB or 500MB (got {text!r})")
+    if not (value > 0 and (isinstance(value, int) or math.isfinite(value)) and value * _UNITS[unit] <= MAX_SIZE):
+        raise HeadcutError(f"{label('max_memory')} must be a size such as 12GB, 12GiB or 500MB, at most 8 EiB "
+                           f"(got {shown(text)})")
     return int(value * _UNITS[unit])
 
 
@@ -130,6 +137,8 @@ class Checkpoint:
         self.where: dict[str, Path] = {}
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.dtypes: dict[str, str] = {}
+        #: the dtype floating-point tensors are read as (None: as stored); set for a checkpoint of mixed dtypes
+        self.cast: torch.dtype | None = None
         files = weight_files(folder)
         if not files:
             raise HeadcutError(f"{folder} holds no safetensors weights: layer-wise pruning reads safetensors only")
@@ -142,7 +151,7 @@ class Checkpoint:
                     self.dtypes[key] = sl.get_dtype()
 
     def read(self, names: Sequence[str]) -> dict[str, torch.Tensor]:
-        """The tensors ``names`` (a copy in memory, as stored)."""
+        """The tensors ``names`` (a copy in memory, as stored; floating-point ones in :attr:`cast` when set)."""
         from safetensors import safe_open
 
         by_file: dict[Path, list[str]] = {}
@@ -152,18 +161,44 @@ class Checkpoint:
         for f, keys in by_file.items():
             with safe_open(f, "pt") as handle:
                 for key in keys:
-                    out[key] = handle.get_tensor(key).clone()
+                    t = handle.get_tensor(key)
+                    cast = self.cast is not None and t.is_floating_point() and t.dtype != self.cast
+                    out[key] = t.to(self.cast) if cast else t.clone()
         return out
 
+    def element_size(self, name: str) -> int:
+        """The bytes of one value of tensor ``name`` as it is read (:attr:`cast` applied)."""
+        stored = self.dtypes[name]
+        if self.cast is not None and stored in FLOAT_DTYPES:
+            return torch.tensor([], dtype=self.cast).element_size()
+        return DTYPE_BYTES.get(stored, 4)
+
     def nbytes(self, name: str) -> int:
-        n = 1
-        for d in self.shapes[name]:
-            n *= d
-        return n * DTYPE_BYTES.get(self.dtypes[name], 4)
+        return math.prod(self.shapes[name]) * self.element_size(name)
+
+    def working_dtype(self, config: Any) -> torch.dtype | None:
+        """The one dtype a checkpoint whose floating-point tensors are stored in several dtypes is read in, as
+        transformers' ``dtype="auto"`` loads it whole (the config's ``dtype``, else the first floating-point
+        tensor's of the first weight file); None when they share one dtype (read as stored)."""
+        from .loading import FLOATING
+
+        if len({d for d in self.dtypes.values() if d in FLOATING}) <= 1:
+            return None
+        floats = {d for d in self.dtypes.values() if d in FLOAT_DTYPES}
+        named = getattr(config, "dtype", None)
+        if isinstance(named, str):
+            named = getattr(torch, named, None)
+        if isinstance(named, torch.dtype) and named.is_floating_point:
+            return named
+        first = next(iter(self.where.values()))
+        stored = next((d for k, d in self.dtypes.items() if self.where[k] == first and d in FLOAT_DTYPES), None)
+        return FLOAT_DTYPES[stored or (sorted(floats) or ["F32"])[0]]
 
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
                 "F8_E4M3": 1, "F8_E5M2": 1}
+#: safetensors' floating-point dtypes that transformers loads in one model dtype
+FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
 @contextlib.contextmanager
@@ -225,8 +260,12 @@ class _Activations:
         if self.spill is None:
             self.items.append(t)
             return
-        path = self.spill / f"{os.getpid()}-{id(self)}-{len(self.items)}.pt"
-        torch.save(t, path)
+        path = self.spill / f"{id(self)}-{len(self.items)}.safetensors"
+        try:
+            write_safetensors(path, {"t": t})  # an OSError on failure (torch.save's names no errno)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
         self.items.append(path)
 
     def __len__(self) -> int:
@@ -234,7 +273,11 @@ class _Activations:
 
     def __getitem__(self, i: int) -> torch.Tensor:
         item = self.items[i]
-        return torch.load(item, weights_only=True) if isinstance(item, Path) else item
+        if isinstance(item, Path):
+            from safetensors.torch import load_file
+
+            return load_file(item)["t"]
+        return item
 
     def drop(self) -> None:
         for item in self.items:
@@ -312,6 +355,20 @@ def _renamed(model: nn.Module, keys: list[str]) -> dict[str, str]:
     return out
 
 
+def _ignored_unexpected(model: nn.Module) -> Any:
+    """The pattern of checkpoint tensors transformers loads a model without (its ``_keys_to_ignore_on_load_unexpected``,
+    and the rotary frequencies and position ids that older checkpoints stored), or None."""
+    import re
+
+    patterns = set(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
+    buffers = [name for name, _ in model.named_buffers()]
+    if any(name.endswith("rotary_emb.inv_freq") for name in buffers):
+        patterns.add(r"rotary_emb\.inv_freq")
+    if any(name.endswith("position_ids") for name in buffers):
+        patterns.add(r"(^|\.)position_ids$")
+    return re.compile("|".join(f"({p})" for p in sorted(patterns))) if patterns else None
+
+
 @dataclass
 class StreamedModel:
     """A model built on the meta device over a checkpoint whose tensors are read layer by layer."""
@@ -328,9 +385,11 @@ class StreamedModel:
     layer_of: dict[str, int]
 
     @classmethod
-    def open(cls, folder: Path, config: Any, model_cls: type) -> StreamedModel:
+    def open(cls, folder: Path, config: Any, model_cls: type, new_head: bool = False) -> StreamedModel:
         """Build ``model_cls(config)`` with meta parameters over ``folder``'s safetensors; refuses a model whose
-        blocks are not in one list of layers (see the module's doc)."""
+        blocks are not in one list of layers (see the module's doc), and a checkpoint the whole-model loader
+        refuses. ``new_head``: ``model_cls`` is a task other than the checkpoint's own (its head is then refused by
+        name: a layer-wise run writes only what the checkpoint holds)."""
         checkpoint = Checkpoint(folder)
         with params_on_meta(), torch.random.fork_rng(devices=[]):
             model = model_cls(copy.deepcopy(config))  # the cut's record goes into this model's config only
@@ -363,6 +422,8 @@ class StreamedModel:
         prefixes = [names[id(layer)] for layer in layers]
         streamed = cls(folder, model, adapter, checkpoint, blocks, layers, prefixes, layer_of)
         streamed._check_names()
+        streamed._check_tensors(new_head)
+        checkpoint.cast = checkpoint.working_dtype(config)
         return streamed
 
     # -- tensors -------------------------------------------------------------------------------------------------
@@ -387,6 +448,43 @@ class StreamedModel:
         for prefix, layer in zip(self.prefixes, self.layers):
             for name, _ in layer.named_parameters():
                 self._key(f"{prefix}.{name}")
+
+    def _check_tensors(self, new_head: bool = False) -> None:
+        """Refuse what the whole-model loader refuses (:func:`headcut.model.loading.check_loading`), from the
+        checkpoint's headers: a tensor the model needs that the checkpoint lacks (an output head tied to the
+        embeddings excepted), one of another shape, or one the model does not use."""
+        from .loading import check_dtypes, check_loading
+
+        tied = getattr(self.model, "all_tied_weights_keys", None) or {}
+        expected = self.model.state_dict()
+        missing, mismatched, used = [], [], set()
+        for name, t in expected.items():
+            try:
+                key = self._key(name)
+            except HeadcutError:
+                if not (name in tied and tied[name] in expected):
+                    missing.append(name)
+                continue
+            used.add(key)
+            if tuple(self.checkpoint.shapes[key]) != tuple(t.shape):
+                mismatched.append((name, self.checkpoint.shapes[key], tuple(t.shape)))
+        prefix = f"{self.model.base_model_prefix}."
+        head = [name for name in missing if not name.startswith(prefix)] if self.model.base_model is not self.model else []
+        if new_head and head:
+            raise HeadcutError(f"{self.folder} has no {type(self.model).__name__} head ({', '.join(head[:4])}): a "
+                               f"{label('layerwise')} run writes only the tensors the checkpoint holds, so it cannot add "
+                               "a new task head; prune it without --layerwise")
+        ignored = _ignored_unexpected(self.model)
+        unexpected = [k for k in self.checkpoint.where if k not in used and not (ignored and ignored.search(k))]
+        check_loading(self.model, {"missing_keys": missing, "unexpected_keys": unexpected,
+                                   "mismatched_keys": mismatched}, self.folder, None)
+        check_dtypes(self.model, self.checkpoint.dtypes, self.folder, self._key_or_none)
+
+    def _key_or_none(self, name: str) -> str | None:
+        try:
+            return self._key(name)
+        except HeadcutError:
+            return None
 
     def _owned(self, module: nn.Module, prefix: str) -> list[tuple[nn.Module, str, str]]:
         """(owner, attribute, checkpoint key) of every parameter and persistent buffer of ``module``."""
@@ -433,6 +531,16 @@ class StreamedModel:
             for attr, p in list(mod._parameters.items()):
                 if p is not None and p.device.type != "meta":
                     mod._parameters[attr] = nn.Parameter(p.detach().to("meta"), requires_grad=False)
+
+    def stored_bytes(self, model: nn.Module) -> int:
+        """The bytes of ``model``'s tensors (this checkpoint's model, cut or not; tied tensors once) as this checkpoint
+        stores them (in :attr:`Checkpoint.cast` when set): what writing it takes at least."""
+        total = 0
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            key = self._key_or_none(name)
+            if key is not None:
+                total += t.numel() * self.checkpoint.element_size(key)
+        return total
 
     def layer_bytes(self, i: int) -> int:
         return sum(self.checkpoint.nbytes(self._key(k)) for _, _, k in self._owned(self.layers[i], self.prefixes[i]))
@@ -555,7 +663,12 @@ def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] |
     for block in streamed.blocks:
         by_layer.setdefault(streamed.layer_of[block.name], []).append(block)
     with eager_attention(streamed.model) if scorer.name in MAP_SCORERS else contextlib.nullcontext():
-        raw, examples = _score_layers(streamed, scorer, batches, config, spill_dir, progress, means, by_layer)
+        try:
+            raw, examples = _score_layers(streamed, scorer, batches, config, spill_dir, progress, means, by_layer)
+        except OSError as exc:
+            if spill_dir is None:
+                raise
+            raise spill_error(exc, spill_dir, stats.activation_bytes) from None
     stats.score_seconds = time.perf_counter() - start
     return finish_scores(scorer, streamed.blocks, RawScores(raw, examples), config, stats.score_seconds)
 
@@ -753,6 +866,25 @@ def write_layerwise(streamed: StreamedModel, cuts: dict[str, BlockCut], folder: 
     stats.write_seconds = time.perf_counter() - start
 
 
+def spill_need(activation_bytes: int) -> int:
+    """The disk a spilling run needs for its activations: one layer's inputs and outputs at once."""
+    return 2 * activation_bytes
+
+
+def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutError:
+    """The one-line error of activations that could not be spilled to ``folder`` (a full disk, most likely)."""
+    from ..outputs.files import write_error
+
+    hint = (f"set TMPDIR to a folder with more room, give {label('max_memory')} room to keep the activations in "
+            f"memory, or use fewer {label('max_examples')}")
+    where = folder.parent  # the temporary folder the user chose (TMPDIR), not headcut's scratch folder in it
+    error = write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None, hint)
+    return error if error is not None else HeadcutError(f"cannot spill activations to {where}: {exc}")
+
+
 def spill_folder(parent: Path | None) -> Any:
-    """A temporary folder for spilled activations (removed afterwards)."""
-    return tempfile.TemporaryDirectory(prefix="headcut-activations-", dir=parent)
+    """A private temporary folder for spilled activations, ``headcut-activations-PID-*`` (removed afterwards; those a
+    killed run left are removed first)."""
+    from ..outputs.files import scratch_folder
+
+    return scratch_folder("activations", parent)

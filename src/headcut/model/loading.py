@@ -115,6 +115,37 @@ def stored_values(folder: Path) -> int:
     return total
 
 
+#: safetensors' dtype names of floating-point numbers
+FLOATING = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")
+
+
+def stored_dtypes(folder: Path) -> dict[str, str]:
+    """The dtype (safetensors' name) of each tensor of ``folder``'s safetensors weights, from their headers."""
+    from safetensors import safe_open
+
+    out: dict[str, str] = {}
+    for f in weight_files(folder):
+        with safe_open(f, "pt") as handle:
+            for key in handle.keys():
+                out[key] = handle.get_slice(key).get_dtype()
+    return out
+
+
+def check_dtypes(model: nn.Module, stored: dict[str, str], path: str | Path, key: Callable[[str], str | None]) -> None:
+    """Refuse a checkpoint that stores a tensor the model holds in floating point as integers or booleans, or the
+    other way round (transformers would cast it and load numbers that mean nothing). ``stored``: checkpoint key ->
+    dtype; ``key``: a model tensor's key in the checkpoint (None: not there)."""
+    wrong = []
+    for name, t in model.state_dict().items():
+        k = key(name)
+        if k is not None and k in stored and (stored[k] in FLOATING) != t.is_floating_point():
+            wrong.append(f"{name}: {stored[k]} in the weights, {str(t.dtype).removeprefix('torch.')} in the model")
+    if wrong:
+        shown = ", ".join(wrong[:4]) + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")
+        raise HeadcutError(f"cannot load {path}: {len(wrong)} tensor(s) are stored in the wrong kind of number "
+                           f"({shown}); the checkpoint is damaged or does not match its config.json")
+
+
 def readable(file: Path) -> None:
     """Refuse a file this process may not read: ``cannot read PATH: permission denied``."""
     try:
@@ -307,9 +338,10 @@ def quiet_transformers() -> Iterator[None]:
             huggingface_hub.utils.enable_progress_bars()
 
 
-def _check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None,
+def check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None,
                    new_head: bool = False) -> None:
-    """Refuse missing, unexpected or mis-shaped tensors, naming the first few. Only a new task head
+    """Refuse missing, unexpected or mis-shaped tensors, naming the first few (``info``: transformers' loading info,
+    or the same keys computed from a checkpoint's headers by the layer-wise path). Only a new task head
     (``new_head``: an explicit ``--task`` other than the checkpoint's own class) may be missing, and
     the checkpoint's own head unused: those become notes."""
     cls_name = type(model).__name__.removeprefix("Headcut")
@@ -471,7 +503,10 @@ def load(
         if "above report" in why or "CONVERSION" in why:
             why = f"transformers could not convert its weights to {cls.__name__.removeprefix('Headcut')}"
         raise HeadcutError(f"cannot load {path}: {why}") from None
-    _check_loading(model, info, path, notes, new_head=task is not None and not own)
+    check_loading(model, info, path, notes, new_head=task is not None and not own)
+    if local is not None and any(local.glob("*.safetensors")):
+        stored = stored_dtypes(local)
+        check_dtypes(model, stored, path, lambda name: name if name in stored else None)
     if device:
         model.to(device)
     return model.eval()
@@ -675,8 +710,9 @@ def save(
         target.check()
         target.acquire()
     form = form if form is not None else stock_form(model)
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()  # tied tensors once
     try:
-        with target.staging() as tmp:
+        with target.staging(need=sum(t.numel() * t.element_size() for t in tensors)) as tmp:
             notes = write_checkpoint(model, tmp, source, trust_remote_code, form)
             if extra is not None:
                 extra(tmp)

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadcutError
-from ..interrupts import deferred_signals
+from ..interrupts import Interrupted, deferred_signals
 
 try:  # POSIX; elsewhere RunLock falls back to an exclusive-create pid file
     import fcntl
@@ -134,6 +134,65 @@ def os_error(action: str, path: str | os.PathLike[str], exc: OSError) -> Headcut
     return HeadcutError(f"cannot {action} {shown}: {why}")
 
 
+def size_text(n: int) -> str:
+    """A byte count as people read it (``1.5 GiB``, ``320 KiB``)."""
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} bytes"  # pragma: no cover - the loop always returns
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` says the file system is full (or the user's quota is spent): an ``OSError`` with that errno,
+    or a writer's own error (safetensors' ``SafetensorError``) that carries the system's message."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return True
+    text = str(exc).lower()
+    return "no space left on device" in text or "os error 28" in text or "disk quota exceeded" in text
+
+
+def free_space(path: str | os.PathLike[str]) -> int | None:
+    """The bytes free on the file system of ``path`` (or of its nearest existing folder); None where unknown."""
+    folder = Path(path)
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def space_error(action: str, target: str | os.PathLike[str], folder: str | os.PathLike[str], need: int | None,
+                hint: str = "", free: int | None = None) -> HeadcutError:
+    """The one-line error of a full file system: what could not be written (``target``), the ``folder`` that has no
+    room, what is free there (``free``: bytes free before the write began, else now) and about what the write
+    needs (``need``: bytes, None when unknown)."""
+    now = free is None
+    free = free_space(folder) if free is None else free
+    parts = [f"{size_text(free)} free" + ("" if now else " before writing") if free is not None else "",
+             f"at least {size_text(need)} needed" if need else ""]
+    told = ", ".join(p for p in parts if p)
+    return HeadcutError(f"cannot {action} {os.fsdecode(target)}: no space left on the device in {os.fsdecode(folder)}"
+                        + (f" ({told})" if told else "") + (f"; {hint}" if hint else ""))
+
+
+def write_error(exc: BaseException, action: str, target: str | os.PathLike[str], folder: str | os.PathLike[str],
+                need: int | None = None, hint: str = "", free: int | None = None) -> HeadcutError | None:
+    """The one-line error of a failed write of ``target`` into ``folder``: a full file system (:func:`space_error`,
+    with ``hint``), any other ``OSError`` (:func:`os_error`), or safetensors' own I/O error (not an ``OSError``);
+    None for anything else."""
+    if no_space(exc):
+        return space_error(action, target, folder, need, hint, free)
+    if isinstance(exc, OSError):
+        return os_error(action, target, exc)
+    if type(exc).__name__ == "SafetensorError":  # safetensors' Rust error type (importing it costs the CLI a start-up)
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return HeadcutError(f"cannot {action} {os.fsdecode(target)}: {why}")
+    return None
+
+
 def file_error(exc: OSError) -> HeadcutError | None:
     """The one-line error of an ``OSError`` about a named file that got past the checks (a path too long
     for the file system, a folder that cannot be listed, ...); None when the error names no file."""
@@ -177,7 +236,8 @@ def check_names(path: str | os.PathLike[str], flag: str) -> None:
                            "choose a shorter path")
 
 
-_DESCRIPTOR = re.compile(r"^/(?:dev/(?:fd/(\d+)|(stdin|stdout|stderr))|proc/(self|thread-self|\d+)/fd/(\d+))$")
+_DESCRIPTOR = re.compile(r"^/(?:dev/(?:fd/([0-9]{1,9})|(stdin|stdout|stderr))|proc/(self|thread-self|[0-9]{1,9})/fd/"
+                         r"([0-9]{1,9}))$")
 _STD = {"stdin": 0, "stdout": 1, "stderr": 2}
 
 
@@ -342,18 +402,63 @@ def _remove(path: Path) -> None:
 def remove_stale(target: Path, all_of_them: bool = False) -> list[Path]:
     """Remove the temporaries of ``target`` (``.NAME.headcut-tmp-PID-*`` and ``.NAME.headcut-old-PID-*``
     beside it) that a dead process left; with ``all_of_them`` (the caller holds ``target``'s lock, so
-    nobody else writes it) every one. Returns what was removed."""
+    nobody else writes it) every one. An old copy whose replacement never arrived (a run killed by SIGKILL
+    between the two renames of its commit) is put back in place instead: the earlier output, as it was.
+    Returns what was removed."""
     parent = target.parent
     if not parent.is_dir():
         return []
     name = re.escape(embedded_name(target.name))
-    pattern = re.compile(rf"^\.{name}(?:{re.escape(TMP_TAG)}|{re.escape(OLD_TAG)})(\d+)-")
+    pattern = re.compile(rf"^\.{name}({re.escape(TMP_TAG)}|{re.escape(OLD_TAG)})([0-9]{{1,9}})-")
     removed = []
-    for entry in parent.iterdir():
+    for entry in sorted(parent.iterdir()):
         m = pattern.match(entry.name)
-        if m and (all_of_them or not _pid_alive(int(m.group(1)))):
+        if m and (all_of_them or not _pid_alive(int(m.group(2)))):
+            if m.group(1) == OLD_TAG and not target.exists() and not target.is_symlink():
+                with contextlib.suppress(OSError):
+                    os.rename(entry, target)
+                    continue
             _remove(entry)
             removed.append(entry)
+    return removed
+
+
+#: headcut's private temporaries in the system's temporary folder: ``headcut-KIND-PID-...`` (folders, and the files
+#: written through special outputs), so that a run can tell which were left by a process that is gone
+SCRATCH = re.compile(r"headcut-[a-z]+-([0-9]{1,9})-.+")
+
+
+@contextmanager
+def scratch_folder(kind: str, parent: str | os.PathLike[str] | None = None) -> Iterator[Path]:
+    """A private temporary folder ``headcut-KIND-PID-*`` (in ``parent``, default the system's temporary folder),
+    removed on exit; those a killed run left there are removed first (:func:`remove_stale_scratch`)."""
+    remove_stale_scratch(parent)
+    with tempfile.TemporaryDirectory(prefix=f"headcut-{kind}-{os.getpid()}-", dir=parent) as folder:
+        yield Path(folder)
+
+
+def remove_stale_scratch(parent: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove this user's ``headcut-KIND-PID-*`` temporaries (in ``parent``, default the system's temporary folder)
+    whose process is gone: what a SIGKILL left behind (spilled activations can be gigabytes). Returns them."""
+    root = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = SCRATCH.fullmatch(entry.name)
+        pid = int(match.group(1)) if match else 0
+        if not pid or pid == os.getpid():  # not headcut's, or this run's
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or _pid_alive(pid):
+            continue
+        _remove(Path(entry.path))
+        removed.append(Path(entry.path))
     return removed
 
 
@@ -404,7 +509,7 @@ class RunLock:
                 return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 owner = self._owner()
-                if owner.isdigit() and not _pid_alive(int(owner)):
+                if owner.isascii() and owner.isdigit() and len(owner) <= 9 and not _pid_alive(int(owner)):
                     with contextlib.suppress(OSError):
                         self.path.unlink()
                     return None
@@ -460,6 +565,8 @@ class OutputDir:
         self.flag = flag
         self.owned = owned
         self.lock = RunLock(self.path, wait=owned)
+        #: whether this run's output is in place (a stop signal after that leaves the new, complete output)
+        self.committed = False
 
     def _existing_ok(self) -> None:
         p = self.path
@@ -509,15 +616,37 @@ class OutputDir:
         self.check()
         return self.acquire()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         self.release()
+        if isinstance(exc, KeyboardInterrupt):
+            raise self.interrupted(exc) from None
+
+    def interrupted(self, exc: KeyboardInterrupt) -> Interrupted:
+        """The stop of a run writing this output, saying what the output is now: the new, complete one (the signal
+        came after it was put in place, or while it was), or the earlier one, untouched."""
+        import signal
+
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        if self.committed:
+            return Interrupted(signum, f"{self.path} was written completely before the signal came")
+        hint = getattr(exc, "hint", None)
+        if hint is None:
+            with contextlib.suppress(OSError):
+                if self.path.is_dir() and any(self.path.iterdir()):
+                    hint = f"nothing was written: {self.path} still holds its earlier output"
+        return Interrupted(signum, hint)
 
     @contextmanager
-    def staging(self) -> Iterator[Path]:
+    def staging(self, need: int | None = None) -> Iterator[Path]:
         """Yield an empty temporary folder beside the output; on success it becomes the output, on any
-        error or interruption it is removed and the output is left as it was."""
+        error or interruption it is removed and the output is left as it was. ``need``: the bytes the output will
+        hold at least (its tensors), when known: a file system with less free space is refused before anything is
+        written, and a full one named with it."""
         self._existing_ok()  # again: the folder may have changed while the run worked
         final = real_path(self.path)
+        free = free_space(final.parent)
+        if need is not None and free is not None and free < need:
+            raise space_error("write", self.path, final.parent, need)
         tmp: Path | None = None
         try:
             # a stop signal waits until the folder is named here, so the cleanup below can remove it
@@ -530,12 +659,21 @@ class OutputDir:
                     raise os_error("write", self.path, exc) from None
             try:
                 yield tmp
-            except OSError as exc:
-                raise os_error("write", self.path, exc) from None
-            with deferred_signals():  # never stop between moving the old output aside and the new one in
-                self._commit(tmp, final)
+            except Exception as exc:  # a full disk, a read-only folder, safetensors' I/O errors: one line
+                error = write_error(exc, "write", self.path, final.parent, need, free=free)
+                if error is None:
+                    raise
+                raise error from None
+            try:
+                with deferred_signals():  # never stop between moving the old output aside and the new one in
+                    self._commit(tmp, final)
+                    self.committed = True
+            except KeyboardInterrupt as exc:  # a signal held while the output was put in place
+                if not self.committed:
+                    raise
+                raise self.interrupted(exc) from None
         except BaseException:
-            if tmp is not None:
+            if tmp is not None and not self.committed:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise
 
@@ -782,13 +920,11 @@ def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: Path | N
     and an interruption that says where the resume checkpoint is and how to resume (training jobs)."""
     import signal
 
-    from ..interrupts import Interrupted
-
     with target if main else contextlib.nullcontext():
         try:
             yield
         except KeyboardInterrupt as exc:
-            if checkpoint is None:
+            if checkpoint is None or target.committed:
                 raise
             signum = getattr(exc, "signum", signal.SIGINT)
             from ..training.engine import has_checkpoint

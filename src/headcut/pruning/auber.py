@@ -90,7 +90,7 @@ from ..outputs.reports import metric_text as _fmt
 from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer
-from .base import PruneResult, TrajectoryPoint
+from .base import PruneResult, TrajectoryPoint, seed_in_range
 from .method import MethodBase, Problem, Summary
 from .search import Budget, keep_from_sparsity
 from .units import BlockSet
@@ -508,7 +508,7 @@ class AuberMethod(MethodBase):
         units = units_of(s)
         size = len(units[0])
         floor = _floor_units(s, config, options.allow_empty_layers)
-        train_idx, dev_idx = _split(data.examples, seed * 1_000_003 + j)
+        train_idx, dev_idx = _split(data.examples, seed_in_range(seed * 1_000_003 + j))
         reward_idx = dev_idx[:options.reward_examples]
         dev = data.select(reward_idx, by_length=True)
         env = LayerEnv(model, gates, s, units, dev, metric_name, higher)
@@ -532,7 +532,8 @@ class AuberMethod(MethodBase):
             pruned, path, forced = [], [], 0
             base = env.measure(frozenset())
         else:
-            agent, returns = train_agent(env, state0, options.episodes, floor, seed * 1000 + j, on_episode)
+            agent, returns = train_agent(env, state0, options.episodes, floor, seed_in_range(seed * 1000 + j),
+                                         on_episode)
             base = env.measure(frozenset())
             must = 0
             if upper is not None:
@@ -557,7 +558,7 @@ class AuberMethod(MethodBase):
             train = data.select(train_idx)
             cfg = TrainConfig(epochs=options.layer_epochs, lr=options.lr, weight_decay=options.weight_decay,
                               grad_accum=options.grad_accum, max_grad_norm=options.max_grad_norm,
-                              checkpoint_every=None, seed=seed + j, mode="joint", engine=options.engine)
+                              checkpoint_every=None, seed=seed_in_range(seed + j), mode="joint", engine=options.engine)
             train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
             trained = Trainer(model, None, train.batches, cfg, progress=train_progress, loss_fn=teacher,
                               dist=problem.dist).train()
@@ -583,7 +584,8 @@ class AuberMethod(MethodBase):
         (patience 20): on every example but ``reward_examples`` held-out ones, which it stops on."""
         model, data = problem.model, problem.data
         assert isinstance(data, Calibration)
-        order = torch.randperm(data.examples, generator=torch.Generator().manual_seed(seed * 1_000_003 - 1)).tolist()
+        generator = torch.Generator().manual_seed(seed_in_range(seed * 1_000_003 - 1))
+        order = torch.randperm(data.examples, generator=generator).tolist()
         held = min(options.reward_examples, data.examples // 3)
         stop_set = data.select(order[:held], by_length=True)
         train = data.select(order[held:])

@@ -20,6 +20,13 @@ from ..model.masks import HeadMask
 from ..model.surgery import HeadTotals
 from ..scoring.base import Batch, HeadScores
 
+def seed_in_range(value: int) -> int:
+    """A seed derived from the run's (``seed * 1_000_003 + step``, ``seed + i``) that torch takes: one in
+    [-2**63, 2**64) as it is, a larger or smaller one wrapped round to 64 bits as torch wraps a negative one
+    (a seed near the ends of the range the user may give must not make torch overflow)."""
+    return value if -(2**63) <= value < 2**64 else value % 2**64
+
+
 #: ``progress(phase, done, total)``: phase ``"prune"`` (heads removed of the most that may go),
 #: ``"score"`` and ``"eval"`` (batches of one scoring or evaluation pass); total None if unknown
 PruneProgress = Callable[[str, int, int | None], None]

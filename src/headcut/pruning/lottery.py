@@ -44,7 +44,7 @@ with the next iteration (an interrupted iteration or convergence is run again fr
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,14 @@ from ..training.engine import (
     Trainer,
     TrainingDiverged,
     atomic_save,
+    check_optimizer,
+    check_scheduler,
+    check_weights,
     digest,
     first_nonfinite,
     read_state,
 )
-from .base import PruneResult, TrajectoryPoint, score_masked
+from .base import PruneResult, TrajectoryPoint, score_masked, seed_in_range
 from .method import MethodBase, Problem, Summary
 from .search import Budget, remove_step
 from .units import UnitState
@@ -312,6 +315,7 @@ class LotteryMethod(MethodBase):
         saved = _load_state(ckpt, identity, options.reset_at) if (problem.resume and ckpt is not None) else None
         if saved is not None:
             reset = saved["reset"]
+            _check_reset(ckpt / STATE_NAME, reset, trainer(base_cfg))
             state.kept = [tuple(k) for k in saved["kept"]]
             run.iterations = [Iteration(**it) for it in saved["iterations"]]
             run.reset_loss = saved["reset_loss"]
@@ -330,7 +334,8 @@ class LotteryMethod(MethodBase):
         while state.total() > budget.target:
             t0 = time.perf_counter()
             i = len(run.iterations) + 1
-            cfg = replace(base_cfg, max_steps=options.reset_at + options.prune_every, seed=seed + i)
+            cfg = replace(base_cfg, max_steps=options.reset_at + options.prune_every,
+                          seed=seed_in_range(seed + i))
             t = trainer(cfg)
             t.rewind(reset)  # the surviving weights, optimizer state and schedule of C
             mask = state.mask(blocks)
@@ -348,7 +353,7 @@ class LotteryMethod(MethodBase):
                                    "--min-heads-per-block); the budget was checked, so this is a bug")
             pruned_metric = metric.measure(state.mask(blocks)) if metric is not None else None
             run.iterations.append(Iteration(
-                iteration=i, seed=seed + i, steps=options.prune_every, removed=removed,
+                iteration=i, seed=seed_in_range(seed + i), steps=options.prune_every, removed=removed,
                 removed_by_kind=removed_by_kind(removed, kinds), heads=state.total(),
                 train_loss=_mean_loss(trained.history, options.prune_every), metric_trained=trained_metric,
                 metric_pruned=pruned_metric,
@@ -423,7 +428,7 @@ class LotteryMethod(MethodBase):
         from ..model.surgery import slim
 
         model = copy.deepcopy(problem.model)
-        reinitialise(model, seed + 7919)
+        reinitialise(model, seed_in_range(seed + 7919))
         gates = HeadGates(model)
         cfg = replace(base_cfg, max_steps=ticket_steps, seed=seed)
         progress = problem.progress
@@ -485,10 +490,29 @@ def _load_state(ckpt: Path, identity: dict[str, Any], reset_at: int) -> dict[str
     kept = saved.get("kept")
     if not isinstance(kept, list) or not all(isinstance(k, (list, tuple)) for k in kept):
         raise _damaged(path, "its list of kept heads is not a list")
-    for key in ("iterations", "trajectory"):
+    for key, kind in (("iterations", Iteration), ("trajectory", TrajectoryPoint)):
         if not isinstance(saved.get(key), list):
             raise _damaged(path, f"its {key} are not a list")
+        names = {f.name for f in fields(kind)}
+        needed = {f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING}
+        for i, entry in enumerate(saved[key]):
+            if not isinstance(entry, dict) or not needed <= set(entry) or not set(entry) <= names:
+                raise _damaged(path, f"its {key} entry {i} is not one of the lottery's")
     return saved
+
+
+def _check_reset(path: Path, reset: dict[str, Any], probe: Trainer) -> None:
+    """The late-resetting checkpoint C fits this run's model, optimizer and LR schedule (``probe``: a trainer
+    of this run, never trained): a rewind to it cannot fail, nor a training step after it."""
+
+    def damaged(why: str) -> HeadcutError:
+        return _damaged(path, f"its late-resetting checkpoint: {why}")
+
+    check_weights(reset["model"], probe.model.state_dict(), damaged)
+    if not isinstance(reset["gates"], list) or reset["gates"]:
+        raise damaged("it holds gate tensors, which the lottery does not train")
+    check_optimizer(reset["optimizer"], probe.optimizer, reset["step"], damaged)
+    check_scheduler(reset["scheduler"], probe.scheduler, reset["step"], damaged)
 
 
 def _damaged(path: Path, why: str) -> HeadcutError:

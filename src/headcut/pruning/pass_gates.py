@@ -52,6 +52,7 @@ from ..config import ScoreConfig
 from ..options import option
 from ..learned import LambdaSchedule, r_pass
 from ..scoring import score
+from .base import seed_in_range
 from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots, fitted
 
 #: phi is clipped to [-CLIP, CLIP] (§3.4); |phi| >= CLIP counts as almost surely closed / open
@@ -132,7 +133,8 @@ class PASS(ConcreteLearner):
         chance = self.confidence().to(self.phi.dtype)
         # a generator of its own, seeded by the run's seed and the step: every process of a data-parallel
         # run draws the same (their torch RNGs drift apart with dropout on batches of different shapes)
-        draw = torch.rand(self.slots.n, generator=torch.Generator().manual_seed(self.ctx.seed * 1_000_003 + step))
+        generator = torch.Generator().manual_seed(seed_in_range(self.ctx.seed * 1_000_003 + step))
+        draw = torch.rand(self.slots.n, generator=generator)
         reopen = closed & (draw < chance)
         self.phi[reopen] = CLIP
         return int(reopen.sum())

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import logging
 import time
 import warnings
@@ -48,6 +47,7 @@ import torch
 from torch import nn
 
 from ...errors import HeadcutError
+from ...extras import imported, installed
 from ...model.runtime import CACHE_KEYWORDS, returned_cache
 from ...model.surgery import weights_bytes
 
@@ -83,16 +83,14 @@ class OnnxExport:
 def missing_modules(runtime: bool = False) -> list[str]:
     """The modules of the onnx extra that are not installed (the exporter's, or onnxruntime)."""
     names = ("onnxruntime",) if runtime else ("onnx", "onnxscript")
-    return [n for n in names if importlib.util.find_spec(n) is None]
+    return [n for n in names if not installed(n)]
 
 
 def require_onnxruntime(why: str = "this") -> Any:
     """``import onnxruntime`` or a one-line HeadcutError naming the extra."""
     if missing_modules(runtime=True):
         raise HeadcutError(f"{why} needs onnxruntime: {EXTRA_HINT}")
-    import onnxruntime
-
-    return onnxruntime
+    return imported("onnxruntime", why, EXTRA_HINT)
 
 
 # ---- what the graph takes and returns -------------------------------------------------------------------
@@ -125,6 +123,8 @@ def check_onnx(model: nn.Module) -> None:
     missing = missing_modules()
     if missing:
         raise HeadcutError(f"ONNX export needs the onnx extra ({', '.join(missing)} missing): {EXTRA_HINT}")
+    for name in ("onnx", "onnxscript"):
+        imported(name, "ONNX export", EXTRA_HINT)
     major_minor = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
     if major_minor < (2, 6):
         raise HeadcutError(f"ONNX export needs torch >= 2.6 (its torch.export-based exporter); this is torch "
@@ -324,6 +324,7 @@ def export_onnx(model: nn.Module, folder: Path, *, check: bool = True) -> OnnxEx
         onnx.checker.check_model(str(path))
         parity, checked_with = None, None
         if check and not missing_modules(runtime=True):
+            require_onnxruntime("checking the ONNX export")
             parity, checked_with = _parity(source, spec, folder)
             if not parity <= ONNX_TOLERANCE:
                 raise HeadcutError(
