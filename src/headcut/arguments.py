@@ -94,15 +94,6 @@ def number(name: str, value: Any) -> None:
         raise HeadcutValueError(f"{name} must be a finite number, got {shown(value)}")
 
 
-def seed(name: str, value: Any) -> None:
-    """A seed torch's generators take: an integer in [-2**63, 2**64)."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise _wrong(name, "an integer", value)
-    if not -(2**63) <= value < 2**64:
-        raise HeadcutValueError(f"{_named(name)} must be an integer in [-2**63, 2**64) (a seed torch takes), "
-                                f"got {shown(value)}")
-
-
 def instance_of(kind: type, what: str) -> Rule:
     """A rule: the value is a ``kind`` (``what`` says so in the message)."""
 
@@ -470,7 +461,7 @@ def _scorer(value: str) -> Any:
 
 
 _MODEL_IN = {"task": optional(choice(_catalog("TASKS"))), "allow_pickle": boolean, "trust_remote_code": boolean}
-_DATA_IN = {"tokenizer": optional(tokenizer), "split": text, "data_options": optional(data_options), "seed": seed,
+_DATA_IN = {"tokenizer": optional(tokenizer), "split": text, "data_options": optional(data_options), "seed": integer,
             "progress": optional(reporter)}
 _WRITES = {"formats": optional(formats), "gguf_type": text, "arguments": optional(a_dict)}
 _TRAINS = {"device": optional(text), "checkpoint_dir": optional(checkpoint_dir), "resume": boolean,

@@ -346,13 +346,12 @@ class BenchConfig:
         return notes
 
     def _check_onnxruntime(self) -> None:
-        from .extras import imported, installed
+        from .extras import imported
 
         hint = "pip install 'headcut[onnx]' (onnx, onnxscript, onnxruntime)"
-        if not installed("onnxruntime"):
-            raise HeadcutValueError(f"--runtime onnxruntime needs onnxruntime: {hint}")
         try:
-            onnxruntime = imported("onnxruntime", "--runtime onnxruntime", hint)
+            onnxruntime = imported("onnxruntime", "--runtime onnxruntime", hint,
+                                   missing=f"--runtime onnxruntime needs onnxruntime: {hint}")
         except HeadcutError as exc:
             raise HeadcutValueError(Exception.__str__(exc)) from None
         if self.device.startswith("cuda"):

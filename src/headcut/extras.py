@@ -26,10 +26,12 @@ def installed(name: str) -> bool:
         return True
 
 
-def imported(name: str, what: str, install: str) -> ModuleType:
+def imported(name: str, what: str, install: str, missing: str | None = None) -> ModuleType:
     """``import name`` for ``what`` (the option or work that needs it, e.g. ``--lm-eval``), or a one-line
-    HeadcutError naming the module and its error, with ``install`` (how to reinstall it). Call it after
-    :func:`installed` (whose own message, for a package that is not there, is the caller's)."""
+    HeadcutError: ``missing`` (default: ``what needs name, which is not installed: install``) when it is not
+    installed, else one naming the module and the error it fails with, and ``install`` (how to reinstall it)."""
+    if not installed(name):
+        raise HeadcutError(missing or f"{what} needs {name}, which is not installed: {install}")
     try:
         return importlib.import_module(name)
     except (Exception, SystemExit) as exc:  # a package may raise anything on import, or even exit
@@ -40,8 +42,6 @@ def imported(name: str, what: str, install: str) -> ModuleType:
 
 def usable(name: str) -> bool:
     """Whether the module ``name`` is installed and imports (for what is optional: a plot written when it can be)."""
-    if not installed(name):
-        return False
     try:
         imported(name, name, "")
     except HeadcutError:

@@ -7,8 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, SCORERS
-from ..errors import HeadcutError
-from ..extras import imported, installed
+from ..extras import imported
 from . import app
 from .common import (
     DATA_HELP,
@@ -85,9 +84,7 @@ def score_cmd(
     ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per).validate()
     if plot is not None:
         hint = "pip install 'headcut[plots]' (or pip install matplotlib)"
-        if not installed("matplotlib"):
-            raise HeadcutError(f"--plot needs matplotlib: {hint}")
-        imported("matplotlib", "--plot", hint)
+        imported("matplotlib", "--plot", hint, missing=f"--plot needs matplotlib: {hint}")
     spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
     _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
     try:

@@ -17,7 +17,7 @@ import codecs
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import HeadcutError
+from ..errors import HeadcutError, shown
 from ..sources import COMPRESSIONS
 
 __all__ = [
@@ -65,7 +65,6 @@ def check_encoding(name: Any) -> None:
     """Refuse (one line) an encoding name that cannot decode text: not a string, unknown to Python, with a NUL
     or a lone surrogate in it (``codecs.lookup`` raises ValueError or UnicodeEncodeError for those), a codec
     that is not a text encoding (rot13, hex, base64) or one that decodes nothing (``undefined``)."""
-    shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
     if isinstance(name, str):
         try:
             codec = codecs.lookup(name)
@@ -78,7 +77,7 @@ def check_encoding(name: Any) -> None:
     else:
         known = False
     if not known:
-        raise HeadcutError(f"--encoding {shown} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
+        raise HeadcutError(f"--encoding {shown(name)} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
                            "cp1252 or utf-16")
 
 

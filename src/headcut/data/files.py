@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import HeadcutError, first_line
-from ..extras import imported, installed
+from ..extras import imported
 from ..outputs.files import remove_stale_scratch, scratch_folder
 from ..sources import looks_local
 from .config import COMPRESSIONS, FILE_FORMATS, FORMAT_NAMES, DataConfig, parse_format
@@ -194,9 +194,8 @@ def _decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
         return bz2.BZ2File(raw)  # type: ignore[return-value]
     if compression == ".xz":
         return lzma.LZMAFile(raw)  # type: ignore[return-value]
-    if not installed("zstandard"):
-        raise HeadcutError("reading .zst data needs the zstandard package: pip install zstandard")
-    zstandard = imported("zstandard", "reading .zst data", "pip install zstandard")
+    zstandard = imported("zstandard", "reading .zst data", "pip install zstandard",
+                         missing="reading .zst data needs the zstandard package: pip install zstandard")
     return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
 
 

@@ -159,8 +159,8 @@ def finetune(
                 clear_checkpoint_dir(checkpoint_dir)
             from ..training.parallel import resolve_engine
 
-            # every process's data, model and settings, before the first collective: the same everywhere, or one
-            # line from every process (also the one line of a process whose setup failed, in place of its work)
+            # every process's data, model and settings, before the first collective: the same everywhere, or every
+            # process stops with one line naming the difference (or the error of a process whose setup failed)
             agreement.agree(dist, lambda: run_fingerprint(
                 {**asdict(config), "engine": resolve_engine(config.engine, dist), "task": task, "labels": labels,
                  "resume": resume, "eval_split": eval_split if eval_spec is not None else None,
@@ -206,4 +206,3 @@ def finetune(
 
                     shutil.rmtree(checkpoint_dir, ignore_errors=True)
         return tuned
-

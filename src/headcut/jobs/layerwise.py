@@ -8,7 +8,6 @@ pruned model exist only in the saved folder (``headcut.load(out)`` loads it like
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import time
@@ -181,15 +180,6 @@ class LayerwisePruned(Pruned):
         return before, after, finish
 
 
-def _check_spill_room(folder: Path, activation_bytes: int) -> None:
-    """Refuse, before scoring, to spill activations to a folder whose disk cannot hold them."""
-    from ..outputs.files import free_space
-
-    free = free_space(folder)
-    if free is not None and free < lw.spill_need(activation_bytes):
-        raise lw.spill_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), folder, activation_bytes)
-
-
 def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
     """The work of :func:`headcut.prune` on a checked request that runs layer-wise."""
     from ..model.loading import open_checkpoint
@@ -234,8 +224,6 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     spill = 2 * stats.activation_bytes + 2 * stats.layer_bytes > choice.max_memory
     stats.activations = "disk" if spill else "memory"
     with lw.spill_folder(None) as tmp:
-        if spill:
-            _check_spill_room(Path(tmp), stats.activation_bytes)
         with progress.task("scoring, layer by layer", len(streamed.layers), "layers") as bar:
             scores = lw.score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
                                         progress=lambda d, t: bar.update(d, t), means=means)

@@ -415,8 +415,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         clear_checkpoint_dir(checkpoint_dir)
     from ..training.parallel import resolve_engine
 
-    # every process's data, model and settings, before the first collective: the same everywhere, or one line
-    # from every process (also the one line of a process whose setup failed, in place of its work)
+    # every process's data, model and settings, before the first collective: the same everywhere, or every process
+    # stops with one line naming the difference (or the error of a process whose setup failed)
     agreement.agree(dist, lambda: run_fingerprint(
         {**asdict(config), **(asdict(opts) if is_dataclass(opts) else {}),
          "engine": resolve_engine(getattr(opts, "engine", "auto"), dist), "recover_steps": recover_steps,

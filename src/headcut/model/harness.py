@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadcutError, label
-from ..extras import imported, installed
+from ..extras import imported
 
 __all__ = ["HarnessResult", "PreparedTasks", "check_installed", "check_model", "prepare_tasks", "run_harness"]
 
@@ -68,10 +68,9 @@ HARNESS_MODULES = ("lm_eval", "lm_eval.tasks", "lm_eval.evaluator", "lm_eval.mod
 def check_installed() -> None:
     """Refuse ``--lm-eval`` when the harness is not installed, or is installed but fails on import (any
     exception: a broken install, a dependency of another version), before any model is loaded."""
-    if not installed("lm_eval"):
-        raise HeadcutError(f"{label('lm_eval')} needs lm-evaluation-harness, which is not installed: {INSTALL}")
+    missing = f"{label('lm_eval')} needs lm-evaluation-harness, which is not installed: {INSTALL}"
     for name in HARNESS_MODULES:
-        imported(name, label("lm_eval"), INSTALL)
+        imported(name, label("lm_eval"), INSTALL, missing)
 
 
 def check_model(task: str) -> None:

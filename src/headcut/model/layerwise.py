@@ -170,7 +170,7 @@ class Checkpoint:
         """The bytes of one value of tensor ``name`` as it is read (:attr:`cast` applied)."""
         stored = self.dtypes[name]
         if self.cast is not None and stored in FLOAT_DTYPES:
-            return torch.tensor([], dtype=self.cast).element_size()
+            return self.cast.itemsize
         return DTYPE_BYTES.get(stored, 4)
 
     def nbytes(self, name: str) -> int:
@@ -184,15 +184,14 @@ class Checkpoint:
 
         if len({d for d in self.dtypes.values() if d in FLOATING}) <= 1:
             return None
-        floats = {d for d in self.dtypes.values() if d in FLOAT_DTYPES}
         named = getattr(config, "dtype", None)
         if isinstance(named, str):
             named = getattr(torch, named, None)
         if isinstance(named, torch.dtype) and named.is_floating_point:
             return named
         first = next(iter(self.where.values()))
-        stored = next((d for k, d in self.dtypes.items() if self.where[k] == first and d in FLOAT_DTYPES), None)
-        return FLOAT_DTYPES[stored or (sorted(floats) or ["F32"])[0]]
+        return FLOAT_DTYPES[next((d for k, d in self.dtypes.items() if self.where[k] == first and d in FLOAT_DTYPES),
+                                 "F32")]
 
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -662,6 +661,8 @@ def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] |
     by_layer: dict[int, list[Block]] = {}
     for block in streamed.blocks:
         by_layer.setdefault(streamed.layer_of[block.name], []).append(block)
+    if spill_dir is not None:
+        check_spill_room(spill_dir, stats.activation_bytes)
     with eager_attention(streamed.model) if scorer.name in MAP_SCORERS else contextlib.nullcontext():
         try:
             raw, examples = _score_layers(streamed, scorer, batches, config, spill_dir, progress, means, by_layer)
@@ -871,14 +872,28 @@ def spill_need(activation_bytes: int) -> int:
     return 2 * activation_bytes
 
 
+def _spill_hint() -> str:
+    return (f"set TMPDIR to a folder with more room, give {label('max_memory')} room to keep the activations in "
+            f"memory, or use fewer {label('max_examples')}")
+
+
+def check_spill_room(folder: Path, activation_bytes: int) -> None:
+    """Refuse, before scoring, to spill activations to ``folder`` when its disk cannot hold them."""
+    from ..outputs.files import free_space, space_error
+
+    free, need = free_space(folder), spill_need(activation_bytes)
+    if free is not None and free < need:
+        raise space_error("spill activations to", folder.parent, folder.parent, need, _spill_hint())
+
+
 def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutError:
-    """The one-line error of activations that could not be spilled to ``folder`` (a full disk, most likely)."""
+    """The one-line error of activations that could not be spilled to ``folder`` (a full disk, most likely), naming
+    the temporary folder the user chose (TMPDIR), not headcut's scratch folder in it."""
     from ..outputs.files import write_error
 
-    hint = (f"set TMPDIR to a folder with more room, give {label('max_memory')} room to keep the activations in "
-            f"memory, or use fewer {label('max_examples')}")
-    where = folder.parent  # the temporary folder the user chose (TMPDIR), not headcut's scratch folder in it
-    error = write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None, hint)
+    where = folder.parent
+    error = write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None,
+                        _spill_hint())
     return error if error is not None else HeadcutError(f"cannot spill activations to {where}: {exc}")
 
 

@@ -141,9 +141,13 @@ def check_dtypes(model: nn.Module, stored: dict[str, str], path: str | Path, key
         if k is not None and k in stored and (stored[k] in FLOATING) != t.is_floating_point():
             wrong.append(f"{name}: {stored[k]} in the weights, {str(t.dtype).removeprefix('torch.')} in the model")
     if wrong:
-        shown = ", ".join(wrong[:4]) + (f" and {len(wrong) - 4} more" if len(wrong) > 4 else "")
         raise HeadcutError(f"cannot load {path}: {len(wrong)} tensor(s) are stored in the wrong kind of number "
-                           f"({shown}); the checkpoint is damaged or does not match its config.json")
+                           f"({_first_few(wrong)}); the checkpoint is damaged or does not match its config.json")
+
+
+def _first_few(items: list[str]) -> str:
+    """The first four of ``items`` in a message, and how many more."""
+    return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
 
 
 def readable(file: Path) -> None:
@@ -351,31 +355,28 @@ def check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, note
     unexpected = sorted(info.get("unexpected_keys") or [])
     mismatched = sorted((tuple(k) if isinstance(k, (tuple, list)) else (k,)) for k in info.get("mismatched_keys") or [])
 
-    def shown(keys: list[str]) -> str:
-        return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
-
     def shape(value: Any) -> str:
         return "(" + ", ".join(map(str, value)) + ")" if isinstance(value, (tuple, list, torch.Size)) else str(value)
 
     if mismatched:
         names = [f"{k[0]}: {shape(k[1])} in the weights, {shape(k[2])} in the model" if len(k) == 3 else str(k[0])
                  for k in mismatched]
-        raise HeadcutError(f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({shown(names)}); "
+        raise HeadcutError(f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({_first_few(names)}); "
                            "the checkpoint is damaged or does not match its config.json")
     base_missing = missing if not new_head or is_base else [k for k in missing if k.startswith(prefix + ".")]
     if base_missing:
         raise HeadcutError(f"cannot load {path}: {len(base_missing)} tensor(s) missing from its weights "
-                           f"({shown(base_missing)}); the checkpoint is damaged or does not match its config.json")
+                           f"({_first_few(base_missing)}); the checkpoint is damaged or does not match its config.json")
     if unexpected and not new_head:
         raise HeadcutError(f"cannot load {path}: {len(unexpected)} unexpected tensor(s) in its weights "
-                           f"({shown(unexpected)}) that {cls_name} does not use; the checkpoint is damaged or does "
+                           f"({_first_few(unexpected)}) that {cls_name} does not use; the checkpoint is damaged or does "
                            "not match its config.json")
     if notes is not None:
         head = [k for k in missing if k not in base_missing]
         if head:
-            notes.append(f"{cls_name} has a new task head: {len(head)} tensor(s) initialised at random ({shown(head)})")
+            notes.append(f"{cls_name} has a new task head: {len(head)} tensor(s) initialised at random ({_first_few(head)})")
         if unexpected:
-            notes.append(f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({shown(unexpected)})")
+            notes.append(f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({_first_few(unexpected)})")
 
 
 def _precheck_config(local: Path, task: str | None, stored: int | None, where: str) -> None:
@@ -506,7 +507,7 @@ def load(
     check_loading(model, info, path, notes, new_head=task is not None and not own)
     if local is not None and any(local.glob("*.safetensors")):
         stored = stored_dtypes(local)
-        check_dtypes(model, stored, path, lambda name: name if name in stored else None)
+        check_dtypes(model, stored, path, lambda name: name)
     if device:
         model.to(device)
     return model.eval()

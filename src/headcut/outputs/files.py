@@ -136,12 +136,14 @@ def os_error(action: str, path: str | os.PathLike[str], exc: OSError) -> Headcut
 
 def size_text(n: int) -> str:
     """A byte count as people read it (``1.5 GiB``, ``320 KiB``)."""
-    value = float(n)
-    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{int(value)} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+    if n < 1024:
+        return f"{n} bytes"
+    value = n / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.1f} {unit}"
         value /= 1024
-    return f"{n} bytes"  # pragma: no cover - the loop always returns
+    return f"{value:.1f} TiB"
 
 
 def no_space(exc: BaseException) -> bool:
@@ -182,7 +184,9 @@ def write_error(exc: BaseException, action: str, target: str | os.PathLike[str],
                 need: int | None = None, hint: str = "", free: int | None = None) -> HeadcutError | None:
     """The one-line error of a failed write of ``target`` into ``folder``: a full file system (:func:`space_error`,
     with ``hint``), any other ``OSError`` (:func:`os_error`), or safetensors' own I/O error (not an ``OSError``);
-    None for anything else."""
+    None for anything else (a refusal of headcut's own included)."""
+    if isinstance(exc, HeadcutError):
+        return None
     if no_space(exc):
         return space_error(action, target, folder, need, hint, free)
     if isinstance(exc, OSError):

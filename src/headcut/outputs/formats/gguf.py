@@ -66,7 +66,7 @@ from torch import nn
 from ...adapters import Block
 from ...catalog import GGUF_TYPES
 from ...errors import HeadcutError
-from ...extras import imported, installed
+from ...extras import imported
 from .gguf_families import MODEL_TYPES, Family, Layer, family_for
 
 #: Q8_0 block size (values per row must be a multiple of it)
@@ -161,9 +161,8 @@ def check_gguf(model: nn.Module, outtype: str = "f16", cut: str | None = None) -
     tokenizer that is neither byte-level nor SentencePiece BPE, and (``cut``: ``uniform`` or ``any``, the
     cut a search will make) cuts the architecture cannot hold. Everything is checked again on the slimmed
     model when writing."""
-    if not installed("gguf"):
-        raise HeadcutError("--format gguf needs the gguf extra (gguf missing): pip install 'headcut[gguf]'")
-    imported("gguf", "--format gguf", "pip install 'headcut[gguf]'")
+    imported("gguf", "--format gguf", "pip install 'headcut[gguf]'",
+             missing="--format gguf needs the gguf extra (gguf missing): pip install 'headcut[gguf]'")
     if outtype not in GGUF_TYPES:
         raise HeadcutError(f"unknown --gguf-type {outtype!r}; choose one of {', '.join(GGUF_TYPES)}")
     family = _check_family(model)
