@@ -70,7 +70,7 @@ def main() -> None:
         start = time.perf_counter()
         try:
             trainer.train()
-        except Exception as error:  # noqa: BLE001 - recorded: which engine the backend cannot run
+        except Exception as error:
             if dist.main:
                 print(json.dumps({"engine": engine, "error": f"{type(error).__name__}: {str(error)[:300]}"}), flush=True)
             continue

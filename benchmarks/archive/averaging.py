@@ -14,7 +14,7 @@ recoveries (one per round) do:
 - ``soup-N-full``: N recoveries of 500 steps each (N x 500 steps per round; within the 1,000-step budget at
   16 heads only).
 
-    python benchmarks/averaging.py MODEL TRAIN.csv TEST.csv --keep 8 --via 16 --seed 0 --variant swa-0.5 \\
+    python -m benchmarks.archive.averaging MODEL TRAIN.csv TEST.csv --keep 8 --via 16 --seed 0 --variant swa-0.5 \\
         --out REPORT.json
 
 writes the prune report (the CLI's ``--json``) with ``variant`` added. ``swa-F-constant`` runs headcut's own

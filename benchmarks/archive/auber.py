@@ -1,9 +1,9 @@
 """Benchmark: AUBER on a small-data task, against the unpruned model and against Michel et al. and
 random pruning at the number of heads AUBER chose.
 
-    python benchmarks/auber.py [--train-examples 3000] [--episodes 150] [--reward-examples N]
+    python -m benchmarks.archive.auber [--train-examples 3000] [--episodes 150] [--reward-examples N]
         [--reward-metric accuracy|loss|...] [--seeds 5] [--out results.json]
-    python benchmarks/auber.py --from-out slim/ ...   # the output folder of an auber run already made
+    python -m benchmarks.archive.auber --from-out slim/ ...   # the output folder of an auber run already made
 
 The model is the README's MiniLM Rotten Tomatoes classifier (72 heads, fine-tuned on 4,000 training
 snippets: ``benchmarks/classifier.py``); AUBER runs on ``--train-examples`` of those same snippets (the
@@ -24,10 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from classifier import minilm_classifier
-
 import headcut
 import headcut_offline as offline
+from benchmarks.classifier import minilm_classifier
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.model.evaluation import evaluate
 from headcut.model.masks import HeadMask

@@ -4,16 +4,16 @@ attention beside headcut's one-shot KV-group cuts, every model measured the same
 Torch-Pruning runs in its own virtual environment: version 1.6.1 needs transformers 4 (with transformers 5.24,
 headcut's, building its dependency groups for a Llama never ends: a 2-layer SmolLM2 was still in
 ``DependencyGraph.get_all_groups`` after 4 minutes, with SDPA and with eager attention; with transformers
-4.48.3, the version its LLM example's outputs show, it takes 0.6 s). ``python benchmarks/peer_llm.py venv PATH``
+4.48.3, the version its LLM example's outputs show, it takes 0.6 s). ``python -m benchmarks.studies.peer_llm venv PATH``
 makes it (or checks an existing one):
 
     python -m venv /work/venvs/torch-pruning
     /work/venvs/torch-pruning/bin/pip install torch==2.13.0
     /work/venvs/torch-pruning/bin/pip install transformers==4.48.3 torch-pruning==1.6.1
 
-``benchmarks/page.py --studies peer_llm [--llm-peer-python PATH/bin/python]`` runs the study (default
+``python -m benchmarks.harness --studies peer_llm [--llm-peer-python PATH/bin/python]`` runs the study (default
 ``/work/venvs/torch-pruning/bin/python``, made when absent): each cut is one process of this file
-(``peer_llm.py cut SPEC.json``; Torch-Pruning's in the peer's Python, headcut's in page.py's), so its peak
+(``peer_llm.py cut SPEC.json``; Torch-Pruning's in the peer's Python, headcut's in the harness's), so its peak
 resident memory (``ru_maxrss``) is its own. The peer's variants:
 
 * ``native``: Torch-Pruning's LLM head-pruning path as its ``examples/LLMs/prune_llm.py`` sets it up
@@ -35,7 +35,7 @@ resident memory (``ru_maxrss``) is its own. The peer's variants:
   query and KV heads removed (not a cut of the table).
 
 headcut's rows (:data:`HEADCUT_VARIANTS`) are ``headcut.prune(src, method, keep=..., gqa="group", data=first half,
-data_options=..., **options)`` as page.py's KV studies cut, saved and reloaded with ``headcut.load`` before they are
+data_options=..., **options)`` as the harness's KV studies cut, saved and reloaded with ``headcut.load`` before they are
 measured: one-shot, layer-wise (scored in ``prune``, cut while ``save`` writes: both timed as the prune), iterative
 and the recipe (its recovery trains on the calibration blocks of the first half, never on the evaluated half).
 
@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 
-#: the KV groups removed (of SmolLM2's 90), as in page.py's KV studies
+#: the KV groups removed (of SmolLM2's 90), as in the harness's KV studies
 BUDGETS = [6, 12, 18, 30, 45]
 WINDOWS = [128, 2048]
 #: tokens of the second half evaluated (8 windows of 2,048 = 128 of 128; the KV studies' 64 x 256)
@@ -257,7 +257,7 @@ def _peer_reload(model: torch.nn.Module, folder: Path, check: torch.Tensor) -> d
         back = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
         out["from_pretrained"] = {"ok": True, "max_logit_gap": _logits_gap(model, back, check)}
         del back
-    except Exception as error:  # noqa: BLE001 - what a user would see is the result
+    except Exception as error:
         out["from_pretrained"] = {"ok": False, "error": _first_line(error)}
     if not out["from_pretrained"]["ok"] or out["from_pretrained"]["max_logit_gap"] > 1e-3:
         path = folder / "module.pt"
@@ -265,7 +265,7 @@ def _peer_reload(model: torch.nn.Module, folder: Path, check: torch.Tensor) -> d
         try:
             back = torch.load(path, weights_only=False).eval()
             out["torch_save_module"] = {"ok": True, "max_logit_gap": _logits_gap(model, back, check)}
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             out["torch_save_module"] = {"ok": False, "error": _first_line(error)}
     return out
 
@@ -329,7 +329,7 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
                 group.prune()
                 pruned += 1
             error = None
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             error = _first_line(e)
         shapes = _shapes(model)
         runs.append({"num_heads": name, "global": global_pruning, "head_ratio": ratio, "groups_pruned": pruned,
@@ -343,16 +343,17 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs}
 
 
-# ---- headcut (in page.py's environment) ----------------------------------------------------------------
+# ---- headcut (in the harness's environment) ----------------------------------------------------------------
 
 def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
     """One of :data:`HEADCUT_VARIANTS`: pruned, saved, reloaded with ``headcut.load`` and measured. A layer-wise
     run scores in ``prune`` and cuts while it writes (``save``): its prune seconds and peak are taken after the
     save, and its reloaded model is checked against the unpruned model gated by its mask (no model of it is in
     memory; with bias compensation there is no gated equal, so no gap)."""
-    import headcut
     import transformers
     from safetensors.torch import load_file
+
+    import headcut
 
     ids = load_file(spec["ids"])["eval"]
     method, extra = HEADCUT_VARIANTS[spec["variant"]]
@@ -417,7 +418,7 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
                 back = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
                 row["reload"][name] = {"ok": True, "max_logit_gap": _logits_gap(model, back, check)}
                 del back
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 row["reload"][name] = {"ok": False, "error": _first_line(error)}
     else:
         model = headcut.load(spec["src"])
@@ -462,7 +463,7 @@ def cut(spec_path: str) -> None:
     Path(spec["out"]).write_text(json.dumps(row, indent=1) + "\n")
 
 
-# ---- the environment and the orchestration (page.py's side) ------------------------------------------------
+# ---- the environment and the orchestration (the harness's side) ------------------------------------------------
 
 def ensure_venv(venv: Path = DEFAULT_VENV) -> Path:
     """The peer's Python: the venv made with :data:`PEER_PACKAGES` when absent, and its versions checked."""
@@ -515,7 +516,7 @@ def run_cut(python: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("cut", help="one cut, in this process (SPEC.json written by page.py's peer_llm study)")
+    c = sub.add_parser("cut", help="one cut, in this process (SPEC.json written by the harness's peer_llm study)")
     c.add_argument("spec")
     v = sub.add_parser("venv", help="make (or check) the peer's virtual environment")
     v.add_argument("path", nargs="?", default=str(DEFAULT_VENV))

@@ -1,28 +1,34 @@
-"""Render ``docs/benchmarks.md`` and ``docs/img/*.png`` from ``benchmarks/results/*.json`` (see page.py).
+"""Render the benchmark page, ``docs/benchmarks.md``, from the stored results (and draw ``docs/img/*.png``).
 
 Every number on the page is read from a results file; a study without results is named as not measured, and
-one still running is marked so. The plots need matplotlib (``pip install 'headcut[plots]'``); without it the
-page says so and keeps the tables.
+one still running is marked so; every verdict comes from a rule declared in :mod:`benchmarks.harness.verdicts`;
+the hand-written parts (the main job, what the measurements show, the earlier studies) are the files of
+``benchmarks/harness/notes/``, included as they are. The page's text does not depend on matplotlib, which only
+draws the plots (``pip install 'headcut[plots]'``).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from headcut.pruning import method_names
+from benchmarks.harness.levers import LEVERS, RECOVERY_LOSSES
+from benchmarks.harness.long_context import render_markdown as long_context_markdown
+from benchmarks.harness.registry import STUDIES
+from benchmarks.harness.store import load_results
+from benchmarks.harness.verdicts import (
+    AUBER_ERROR,
+    CLAIMS,
+    TARGETS,
+    TASK_TARGETS,
+    TIMING_NOISE,
+    Claim,
+    Verdict,
+)
+from headcut.catalog import METHODS
 
-from page_levers import LEVERS, RECOVERY_LOSSES
-
-#: the targets of issue 16: heads -> (most points below the unpruned model, most training steps)
-TARGETS = {16: (1.0, 500), 8: (3.0, 1000)}
-STUDY_ORDER = ["recipe", "oneshot", "iterative", "learned", "voita", "peer", "levers", "claims", "speed", "smollm",
-               "gemma3", "convention", "review_plot", "debates", "refit", "kv_methods", "peer_llm",
-               "small_data_diagnosis", "small_data_h200", "small_data_h100", "small_data_cli",
-               "small_data_averaging"]
+NOTES = Path(__file__).resolve().parent / "notes"
 #: the tasks besides the README's classifier, each a section: study -> (heading, what the task is, plot title)
 TASK_SECTIONS = {
     "convention": (
@@ -45,14 +51,7 @@ TASK_SECTIONS = {
         "96 statements)",
         "2016 debates (786 rows): accuracy vs heads kept"),
 }
-#: the small-data targets of issue 33 on every task: heads -> most points below the unpruned model (or the test set's
-#: standard error, where that is larger), and the most training steps of batch 8
-TASK_TARGETS = {16: (1.0, 1000), 8: (2.0, 1000)}
 LEARNED_STYLE = {"linestyle": "-.", "marker": "^"}
-
-
-def _load(results: Path) -> dict[str, dict[str, Any]]:
-    return {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
 
 
 def _machine_line(name: str, study: dict[str, Any]) -> str:
@@ -133,7 +132,7 @@ def _curves(data: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
 def _absent_methods(curves: dict[str, dict[int, float]], points: dict[str, tuple[int, float]]) -> list[str]:
     """headcut's methods (the inverse-* controls aside) with neither a curve nor a point on the plot."""
     shown = [name.split(" ")[0] for name in [*curves, *points]]
-    return [m for m in method_names() if not m.startswith("inverse-") and m not in shown]
+    return [m for m in METHODS if not m.startswith("inverse-") and m not in shown]
 
 
 def _style(name: str) -> dict[str, Any]:
@@ -182,7 +181,7 @@ def _table(curves: dict[str, dict[int, float]]) -> list[str]:
 
 # ---- sections -------------------------------------------------------------------------------------------
 
-def _targets(recipe: dict[str, Any]) -> list[str]:
+def _targets(recipe: dict[str, Any], verdicts: list[Verdict]) -> list[str]:
     lines = ["", "## Targets", "",
              "The gradient recipe, the README main job's until issue 33 (its default now: [targets on every "
              "task](#targets-on-every-task)) (`headcut prune MODEL --method gradient --keep K --data train.csv "
@@ -191,17 +190,24 @@ def _targets(recipe: dict[str, Any]) -> list[str]:
              "per seed (accuracy in %, on the held-out snippets):", "",
              "| heads | recovery steps | seed | unpruned | after the cut | after recovery | below unpruned | target |"
              " time |", "|---|---|---|---|---|---|---|---|---|"]
-    for k, (limit, steps) in TARGETS.items():
+    for k, target in TARGETS.items():
         rows = [r for r in recipe["rows"] if r["k"] == k]
+        held = 0
         for row in sorted(rows, key=lambda r: r["seed"]):
             drop = row["before"] - row["after"]
-            ok = drop <= limit and row["recover_steps"] + row.get("train_steps", 0) <= steps
+            ok = target.holds(drop, row["recover_steps"] + row.get("train_steps", 0))
+            held += ok
             lines.append(f"| {k} | {row['recover_steps']} | {row['seed']} | {row['before']:.2f} | "
                          f"{_fmt(row.get('after_pruning'))} | {row['after']:.2f} | {drop:.2f} | "
-                         f"{'holds' if ok else 'missed'} (<= {limit:g} in <= {steps} steps) | "
+                         f"{'holds' if ok else 'missed'} (<= {target.points:g} in <= {target.steps} steps) | "
                          f"{row['seconds'] / 60:.1f} min |")
         if rows:
             drops = [r["before"] - r["after"] for r in rows]
+            verdicts.append(Verdict(
+                "The gradient recipe on the README's classifier (issue 16's targets, [targets](#targets))",
+                f"{k} heads within {target.points:g} point{'' if target.points == 1 else 's'} in at most {target.steps} steps",
+                f"holds in {held} of {len(rows)} seeds (mean {statistics.mean(drops):.2f} points below, worst "
+                f"{max(drops):.2f})"))
             lines.append(f"| {k} | | mean of {len(rows)} | | | | {statistics.mean(drops):.2f} (worst {max(drops):.2f})"
                          " | | |")
     return lines
@@ -333,42 +339,27 @@ def _recovery_losses(levers: dict[str, Any], recipe: dict[str, Any] | None) -> l
     return lines
 
 
-#: the papers' own figures, quoted from their text (shared/papers): claim -> the paper's figure
-PAPER = {
-    "pass>=dsp": "BERT-base, GLUE average, 16 of 144 heads: PASS 86.27 %, DSP 84.47 % (Table 1); DSP ahead at 32 "
-                 "and 64 heads, and on MNLI and QQP at 16 (Table 7)",
-    "passconc": "16 of 144 heads: attention speed-up 185.2 % against PASS's 114.4 % (Table 2, P100 GPU, attention "
-                "only); accuracy 85.25 % against 86.27 %",
-    "dsp>michel": "BERT-base, MNLI-mm, 12 of 144 heads: joint DSP 79.74 %, Michel et al. 40.59 % (24 heads: 81.54 % "
-                  "vs 47.54 %; Table 3a)",
-    "gnorm": "no number in the text (Figures 3-4): attention entropy below Greedy-Gnorm on all four models; BERT keeps "
-             "about 90 % accuracy with under 20 % of its heads (§4.2.2)",
-    "lottery": "En-De student, 75 % of 48 encoder heads removed: the ticket 37.0 average BLEU, the same structure "
-               "re-initialised 36.6, unpruned 37.2 (Tables 4, 5)",
-    "auber": "bert-base-cased, MRPC, CoLA, RTE, WNLI dev sets: gains on all four, up to 9.58 % on MRPC and CoLA "
-             "(Results)",
-}
-
-
 #: accuracy (%) of always answering the majority class on the 2,808 held-out snippets (1,597 of them)
 MAJORITY = 100 * 1597 / 2808
 
 
-#: run-to-run variation of a CPU timing on the 2-core machines the page is measured on (about 10 % in the
-#: earlier studies, docs/studies.md; more in the speed study's rounds)
-TIMING_NOISE = 0.10
-
-
 def _faster(ms: float, than_ms: float) -> str:
-    """Whether ``ms`` is faster than ``than_ms`` by more than the machine's run-to-run noise."""
+    """Whether ``ms`` is faster than ``than_ms`` by more than the machine's run-to-run noise (the claim's rule)."""
     gain = 1.0 - ms / than_ms
-    if gain > TIMING_NOISE:
+    if CLAIMS["passconc"].rule.holds(gain, 0.0):
         return f"yes ({100 * gain:.0f} % faster)"
     return (f"not measurably ({100 * gain:+.0f} %, under the {100 * TIMING_NOISE:.0f} % or more that CPU timings "
             "vary by from run to run here)")
 
 
-def _claims(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, float]]) -> list[str]:
+def _claim_row(claim: Claim, measured: str, outcome: str, verdicts: list[Verdict], at: str = "") -> str:
+    """A row of the claims table (and its line in the summary; ``at``: which of the claim's rows it is)."""
+    verdicts.append(Verdict("The papers' claims ([the papers' claims](#the-papers-claims))",
+                            f"{claim.paper}: {claim.claim}{at}", outcome.split(" (")[0]))
+    return f"| {claim.paper} | {claim.claim} | {claim.figure} | {measured} | {outcome} |"
+
+
+def _claims(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, float]], verdicts: list[Verdict]) -> list[str]:
     lines = ["", "## The papers' claims", "",
              "One row per claim: the paper's own figure (its model, data and training budget; BERT-base has 144 "
              "heads) beside headcut's on this 72-head classifier (learned gates: 500 steps of 8 with the papers' "
@@ -380,44 +371,49 @@ def _claims(data: dict[str, dict[str, Any]], curves: dict[str, dict[int, float]]
 
     pass_, dsp = curve("pass (learned, 500 steps)"), curve("dsp (learned, 500 steps)")
     if 16 in pass_ and 16 in dsp:
-        lines.append(f"| PASS (TMLR 2024) | PASS >= DSP at the same budget | {PAPER['pass>=dsp']} | "
-                     f"16 heads: PASS {pass_[16]:.1f}, DSP {dsp[16]:.1f} | {'yes' if pass_[16] >= dsp[16] else 'no'} |")
+        claim = CLAIMS["pass>=dsp"]
+        lines.append(_claim_row(claim, f"16 heads: PASS {pass_[16]:.1f}, DSP {dsp[16]:.1f}",
+                                "yes" if claim.rule.holds(pass_[16], dsp[16]) else "no", verdicts))
     bench = next((r for r in data.get("learned", {}).get("rows", []) if r.get("bench") == "pass-vs-passconc-16"), None)
     if bench:
         ms = {m["name"]: m["median_ms"] for m in bench["models"]}
         conc = curve("passconc (learned, 500 steps)").get(16)
-        lines.append(f"| PASS | PASSCONC faster than PASS at equal K (it empties layers) | {PAPER['passconc']} | "
-                     f"16 heads, whole model on the CPU, batch 8 x 128: PASSCONC {ms['passconc']:.1f} ms, PASS "
-                     f"{ms['pass']:.1f} ms (unpruned {ms['72']:.1f}); accuracy {_fmt(conc, 1)} vs "
-                     f"{_fmt(pass_.get(16), 1)} % | {_faster(ms['passconc'], ms['pass'])} |")
+        lines.append(_claim_row(CLAIMS["passconc"],
+                                f"16 heads, whole model on the CPU, batch 8 x 128: PASSCONC {ms['passconc']:.1f} ms, "
+                                f"PASS {ms['pass']:.1f} ms (unpruned {ms['72']:.1f}); accuracy {_fmt(conc, 1)} vs "
+                                f"{_fmt(pass_.get(16), 1)} %", _faster(ms["passconc"], ms["pass"]), verdicts))
     michel = curve("michel")
     for k in (8, 4):
         if k in dsp and k in michel:
-            lines.append(f"| DSP (TACL 2021) | joint DSP far above Michel et al. at high sparsity | {PAPER['dsp>michel']}"
-                         f" | {k} heads: DSP {dsp[k]:.1f}, Michel {michel[k]:.1f} | "
-                         f"{'yes' if dsp[k] > michel[k] + 3 else 'no'} |")
+            claim = CLAIMS["dsp>michel"]
+            lines.append(_claim_row(claim, f"{k} heads: DSP {dsp[k]:.1f}, Michel {michel[k]:.1f}",
+                                    "yes" if claim.rule.holds(dsp[k], michel[k]) else "no", verdicts, f" ({k} heads)"))
     greedy, entropy, rnd = curve("greedy-gnorm"), curve("entropy"), curve("random")
     if greedy and entropy and rnd:
         ks = sorted(set(greedy) & set(entropy) & set(rnd), reverse=True)
-        wins = [k for k in ks if greedy[k] > entropy[k] and greedy[k] > rnd[k]]
-        lines.append(f"| Greedy-Gnorm (arXiv 2026) | Greedy-Gnorm above attention entropy and random pruning | "
-                     f"{PAPER['gnorm']} | above both at {len(wins)} of {len(ks)} K (16 heads: {_fmt(greedy.get(16), 1)} "
-                     f"vs {_fmt(entropy.get(16), 1)} and {_fmt(rnd.get(16), 1)}) | "
-                     f"{'yes' if len(wins) == len(ks) else 'partly'} |")
+        claim = CLAIMS["gnorm"]
+        wins = [k for k in ks if claim.rule.holds(greedy[k], entropy[k]) and claim.rule.holds(greedy[k], rnd[k])]
+        lines.append(_claim_row(claim, f"above both at {len(wins)} of {len(ks)} K (16 heads: {_fmt(greedy.get(16), 1)} "
+                                f"vs {_fmt(entropy.get(16), 1)} and {_fmt(rnd.get(16), 1)})",
+                                "yes" if len(wins) == len(ks) else "partly", verdicts))
     claims = {r["run"]: r for r in data.get("claims", {}).get("rows", [])}
     lottery = claims.get("lottery")
     if lottery and lottery.get("lottery", {}).get("control_metric") is not None:
         control = 100 * lottery["lottery"]["control_metric"]
-        lines.append(f"| Lottery (EMNLP 2020) | the ticket above the same structure re-initialised | {PAPER['lottery']} | "
-                     f"16 of 72 heads: ticket {lottery['after']:.1f}, re-initialised {control:.1f} (trained from "
-                     f"scratch for the ticket's {lottery['lottery']['control_steps']} steps on the 4,000 snippets) | "
-                     f"{'yes' if lottery['after'] > control else 'no'}{_lottery_caveat(control)} |")
+        claim = CLAIMS["lottery"]
+        lines.append(_claim_row(claim, f"16 of 72 heads: ticket {lottery['after']:.1f}, re-initialised {control:.1f} "
+                                f"(trained from scratch for the ticket's {lottery['lottery']['control_steps']} steps on "
+                                "the 4,000 snippets)",
+                                f"{'yes' if claim.rule.holds(lottery['after'], control) else 'no'}"
+                                f"{_lottery_caveat(control)}", verdicts))
     auber = claims.get("auber")
     if auber:
-        drop = auber["before"] - auber["after"]
-        lines.append(f"| AUBER (PLOS ONE 2021) | no loss (a gain) on small data | {PAPER['auber']} | kept "
-                     f"{auber['heads_after']} of 72 heads: {auber['before']:.1f} -> {auber['after']:.1f} % | "
-                     f"{'no loss' if drop <= 0 else ('within one standard error (0.8)' if drop <= 0.8 else 'no')} |")
+        claim = CLAIMS["auber"]
+        outcome = ("no loss" if claim.rule.holds(auber["after"], auber["before"]) else
+                   f"within one standard error ({AUBER_ERROR:g})"
+                   if claim.rule.holds(auber["after"], auber["before"] - AUBER_ERROR) else "no")
+        lines.append(_claim_row(claim, f"kept {auber['heads_after']} of 72 heads: {auber['before']:.1f} -> "
+                                f"{auber['after']:.1f} %", outcome, verdicts))
     return lines
 
 
@@ -430,9 +426,9 @@ def _lottery_caveat(control: float) -> str:
             "corpus)")
 
 
-def _speed(speed: dict[str, Any], plots: bool, img: Path) -> list[str]:
+def _speed(speed: dict[str, Any], img: Path | None) -> list[str]:
     lines = ["", "## Speed-up vs heads kept", ""]
-    if plots:
+    if img is not None:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for device, rows in speed["devices"].items():
@@ -449,7 +445,7 @@ def _speed(speed: dict[str, Any], plots: bool, img: Path) -> list[str]:
         fig.tight_layout()
         fig.savefig(img / "speed-vs-heads.png", dpi=110)
         plt.close(fig)
-        lines += ["![speed-up vs heads kept](img/speed-vs-heads.png)", ""]
+    lines += ["![speed-up vs heads kept](img/speed-vs-heads.png)", ""]
     if not speed["devices"].get("cuda"):
         lines += ["No GPU was available to this run: CPU only.", ""]
     for device, rows in speed["devices"].items():
@@ -467,7 +463,7 @@ def _speed(speed: dict[str, Any], plots: bool, img: Path) -> list[str]:
     return lines
 
 
-#: the decoders' KV studies (page.py's KV_STUDIES): study -> (section title, what a row removes, its total,
+#: the decoders' KV studies (measure.py's KV_STUDIES): study -> (section title, what a row removes, its total,
 #: the intro, the plot's file name, its alt text)
 KV_SECTIONS = {
     "smollm": ("SmolLM2-135M: KV groups removed", "KV groups", 90,
@@ -588,7 +584,7 @@ def _layers(blocks: list[str]) -> list[str]:
 
 
 def _fluctuation_units_note(units: dict[str, Any], mine: dict[tuple[str, int], dict[str, Any]]) -> str:
-    """Why Gemma 3's fluctuation rows depend on the dtype (``benchmarks/fluctuation_units.py``); ``mine``: the
+    """Why Gemma 3's fluctuation rows depend on the dtype (``benchmarks/studies/fluctuation_units.py``); ``mine``: the
     kv_methods rows of Gemma 3 by (method, removed)."""
     checks = units.get("float32_cut_by_mask_at_4", {})
     plain, bias = mine.get(("fluctuation layer-wise bf16", 4)), mine.get(("fluctuation+bias layer-wise bf16", 4))
@@ -614,7 +610,7 @@ def _fluctuation_units_note(units: dict[str, Any], mine: dict[tuple[str, int], d
             "of its query heads. Gemma 3 270M has one KV head per layer, so a group is the whole block and its score "
             "is the mean of a standardised vector: 0 up to rounding in every layer (largest of the 18, float32 "
             f"scores on the same blocks: {units['largest_unit_mean']:.1e}, while the heads inside a layer differ by "
-            f"{units['smallest_head_spread']:.2f} or more; `benchmarks/fluctuation_units.py`). Which layers a "
+            f"{units['smallest_head_spread']:.2f} or more; `benchmarks/studies/fluctuation_units.py`). Which layers a "
             "fluctuation cut empties is therefore set by rounding, and the bf16 copy's rounding picks other layers "
             "than float32" + lw_said + ": " + "; ".join(said) + "." + rescued + " The gradient column is the one that ranks "
             "Gemma 3's KV heads; the fluctuation columns compare only the compensation. Since these rows were measured, "
@@ -623,13 +619,13 @@ def _fluctuation_units_note(units: dict[str, Any], mine: dict[tuple[str, int], d
 
 
 def _layerwise_section(study: dict[str, Any]) -> list[str]:
-    """``benchmarks/layerwise_memory.py``: peak memory and time of ``prune --layerwise`` by depth."""
+    """``benchmarks/studies/layerwise_memory.py``: peak memory and time of ``prune --layerwise`` by depth."""
     rows = sorted(study["rows"], key=lambda r: r["checkpoint_bytes"])
     m = rows[0]["machine"]
     lines = ["", "## Layer-wise pruning: memory flat in depth", "",
              "`headcut prune MODEL --layerwise --method fluctuation --gqa group` (a quarter of the KV groups removed; "
              "calibration: 16 blocks of 128 tokens of hamlet.txt's first half, batch 4) on synthetic Llama-architecture "
-             "checkpoints with random bf16 weights in shards of at most 1 GB (`benchmarks/layerwise_memory.py`; random "
+             "checkpoints with random bf16 weights in shards of at most 1 GB (`benchmarks/studies/layerwise_memory.py`; random "
              "weights: memory and time only, no quality). Peak: the headcut process's peak resident memory (`VmHWM`: "
              f"Python, torch and the tokenizer included). {m['cpus']} CPU cores, {m['memory_bytes'] / 1e9:.0f} GB of "
              "memory, other jobs sharing the cores.", "",
@@ -643,7 +639,7 @@ def _layerwise_section(study: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> list[str]:
+def _kv_section(name: str, study: dict[str, Any], img: Path | None) -> list[str]:
     title, unit, total, intro, png, alt = KV_SECTIONS[name]
     rows = sorted(study["rows"], key=lambda r: r["removed"])
     if rows and "cal_examples" in rows[-1]:
@@ -653,12 +649,12 @@ def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> lis
     lines = ["", f"## {title}", ""]
     if timed:
         lines += [intro + ".", "", _kv_timing_caption(study, rows), ""]
-    else:  # results of an earlier page.py: each model timed alone, one after the other
+    else:  # results of an earlier page script: each model timed alone, one after the other
         lines += [intro + "; `headcut bench` at batch 1, a 128-token prompt and 32 generated tokens (cached greedy "
                   "decoding). The times are medians of 5 runs each, one model after the other (back to back) on 2 CPU "
                   "cores: a change in the machine's load between models shows as a speed difference, so they do not "
                   "compare the models; the perplexity and the cache bytes do.", ""]
-    if plots and rows:
+    if img is not None and rows:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(7, 4.5))
         ax.plot([r["removed"] for r in rows], [r["perplexity"] for r in rows], marker="o", color="crimson")
@@ -676,6 +672,7 @@ def _kv_section(name: str, study: dict[str, Any], plots: bool, img: Path) -> lis
         fig.tight_layout()
         fig.savefig(img / png, dpi=110)
         plt.close(fig)
+    if rows:
         lines += [f"![{alt}](img/{png})", ""]
     emptied = {r["removed"]: [name.rsplit(".", 1)[-1] for name, kept in r["mask"]["keep"].items() if not kept]
                for r in rows if r.get("mask") and "keep" in r["mask"]}
@@ -768,7 +765,7 @@ def _peer_llm_section(study: dict[str, Any], data: dict[str, dict[str, Any]]) ->
     lines = ["", "## An LLM peer, side by side: Torch-Pruning on SmolLM2's attention", "",
              f"SmolLM2-135M-Instruct ({total} KV groups of {study.get('query_per_group', 3)} query heads), attention "
              "only (no MLP channel, no hidden size), every model measured by one function "
-             f"(`benchmarks/peer_llm.py`, `perplexity`): the first {study['eval_tokens']:,} tokens of hamlet.txt's "
+             f"(`benchmarks/studies/peer_llm.py`, `perplexity`): the first {study['eval_tokens']:,} tokens of hamlet.txt's "
              f"second half ({study.get('held_tokens', 0):,} tokens) in non-overlapping windows of 128 and of 2,048 "
              "tokens, each window its own input, the loss of every next token, token-weighted, exp. Calibration: the "
              f"smollm study's {study['cal_blocks'][0]} blocks of {study['cal_blocks'][1]} tokens of the first half "
@@ -858,13 +855,9 @@ def _peer_llm_variants(study: dict[str, Any], rows: list[dict[str, Any]]) -> str
         return next(((r.get("options") or {}).get(key) for r in rows if r["variant"] == variant
                      and (r.get("options") or {}).get(key) is not None), "?")
 
-    from peer_llm import ITERATIVE_ROUNDS, RECOVER_STEPS
-
     blocks, size = study["cal_blocks"]
-    steps = option("recipe", "recover_steps")
-    steps = RECOVER_STEPS if steps == "?" else steps
+    steps = option("recipe", "recover_steps")  # as stored with the rows ("?" before they are measured)
     rounds = option("gradient iterative", "rounds")
-    rounds = ITERATIVE_ROUNDS if rounds == "?" else rounds
     recipe = [r for r in rows if r["variant"] == "recipe" and isinstance((r.get("recovery") or {}).get("seconds"),
                                                                          (int, float))]
     per_step = [r["recovery"]["seconds"] / r["recovery"]["steps"] for r in recipe if r["recovery"].get("steps")]
@@ -937,15 +930,11 @@ def _load_said(rows: list[dict[str, Any]]) -> str:
 
 
 def _long_context(data: dict[str, dict[str, Any]]) -> list[str]:
-    """The long-context section, rendered by ``benchmarks/long_context.py`` from ``results/long_context.json``;
-    nothing when either is absent."""
+    """The long-context section, from ``results/long_context.json`` (``benchmarks/studies/long_context.py``); nothing
+    when it is absent."""
     if not data.get("long_context"):
         return []
-    try:
-        from long_context import render_markdown
-    except ImportError:
-        return []
-    return ["", *render_markdown(data["long_context"]).rstrip().splitlines()]
+    return ["", *long_context_markdown(data["long_context"]).rstrip().splitlines()]
 
 
 def _standard_error(accuracy: float, n: int) -> float:
@@ -954,8 +943,8 @@ def _standard_error(accuracy: float, n: int) -> float:
     return 100.0 * (p * (1.0 - p) / n) ** 0.5
 
 
-def _task_section(name: str, study: dict[str, Any], title: str, about: str, plot_title: str, plots: bool,
-                  img: Path, default: dict[str, dict[int, float]]) -> list[str]:
+def _task_section(name: str, study: dict[str, Any], title: str, about: str, plot_title: str, img: Path | None,
+                  default: dict[str, dict[int, float]]) -> list[str]:
     rows = study["rows"]
     curves = {**default, "headcut recipe (gradient + distilled recovery)": {
         r["k"]: r["after"] for r in rows if r["method"] == "recipe" and "after" in r}}
@@ -965,15 +954,15 @@ def _task_section(name: str, study: dict[str, Any], title: str, about: str, plot
     lines = ["", f"## {title}", "", f"{about}; unpruned {unpruned:.2f} % on {n:,} held-out examples (standard error "
              f"{_standard_error(unpruned, n):.2f} points)." if n else f"{about}.", ""]
     lines += _devices_said(rows, unpruned) + ([DEFAULT_SAID, ""] if default else [])
-    if plots:
-        png = f"{name.replace('_', '-')}-accuracy-vs-heads.png"
+    png = f"{name.replace('_', '-')}-accuracy-vs-heads.png"
+    if img is not None:
         _plot_curves(curves, {}, unpruned, plot_title, img / png)
-        lines += [f"![{name}: accuracy vs heads kept](img/{png})", ""]
+    lines += [f"![{name}: accuracy vs heads kept](img/{png})", ""]
     return lines + _table(curves)
 
 
 def _devices_said(rows: list[dict[str, Any]], unpruned: float) -> list[str]:
-    """Which rows ran on a GPU (``page.py --methods ... --merge``), how the classifier was carried there, and the
+    """Which rows ran on a GPU (``python -m benchmarks.harness --methods ... --merge``), how the classifier was carried there, and the
     unpruned accuracy measured there."""
     def gpu_of(row: dict[str, Any]) -> str | None:
         device = row.get("device", "cpu")
@@ -1001,23 +990,30 @@ def _devices_said(rows: list[dict[str, Any]], unpruned: float) -> list[str]:
     return [" ".join(said) + " Every other row ran on the 2 CPU cores.", ""]
 
 
-def _target_line(name: str, n: int, unpruned: float, row: dict[str, Any], trained: int) -> str:
-    """One row of the targets table: ``row``'s accuracy after ``trained`` steps against the task's target."""
-    points, steps = TASK_TARGETS[row["k"]]
+def _target_line(name: str, n: int, unpruned: float, row: dict[str, Any], trained: int,
+                 verdicts: list[Verdict] | None = None) -> str:
+    """One row of the targets table: ``row``'s accuracy after ``trained`` steps against the task's target (and, given
+    ``verdicts``, its line in the summary)."""
+    target = TASK_TARGETS[row["k"]]
     se = _standard_error(unpruned, n)
-    limit = max(points, se)
+    limit = target.limit(se)
     drop = unpruned - row["after"]
     solo = "timing" not in row  # a row timed while other runs shared the cores says how
     # shared cores only slow a run down: its time is judged when it is within the limit anyway
-    judged = row.get("device", "cpu") == "cpu" and (solo or row["seconds"] <= 15 * 60)  # a GPU's time: shown only
-    ok = drop <= limit and trained <= steps and (row["seconds"] <= 15 * 60 or not judged)
+    in_time = target.minutes is None or row["seconds"] <= 60 * target.minutes
+    judged = row.get("device", "cpu") == "cpu" and (solo or in_time)  # a GPU's time: shown only
+    ok = target.holds(drop, trained, row["seconds"] if judged else None, se)
     verdict = ("holds" if ok else "missed") + ("" if judged else " (time not judged)")
+    if verdicts is not None:
+        verdicts.append(Verdict("The main job's default on every task (issue 33's targets, [targets on every task]"
+                                "(#targets-on-every-task))", f"{name}, {row['k']} heads",
+                                f"{verdict}: {row['after']:.2f} % ({-drop:+.2f}, limit {limit:.2f})"))
     when = f"{row['seconds'] / 60:.1f} min" + ("" if solo else f" ({row['timing']})")
     return (f"| {name} | {n:,} | {unpruned:.2f} | {se:.2f} | {row['k']} | {row['after']:.2f} | {-drop:+.2f} | "
             f"{limit:.2f} | {trained} | {when} | {verdict} |")
 
 
-def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
+def _small_data_targets(data: dict[str, dict[str, Any]], verdicts: list[Verdict]) -> list[str]:
     """Issue 33's targets on every task: the recipe at 16 and 8 heads against the unpruned model, the limit being
     the target's points or the test set's standard error, whichever is larger."""
     studies = [("rt", data.get("recipe"), data.get("oneshot")), *((n, data.get(n), None) for n in TASK_SECTIONS)]
@@ -1040,7 +1036,7 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
         for k, row in sorted(_default_rows(data, task).items(), reverse=True):
             if k in TASK_TARGETS and (study or {}).get("unpruned") and study.get("evaluation"):
                 summary.append(_target_line(f"{task} ({TRAINING_ROWS[task]:,} training rows)", study["evaluation"],
-                                            study["unpruned"], row, row["steps"]))
+                                            study["unpruned"], row, row["steps"], verdicts))
     order = list(tasks)
     cli = sorted((data.get("small_data_cli") or {}).get("rows", []),
                  key=lambda r: (order.index(r["task"]) if r["task"] in order else len(order), -r["k"], r["run"]))
@@ -1085,9 +1081,9 @@ def _small_data_targets(data: dict[str, dict[str, Any]]) -> list[str]:
             "(the first round recovers for 250 steps, the second for 750; *with 500 steps in each round*: before "
             "that); a row *the ... default with ...* changes what it names "
             "(*--recover-data of the rows spliced x10*: "
-            "the training file with ten spliced rows after each row, benchmarks/small_data.py's `spliced`: a row's "
+            "the training file with ten spliced rows after each row, benchmarks/studies/small_data.py's `spliced`: a row's "
             "first words, then another row's last words, given as unlabelled inputs). All ran on the command line, "
-            "except the rows that name benchmarks/averaging.py (the same steps "
+            "except the rows that name benchmarks/archive/averaging.py (the same steps "
             "through the Python API) (a time in brackets: not a "
             "run alone, other runs shared the 2 cores; *H200*: the same command with the seed named, on a GPU, to "
             "see the spread over seeds: there the time is not judged against the CPU limit, only shown). The last "
@@ -1138,7 +1134,7 @@ DEFAULT_SAID = ("The default: the main job's recipe now, on the command line, se
 #: the training rows of each task (what the classifier and the recipe trained on)
 TRAINING_ROWS = {"rt": 4000, "convention": 5718, "review-plot": 900, "debates": 786}
 
-#: the small-data diagnosis files (``benchmarks/small_data.py --results NAME``): heading and how their times were taken
+#: the small-data diagnosis files (``benchmarks/studies/small_data.py --results NAME``): heading and how their times were taken
 DIAGNOSES = {
     "small_data_diagnosis": ("Small data: where the recipe loses accuracy",
                              "The times are not those of a run alone: these ran with one torch thread each, two or "
@@ -1189,20 +1185,20 @@ DIAGNOSES = {
         "accuracy is the one-round run at 16 heads with the same settings. The last two rows ran the same steps on "
         "the 2 CPU cores (one torch thread each, the two at once): the CPU's arithmetic ends elsewhere than the "
         "GPU's with the same seed",
-        "`benchmarks/averaging.py` (seeds 0, 1 and 2 of `headcut prune MODEL --method fluctuation --keep K --refit "
+        "`benchmarks/archive/averaging.py` (seeds 0, 1 and 2 of `headcut prune MODEL --method fluctuation --keep K --refit "
         "--recover-steps 500 --recover-hidden-weight 1 --max-examples 4000 --batch-size 8` and of each variant; "
         "accuracy in % on the 1,800 held-out examples; change: after minus unpruned; no curve)"),
 }
 
 
-#: how a small-data diagnosis was measured (``benchmarks/small_data.py``), unless its entry in DIAGNOSES says
-SMALL_DATA_INTRO = ("`benchmarks/small_data.py` (seed 0; accuracy in % on each task's held-out examples; change: after "
+#: how a small-data diagnosis was measured (``benchmarks/studies/small_data.py``), unless its entry in DIAGNOSES says
+SMALL_DATA_INTRO = ("`benchmarks/studies/small_data.py` (seed 0; accuracy in % on each task's held-out examples; change: after "
                     "minus unpruned; the recovery curves, every 100 or 250 steps on the held-out examples, are a "
                     "diagnosis only and chose nothing)")
 
 
 def _diagnosis(study: dict[str, Any], heading: str, timing: str, intro: str = SMALL_DATA_INTRO) -> list[str]:
-    """A small-data diagnosis (``benchmarks/small_data.py``, or the script ``intro`` names): what each variant of
+    """A small-data diagnosis (``benchmarks/studies/small_data.py``, or the script ``intro`` names): what each variant of
     the recipe does at the heads it was run at, beside the unpruned model."""
     unpruned = study.get("unpruned", {})
     lines = ["", f"## {heading}", "", f"{intro}. {timing}:", "",
@@ -1246,32 +1242,58 @@ def _diagnosis(study: dict[str, Any], heading: str, timing: str, intro: str = SM
     return lines
 
 
-def render(results: Path, docs: Path) -> Path:
-    """Write the page (and its plots, when matplotlib is there) and return its path."""
-    data = _load(results)
-    plots = importlib.util.find_spec("matplotlib") is not None
-    img = docs / "img"
-    img.mkdir(parents=True, exist_ok=True)
-    lines = [
-        "# Benchmarks",
-        "",
-        "Generated by `python benchmarks/page.py` from the measurements in `benchmarks/results/` (do not edit by",
-        "hand: re-run the script). Every number below was measured on the machine named for its study; the",
-        "classifier is the README's (all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72 heads,",
-        "`benchmarks/classifier.py`), evaluated on the 2,808 held-out snippets unless a section says otherwise.",
-        "",
-        "| study | date | machine | versions | time |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [_machine_line(name, data[name]) for name in STUDY_ORDER if name in data]
-    missing = [s for s in STUDY_ORDER if s not in data]
+def _summary(verdicts: list[Verdict]) -> list[str]:
+    """The page's top: every verdict, by the rule that decided it, grouped as the page's sections give them."""
+    lines = ["## Summary", "",
+             "Every verdict on this page, each decided by a rule declared in `benchmarks/harness/verdicts.py` (the "
+             "targets' points and steps, each claim's comparison and margin) from the stored results:"]
+    sections: dict[str, list[Verdict]] = {}
+    for verdict in verdicts:
+        sections.setdefault(verdict.section, []).append(verdict)
+    for section, items in sections.items():
+        lines += ["", f"{section}:", ""]
+        lines += [f"- {v.what}: **{v.outcome}**" for v in items]
+    lines += ["", "Below: [the main job](#the-main-job) (the README's command, measured by hand), [what the measurements "
+              "show](#what-the-measurements-show) (read by hand from the sections after it), [the studies](#studies) "
+              "(their machines and how to measure them again), every study's section, and [earlier "
+              "studies](#earlier-studies) (the archived scripts' numbers)."]
+    return lines
+
+
+def _studies(data: dict[str, dict[str, Any]]) -> list[str]:
+    """The table of studies: the machine, versions, date and time each one records, and how to measure them."""
+    listed = [study.name for study in STUDIES if study.listed]
+    lines = ["", "## Studies", "",
+             "Each study keeps its rows in `benchmarks/results/NAME.json` with the machine, the versions, the date and "
+             "its time. `python -m benchmarks.harness --studies NAME` measures a study of the harness (an interrupted "
+             "one goes on from its last finished row; `--extend NAME` measures only the rows a finished one lacks, "
+             "`--rerun NAME` all of them again; `--peer-python PEER/bin/python` runs TextPruner, the peer, in its own "
+             "virtual environment with transformers 4: `benchmarks/studies/peer_textpruner.py`), and `python -m "
+             "benchmarks.harness --studies none` only renders this page (with the plots: `pip install -e '.[plots]'`). "
+             "The other studies are scripts of `benchmarks/studies/` run on their own (`benchmarks/harness/registry.py` "
+             "names each one's command); `tests/test_benchmarks.py` renders the page from the stored results and checks "
+             "that it equals this file.", "",
+             "| study | date | machine | versions | time |",
+             "|---|---|---|---|---|"]
+    lines += [_machine_line(name, data[name]) for name in listed if name in data]
+    missing = [s for s in listed if s not in data]
     if missing:
         lines += ["", f"Not measured yet: {', '.join(f'`{s}`' for s in missing)}."]
-    if not plots:
-        lines += ["", "(matplotlib is not installed: `pip install 'headcut[plots]'` and re-run for the plots)"]
+    return lines
 
+
+def _note(name: str) -> list[str]:
+    """A hand-written part of the page (``notes/NAME.md``), as it is."""
+    return ["", *(NOTES / f"{name}.md").read_text().rstrip().splitlines()]
+
+
+def page(data: dict[str, dict[str, Any]], img: Path | None = None) -> str:
+    """The page's text from the stored results ``data`` (:func:`benchmarks.harness.store.load_results`); with ``img``,
+    also draw its plots into that folder (matplotlib)."""
+    verdicts: list[Verdict] = []
+    lines: list[str] = []
     if data.get("recipe"):
-        lines += _targets(data["recipe"])
+        lines += _targets(data["recipe"], verdicts)
 
     curves = _curves(data)
     if curves:
@@ -1285,13 +1307,14 @@ def render(results: Path, docs: Path) -> Path:
             elif row["run"] == "auber":
                 points["auber (its own K)"] = (row["heads_after"], row["after"])
         lines += ["", "## Accuracy vs heads kept", ""]
-        if plots:
+        if img is not None:
             _plot_curves(curves, points, unpruned, "MiniLM Rotten Tomatoes classifier: accuracy vs heads kept",
                          img / "accuracy-vs-heads.png")
-            lines += ["![accuracy vs heads kept](img/accuracy-vs-heads.png)", ""]
+        lines += ["![accuracy vs heads kept](img/accuracy-vs-heads.png)", ""]
         lines += [f"Accuracy (%) by heads kept; unpruned {unpruned:.2f} %. {DEFAULT_SAID} The recipe (the main "
                   "job's before issue 33): one-shot gradient scores of 4,000 training snippets and distilled recovery "
-                  "(500 steps of 8; 1,000 below 12 heads); learned gates: 500 steps of 8 with the papers' loss (no distillation, no recovery); training-free methods "
+                  "(500 steps of 8; 1,000 below 12 heads); learned gates: 500 steps of 8 with the papers' loss (no "
+                  "distillation, no recovery); training-free methods "
                   "scored on 512 training snippets, nothing trained (random: mean of 5 seeds).", ""]
         lines += _table(curves)
         absent = _absent_methods(curves, points)
@@ -1306,12 +1329,12 @@ def render(results: Path, docs: Path) -> Path:
     if data.get("levers"):
         lines += _levers(data["levers"], data.get("recipe"))
     if curves:
-        lines += _claims(data, curves)
+        lines += _claims(data, curves, verdicts)
     for name, (title, about, plot_title) in TASK_SECTIONS.items():
         if data.get(name) and data[name].get("rows"):
-            lines += _task_section(name, data[name], title, about, plot_title, plots, img,
+            lines += _task_section(name, data[name], title, about, plot_title, img,
                                    _default_curve(data, name.replace("_", "-")))
-    lines += _small_data_targets(data)
+    lines += _small_data_targets(data, verdicts)
     for name, (heading, timing, *intro) in DIAGNOSES.items():
         if data.get(name, {}).get("rows"):
             lines += _diagnosis(data[name], heading, timing, *intro)
@@ -1320,10 +1343,10 @@ def render(results: Path, docs: Path) -> Path:
     if curves:
         lines += _wall_times(data)
     if data.get("speed"):
-        lines += _speed(data["speed"], plots, img)
+        lines += _speed(data["speed"], img)
     for name in KV_SECTIONS:
         if data.get(name):
-            lines += _kv_section(name, data[name], plots, img)
+            lines += _kv_section(name, data[name], img)
     if data.get("kv_methods", {}).get("rows"):
         lines += _kv_methods_section(data)
     if data.get("peer_llm", {}).get("rows"):
@@ -1331,6 +1354,29 @@ def render(results: Path, docs: Path) -> Path:
     if data.get("layerwise_memory", {}).get("rows"):
         lines += _layerwise_section(data["layerwise_memory"])
     lines += _long_context(data)
-    page = docs / "benchmarks.md"
-    page.write_text("\n".join(lines).rstrip() + "\n")
-    return page
+    top = [
+        "# Benchmarks",
+        "",
+        "Generated by `python -m benchmarks.harness --studies none` from the measurements in `benchmarks/results/` and",
+        "the hand-written notes in `benchmarks/harness/notes/` (do not edit this file by hand: edit those and",
+        "re-render). Every number below was measured on the machine named for its study; the classifier is the",
+        "README's (all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72 heads, `benchmarks/classifier.py`),",
+        "evaluated on the 2,808 held-out snippets unless a section says otherwise; back to the [README](../README.md).",
+        "",
+        *_summary(verdicts),
+        *_note("main-job"),
+        *_note("findings"),
+        *_studies(data),
+    ]
+    return "\n".join([*top, *lines, *_note("earlier-studies")]).rstrip() + "\n"
+
+
+def render(results: Path, docs: Path, draw: bool = True) -> Path:
+    """Write the page, ``docs/benchmarks.md``, from the results in ``results`` (and, with ``draw``, its plots into
+    ``docs/img/``: matplotlib) and return its path."""
+    img = docs / "img" if draw else None
+    if img is not None:
+        img.mkdir(parents=True, exist_ok=True)
+    path = docs / "benchmarks.md"
+    path.write_text(page(load_results(results), img))
+    return path

@@ -3,7 +3,7 @@ data (issue 33): measurements on the page's two small-data tasks (``review-plot`
 classes; ``debates``: 786 rows, three classes), kept in ``benchmarks/results/small_data_diagnosis.json`` row by
 row (an interrupted run goes on from its last finished row).
 
-    python benchmarks/small_data.py [--tasks review-plot,debates] [--ks 8] [--runs NAME,...]
+    python -m benchmarks.studies.small_data [--tasks review-plot,debates] [--ks 8] [--runs NAME,...]
 
 Each recovery run is evaluated on the held-out split every ``CURVE_EVERY`` steps (250; the first runs stored: 100):
 the curve shows what the recovery does over time (a diagnosis only: no run chooses anything on the held-out split).
@@ -21,18 +21,18 @@ import random
 import re
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import headcut
+from benchmarks.harness.measure import TRAIN_OPTIONS, Task
+from benchmarks.harness.store import Store, log
 from headcut.config import PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.model.evaluation import evaluate
 from headcut.model.masks import HeadMask
 from headcut.pruning import eval_metric, plan_prune
-
-from page import TRAIN_OPTIONS, Store, Task, log
 
 CURVE_EVERY = 250
 

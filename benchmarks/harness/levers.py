@@ -1,4 +1,4 @@
-"""The levers study's rows, shared by page.py (which measures them, in this order) and page_render.py (which
+"""The levers study's rows, shared by ``measure.py`` (which measures them, in this order) and ``render.py`` (which
 renders them and names those not measured yet): plain data, no imports of either."""
 
 from __future__ import annotations

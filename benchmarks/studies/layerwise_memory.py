@@ -8,8 +8,8 @@ fluctuation``, calibration: 16 blocks of 128 tokens of the first half of hamlet.
 resident memory is the report's ``layerwise.peak_rss_bytes`` (``getrusage``: the process's own high-water
 mark, everything included: Python, torch, tokenizer, activations, one layer).
 
-    python benchmarks/layerwise_memory.py --models depth-8,depth-16,depth-24,depth-48   # same width, four depths
-    python benchmarks/layerwise_memory.py --models llama-3b              # a 3B-class model (about 6.4 GB)
+    python -m benchmarks.studies.layerwise_memory --models depth-8,depth-16,depth-24,depth-48   # same width, four depths
+    python -m benchmarks.studies.layerwise_memory --models llama-3b              # a 3B-class model (about 6.4 GB)
 
 Results: ``benchmarks/results/layerwise_memory.json`` (one row per model, kept across runs).
 """
@@ -29,9 +29,9 @@ from typing import Any
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results" / "layerwise_memory.json"
-sys.path.insert(0, str(HERE.parent / "src"))
+BENCHMARKS = Path(__file__).resolve().parent.parent  # this file also runs as a script, in its --build children
+RESULTS = BENCHMARKS / "results" / "layerwise_memory.json"
+sys.path.insert(0, str(BENCHMARKS.parent / "src"))
 
 #: name -> Llama config fields (width 2048 for the depth pair: TinyLlama's shape; llama-3b: Llama 3.2 3B's shape
 #: with SmolLM2's vocabulary)
@@ -112,8 +112,6 @@ def machine() -> dict[str, Any]:
 
 
 def run(name: str, work: Path, calibration: Path) -> dict[str, Any]:
-    import headcut_offline as offline
-
     fields = MODELS[name]
     folder = work / name
     start = time.perf_counter()

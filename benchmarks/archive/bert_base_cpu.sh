@@ -2,7 +2,7 @@
 # Benchmark: a BERT-base-shaped random model (12 layers x 12 heads, hidden 768) slimmed to 72, 36
 # and 16 heads; `headcut bench` at batch 8 x 128 tokens. The measured speed-up should reach at
 # least 95 % of the FLOP-ratio speed-up.
-#   bash benchmarks/bert_base_cpu.sh [WORKDIR] [extra bench flags, e.g. --device cuda --dtype float16]
+#   bash benchmarks/archive/bert_base_cpu.sh [WORKDIR] [extra bench flags, e.g. --device cuda --dtype float16]
 set -euo pipefail
 work=${1:-/tmp/headcut-bert-base}
 shift || true

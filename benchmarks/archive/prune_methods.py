@@ -1,7 +1,7 @@
 """Benchmark: accuracy of the MiniLM Rotten Tomatoes classifier (72 heads) pruned to K heads by each
 method, with 512 training rows as calibration data and held-out rows for evaluation.
 
-    python benchmarks/prune_methods.py [--eval-examples 1000] [--ks 48,36,24,16,8] [--out results.json]
+    python -m benchmarks.archive.prune_methods [--eval-examples 1000] [--ks 48,36,24,16,8] [--out results.json]
         [--methods michel,greedy-gnorm,greedy-gnorm:loss,greedy-gnorm:per-example,gradient,confidence,entropy,random]
 
 Greedy-Gnorm removes one head per re-computation (the paper's step), so one run down to the
@@ -19,10 +19,9 @@ import json
 import statistics
 import time
 
-from classifier import minilm_classifier
-
 import headcut
 import headcut_offline as offline
+from benchmarks.classifier import minilm_classifier
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.model.masks import HeadMask
 from headcut.pruning import PruneConfig, eval_metric, plan_prune

@@ -1,7 +1,7 @@
 """Benchmark: the cost of each scorer as a ratio to one plain forward+backward pass over the same
 calibration data (the MiniLM Rotten Tomatoes classifier, 72 heads, 512 training rows).
 
-    python benchmarks/scorer_cost.py [--examples 512] [--batch-size 16] [--repeat 2]
+    python -m benchmarks.archive.scorer_cost [--examples 512] [--batch-size 16] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import json
 import time
 
 import torch
-from classifier import minilm_classifier
 
 import headcut
 import headcut_offline as offline
+from benchmarks.classifier import minilm_classifier
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.scoring import SCORERS, ScoreConfig, score
 

@@ -1,19 +1,5 @@
-"""Regenerate the benchmark page, ``docs/benchmarks.md``, and its plots (``docs/img/*.png``) from one command:
-
-    pip install -e '.[plots]'                       # matplotlib, for the PNG plots
-    python benchmarks/page.py [--studies all|none|NAME,...] [--rerun NAME,...] [--extend NAME,...]
-                              [--peer-python PEER/bin/python]
-
-Each study keeps its measurements in ``benchmarks/results/<study>.json`` (with the machine, the versions and
-the date), row by row: an interrupted study goes on from its last finished row on the next call, and a
-finished one is not measured again unless named in ``--rerun`` (from scratch) or ``--extend`` (only the rows
-it lacks, after a K or a variant was added here); given alone, these two measure only the studies they name.
-The page is then rendered from every results file (``--studies none`` only renders). Progress goes to stderr.
-A task study can be measured in parts: ``--methods``/``--ks`` restrict it (run each part in a copy of this
-folder, on this machine or a GPU one), and ``--merge COPY/results/STUDY.json`` adds the copy's rows (each row keeps
-its machine; the study's own time is not changed: add a part's CPU time by hand).
-All the studies took 13.9 hours on 2 CPU cores (the sum of the times each study records); each can be run on its
-own.
+"""The measurements of the page's studies (run by ``python -m benchmarks.harness``): the tasks, headcut's runs on
+them, and one ``study_*`` function per study, each writing its rows to its :class:`~benchmarks.harness.store.Store`.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
 heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real
@@ -24,7 +10,7 @@ sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-d
   on ``rt`` at every K of ``KS`` (and at the heads TextPruner kept where those are not in ``KS``), scored on
   512 training snippets; accuracy with the heads gated off (identical to the slimmed model:
   tests/test_surgery.py) and the prune wall time.
-* ``peer``: TextPruner's iterative pruning (``benchmarks/peer_textpruner.py``, in its own virtual environment
+* ``peer``: TextPruner's iterative pruning (``benchmarks/studies/peer_textpruner.py``, in its own virtual environment
   with transformers 4: ``--peer-python``) on the same 512 calibration snippets and evaluation batches, at the K
   it can reach (multiples of the 6 layers), with its best setting in its README (16 iterations, uneven heads
   per layer); its masks are also evaluated by headcut (both numbers are on the page).
@@ -56,7 +42,7 @@ sentences of speeches it never saw; ``review-plot`` and ``debates``: the small-d
   ``benchmarks/classifier.py``): every method (training-free, the recipe, the learned gates and ``voita``) at
   ``SMALL_KS`` (16, 8 and 4 heads), the learned ones for 500 steps of 8 as in ``learned``; the page gives each test
   set's standard error.
-* ``peer_llm``: the LLM peer (``benchmarks/peer_llm.py``): Torch-Pruning 1.6.1 on SmolLM2's attention, in its own
+* ``peer_llm``: the LLM peer (``benchmarks/studies/peer_llm.py``): Torch-Pruning 1.6.1 on SmolLM2's attention, in its own
   virtual environment with transformers 4.48.3 (``--llm-peer-python``; made by peer_llm.py when absent), beside
   headcut's rows (``peer_llm.HEADCUT_VARIANTS``): one-shot gradient and fluctuation, layer-wise fluctuation with and
   without FLAP's bias compensation at the smollm study's KV budgets, iterative gradient and the recipe (one-shot
@@ -72,10 +58,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -87,23 +71,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import headcut
-import headcut_offline as offline
 import torch
 import transformers
+
+import headcut
+import headcut_offline as offline
+from benchmarks.classifier import (
+    convention_classifier,
+    debate_classifier,
+    minilm_classifier,
+    review_plot_classifier,
+)
+from benchmarks.harness.levers import LEVERS
+from benchmarks.harness.store import BENCHMARKS, RESULTS, Store, log, machine
 from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
 from headcut.model.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import Metric, eval_metric, plan_prune
 
-from classifier import convention_classifier, debate_classifier, minilm_classifier, review_plot_classifier
-from page_levers import LEVERS
-from prune_methods import mask_after as trajectory_mask
-
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-DOCS = HERE.parent / "docs"
+STUDY_SCRIPTS = BENCHMARKS / "studies"
 #: heads kept (of 72) in the accuracy curves
 KS = [60, 48, 36, 24, 16, 12, 8, 6, 4]
 #: the training-free methods, in the plot's legend order
@@ -136,10 +123,6 @@ def recipe(k: int) -> dict[str, Any]:
     return {"method": "gradient", "recover_steps": 500 if k >= 12 else 1000}
 
 
-def log(message: str) -> None:
-    print(f"[page {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def ticker(what: str, every: float = 30.0) -> Callable[[str, int, int | None], None]:
     """``plan_prune``'s ``progress(phase, done, total)`` as a log line at most every ``every`` seconds (a
     greedy-gnorm run takes most of an hour without another line)."""
@@ -152,24 +135,6 @@ def ticker(what: str, every: float = 30.0) -> Callable[[str, int, int | None], N
             log(f"{what}: {phase} {done}/{total if total is not None else '?'}")
 
     return report
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "headcut": headcut.__version__, "date": datetime.date.today().isoformat(),
-    }
 
 
 @dataclass
@@ -242,47 +207,6 @@ def _summary(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     return {"reward_metric": entry.get("reward_metric")}
 
 
-class Store:
-    """A study's rows, saved after every row, so an interrupted study goes on where it stopped."""
-
-    def __init__(self, name: str, rerun: bool) -> None:
-        self.path = RESULTS / f"{name}.json"
-        self.data: dict[str, Any] = {}
-        if self.path.is_file() and not rerun:
-            self.data = json.loads(self.path.read_text())
-        self.data.setdefault("study", name)
-        self.data.setdefault("rows", [])
-        self.data.setdefault("seconds", 0.0)
-        self.started = time.perf_counter()
-        self.spent = self.data["seconds"]
-
-    @property
-    def complete(self) -> bool:
-        return bool(self.data.get("complete"))
-
-    def row(self, key: dict[str, Any], measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """The stored row whose fields match ``key``, or ``measure()``'s (stored with ``key``)."""
-        for row in self.data["rows"]:
-            if all(row.get(k) == v for k, v in key.items()):
-                return row
-        row = {**measure(), **key}
-        self.data["rows"].append(row)
-        self.save()
-        return row
-
-    def save(self, complete: bool = False, measured: bool = True, **fields: Any) -> None:
-        """Write the study's file; ``measured`` False (rows merged from elsewhere): its machine and time stay."""
-        self.data.update(fields)
-        if measured:
-            self.data["machine"] = machine()
-            self.data["seconds"] = round(self.spent + time.perf_counter() - self.started, 1)
-        self.data["complete"] = complete
-        RESULTS.mkdir(exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
-        tmp.replace(self.path)
-
-
 # ---- studies ------------------------------------------------------------------------------------------
 
 def peer_ks(task: Task) -> list[int]:
@@ -314,6 +238,19 @@ def _measured(task: Task, method: str, k: int, options: dict[str, Any] | None = 
     if len(accs) > 1:
         row |= {"stdev": statistics.stdev(accs), "seeds": len(accs)}
     return row
+
+
+def trajectory_mask(blocks: list[Any], trajectory: list[Any], keep: int) -> HeadMask:
+    """The mask once a trajectory's removals bring the model down to ``keep`` heads."""
+    kept = {b.name: set(range(b.heads)) for b in blocks}
+    for point in trajectory:
+        if point.heads < keep:
+            break
+        for item in point.removed:
+            block, head = item.rsplit(":", 1)
+            kept[block].discard(int(head))
+    assert sum(len(v) for v in kept.values()) == keep
+    return HeadMask({k: sorted(v) for k, v in kept.items()})
 
 
 def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any],
@@ -366,7 +303,7 @@ def _write_batches(task: Task, path: Path) -> None:
 def study_peer(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     if not args.peer_python:
         raise SystemExit("the peer study needs --peer-python (a Python with textpruner and transformers 4: "
-                         "see benchmarks/peer_textpruner.py)")
+                         "see benchmarks/studies/peer_textpruner.py)")
     task = tasks("rt")
     ks = [k for k in KS if k % len(headcut.model_blocks(task.model)) == 0]
     runs = store.data.setdefault("runs", {})
@@ -378,7 +315,7 @@ def study_peer(tasks: Callable[[str], Task], store: Store, args: argparse.Namesp
                 continue
             log(f"TextPruner iterative ({args.peer_iters} iterations), {variant} heads per layer, K in {ks}")
             result = Path(tmp) / f"peer-{variant}.json"
-            cmd = [args.peer_python, str(HERE / "peer_textpruner.py"), str(task.path), str(batches),
+            cmd = [args.peer_python, str(STUDY_SCRIPTS / "peer_textpruner.py"), str(task.path), str(batches),
                    "--ks", ",".join(map(str, ks)), "--n-iters", str(args.peer_iters), "--out", str(result)]
             cmd += ["--even"] if variant == "even" else []
             subprocess.run(cmd, check=True)
@@ -784,9 +721,11 @@ PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), (
 
 
 def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
-    """Torch-Pruning on SmolLM2's attention beside headcut's one-shot KV-group cuts (``benchmarks/peer_llm.py``):
+    """Torch-Pruning on SmolLM2's attention beside headcut's one-shot KV-group cuts (``benchmarks/studies/peer_llm.py``):
     every cut in its own process, on the smollm study's calibration blocks, measured by one function."""
-    import peer_llm
+    from benchmarks.studies import (
+        peer_llm,  # a study of its own; it imports torch and headcut, as this module does
+    )
 
     python = args.llm_peer_python or str(peer_llm.ensure_venv())
     with _kv_data("smollm") as data:
@@ -916,79 +855,3 @@ def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace,
         partial = STUDIES[name](tasks, store, args) is False
         store.save(complete=not partial)
         log(f"study {name}: {store.data['seconds']:.0f} s")
-
-
-#: the fields that name a row (``Store.row``'s keys across the studies)
-ROW_KEYS = ("method", "k", "seed", "task", "lever", "run", "variant", "bench")
-
-
-def merge(paths: list[Path], copied: str | None = None) -> None:
-    """Fold partial results (a copy of ``results/`` measured elsewhere with ``--methods``/``--ks``) into
-    ``results/``: each file's rows its study lacks are added, with the machine they ran on, the unpruned accuracy
-    measured there and ``copied`` (how the classifier was carried there, for the page); the study's own machine
-    and time are not changed."""
-    for path in paths:
-        other = json.loads(path.read_text())
-        store = Store(other["study"], rerun=False)
-        have = {tuple(r.get(k) for k in ROW_KEYS) for r in store.data["rows"]}
-        new = [r for r in other["rows"] if tuple(r.get(k) for k in ROW_KEYS) not in have]
-        for row in new:
-            row.setdefault("machine", other.get("machine"))
-            if other.get("unpruned") is not None:
-                row.setdefault("unpruned_there", other["unpruned"])
-            if copied:
-                row.setdefault("copied", copied)
-        store.data["rows"] += new
-        store.save(complete=store.complete, measured=False)
-        log(f"{path}: {len(new)} rows added to {other['study']}")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--studies", default=None,
-                    help="studies to measure: all (the default, unless --extend or --rerun names some), none (only "
-                         "render) or names")
-    ap.add_argument("--rerun", default="", help="studies to measure again although their results exist")
-    ap.add_argument("--extend", default="",
-                    help="complete studies to go on with: only the rows they lack are measured (after a K or a "
-                         "variant was added to this script)")
-    ap.add_argument("--peer-python", default=None, help="python of the TextPruner environment")
-    ap.add_argument("--peer-iters", type=int, default=16, help="TextPruner's n_iters (its best in its README: 16)")
-    ap.add_argument("--peer-variants", default="uneven",
-                    help="uneven (heads per layer may differ: TextPruner's best) and/or even, comma-separated")
-    ap.add_argument("--llm-peer-python", default=None,
-                    help="python of the Torch-Pruning environment (peer_llm; default: made by benchmarks/peer_llm.py)")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds of the recipe's targets")
-    ap.add_argument("--methods", default=None,
-                    help="the task studies (convention, review_plot, debates): measure only these methods' rows "
-                         "(comma-separated; the study stays incomplete)")
-    ap.add_argument("--ks", default=None, help="the task studies: measure only at these K (comma-separated)")
-    ap.add_argument("--merge", nargs="*", default=[], type=Path,
-                    help="results files of a study measured in part elsewhere: add their rows this one lacks")
-    ap.add_argument("--copied", default=None,
-                    help="with --merge: how the classifier was carried to the machine the rows ran on (the page "
-                         "says it), e.g. 'fp16'")
-    args = ap.parse_args()
-    if args.studies is None:  # --extend/--rerun alone measure only what they name; --merge alone nothing
-        args.studies = "none" if args.extend or args.rerun or args.merge else "all"
-    if args.studies == "all":
-        names = list(STUDIES)
-        if not args.peer_python:
-            names.remove("peer")
-            log("no --peer-python: the peer study is skipped")
-    else:
-        names = [] if args.studies == "none" else [s for s in args.studies.split(",") if s]
-    wrong = [s for s in [*names, *args.extend.split(","), *args.rerun.split(",")] if s and s not in STUDIES]
-    if wrong:
-        ap.error(f"unknown study {wrong[0]!r}; studies: {', '.join(STUDIES)}")
-    extend = frozenset(s for s in args.extend.split(",") if s)
-    rerun = {s for s in args.rerun.split(",") if s}
-    merge(args.merge, args.copied)
-    run_studies(list(dict.fromkeys([*names, *extend, *rerun])), rerun, args, extend)
-    from page_render import render
-
-    print(render(RESULTS, DOCS))
-
-
-if __name__ == "__main__":
-    main()

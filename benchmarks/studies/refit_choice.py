@@ -8,7 +8,7 @@ the unpruned model's inputs of each output projection ``o`` (``z``: the heads' o
 * global: the same elimination over every layer at once, the head whose removal raises its layer's relative error
   least going first.
 
-    python benchmarks/refit_choice.py [--task review-plot] [--ks 16,8]
+    python -m benchmarks.studies.refit_choice [--task review-plot] [--ks 16,8]
 
 Rows go to ``benchmarks/results/refit_choice.json`` (accuracy after the refit on the held-out split, the heads kept).
 """
@@ -20,12 +20,13 @@ import copy
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
 import headcut
+from benchmarks.harness.measure import TASKS
+from benchmarks.harness.store import RESULTS as STORE
 from headcut.adapters.base import Block
 from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
@@ -36,9 +37,7 @@ from headcut.pruning import eval_metric, plan_prune
 from headcut.scoring.attention_maps import real_queries
 from headcut.training.finetuning import frozen_teacher
 
-from page import TASKS
-
-RESULTS = Path(__file__).resolve().parent / "results" / "refit_choice.json"
+RESULTS = STORE / "refit_choice.json"
 
 
 def grams(model: nn.Module, cal: Calibration) -> dict[str, torch.Tensor]:

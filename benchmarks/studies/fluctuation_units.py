@@ -6,7 +6,7 @@ Gemma 3 270M has one KV head per layer, so its only unit in a layer holds every 
 score is the mean of a standardised vector, 0 up to rounding, in every layer. The ranking of the 18 units, and so
 the layers a fluctuation cut empties, is then set by rounding: float32 and bfloat16 pick other layers.
 
-``python benchmarks/fluctuation_units.py`` (about 3 minutes on 2 CPU cores) writes
+``python -m benchmarks.studies.fluctuation_units`` (about 3 minutes on 2 CPU cores) writes
 ``benchmarks/results/fluctuation_units.json``: the head scores and unit means of every block (whole model, float32,
 the kv_methods study's calibration blocks), and the perplexity of the float32 model cut by the mask the layer-wise
 bf16 run chose at 4 KV groups removed (from ``kv_methods.json``), evaluated as that study evaluates; and the layers a
@@ -22,14 +22,15 @@ from pathlib import Path
 
 import headcut
 import headcut_offline as offline
+from benchmarks.harness.store import RESULTS
 from headcut.errors import HeadcutError
-
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
 
 
 def main() -> None:
-    from page import KV_STUDIES, machine
+    from benchmarks.harness.measure import (
+        KV_STUDIES,  # torch and the KV studies only when measuring
+    )
+    from benchmarks.harness.store import machine
 
     spec = KV_STUDIES["gemma3"]
     src = spec.checkpoint()

@@ -1,6 +1,6 @@
 """Benchmark: the learned-gate methods on the MiniLM Rotten Tomatoes classifier (72 heads).
 
-    python benchmarks/learned_gates.py [--steps 250] [--ks 16,32] [--out results.json]
+    python -m benchmarks.archive.learned_gates [--steps 250] [--ks 16,32] [--out results.json]
         [--methods pass,passconc,dsp,dsp:pipelined,ste,voita,lag]
         [--baselines michel,gradient,michel+finetune,unpruned+finetune] [--bench-dir DIR]
 
@@ -19,15 +19,14 @@ import json
 import time
 from pathlib import Path
 
-from classifier import minilm_classifier
-
 import headcut
 import headcut_offline as offline
+from benchmarks.classifier import minilm_classifier
 from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
-from headcut.training.finetuning import finetune
 from headcut.model.masks import HeadMask
 from headcut.pruning import eval_metric, plan_prune
+from headcut.training.finetuning import finetune
 
 
 def metric_of(model, calibration, mask=None) -> float:

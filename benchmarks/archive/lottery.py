@@ -1,7 +1,7 @@
 """Benchmark: the lottery (``--method lottery``) against its re-initialised control and Michel et al. at
 the same number of heads, on the README's classifier and on a tiny encoder-decoder trained from scratch.
 
-    python benchmarks/lottery.py [--part classifier|seq2seq|both] [--keep 16] [--train-examples 3000]
+    python -m benchmarks.archive.lottery [--part classifier|seq2seq|both] [--keep 16] [--train-examples 3000]
         [--seq2seq-keep 6] [--out results.json]
 
 **Classifier.** The README's MiniLM Rotten Tomatoes classifier (72 heads, fine-tuned on 4,000 training
@@ -34,17 +34,17 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from classifier import minilm_classifier
 
 import headcut
 import headcut_offline as offline
+from benchmarks.classifier import minilm_classifier
 from headcut.config import FinetuneConfig, PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.model.evaluation import evaluate
-from headcut.training.finetuning import finetune
 from headcut.model.masks import HeadMask
 from headcut.progress import Reporter
 from headcut.pruning import eval_metric, plan_prune
+from headcut.training.finetuning import finetune
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

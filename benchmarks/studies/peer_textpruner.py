@@ -2,14 +2,14 @@
 the same classifier, the same calibration batches and the same evaluation batches as headcut's methods.
 
 TextPruner needs transformers 4 (it calls ``prune_heads``), so this script runs in its own virtual
-environment and never imports headcut; ``benchmarks/page.py --peer-python VENV/bin/python`` calls it:
+environment and never imports headcut; ``python -m benchmarks.harness --peer-python VENV/bin/python`` calls it:
 
     python3 -m venv peer && peer/bin/pip install torch==2.13.0 'transformers<5' 'numpy<2.3' \\
         sentencepiece protobuf tqdm && peer/bin/pip install --no-deps textpruner==1.1.post2
-    peer/bin/python benchmarks/peer_textpruner.py MODEL BATCHES.safetensors --ks 60,48,36,24,12,6 \\
+    peer/bin/python benchmarks/studies/peer_textpruner.py MODEL BATCHES.safetensors --ks 60,48,36,24,12,6 \\
         --out PEER.json [--n-iters 16] [--even]
 
-``BATCHES.safetensors`` holds the tokenised batches page.py wrote (``cal.{i}.{field}`` and
+``BATCHES.safetensors`` holds the tokenised batches the harness wrote (``cal.{i}.{field}`` and
 ``eval.{i}.{field}``), so both tools see the same ids. For each K (a multiple of the layer count: TextPruner
 sets an average number of heads per layer) a fresh copy of MODEL is pruned with
 ``TransformerPruningConfig(pruning_method="iterative", n_iters, target_num_of_heads=K / layers,
