@@ -22,16 +22,12 @@ from pathlib import Path
 
 import headcut
 import headcut_offline as offline
-from benchmarks.harness.store import RESULTS
+from benchmarks.harness.measure_kv import KV_STUDIES
+from benchmarks.harness.store import RESULTS, machine
 from headcut.errors import HeadcutError
 
 
 def main() -> None:
-    from benchmarks.harness.measure import (
-        KV_STUDIES,  # torch and the KV studies only when measuring
-    )
-    from benchmarks.harness.store import machine
-
     spec = KV_STUDIES["gemma3"]
     src = spec.checkpoint()
     text = offline.hamlet_path().read_text()

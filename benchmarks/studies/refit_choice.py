@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 import headcut
-from benchmarks.harness.measure import TASKS
 from benchmarks.harness.store import RESULTS as STORE
+from benchmarks.harness.tasks import TASKS
 from headcut.adapters.base import Block
 from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer

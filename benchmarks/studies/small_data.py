@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import headcut
-from benchmarks.harness.measure import TRAIN_OPTIONS, Task
 from benchmarks.harness.store import Store, log
+from benchmarks.harness.tasks import TRAIN_OPTIONS, Task
 from headcut.config import PruneConfig
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 from headcut.model.evaluation import evaluate
