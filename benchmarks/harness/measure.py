@@ -1,5 +1,6 @@
-"""The measurements of the page's studies (run by ``python -m benchmarks.harness``): the tasks, headcut's runs on
-them, and one ``study_*`` function per study, each writing its rows to its :class:`~benchmarks.harness.store.Store`.
+"""The measurements of the page's studies on the classifiers (run by ``python -m benchmarks.harness``): one
+``study_*`` function per study, on the tasks of :mod:`benchmarks.harness.tasks`, each writing its rows to its
+:class:`~benchmarks.harness.store.Store`; the decoders' studies are in :mod:`benchmarks.harness.measure_kv`.
 
 Studies (``rt``: the README's classifier, all-MiniLM-L6-v2 fine-tuned on 4,000 Rotten Tomatoes snippets, 72
 heads, evaluated on the 2,808 held-out snippets, ``benchmarks/classifier.py``; ``convention``: the second real

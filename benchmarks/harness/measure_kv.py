@@ -17,16 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-import transformers
-
 import headcut
 import headcut_offline as offline
-from benchmarks.harness.store import BENCHMARKS, Store, log, machine
-from benchmarks.harness.tasks import Task
+import torch
+import transformers
 from headcut.data import DataConfig, load_calibration, load_tokenizer
 
-STUDY_SCRIPTS = BENCHMARKS / "studies"
+from benchmarks.harness.store import Store, log, machine
+from benchmarks.harness.tasks import Task
+from benchmarks.studies import peer_llm
 
 
 @dataclass(frozen=True)
@@ -242,10 +241,6 @@ PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), (
 def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     """Torch-Pruning on SmolLM2's attention beside headcut's one-shot KV-group cuts (``benchmarks/studies/peer_llm.py``):
     every cut in its own process, on the smollm study's calibration blocks, measured by one function."""
-    from benchmarks.studies import (
-        peer_llm,  # a study of its own; it imports torch and headcut, as this module does
-    )
-
     python = args.llm_peer_python or str(peer_llm.ensure_venv())
     with _kv_data("smollm") as data:
         src, groups, size, cal_options, eval_options, cal, held, tmp = data
