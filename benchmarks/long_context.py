@@ -108,7 +108,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headcut.jobs.timing import round_order
+from headcut.stats import round_order
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "results" / "long_context.json"
@@ -870,7 +870,7 @@ def machine() -> dict[str, Any]:
 
     import headcut
 
-    from headcut.jobs.timing import device_name
+    from headcut.jobs.bench_results import device_name
 
     cpu = device_name("cpu")
     try:
