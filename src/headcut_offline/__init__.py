@@ -113,7 +113,7 @@ def _convert_gguf(out: Path, label: str, model_type: str, gguf: Callable[[Path],
         import transformers
         import transformers.modeling_gguf_pytorch_utils as gguf_utils
 
-        from headcut.model.transformers_tools import quiet_transformers
+        from headcut.model.loading import quiet_transformers
 
         with quiet_transformers(), target.staging() as tmp:
             path = gguf(tmp)

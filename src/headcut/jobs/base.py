@@ -20,7 +20,6 @@ from torch import nn
 import torch
 
 from ..model import loading as io
-from ..model.transformers_tools import quiet_transformers
 from ..arguments import checked, values
 from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
@@ -114,7 +113,7 @@ def model_tokenizer(model: LoadedModel, tokenizer: Any, trust_remote_code: bool)
     if model.folder is None and model.given_module:
         raise HeadcutError("pass tokenizer= for a model that was not loaded from a checkpoint folder")
     source = str(model.folder) if model.folder is not None else model.name
-    with quiet_transformers():
+    with io.quiet_transformers():
         return load_tokenizer(source, trust_remote_code=trust_remote_code)
 
 

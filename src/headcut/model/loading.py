@@ -21,7 +21,8 @@ import inspect
 import json
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,13 @@ import torch
 import transformers
 from torch import nn
 
-from ..adapters import MISSING, Adapter, adapter_for, adapter_for_config, adapter_for_model_type, runtime, runtime_mixins
+from ..adapters import runtime
+from ..adapters import MISSING, Adapter, adapter_for, adapter_for_config, adapter_for_model_type, runtime_mixins
 from ..catalog import TASKS
 from ..errors import HeadcutError, first_line
 from ..outputs.files import OutputDir, check_paths, inside, os_error
 from .record import check_record, expected_values
 from .stock import CheckpointForm, stock_form
-from .transformers_tools import auto_classes, quiet_transformers
 from ..sources import looks_like_path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".pkl")
@@ -319,6 +320,28 @@ def cut_class(cls: type) -> type:
     return type(f"Headcut{cls.__name__}", (cls,), {"__init__": __init__, "__module__": cls.__module__})
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' and the Hub's own loading bars and LOAD REPORT tables off for the block (headcut
+    reports what it loads in its own words); their settings are restored afterwards."""
+    import huggingface_hub
+
+    logging = transformers.utils.logging
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    hub_bars = not huggingface_hub.utils.are_progress_bars_disabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
+        if hub_bars:
+            huggingface_hub.utils.enable_progress_bars()
+
+
 def check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None,
                    new_head: bool = False) -> None:
     """Refuse missing, unexpected or mis-shaped tensors, naming the first few (``info``: transformers' loading info,
@@ -488,6 +511,23 @@ def load(
     if device:
         model.to(device)
     return model.eval()
+
+
+def auto_classes(config: Any) -> dict[str, str]:
+    """Auto class name -> transformers class name, for every Auto class this family supports."""
+    out: dict[str, str] = {}
+    for name in dir(transformers):
+        if not name.startswith("AutoModel"):
+            continue
+        auto = getattr(transformers, name)
+        mapping = getattr(auto, "_model_mapping", None)
+        names = getattr(mapping, "_model_mapping", None)
+        if not isinstance(names, dict):
+            continue
+        cls_name = names.get(config.model_type)
+        if isinstance(cls_name, str) and isinstance(getattr(transformers, cls_name, None), type):
+            out[name] = cls_name
+    return out
 
 
 def _runtime_source(config: Any) -> str:

@@ -310,7 +310,7 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
     import gguf
     import transformers
 
-    from ...model.transformers_tools import quiet_transformers
+    from ...model.loading import quiet_transformers
 
     data = _read_tokenizer_json(folder)
     model = _tokenizer_model(data)
