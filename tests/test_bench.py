@@ -15,21 +15,13 @@ from helpers import make_model
 from typer.testing import CliRunner
 
 import headcut
-from headcut.jobs.timing import (
-    ALL_MODELS,
-    BenchConfig,
-    BenchResult,
-    bench,
-    bench_model,
-    compare,
-    count_flops,
-    make_inputs,
-    paired_speedup,
-    percentile,
-    report_json,
-    round_order,
-    time_rounds,
-)
+from headcut.config import BenchConfig
+from headcut.jobs.bench_results import BenchResult, compare, report_json
+from headcut.jobs.bench_rows import bench_model
+from headcut.jobs.bench_run import ALL_MODELS, bench
+from headcut.model.inputs import make_inputs
+from headcut.model.measure import count_flops, time_rounds
+from headcut.stats import paired_speedup, percentile, round_order
 from headcut.cli import app
 from headcut.errors import HeadcutError
 

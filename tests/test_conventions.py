@@ -180,7 +180,7 @@ def test_fine_tuning_evaluations_and_timing_report_through_the_reporter(tiny):
     # after) its training steps: fine-tuning now reports those evaluations through the job's reporter
     import io
 
-    from headcut.jobs.timing import bench_model
+    from headcut.jobs.bench_rows import bench_model
     from headcut.config import BenchConfig
 
     log = io.StringIO()

@@ -375,7 +375,7 @@ def test_runtime_refuses_crafted_ops_on_its_own():
     """The runtime copied beside saved models (run under trust_remote_code) checks what it is given."""
     from helpers import make_model
 
-    from headcut.model import runtime
+    from headcut.adapters import runtime
 
     model = make_model("bert", "BertModel")
     for op in ({"op": "set", "path": "encoder", "attrs": {"__class__": int}},

@@ -19,7 +19,8 @@ from helpers import one_line_error, run, save_tiny, sentence
 import headcut
 from headcut.errors import HeadcutError
 from headcut.interrupts import Interrupted
-from headcut.model import layerwise as lw
+from headcut.devices import parse_size
+from headcut.model import streamed
 from headcut.outputs import files
 
 FAMILY, CLS = "llama", "LlamaForCausalLM"
@@ -198,7 +199,7 @@ def test_spilled_activations_on_a_full_disk(tmp_path, model, monkeypatch):
     monkeypatch.setattr("tempfile.tempdir", None)
     # the disk fills up while the activations are written
     written = []
-    write = lw.write_safetensors
+    write = streamed.write_safetensors
 
     def fill(path, tensors):
         if written:
@@ -206,7 +207,7 @@ def test_spilled_activations_on_a_full_disk(tmp_path, model, monkeypatch):
         written.append(path)
         return write(path, tensors)
 
-    monkeypatch.setattr(lw, "write_safetensors", fill)
+    monkeypatch.setattr(streamed, "write_safetensors", fill)
     one_line_error(run(*args), f"cannot spill activations to {spill}: no space left on the device")
     assert list(spill.iterdir()) == [] and not (tmp_path / "out").exists()
     with pytest.raises(HeadcutError, match="cannot spill activations"):
@@ -288,8 +289,8 @@ def test_spilled_activations_of_a_killed_run_are_removed_by_the_next(tmp_path, m
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from headcut.model import layerwise as lw
-        with lw.spill_folder(Path({str(spill)!r})) as folder:
+        from headcut.scoring.layerwise import spill_folder
+        with spill_folder(Path({str(spill)!r})) as folder:
             (Path(folder) / "0.safetensors").write_bytes(b"x" * 4096)
             print(folder, flush=True)
             time.sleep(600)
@@ -325,4 +326,4 @@ def test_max_memory_past_any_machine_is_one_line(tmp_path, model, size):
 def test_max_memory_as_a_huge_integer(tmp_path, model):
     with pytest.raises(HeadcutError, match=r"max_memory must be a size .*\(got <an integer of 1329 bits>\)"):
         headcut.prune(model, "fluctuation", keep=6, data=tmp_path / "cal.txt", max_memory=10**400)
-    assert lw.parse_size(2**63) == 2**63
+    assert parse_size(2**63) == 2**63

@@ -13,7 +13,11 @@ from helpers import digest, make_inputs, make_model, make_tokenizer, one_line_er
 import headcut
 from headcut.config import ScoreConfig
 from headcut.errors import HeadcutError
-from headcut.model import layerwise as lw
+from headcut.devices import parse_size
+from headcut.model.streamed import LayerwiseStats, StreamedModel
+from headcut.model.streamed_cut import write_layerwise
+from headcut.model.tensor_files import Checkpoint
+from headcut.scoring.layerwise import MAP_SCORERS, score_layerwise
 from headcut.model.gating import gated
 from headcut.scoring import score
 
@@ -49,18 +53,18 @@ def test_layerwise_scores_equal_the_whole_model_scores(tmp_path, family, cls, sc
     model, src, _ = _checkpoint(tmp_path, family, cls)
     batches = _batches(family, model)
     config = ScoreConfig(scorer=scorer)
-    streamed = lw.StreamedModel.open(src, model.config, type(model))
-    if scorer in lw.MAP_SCORERS and any(b.mixer != "attention" for b in streamed.blocks):
+    streamed = StreamedModel.open(src, model.config, type(model))
+    if scorer in MAP_SCORERS and any(b.mixer != "attention" for b in streamed.blocks):
         for run_it in (lambda: score(model, batches, config),
-                       lambda: lw.score_layerwise(streamed, batches, config, lw.LayerwiseStats(), None)):
+                       lambda: score_layerwise(streamed, batches, config, LayerwiseStats(), None)):
             with pytest.raises(HeadcutError, match="linear attention without any"):  # no softmax maps there
                 run_it()
         return
     whole = score(model, batches, config)
-    assert len(lw.Checkpoint(src).where) and len({p.name for p in src.glob("*.safetensors")}) > 1  # sharded
+    assert len(Checkpoint(src).where) and len({p.name for p in src.glob("*.safetensors")}) > 1  # sharded
     spill = tmp_path / "spill"
     spill.mkdir()
-    got = lw.score_layerwise(streamed, batches, config, lw.LayerwiseStats(), spill)
+    got = score_layerwise(streamed, batches, config, LayerwiseStats(), spill)
     assert list(got.blocks) == list(whole.blocks)
     for name in whole.blocks:
         assert got.blocks[name] == pytest.approx(whole.blocks[name], abs=1e-9, rel=1e-9), name
@@ -115,11 +119,11 @@ def test_bf16_shards_stay_bf16_and_a_uniform_cut_is_stock(tmp_path):
 
 def test_writer_shards_and_indexes(tmp_path):
     model, src, _ = _checkpoint(tmp_path, "llama", "LlamaForCausalLM")
-    streamed = lw.StreamedModel.open(src, model.config, type(model))
+    streamed = StreamedModel.open(src, model.config, type(model))
     out = tmp_path / "w"
     out.mkdir()
-    stats = lw.LayerwiseStats()
-    lw.write_layerwise(streamed, {}, out, stats, shard_bytes=30_000)
+    stats = LayerwiseStats()
+    write_layerwise(streamed, {}, out, stats, shard_bytes=30_000)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     assert stats.shards == len(set(index["weight_map"].values())) > 2
     from safetensors.torch import load_file
@@ -177,7 +181,7 @@ def test_layerwise_refuses_families_it_cannot_stream(tmp_path):
         folder = tmp_path / family
         model.save_pretrained(folder)
         with pytest.raises(HeadcutError, match=needle):
-            lw.StreamedModel.open(folder, model.config, type(model))
+            StreamedModel.open(folder, model.config, type(model))
 
 
 def test_cli_layerwise_summary_and_one_line_errors(tmp_path):
@@ -193,11 +197,11 @@ def test_cli_layerwise_summary_and_one_line_errors(tmp_path):
 
 
 def test_parse_size():
-    assert lw.parse_size("12GB") == 12 * 1000**3 and lw.parse_size("1.5GiB") == int(1.5 * 1024**3)
-    assert lw.parse_size(4096) == 4096 and lw.parse_size("500 mb") == 500 * 1000**2
+    assert parse_size("12GB") == 12 * 1000**3 and parse_size("1.5GiB") == int(1.5 * 1024**3)
+    assert parse_size(4096) == 4096 and parse_size("500 mb") == 500 * 1000**2
     for bad in ("", "GB", "-1GB", "12XB", "nan"):
         with pytest.raises(HeadcutError):
-            lw.parse_size(bad)
+            parse_size(bad)
 
 
 def test_cls_rows_for_an_encoder(tmp_path):

@@ -10,7 +10,7 @@ For grouped-query attention (Llama, Qwen2, Mistral) this is exact for any subset
 Why it is independent: the oracle is a plain weight edit on a deep copy of the model, with this
 file's OWN table of where each family's output projections are and what the head size is (read off
 ``shared/notes/transformers-v5.md`` and ``model.config``). It imports nothing from
-``headcut.adapters``, ``headcut.model.gating`` or ``headcut.model.runtime``, installs no hooks, and never runs
+``headcut.adapters``, ``headcut.model.gating`` or ``headcut.adapters.runtime``, installs no hooks, and never runs
 headcut's code on the oracle model. So a bug shared by headcut's gating and its slimming (a wrong
 module, a wrong head size, a wrong head order, a missed block) cannot make them agree with it.
 headcut is only the system under test: ``headcut.gated``, ``headcut.slim``, ``headcut.save`` and

@@ -12,7 +12,7 @@ from helpers import ATOL, check_reload, forward, make_inputs, make_model, run, s
 import headcut
 from headcut.adapters import adapter_for
 from headcut.errors import HeadcutError
-from headcut.model import runtime
+from headcut.adapters import runtime
 
 CLM = "Qwen3_5ForCausalLM"
 LIN, ATT = "self.0", "self.1"  # layer types of the tiny config: linear, full, linear, full

@@ -1,4 +1,4 @@
-"""The least-squares refit of the output projections after a cut (``headcut.model.refit``, ``prune --refit``)."""
+"""The least-squares refit of the output projections after a cut (``headcut.pruning.refit``, ``prune --refit``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers import CLASSES, FAMILIES, cls_rows, is_base_model, make_batch, make
 from headcut.data import Calibration, detect_task
 from headcut.errors import HeadcutError
 from headcut.model.masks import HeadMask
-from headcut.model.refit import refit_outputs
+from headcut.pruning.refit import refit_outputs
 from headcut.model.surgery import model_blocks, slim
 
 #: one class with a task head per text family (data commands need one)

@@ -55,7 +55,7 @@ def build(folder: Path, fields: dict[str, int], tokenizer_dir: Path, seed: int =
     import transformers
     from safetensors.torch import save_file
 
-    from headcut.model.layerwise import params_on_meta
+    from headcut.model.streamed import params_on_meta
 
     config = transformers.LlamaConfig(vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
                                       rope_theta=100000.0, bos_token_id=1, eos_token_id=2, **fields)

@@ -114,7 +114,7 @@ from benchmarks.harness.long_context import (
     render_markdown,
 )
 from benchmarks.harness.store import RESULTS
-from headcut.jobs.timing import round_order
+from headcut.stats import round_order
 
 DEFAULT_OUT = RESULTS / "long_context.json"
 CACHE = Path(os.environ.get("HEADCUT_BENCH_CACHE", Path.home() / ".cache" / "headcut-bench")).expanduser()
@@ -880,7 +880,7 @@ def machine() -> dict[str, Any]:
     import transformers
 
     import headcut
-    from headcut.jobs.timing import device_name
+    from headcut.jobs.bench_results import device_name
 
     cpu = device_name("cpu")
     try:

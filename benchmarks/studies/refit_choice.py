@@ -3,7 +3,7 @@ fluctuation cut to K heads is compared, right after ``--refit`` (nothing trained
 the unpruned model's inputs of each output projection ``o`` (``z``: the heads' outputs, with a column of ones):
 
 * per layer: fluctuation's number of heads in each layer, the heads chosen by backward elimination minimising
-  ``||z_S W_S - z W||^2`` after the least-squares refit of ``W_S`` (ridge 1e-2 as in ``headcut.model.refit``),
+  ``||z_S W_S - z W||^2`` after the least-squares refit of ``W_S`` (ridge 1e-2 as in ``headcut.pruning.refit``),
   computed from ``G = z^T z`` alone since the unpruned output ``z W`` is linear in ``z``;
 * global: the same elimination over every layer at once, the head whose removal raises its layer's relative error
   least going first.
@@ -31,7 +31,8 @@ from headcut.adapters.base import Block
 from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
 from headcut.model.masks import HeadMask
-from headcut.model.refit import RIDGE, refit_outputs, weight_out_in
+from headcut.model.projections import weight_out_in
+from headcut.pruning.refit import RIDGE, refit_outputs
 from headcut.model.surgery import slim
 from headcut.pruning import eval_metric, plan_prune
 from headcut.scoring.attention_maps import real_queries

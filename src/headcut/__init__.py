@@ -48,7 +48,7 @@ _EXPORTS: dict[str, str] = {
     "slim": "headcut.model.surgery", "SlimResult": "headcut.model.surgery", "count_params": "headcut.model.surgery",
     "model_blocks": "headcut.model.surgery",
     "HeadMask": "headcut.model.masks", "read_mask_file": "headcut.model.masks", "resolve_mask": "headcut.model.masks",
-    "ModelInfo": "headcut.model.info", "BenchResult": "headcut.jobs.timing", "PruneResult": "headcut.pruning",
+    "ModelInfo": "headcut.model.info", "BenchResult": "headcut.jobs.bench_results", "PruneResult": "headcut.pruning",
     # configurations
     "PruneConfig": "headcut.config", "ScoreConfig": "headcut.config", "TrainConfig": "headcut.config",
     "FinetuneConfig": "headcut.config", "BenchConfig": "headcut.config", "DataConfig": "headcut.data",

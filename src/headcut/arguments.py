@@ -271,7 +271,7 @@ def size(name: str, value: Any) -> None:
     """A memory size: ``12GB``, ``12GiB``, ``500MB`` or a whole number of bytes."""
     if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
         raise _wrong(name, "a size such as 12GB or a number of bytes", value)
-    from .model.layerwise import parse_size
+    from .devices import parse_size
 
     try:
         parse_size(value if isinstance(value, str) else int(value))

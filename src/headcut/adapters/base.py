@@ -2,7 +2,7 @@
 
 Scorers, pruners, gating and slimming are written against :class:`Adapter` and :class:`Block` and
 never name a model family. An adapter reads the model's current structure (so a slimmed model can
-be slimmed again) and turns a cut into runtime ops (see :mod:`headcut.model.runtime`).
+be slimmed again) and turns a cut into runtime ops (see :mod:`headcut.adapters.runtime`).
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ class Adapter:
     #: config fields that give every attention projection (q, k, v and o) a bias when true, tried in order for
     #: FLAP's bias compensation (:mod:`headcut.model.compensation`, which checks each on a meta build)
     bias_fields: ClassVar[tuple[str, ...]] = ("attention_bias",)
-    #: why the family's layers cannot be pruned one at a time (:mod:`headcut.model.layerwise`); None: they can
+    #: why the family's layers cannot be pruned one at a time (:mod:`headcut.model.streamed`); None: they can
     no_layerwise: ClassVar[str | None] = None
 
     #: why the family's stock config cannot hold a cut (a family with a :meth:`stock_spec` sets none)

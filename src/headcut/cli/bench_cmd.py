@@ -123,7 +123,7 @@ def bench(
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
-    from ..jobs.timing import device_name
+    from ..jobs.bench_results import device_name
     from .render import bench_table
 
     config = BenchConfig(

@@ -1,4 +1,5 @@
-"""``headcut.bench``: time models on synthetic inputs (``headcut bench``; the timing is :mod:`headcut.jobs.timing`)."""
+"""``headcut.bench``: time models on synthetic inputs (``headcut bench``; the timing is
+:mod:`headcut.jobs.bench_run`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .base import ModelLike
 
 @dataclass
 class Benchmark:
-    """What :func:`bench` measured: one :class:`headcut.jobs.timing.BenchResult` per model (speed-up and FLOP
+    """What :func:`bench` measured: one :class:`headcut.jobs.bench_results.BenchResult` per model (speed-up and FLOP
     ratio relative to the first) and the report ``headcut bench --json`` writes."""
 
     results: list[Any]
@@ -39,10 +40,11 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
     model and runtime, ``interleave=False`` to time one model after the other, ...), or pass ``config``.
     By default the models are timed interleaved, in rounds (all of them in memory at once), and every
     result after the first carries the interval of its per-round speed-ups and a ``within_noise`` verdict
-    (see :mod:`headcut.jobs.timing`). ``update_cards``: write the measured speed-up into the model
+    (see :mod:`headcut.jobs.bench_run`). ``update_cards``: write the measured speed-up into the model
     card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
-    from .timing import bench as run_bench
-    from .timing import report_json
+    # torch is imported with the timing, not at ``import headcut``
+    from .bench_results import report_json
+    from .bench_run import bench as run_bench
 
     with values():
         if config is None:
@@ -80,7 +82,7 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
                      "under load")
     cards: list[Path] = []
     if update_cards:
-        from .timing import device_name
+        from .bench_results import device_name
         from ..outputs.modelcard import update_speed
 
         threads = f", {results[0].threads} threads" if results and config.device == "cpu" else ""

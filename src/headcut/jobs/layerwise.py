@@ -1,5 +1,5 @@
 """``headcut prune --layerwise``: the prune job on a checkpoint read one layer at a time
-(:mod:`headcut.model.layerwise`), chosen by the user or automatically when the model would not fit
+(:mod:`headcut.model.streamed`), chosen by the user or automatically when the model would not fit
 ``max_memory``.
 
 The result's ``model`` is the cut model on the meta device (its structure, config and record, no weights):
@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from ..arguments import checked
+from ..devices import available_memory, gib, parse_size
 from ..errors import HeadcutError, label
-from ..model import layerwise as lw
+from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
+from ..model.streamed_cut import write_layerwise
+from ..model.tensor_files import DTYPE_BYTES
 from ..outputs.files import OutputDir
 from ..progress import Reporter, quiet
+from ..scoring.layerwise import LAYERWISE_SCORERS, score_layerwise, spill_folder
 from .prune import Pruned
 
 
@@ -31,8 +35,8 @@ def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, r
 
     L = label
     chosen = get_method(method)
-    if not isinstance(chosen, ScoreMethod) or chosen.rescoring or chosen.scorer not in lw.LAYERWISE_SCORERS:
-        able = ", ".join(lw.LAYERWISE_SCORERS)
+    if not isinstance(chosen, ScoreMethod) or chosen.rescoring or chosen.scorer not in LAYERWISE_SCORERS:
+        able = ", ".join(LAYERWISE_SCORERS)
         return (f"method {method} needs the whole model; the methods that run layer-wise ({L('layerwise')}) are the "
                 f"one-shot {able}")
     if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
@@ -68,9 +72,9 @@ def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Cho
     """Layer-wise when asked, or when the checkpoint (times 1.25: activations and the working copy) would not fit
     ``max_memory`` (default: the machine's available memory) and the request can run layer-wise; refuses a
     request that cannot, for a checkpoint larger than the limit."""
-    limit = lw.parse_size(max_memory) if max_memory is not None else lw.available_memory()
-    where = f"{label('max_memory')} {lw.gib(limit)}" if max_memory is not None else \
-        f"the {lw.gib(limit)} of memory available"
+    limit = parse_size(max_memory) if max_memory is not None else available_memory()
+    where = f"{label('max_memory')} {gib(limit)}" if max_memory is not None else \
+        f"the {gib(limit)} of memory available"
     if layerwise:
         if can is not None:
             raise HeadcutError(can)
@@ -81,9 +85,9 @@ def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Cho
     if size * 1.25 <= limit:
         return Choice(False, "", limit)
     if can is None:
-        return Choice(True, f"automatic: the checkpoint's {lw.gib(size)} would not fit {where} whole", limit)
+        return Choice(True, f"automatic: the checkpoint's {gib(size)} would not fit {where} whole", limit)
     if size > limit:
-        raise HeadcutError(f"{model} holds {lw.gib(size)} of weights, more than {where}; {can}")
+        raise HeadcutError(f"{model} holds {gib(size)} of weights, more than {where}; {can}")
     return Choice(False, "", limit)
 
 
@@ -95,7 +99,7 @@ class LayerwisePruned(Pruned):
     config_obj: Any = None
     model_cls: Any = None
     gqa: str = "auto"
-    stats: lw.LayerwiseStats = field(default_factory=lw.LayerwiseStats)
+    stats: LayerwiseStats = field(default_factory=LayerwiseStats)
     progress: Reporter = field(default_factory=quiet)
     #: FLAP's bias compensation: each block's mean output-projection input (None: no compensation)
     means: dict[str, Any] | None = None
@@ -124,12 +128,12 @@ class LayerwisePruned(Pruned):
         report = self.report
         report["out"] = str(target.path)
         try:
-            fresh = lw.StreamedModel.open(self.folder, self.config_obj, self.model_cls)
+            fresh = StreamedModel.open(self.folder, self.config_obj, self.model_cls)
             cuts = plan_cuts(resolve_mask(self.mask.to_json(), fresh.blocks), fresh.blocks, self.gqa)
             before, after, compensate = self._compensation(fresh)
             with target.staging(need=fresh.stored_bytes(self.model)) as tmp:
                 with self.progress.task("cutting and writing, layer by layer", len(fresh.layers), "layers") as bar:
-                    lw.write_layerwise(fresh, cuts, tmp, self.stats, progress=lambda d, t: bar.update(d, t),
+                    write_layerwise(fresh, cuts, tmp, self.stats, progress=lambda d, t: bar.update(d, t),
                                        before_cut=before, after_cut=after)
                 if compensate is not None:
                     compensate()
@@ -150,7 +154,7 @@ class LayerwisePruned(Pruned):
         return SavedModel(Path(target.path), notes, form)
 
 
-    def _compensation(self, fresh: lw.StreamedModel) -> tuple[Any, Any, Any]:
+    def _compensation(self, fresh: StreamedModel) -> tuple[Any, Any, Any]:
         """The write pass's hooks of FLAP's bias compensation (None without): each layer's bias increments from
         its uncut weights, added after its cut; and the final check of the compensated model's names."""
         if self.means is None:
@@ -197,9 +201,9 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     folder, _, config_obj, cls, _, own = open_checkpoint(g["model"], g["task"], g["allow_pickle"],
                                                          g["trust_remote_code"])
     assert folder is not None
-    stats = lw.LayerwiseStats(max_memory=choice.max_memory, reason=choice.reason)
+    stats = LayerwiseStats(max_memory=choice.max_memory, reason=choice.reason)
     with progress.step(f"reading the structure of {g['model']} (no weights)"):
-        streamed = lw.StreamedModel.open(folder, config_obj, cls, new_head=g["task"] is not None and not own)
+        streamed = StreamedModel.open(folder, config_obj, cls, new_head=g["task"] is not None and not own)
     stats.layers = len(streamed.layers)
     stats.layer_bytes = max(streamed.layer_bytes(i) for i in range(len(streamed.layers)))
     stats.checkpoint_bytes = checkpoint_bytes(folder)
@@ -217,15 +221,15 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     batches = cal.batches if cal is not None else None
     score_config = method.score_config(request.config, options)
     outside = streamed.outside_layers()
-    element = lw.DTYPE_BYTES.get(streamed.checkpoint.dtypes[outside[0][1]], 4) if outside else 4
+    element = DTYPE_BYTES.get(streamed.checkpoint.dtypes[outside[0][1]], 4) if outside else 4
     width = int(getattr(streamed.model.config, "hidden_size", 0) or 0)
-    stats.activation_bytes = lw.activation_bytes(batches or [], width, element) if width else 0
+    stats.activation_bytes = activation_bytes(batches or [], width, element) if width else 0
     # inputs and outputs of one layer beside two copies of the largest layer
     spill = 2 * stats.activation_bytes + 2 * stats.layer_bytes > choice.max_memory
     stats.activations = "disk" if spill else "memory"
-    with lw.spill_folder(None) as tmp:
+    with spill_folder(None) as tmp:
         with progress.task("scoring, layer by layer", len(streamed.layers), "layers") as bar:
-            scores = lw.score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
+            scores = score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
                                         progress=lambda d, t: bar.update(d, t), means=means)
 
     class Fixed:

@@ -130,9 +130,9 @@ def prune(
     deep cut can spend more of its steps on the heads it keeps in the end.
     ``refit``: after the cut (before any
     recovery), refit each kept block's output projection by
-    least squares to the unpruned model's output on ``data`` (:mod:`headcut.model.refit`); the report's ``refit``
+    least squares to the unpruned model's output on ``data`` (:mod:`headcut.pruning.refit`); the report's ``refit``
     has the fit errors, and ``metric.after_refit`` the refitted model's metric. ``layerwise``: read the checkpoint
-    one layer at a time (:mod:`headcut.model.layerwise`: a one-shot method of a forward-only scorer on a local
+    one layer at a time (:mod:`headcut.model.streamed`: a one-shot method of a forward-only scorer on a local
     safetensors folder; memory flat in depth); also chosen automatically when the checkpoint would not fit
     ``max_memory`` (``12GB``, ``12GiB``, bytes; default: the machine's available memory); the report's
     ``layerwise`` says which path ran and its peak memory, and the result's model is then on the meta device
@@ -584,9 +584,9 @@ def _compensation_note(blocks: int, field: str | None) -> str:
 
 def _refit(model: nn.Module, teacher: nn.Module, cal: Calibration | None, eval_cal: Calibration | None,
            progress: Reporter, metric: str | None, device: Any) -> tuple[Any, float | None]:
-    """:func:`headcut.model.refit.refit_outputs` of the slimmed ``model`` on ``cal`` against ``teacher`` (the
+    """:func:`headcut.pruning.refit.refit_outputs` of the slimmed ``model`` on ``cal`` against ``teacher`` (the
     unpruned model), and the refitted model's metric on ``eval_cal`` (None without)."""
-    from ..model.refit import refit_outputs
+    from ..pruning.refit import refit_outputs
     from ..pruning import eval_metric
 
     if cal is None:

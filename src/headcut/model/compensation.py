@@ -27,7 +27,7 @@ from torch import nn
 
 from ..adapters import Block, adapter_for
 from ..errors import HeadcutError
-from .refit import weight_out_in
+from .projections import weight_out_in
 
 def bias_field(model: nn.Module, blocks: list[Block]) -> str | None:
     """The config field to turn on so that every output projection of ``blocks`` has a bias: None where they all

@@ -31,7 +31,7 @@ import torch
 import transformers
 from torch import nn
 
-from . import runtime
+from ..adapters import runtime
 from ..adapters import MISSING, Adapter, adapter_for, adapter_for_config, adapter_for_model_type, runtime_mixins
 from ..catalog import TASKS
 from ..errors import HeadcutError, first_line

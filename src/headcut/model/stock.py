@@ -35,6 +35,8 @@ from torch import nn
 
 from ..adapters import adapter_for
 from ..adapters.base import Block, StockSpec
+from ..config import BenchConfig
+from .inputs import make_inputs
 
 #: relative tolerance of the check forward, by dtype family
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6}
@@ -81,7 +83,7 @@ def original_class(model: nn.Module) -> type:
 
 def auto_class_name(config: Any, cls_name: str) -> str:
     """The most specific Auto class that maps ``config``'s model type to ``cls_name`` (``AutoModel`` at worst)."""
-    from .loading import auto_classes
+    from .loading import auto_classes  # loading imports this module
 
     matches = sorted(auto for auto, name in auto_classes(config).items() if name == cls_name)
     specific = [a for a in matches if a != "AutoModel"]
@@ -113,7 +115,7 @@ def _cause(exc: BaseException) -> str:
 def _stock_config(config: Any, spec: StockSpec, counts: tuple[int, int, int]) -> tuple[Any, list[str]]:
     """The stock config holding ``counts`` (the family's own config class, else a fallback), and the reasons
     each refused config gave."""
-    from .loading import quiet_transformers
+    from .loading import quiet_transformers  # loading imports this module
 
     heads, kv_heads, head_dim = counts
     base = config.to_dict()
@@ -190,9 +192,6 @@ def _outputs(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def _check_forward(model: nn.Module, stock: nn.Module) -> str | None:
     """Why ``stock`` does not compute what ``model`` computes on a few synthetic tokens, or None."""
-    from ..config import BenchConfig
-    from ..jobs.timing import make_inputs
-
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in make_inputs(model, BenchConfig(batch_size=1, seq_len=8, seed=0)).items()}
     was_training = model.training
@@ -240,7 +239,7 @@ def stock_form(model: nn.Module, verify: bool = True, meta: bool = False) -> Che
     stock_config, refusals = _stock_config(config, spec, counts)
     if stock_config is None:
         return headcut_form(f"{counts[0]} query heads of size {counts[2]} in every block: " + "; ".join(refusals))
-    from .loading import auto_classes
+    from .loading import auto_classes  # loading imports this module
 
     stock_name = auto_classes(stock_config).get(auto)
     stock_cls = getattr(transformers, stock_name, None) if stock_name else None

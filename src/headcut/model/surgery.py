@@ -17,7 +17,7 @@ from torch import nn
 from .. import __version__
 from ..adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
 from .masks import HeadMask, plan_cuts, resolve_mask
-from .runtime import RUNTIME_FORMAT, apply_ops
+from ..adapters.runtime import RUNTIME_FORMAT, apply_ops
 
 RECORD_FORMAT = 1
 

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..adapters import Block
 from ..errors import HeadcutError
-from ..model.refit import output_projections, weight_out_in
+from ..model.projections import output_projections, weight_out_in
 from .attention_maps import real_queries
 from .base import Batch, Progress, RawScores, ScoreConfig, Scorer, batch_size, calibration, model_device, scoring_mode
 

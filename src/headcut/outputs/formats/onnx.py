@@ -48,7 +48,7 @@ from torch import nn
 
 from ...errors import HeadcutError
 from ...extras import imported, installed
-from ...model.runtime import CACHE_KEYWORDS, returned_cache
+from ...adapters.runtime import CACHE_KEYWORDS, returned_cache
 from ...model.surgery import weights_bytes
 
 #: the largest max abs difference from PyTorch (float32) an export may have

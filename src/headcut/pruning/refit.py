@@ -37,7 +37,10 @@ from torch import nn
 from ..adapters.base import Block
 from ..data.tasks import Calibration
 from ..errors import HeadcutError
-from .runtime import _is_transposed
+from ..model.projections import output_projections, set_weight, weight_out_in
+from ..model.surgery import model_blocks
+from ..scoring.attention_maps import real_queries
+from ..scoring.base import model_device, scoring_mode, to_device
 
 #: the default ridge, relative to the mean diagonal of ``Z^T Z``
 RIDGE = 1e-2
@@ -76,30 +79,6 @@ class RefitResult:
 
 class _Reached(Exception):
     """Raised by a hook to stop a forward pass once the block being fitted has run."""
-
-
-def weight_out_in(mod: nn.Module) -> torch.Tensor:
-    """The projection's weight as (out features, in features)."""
-    return mod.weight.t() if _is_transposed(mod) else mod.weight
-
-
-def _set_weight(mod: nn.Module, w_out_in: torch.Tensor, bias: torch.Tensor | None) -> None:
-    with torch.no_grad():
-        mod.weight.copy_((w_out_in.t() if _is_transposed(mod) else w_out_in).to(mod.weight.dtype))
-        if bias is not None and getattr(mod, "bias", None) is not None:
-            mod.bias.copy_(bias.to(mod.bias.dtype))
-
-
-def output_projections(model: nn.Module, blocks: list[Block]) -> list[tuple[nn.Module, list[Block]]]:
-    """The output projections of ``blocks`` with the blocks that call each (several where shared)."""
-    base = model.base_model
-    out: dict[int, tuple[nn.Module, list[Block]]] = {}
-    for block in blocks:
-        mod = base.get_submodule(block.o)
-        if not hasattr(mod, "weight"):
-            raise HeadcutError(f"the output projection {block.o!r} of block {block.name} has no weight")
-        out.setdefault(id(mod), (mod, []))[1].append(block)
-    return list(out.values())
 
 
 def _forward_order(model: nn.Module, groups: list[tuple[nn.Module, list[Block]]], batch: dict[str, Any]) -> list[int]:
@@ -147,10 +126,6 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
     """Refit the output projections of ``model`` (a cut, slimmed copy of ``teacher``) in place so that each
     block's output matches ``teacher``'s on ``calibration``'s real tokens (see the module's doc). Both models
     must be on one device; their modes are restored afterwards. ``progress(done, total)``: batches passed."""
-    from .. import model_blocks
-    from ..scoring.attention_maps import real_queries
-    from ..scoring.base import model_device, scoring_mode, to_device
-
     if not ridge > 0:
         raise HeadcutError(f"refit: ridge must be > 0 (got {ridge})")
     if not calibration.batches:
@@ -214,7 +189,7 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
 
             before, after = error(theta0), error(theta)
             if after < before:  # the fit can only lower the error on its own tokens; guard against round-off
-                _set_weight(mod, theta[:w0.shape[1]].T, theta[-1] if has_bias else None)
+                set_weight(mod, theta[:w0.shape[1]].T, theta[-1] if has_bias else None)
             else:
                 after = before
             result.refitted.append(RefitBlock([b.name for b in blocks], blocks[0].heads, before, after))
