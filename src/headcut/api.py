@@ -22,7 +22,7 @@ headcut.bench(["model/", "slim/"], device="cpu")
   ``tokenizer=``).
 * **Results** carry ``report``: the dict the command's ``--json`` writes. Those of commands that write a
   model have ``save(out, force=False)``: atomic, with the command line's checks (see
-  :mod:`headcut.outputs.files`); ``force`` replaces only a folder headcut wrote.
+  :mod:`headcut.files`); ``force`` replaces only a folder headcut wrote.
 * ``progress``: a :class:`headcut.progress.Reporter` (default: silent).
 * **Errors**: every refusal is a :class:`~headcut.errors.HeadcutError`. Each function checks its arguments
   first (:mod:`headcut.arguments`), before anything is loaded, read or written: a wrong kind of value is a

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..outputs.reports import STOPPED
-from ..outputs.reports import metric_text as _fmt
+from ..pruning.base import metric_text as _fmt
 
 
 def _mib(n: int | None) -> str:

@@ -25,7 +25,9 @@ from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
 from ..errors import HeadcutError, first_line, label
 from ..outputs.formats import check_formats
-from ..outputs.files import OutputDir, check_paths, real_path
+from ..files.atomic import OutputDir
+from ..files.plan import check_paths
+from ..files.names import real_path
 from ..progress import Reporter, Task
 from ..outputs.reports import PRUNE_REPORT, weights_bytes
 
@@ -272,7 +274,7 @@ def _setup_error(exc: Exception) -> tuple[str, bool]:
     if isinstance(exc, HeadcutError):
         return Exception.__str__(exc), True
     if isinstance(exc, OSError):
-        from ..outputs.files import file_error
+        from ..files.space import file_error
 
         error = file_error(exc)
         if error is not None:
@@ -288,7 +290,7 @@ def weights_digest(model: nn.Module) -> str:
     """A digest of ``model``'s weights: every name, dtype and shape, and the first :data:`SAMPLED_VALUES` values
     of each tensor (two copies of different checkpoints differ there; reading every weight would cost seconds a
     gigabyte)."""
-    from ..training.engine import digest
+    from ..training.checkpoint import digest
 
     return digest({name: [str(t.dtype), list(t.shape),
                           None if t.is_meta else t.detach().reshape(-1)[:SAMPLED_VALUES].cpu()]
@@ -313,7 +315,7 @@ def run_fingerprint(settings: Mapping[str, Any], models: Mapping[str, nn.Module 
     digest of its batches (the digest a resume checkpoint records), and ``found`` (what the process found in
     its resume checkpoint folder, with ``resume``)."""
     from .. import __version__
-    from ..training.engine import digest
+    from ..training.checkpoint import digest
 
     out = {"ran headcut": __version__, "ran torch": torch.__version__}
     for name, value in settings.items():
@@ -331,7 +333,7 @@ def run_fingerprint(settings: Mapping[str, Any], models: Mapping[str, nn.Module 
 def checkpoint_found(checkpoint_dir: str | os.PathLike[str] | None) -> str:
     """What a resumed run found in its checkpoint folder, for :func:`run_fingerprint` (every process of the run
     must find the same: a folder that only one machine has is refused before the work)."""
-    from ..training.engine import has_checkpoint
+    from ..training.checkpoint import has_checkpoint
 
     found = checkpoint_dir is not None and has_checkpoint(checkpoint_dir)
     return "a resume checkpoint" if found else "no resume checkpoint"

@@ -18,7 +18,7 @@ from typing import Any
 from ..arguments import checked
 from ..errors import HeadcutError, label
 from ..model import layerwise as lw
-from ..outputs.files import OutputDir
+from ..files.atomic import OutputDir
 from ..progress import Reporter, quiet
 from .prune import Pruned
 
@@ -108,7 +108,7 @@ class LayerwisePruned(Pruned):
         from ..model.loading import SavedModel, finish_checkpoint
         from ..model.masks import plan_cuts, resolve_mask
         from ..model.stock import stock_form
-        from ..outputs.files import check_paths
+        from ..files.plan import check_paths
         from ..outputs.modelcard import write_card
         from ..outputs.reports import weights_bytes
 

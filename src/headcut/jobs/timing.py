@@ -102,7 +102,7 @@ from ..config import BenchConfig
 from ..errors import HeadcutError, first_line
 from ..model.runtime import returned_cache
 from ..model.surgery import count_params, weights_bytes
-from ..outputs.files import scratch_folder
+from ..files.leftovers import scratch_folder
 
 #: ``--dtype`` values
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -879,7 +879,7 @@ def _spill_hint() -> str:
 
 def check_spill_room(folder: Path, activation_bytes: int) -> None:
     """Refuse, before scoring, to spill activations to ``folder`` when its disk cannot hold them."""
-    from ..outputs.files import free_space, space_error
+    from ..files.space import free_space, space_error
 
     free, need = free_space(folder), spill_need(activation_bytes)
     if free is not None and free < need:
@@ -889,7 +889,7 @@ def check_spill_room(folder: Path, activation_bytes: int) -> None:
 def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutError:
     """The one-line error of activations that could not be spilled to ``folder`` (a full disk, most likely), naming
     the temporary folder the user chose (TMPDIR), not headcut's scratch folder in it."""
-    from ..outputs.files import write_error
+    from ..files.space import write_error
 
     where = folder.parent
     error = write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None,
@@ -900,6 +900,6 @@ def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutErr
 def spill_folder(parent: Path | None) -> Any:
     """A private temporary folder for spilled activations, ``headcut-activations-PID-*`` (removed afterwards; those a
     killed run left are removed first)."""
-    from ..outputs.files import scratch_folder
+    from ..files.leftovers import scratch_folder
 
     return scratch_folder("activations", parent)

@@ -35,7 +35,10 @@ from . import runtime
 from ..adapters import MISSING, Adapter, adapter_for, adapter_for_config, adapter_for_model_type, runtime_mixins
 from ..catalog import TASKS
 from ..errors import HeadcutError, first_line
-from ..outputs.files import OutputDir, check_paths, inside, os_error
+from ..files.atomic import OutputDir
+from ..files.plan import check_paths
+from ..files.names import inside
+from ..files.space import os_error
 from .record import check_record, expected_values
 from .stock import CheckpointForm, stock_form
 from ..sources import looks_like_path
@@ -694,11 +697,11 @@ def save(
     trust_remote_code: bool = False,
     form: CheckpointForm | None = None,
 ) -> SavedModel:
-    """Save ``model`` to ``out`` atomically (temporary folder, then rename); see :mod:`headcut.outputs.files`.
+    """Save ``model`` to ``out`` atomically (temporary folder, then rename); see :mod:`headcut.files`.
 
     ``source`` is the checkpoint folder the model came from (its tokenizer files are copied, see
     :func:`copy_side_files`); ``extra`` may write more files (a report) into the temporary folder
-    before the rename. ``out`` may be an :class:`~headcut.outputs.files.OutputDir` the caller checked and
+    before the rename. ``out`` may be an :class:`~headcut.files.atomic.OutputDir` the caller checked and
     locked before its work; a path is checked and locked here. ``force`` replaces an existing folder
     only if headcut wrote it. ``form``: how to write it (default: :func:`headcut.model.stock.stock_form`, a
     plain transformers checkpoint when the cut allows it)."""

@@ -86,11 +86,11 @@ from ..model.gating import HeadGates
 from ..model.layer_cache import LayerReplay
 from ..learned.dqn import Agent, Transition
 from ..model.masks import HeadMask
-from ..outputs.reports import metric_text as _fmt
 from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer
 from .base import PruneResult, TrajectoryPoint, seed_in_range
+from .base import metric_text as _fmt
 from .method import MethodBase, Problem, Summary
 from .search import Budget, keep_from_sparsity
 from .units import BlockSet
