@@ -165,7 +165,7 @@ def test_safetensors_full_disk_error_is_one_line(tmp_path, model, monkeypatch):
     """safetensors' own error (not an OSError) when the disk fills up while the weights are written."""
     from safetensors import SafetensorError
 
-    from headcut.model import loading
+    from headcut.model import saving as loading
 
     write = loading.write_checkpoint
 

@@ -28,7 +28,7 @@ headcut.bench(["model/", "slim/"], device="cpu")
   first (:mod:`headcut.arguments`), before anything is loaded, read or written: a wrong kind of value is a
   ``HeadcutTypeError`` (also a ``TypeError``), a value that cannot work a ``HeadcutValueError`` (also a
   ``ValueError``), and the message names the keyword. ``headcut.load`` and ``headcut.save`` are
-  :func:`headcut.model.loading.load` and :func:`headcut.model.loading.save` with the same checks.
+  :func:`headcut.model.loading.load` and :func:`headcut.model.saving.save` with the same checks.
 
 The command line is a thin layer over these functions: it parses, calls one of them and renders the
 result, so the same arguments give the same result (and report) either way.

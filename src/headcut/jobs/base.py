@@ -20,6 +20,7 @@ from torch import nn
 import torch
 
 from ..model import loading as io
+from ..model import saving
 from ..arguments import checked, values
 from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
@@ -358,7 +359,7 @@ def _setting(value: Any) -> str:
 
 def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source: Path | None, force: bool,
           report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool,
-          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> io.SavedModel:
+          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> saving.SavedModel:
     """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
     ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
     import json
@@ -383,7 +384,7 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
                    has_weights="safetensors" in formats)
         (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
 
-    saved = io.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
+    saved = saving.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
                     trust_remote_code=trust_remote_code, form=form)
     if saved.notes:
         report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
@@ -419,7 +420,7 @@ class Written:
 
     @checked("Written.save")
     def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
-             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> io.SavedModel:
+             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> saving.SavedModel:
         """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
         replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
         (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
@@ -443,8 +444,8 @@ def spec_path(spec: Any) -> Any:
 
 #: :func:`headcut.model.loading.load` with its arguments checked first (``headcut.load``)
 load = checked("load")(io.load)
-#: :func:`headcut.model.loading.save` with its arguments checked first (``headcut.save``)
-save = checked("save")(io.save)
+#: :func:`headcut.model.saving.save` with its arguments checked first (``headcut.save``)
+save = checked("save")(saving.save)
 
 
 

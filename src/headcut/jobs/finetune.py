@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from ..model import loading as io
+from ..model.checks import check_checkpoint
 from ..arguments import checked, values
 from ..config import FinetuneConfig
 from ..errors import HeadcutError, label
@@ -107,7 +107,7 @@ def finetune(
                 checkpoint_dir = None  # the best weights live in memory; nothing to resume from
             data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
         if isinstance(teacher, (str, os.PathLike)):
-            io.check_checkpoint(teacher, allow_pickle)
+            check_checkpoint(teacher, allow_pickle)
         with values():
             target = None
             own_checkpoint = out is not None and checkpoint_dir is None and patience is None

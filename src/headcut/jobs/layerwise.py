@@ -50,7 +50,7 @@ def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, r
 
 def checkpoint_bytes(folder: Path) -> int:
     """The bytes of a checkpoint's safetensors files."""
-    from ..model.loading import weight_files
+    from ..model.checks import weight_files
 
     return sum(f.stat().st_size for f in weight_files(folder) if f.is_file())
 
@@ -105,7 +105,7 @@ class LayerwisePruned(Pruned):
              gguf_type: str | None = None) -> Any:
         """Read the checkpoint again layer by layer, cut and write every layer, then the config, the side files,
         the report and the model card (atomically, as any save)."""
-        from ..model.loading import SavedModel, finish_checkpoint
+        from ..model.saving import SavedModel, finish_checkpoint
         from ..model.masks import plan_cuts, resolve_mask
         from ..model.stock import stock_form
         from ..files.plan import check_paths

@@ -131,7 +131,7 @@ class Checkpoint:
     def __init__(self, folder: Path) -> None:
         from safetensors import safe_open
 
-        from .loading import weight_files
+        from .checks import weight_files
 
         self.folder = folder
         self.where: dict[str, Path] = {}
@@ -180,7 +180,7 @@ class Checkpoint:
         """The one dtype a checkpoint whose floating-point tensors are stored in several dtypes is read in, as
         transformers' ``dtype="auto"`` loads it whole (the config's ``dtype``, else the first floating-point
         tensor's of the first weight file); None when they share one dtype (read as stored)."""
-        from .loading import FLOATING
+        from .checks import FLOATING
 
         if len({d for d in self.dtypes.values() if d in FLOATING}) <= 1:
             return None
@@ -449,10 +449,10 @@ class StreamedModel:
                 self._key(f"{prefix}.{name}")
 
     def _check_tensors(self, new_head: bool = False) -> None:
-        """Refuse what the whole-model loader refuses (:func:`headcut.model.loading.check_loading`), from the
+        """Refuse what the whole-model loader refuses (:func:`headcut.model.checks.check_loading`), from the
         checkpoint's headers: a tensor the model needs that the checkpoint lacks (an output head tied to the
         embeddings excepted), one of another shape, or one the model does not use."""
-        from .loading import check_dtypes, check_loading
+        from .checks import check_dtypes, check_loading
 
         tied = getattr(self.model, "all_tied_weights_keys", None) or {}
         expected = self.model.state_dict()
