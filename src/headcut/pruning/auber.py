@@ -80,6 +80,7 @@ from torch import nn
 from ..config import DistillOptions, PruneConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError, label
+from ..formatting import metric_text as _fmt
 from ..model.evaluation import evaluate
 from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..model.gating import HeadGates
@@ -90,7 +91,6 @@ from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer
 from .base import PruneResult, TrajectoryPoint, seed_in_range
-from .base import metric_text as _fmt
 from .method import MethodBase, Problem, Summary
 from .search import Budget, keep_from_sparsity
 from .units import BlockSet

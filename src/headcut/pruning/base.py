@@ -133,11 +133,6 @@ class Metric:
     measure: Callable[[HeadMask], float]
 
 
-def metric_text(value: float | None) -> str:
-    """A metric as the summaries show it (4 decimals; ``-`` for none)."""
-    return "-" if value is None else f"{value:.4f}"
-
-
 def eval_metric(model: nn.Module, calibration: Calibration, progress: PruneProgress | None = None) -> Metric:
     """The primary metric of :func:`headcut.evaluate` on ``calibration``, with the heads outside the
     mask gated to zero (exact: the slimmed model computes the same outputs). BLEU is not generated."""

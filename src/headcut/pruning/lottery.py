@@ -54,6 +54,7 @@ from torch import nn
 from ..config import DistillOptions, PruneConfig, ScoreConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError
+from ..formatting import metric_text as _fmt
 from ..model.evaluation import evaluate
 from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..model.gating import HeadGates
@@ -63,7 +64,6 @@ from ..training.checkpoint import atomic_save, check_optimizer, check_scheduler,
 from ..training.engine import EarlyStopping, Trainer, TrainingDiverged
 from ..training.finite import first_nonfinite
 from .base import PruneResult, TrajectoryPoint, score_masked, seed_in_range
-from .base import metric_text as _fmt
 from .method import MethodBase, Problem, Summary
 from .search import Budget, remove_step
 from .units import UnitState
