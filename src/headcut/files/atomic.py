@@ -29,7 +29,6 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 
-
 def headcut_wrote(folder: Path) -> bool:
     """Whether ``folder`` holds a headcut report or a config.json with a headcut record."""
     if any((folder / name).is_file() for name in REPORT_FILES):
@@ -61,6 +60,7 @@ def _probe_folder(folder: Path, what: str) -> None:
         os.close(fd)
         os.unlink(probe)
 
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -76,6 +76,7 @@ def _usual_modes(folder: Path) -> None:
             if p.is_file() and not p.is_symlink():
                 p.chmod(0o666 & ~mask)
         folder.chmod(0o777 & ~mask)
+
 
 class OutputDir:
     """A folder written as a whole (``--out``): checked up front, locked, written atomically.

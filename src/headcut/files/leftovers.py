@@ -27,6 +27,7 @@ def pid_alive(pid: int) -> bool:
         return False
     return True
 
+
 def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)

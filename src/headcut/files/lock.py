@@ -18,6 +18,7 @@ try:  # POSIX; elsewhere RunLock falls back to an exclusive-create pid file
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
+
 class RunLock:
     """An exclusive lock on an output path, held for the whole run (``.NAME.headcut-lock`` beside it).
 

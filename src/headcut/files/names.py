@@ -22,7 +22,7 @@ NAME_MAX = 255
 EMBED_MAX = 200
 #: the longest suffix a temporary file keeps of its target's name (bytes)
 SUFFIX_MAX = 16
-#: seconds between the lines a write to a named pipe with no reader prints while it waits
+
 
 def _cut(name: str, size: int) -> str:
     """The longest start of ``name`` whose encoded form has at most ``size`` bytes."""
@@ -51,6 +51,7 @@ def temp_suffix(name: str) -> str:
     suffix = Path(name).suffix
     return suffix if len(os.fsencode(suffix)) <= SUFFIX_MAX else ""
 
+
 def real_path(path: str | os.PathLike[str]) -> Path:
     """``path`` made absolute with every symbolic link resolved (also for parts that do not exist yet)."""
     return Path(path).expanduser().resolve(strict=False)
@@ -59,6 +60,7 @@ def real_path(path: str | os.PathLike[str]) -> Path:
 def inside(path: Path, folder: Path) -> bool:
     """Whether the real path ``path`` is ``folder`` or lies below it."""
     return path == folder or folder in path.parents
+
 
 def _name_max(path: Path) -> tuple[int, int]:
     """The longest name and path (bytes) the file system of ``path`` (or its nearest existing folder) takes."""

@@ -41,6 +41,7 @@ def check_paths(
             if inside(a, b) or inside(b, a):
                 raise HeadcutError(f"{flag_a} {a} and {flag_b} {b} overlap: give them separate paths")
 
+
 def local_input(value: Any) -> Path | None:
     """The local path of an input given as a path or a Hub/datasets name (None when not local)."""
     if value is None:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 
-
 #: seconds between the lines a write to a named pipe with no reader prints while it waits
 FIFO_NOTICE_S = 15.0
 

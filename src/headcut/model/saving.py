@@ -25,7 +25,6 @@ from .stock import CheckpointForm, stock_form
 HEADCUT_FILES = ("modeling_headcut.py", "headcut_runtime.py")
 
 
-
 def _runtime_source(config: Any) -> str:
     adapter = adapter_for_config(config)
     parts = [inspect.getsource(runtime)]

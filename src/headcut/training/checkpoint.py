@@ -32,6 +32,8 @@ CHECKPOINT_FORMAT = 1
 #: config fields a resumed run may change (its length, how often it evaluates and checkpoints, and the engine
 #: of a multi-process run: every engine writes the same checkpoint layout); every other field must match
 RESUME_MAY_CHANGE = ("epochs", "max_steps", "eval_every", "checkpoint_every", "engine")
+
+
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -200,6 +202,7 @@ def check_position(state: dict[str, Any], batches: int, damaged: Callable[[str],
     if not isinstance(state["history"], list):
         raise damaged("its history is not a list")
 
+
 def check_training_state(state: dict[str, Any], model: dict[str, torch.Tensor], gates: list[torch.Tensor],
                          optimizer: torch.optim.Optimizer, scheduler: Any,
                          damaged: Callable[[str], HeadcutError]) -> None:
@@ -261,6 +264,7 @@ def clear_checkpoint_dir(checkpoint_dir: str | Path) -> None:
     ckpt = Path(checkpoint_dir).expanduser()
     if ckpt.exists():
         shutil.rmtree(ckpt)
+
 
 def plain(value: Any) -> Any:
     """A log value as something ``torch.load(weights_only=True)`` reads back: numbers, str, lists."""
@@ -390,8 +394,6 @@ def read_state(path: Path, fmt: int) -> dict[str, Any]:
         found = state.get("format") if isinstance(state, dict) else None
         raise HeadcutError(f"{path}: unknown checkpoint format {shown(found)}; start over without --resume")
     return state
-
-
 
 
 def checkpoint_dir_for(out: str | os.PathLike[str]) -> Path:
