@@ -165,15 +165,15 @@ def test_safetensors_full_disk_error_is_one_line(tmp_path, model, monkeypatch):
     """safetensors' own error (not an OSError) when the disk fills up while the weights are written."""
     from safetensors import SafetensorError
 
-    from headcut.model import saving as loading
+    from headcut.model import saving
 
-    write = loading.write_checkpoint
+    write = saving.write_checkpoint
 
     def full(model, folder, *args, **kwargs):
         write(model, folder, *args, **kwargs)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(loading, "write_checkpoint", full)
+    monkeypatch.setattr(saving, "write_checkpoint", full)
     out = tmp_path / "out"
     result = run("prune", model, "--method", "magnitude", "--keep", "6", "--out", out)
     one_line_error(result, f"cannot write {out}: no space left on the device in {tmp_path}", "free before writing")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -37,8 +39,6 @@ def headcut_wrote(folder: Path) -> bool:
     if not config.is_file():
         return False
     try:
-        import json
-
         return isinstance(json.loads(config.read_text()).get("headcut"), dict)
     except (OSError, ValueError, AttributeError):
         return False
@@ -151,8 +151,6 @@ class OutputDir:
     def interrupted(self, exc: KeyboardInterrupt) -> Interrupted:
         """The stop of a run writing this output, saying what the output is now: the new, complete one (the signal
         came after it was put in place, or while it was), or the earlier one, untouched."""
-        import signal
-
         signum = int(getattr(exc, "signum", signal.SIGINT))
         if self.committed:
             return Interrupted(signum, f"{self.path} was written completely before the signal came")

@@ -7,7 +7,10 @@ The training loop that writes and resumes it is :class:`headcut.training.engine.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -259,8 +262,6 @@ def prepare_checkpoint_dir(checkpoint_dir: str | Path, resume: bool, restart: bo
 
 def clear_checkpoint_dir(checkpoint_dir: str | Path) -> None:
     """Discard the checkpoint folder of an earlier run (a fresh run that was allowed to restart)."""
-    import shutil
-
     ckpt = Path(checkpoint_dir).expanduser()
     if ckpt.exists():
         shutil.rmtree(ckpt)
@@ -282,8 +283,6 @@ def plain(value: Any) -> Any:
 
 def digest(tensors: Any) -> str:
     """A SHA-256 digest of (nested dicts/lists of) tensors and plain values, in order."""
-    import hashlib
-
     h = hashlib.sha256()
 
     def feed(value: Any) -> None:
@@ -408,8 +407,6 @@ def checkpoint_dir_for(out: str | os.PathLike[str]) -> Path:
 def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: Path | None) -> Iterator[None]:
     """The work of a job that writes ``out``: the output locked (on the main process of a data-parallel run),
     and an interruption that says where the resume checkpoint is and how to resume (training jobs)."""
-    import signal
-
     with target if main else contextlib.nullcontext():
         try:
             yield
