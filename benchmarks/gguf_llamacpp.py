@@ -39,7 +39,7 @@ import transformers
 import headcut
 import headcut_offline as offline
 from headcut.outputs.formats.gguf import export_gguf
-from headcut.model.loading import copy_side_files
+from headcut.model.saving import copy_side_files
 
 PROMPTS = [
     "The capital of France is",

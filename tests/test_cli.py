@@ -12,7 +12,7 @@ import transformers as T
 from helpers import digest, make_inputs, make_model, one_line_error, output_tensor, run
 
 import headcut
-from headcut.model import loading as hio
+from headcut.model import saving as hio
 
 
 @pytest.fixture(scope="module")

@@ -24,10 +24,11 @@ from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 from safetensors.torch import load_file, save_file
 
 import headcut
-from headcut.model import loading as hio
-from headcut.outputs import files as outputs
+from headcut.model import saving as hio
+from headcut.files import atomic as outputs
 from headcut.errors import HeadcutError
-from headcut.outputs.files import RunLock, checkpoint_dir_for
+from headcut.files.lock import RunLock
+from headcut.training.checkpoint import checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"
 REPO = Path(__file__).resolve().parent.parent
@@ -550,7 +551,7 @@ def test_signal_stops_like_ctrl_c_and_keeps_the_resume_checkpoint(sig, model_dir
 
 def test_a_killed_writer_leaves_temporaries_the_next_run_removes(model_dir, mask, tmp_path):
     out = tmp_path / "out"
-    code = (f"import os, signal\nfrom headcut.outputs.files import atomic_dir\nwith atomic_dir({str(out)!r}) as tmp:\n"
+    code = (f"import os, signal\nfrom headcut.files.atomic import atomic_dir\nwith atomic_dir({str(out)!r}) as tmp:\n"
             "    (tmp / 'half.bin').write_bytes(b'x' * 1000)\n    os.kill(os.getpid(), signal.SIGKILL)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), timeout=120)
     assert proc.returncode == -signal.SIGKILL

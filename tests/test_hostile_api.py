@@ -3,7 +3,7 @@ its arguments at the edge (:mod:`headcut.arguments`) and raises a :class:`Headcu
 ``TypeError`` (wrong kind of value) or ``ValueError`` (a value that cannot work), on one line naming the
 keyword the caller passed, before anything is loaded, read or written.
 
-Each case of the table runs with ``headcut.model.loading.load``/``save`` replaced by functions that fail the test, and
+Each case of the table runs with ``headcut.model.loading.load``/``headcut.model.saving.save`` replaced by functions that fail the test, and
 checks afterwards that the input checkpoint and the loaded model are unchanged and nothing was written."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from helpers import cls_rows, make_tokenizer, save_tiny, write_rows
 import headcut
 from headcut import api
 from headcut.model import loading as hio
+from headcut.model import saving
 from headcut.arguments import RULES
 from headcut.errors import HeadcutError, HeadcutTypeError, HeadcutValueError
 
@@ -172,7 +173,7 @@ CASES: list[tuple[str, Any, type, str]] = [
 @pytest.mark.parametrize("call,kind,keyword", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_argument_is_a_headcut_error_naming_the_keyword(ctx, tmp_path, monkeypatch, call, kind, keyword):
     monkeypatch.setattr(hio, "load", _fail)
-    monkeypatch.setattr(hio, "save", _fail)
+    monkeypatch.setattr(saving, "save", _fail)
     out = tmp_path / "out"
     before_files = sorted(p.name for p in ctx["root"].iterdir())
     before_ckpt, before_model = tree_digest(Path(ctx["M"])), params_digest(ctx["model"])
@@ -198,7 +199,7 @@ def test_bad_argument_is_a_headcut_error_naming_the_keyword(ctx, tmp_path, monke
     (lambda r, out: r.save(out, gguf_type=8), HeadcutTypeError, "gguf_type"),
 ], ids=["out-None", "force-int", "formats-item", "gguf-type-int"])
 def test_a_results_save_checks_its_arguments(exported, tmp_path, monkeypatch, call, kind, keyword):
-    monkeypatch.setattr(hio, "save", _fail)
+    monkeypatch.setattr(saving, "save", _fail)
     out = tmp_path / "out"
     with pytest.raises(kind, match=rf"^{re.escape(keyword)} must be"):
         call(exported, out)
@@ -231,7 +232,7 @@ def test_value_refusals_of_the_configurations_are_value_errors(ctx, monkeypatch)
 def test_every_public_argument_has_a_rule():
     """The table covers each parameter of each public function (a new parameter needs a rule)."""
     functions = {"prune": api.prune, "score": api.score, "finetune": api.finetune, "evaluate": api.evaluate,
-                 "export": api.export, "bench": api.bench, "info": api.info, "load": hio.load, "save": hio.save,
+                 "export": api.export, "bench": api.bench, "info": api.info, "load": hio.load, "save": saving.save,
                  "Written.save": api.Written.save, "Pruned.write_trajectory": api.Pruned.write_trajectory}
     assert set(functions) == set(RULES)
     for name, fn in functions.items():

@@ -216,7 +216,7 @@ def test_unreadable_side_file_while_saving_is_a_read_error(tiny, tmp_path, monke
 NOBODY = textwrap.dedent("""
     import os, sys
     import safetensors, safetensors.torch
-    import headcut.api, headcut.model.loading, headcut.model.masks, headcut.outputs.files
+    import headcut.api, headcut.model.loading, headcut.model.masks, headcut.files.atomic
     from headcut.errors import HeadcutError
     os.setgid(65534)
     os.setuid(65534)

@@ -23,9 +23,11 @@ import pytest
 from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 import headcut
-from headcut.outputs import files as outputs
+from headcut.files import names as outputs
 from headcut.errors import HeadcutError
-from headcut.outputs.files import OutputDir, OutputFile, RunLock, checkpoint_dir_for
+from headcut.files.atomic import OutputDir, OutputFile
+from headcut.files.lock import RunLock
+from headcut.training.checkpoint import CHECKPOINT_SUFFIX, checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"
 
@@ -361,8 +363,8 @@ def test_long_names_of_temporaries_fit_and_are_swept(tmp_path):
     with RunLock(target) as lock:
         assert lock.path.exists() and len(lock.path.name.encode()) <= 255
     ckpt = checkpoint_dir_for(target)
-    assert ckpt.parent == tmp_path and ckpt.name.endswith(outputs.CHECKPOINT_SUFFIX)
+    assert ckpt.parent == tmp_path and ckpt.name.endswith(CHECKPOINT_SUFFIX)
     assert len(ckpt.name.encode()) <= 255 and checkpoint_dir_for(target) == ckpt
     short = tmp_path / "slim"
-    assert checkpoint_dir_for(short).name == "slim" + outputs.CHECKPOINT_SUFFIX
+    assert checkpoint_dir_for(short).name == "slim" + CHECKPOINT_SUFFIX
     assert os.listdir(tmp_path) == [name]

@@ -21,7 +21,7 @@ from headcut.errors import HeadcutError
 from headcut.interrupts import Interrupted
 from headcut.devices import parse_size
 from headcut.model import streamed
-from headcut.outputs import files
+from headcut.files import atomic, names, space
 
 FAMILY, CLS = "llama", "LlamaForCausalLM"
 DATA = ["--seq-len", "16", "--max-examples", "12"]
@@ -57,9 +57,9 @@ def _leftovers(folder):
 #: right after it, or before it (while the model card is written)
 SIGNALLER = textwrap.dedent("""
     import os, signal, sys
-    from headcut.outputs import files
+    from headcut.files import atomic
     at = os.environ["SIG_AT"]
-    commit = files.OutputDir._commit
+    commit = atomic.OutputDir._commit
 
     def signalling(self, tmp, final):
         if at == "commit":
@@ -68,7 +68,7 @@ SIGNALLER = textwrap.dedent("""
         if at == "after":
             os.kill(os.getpid(), signal.SIGTERM)
 
-    files.OutputDir._commit = signalling
+    atomic.OutputDir._commit = signalling
     if at == "before":
         import headcut.outputs.modelcard as card
         write = card.write_card
@@ -110,7 +110,7 @@ def test_a_signal_at_commit_says_what_is_on_disk(tmp_path, model, at, earlier):
 
 
 def test_a_signal_at_commit_in_python(tmp_path, model, monkeypatch):
-    commit = files.OutputDir._commit
+    commit = atomic.OutputDir._commit
 
     def signalling(self, tmp, final):
         os.kill(os.getpid(), signal.SIGTERM)
@@ -119,7 +119,7 @@ def test_a_signal_at_commit_in_python(tmp_path, model, monkeypatch):
     def stop(signum, frame):
         raise Interrupted(signum)
 
-    monkeypatch.setattr(files.OutputDir, "_commit", signalling)
+    monkeypatch.setattr(atomic.OutputDir, "_commit", signalling)
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         with pytest.raises(Interrupted) as caught:
@@ -136,8 +136,8 @@ def test_a_run_killed_between_the_renames_leaves_the_earlier_output(tmp_path, mo
     out = tmp_path / "out"
     assert run("prune", model, "--method", "magnitude", "--keep", "6", "--out", out).exit_code == 0
     dead = _dead_pid()
-    out.rename(tmp_path / f".out{files.OLD_TAG}{dead}-0a1b2c3d")
-    half = tmp_path / f".out{files.TMP_TAG}{dead}-x7"
+    out.rename(tmp_path / f".out{names.OLD_TAG}{dead}-0a1b2c3d")
+    half = tmp_path / f".out{names.TMP_TAG}{dead}-x7"
     half.mkdir()
     (half / "model.safetensors").write_bytes(b"half")
     result = run("prune", model, "--method", "magnitude", "--keep", "9", "--out", out)
@@ -151,7 +151,7 @@ def test_a_run_killed_between_the_renames_leaves_the_earlier_output(tmp_path, mo
 # ---- a full disk ----------------------------------------------------------------------------------------------
 
 def test_an_output_larger_than_the_free_space_is_refused_before_writing(tmp_path, model, monkeypatch):
-    monkeypatch.setattr(files, "free_space", lambda path: 1000)
+    monkeypatch.setattr(space, "free_space", lambda path: 1000)
     out = tmp_path / "out"
     for layerwise in ([], ["--layerwise"]):
         result = run("prune", model, "--method", "magnitude", "--keep", "6", "--out", out, *layerwise)
@@ -166,15 +166,15 @@ def test_safetensors_full_disk_error_is_one_line(tmp_path, model, monkeypatch):
     """safetensors' own error (not an OSError) when the disk fills up while the weights are written."""
     from safetensors import SafetensorError
 
-    from headcut.model import loading
+    from headcut.model import saving
 
-    write = loading.write_checkpoint
+    write = saving.write_checkpoint
 
     def full(model, folder, *args, **kwargs):
         write(model, folder, *args, **kwargs)
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(loading, "write_checkpoint", full)
+    monkeypatch.setattr(saving, "write_checkpoint", full)
     out = tmp_path / "out"
     result = run("prune", model, "--method", "magnitude", "--keep", "6", "--out", out)
     one_line_error(result, f"cannot write {out}: no space left on the device in {tmp_path}", "free before writing")
@@ -191,7 +191,7 @@ def test_spilled_activations_on_a_full_disk(tmp_path, model, monkeypatch):
     args = ("prune", model, "--method", "fluctuation", "--keep", "6", "--data", tmp_path / "cal.txt", *DATA,
             "--layerwise", "--max-memory", "1KB", "--out", tmp_path / "out")
     # too little room from the start: refused before scoring
-    monkeypatch.setattr(files, "free_space", lambda path: 100)
+    monkeypatch.setattr(space, "free_space", lambda path: 100)
     one_line_error(run(*args), f"cannot spill activations to {spill}: no space left on the device",
                    "(100 bytes free, at least ", "set TMPDIR to a folder with more room")
     monkeypatch.undo()
@@ -219,7 +219,7 @@ def test_spilled_activations_on_a_full_disk(tmp_path, model, monkeypatch):
 def test_a_training_checkpoint_on_a_full_disk(tmp_path, monkeypatch):
     """torch.save turns the file's ENOSPC into a RuntimeError without an errno: the checkpoint writer keeps the
     file's own error and says what it is, in one line; no temporary stays."""
-    from headcut.training import engine
+    from headcut.training import checkpoint
 
     opened = os.fdopen
 
@@ -239,10 +239,10 @@ def test_a_training_checkpoint_on_a_full_disk(tmp_path, monkeypatch):
         def __exit__(self, *exc):
             self.file.close()
 
-    monkeypatch.setattr(engine.os, "fdopen", lambda fd, mode: Full(opened(fd, mode)))
+    monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: Full(opened(fd, mode)))
     with pytest.raises(HeadcutError, match=r"cannot write the checkpoint .*state.pt: no space left on the device in "
                                            r".*ck \(.* free before writing, at least 390.6 KiB needed\)"):
-        engine.atomic_save({"x": torch.zeros(100000)}, tmp_path / "ck" / "state.pt")
+        checkpoint.atomic_save({"x": torch.zeros(100000)}, tmp_path / "ck" / "state.pt")
     assert not (tmp_path / "ck").exists()  # the folder the write made is gone with it
 
 

@@ -22,10 +22,10 @@ import headcut
 from headcut.training import finetuning
 from headcut.config import DistillOptions, FinetuneConfig, TrainConfig
 from headcut.errors import HeadcutError
-from headcut.outputs.files import checkpoint_dir_for
+from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.pruning import lottery
 from headcut.training import CHECKPOINT_NAME, Trainer, TrainingDiverged
-from headcut.training.engine import first_nonfinite
+from headcut.training.finite import first_nonfinite
 
 CLS = "BertForSequenceClassification"
 SMALL = {"seq_len": 16, "batch_size": 4}
@@ -284,7 +284,7 @@ def test_a_damaged_lottery_state_is_refused(model_dir, train_csv, tmp_path):
 
 def test_a_model_with_a_block_cut_to_zero_heads_trains(model_dir, train_csv, tmp_path):
     """Its empty projections (zero-size weights) are no reason to stop: finiteness is checked on the rest."""
-    from headcut.training.engine import all_finite
+    from headcut.training.finite import all_finite
 
     assert all_finite([torch.zeros(0, 4), torch.ones(3)])
     assert not all_finite([torch.zeros(0, 4), torch.tensor([1.0, float("nan")])])

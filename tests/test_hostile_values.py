@@ -21,7 +21,7 @@ from helpers import cls_rows, digest, one_line_error, run, save_tiny, write_rows
 
 import headcut
 from headcut.errors import HeadcutError
-from headcut.outputs.files import checkpoint_dir_for
+from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.training import CHECKPOINT_NAME
 
 CLS = "BertForSequenceClassification"

@@ -28,7 +28,7 @@ import headcut
 from headcut.catalog import METHODS
 from headcut.data import Calibration, detect_task
 from headcut.errors import HeadcutError
-from headcut.outputs.files import checkpoint_dir_for
+from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.pruning import PruneConfig, plan_prune, prune
 from headcut.pruning.gate_training import GateOptions, Slots
 from headcut.pruning.pass_gates import PASS, PassOptions

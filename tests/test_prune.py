@@ -554,7 +554,7 @@ def test_cli_interrupt_leaves_no_output_and_no_trajectory(ckpts, data_dir, tmp_p
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(headcut.model.loading, "write_checkpoint", interrupted)
+    monkeypatch.setattr(headcut.model.saving, "write_checkpoint", interrupted)
     result = prune_cli(ckpts["bert"], data_dir, tmp_path / "out", "--method", "gradient", "--keep", "4",
                        "--eval-data", data_dir / "dev.csv", "--trajectory", tmp_path / "t.csv")
     assert result.exit_code == 130

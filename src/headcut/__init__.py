@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Pruned": "headcut.api", "Scores": "headcut.api", "Finetuned": "headcut.api", "Evaluation": "headcut.api",
     "Exported": "headcut.api", "Benchmark": "headcut.api",
     # building blocks
-    "load": "headcut.api", "save": "headcut.api", "SavedModel": "headcut.model.loading",
+    "load": "headcut.api", "save": "headcut.api", "SavedModel": "headcut.model.saving",
     "gated": "headcut.model.gating", "HeadGates": "headcut.model.gating",
     "slim": "headcut.model.surgery", "SlimResult": "headcut.model.surgery", "count_params": "headcut.model.surgery",
     "model_blocks": "headcut.model.surgery",

@@ -22,13 +22,13 @@ headcut.bench(["model/", "slim/"], device="cpu")
   ``tokenizer=``).
 * **Results** carry ``report``: the dict the command's ``--json`` writes. Those of commands that write a
   model have ``save(out, force=False)``: atomic, with the command line's checks (see
-  :mod:`headcut.outputs.files`); ``force`` replaces only a folder headcut wrote.
+  :mod:`headcut.files`); ``force`` replaces only a folder headcut wrote.
 * ``progress``: a :class:`headcut.progress.Reporter` (default: silent).
 * **Errors**: every refusal is a :class:`~headcut.errors.HeadcutError`. Each function checks its arguments
   first (:mod:`headcut.arguments`), before anything is loaded, read or written: a wrong kind of value is a
   ``HeadcutTypeError`` (also a ``TypeError``), a value that cannot work a ``HeadcutValueError`` (also a
   ``ValueError``), and the message names the keyword. ``headcut.load`` and ``headcut.save`` are
-  :func:`headcut.model.loading.load` and :func:`headcut.model.loading.save` with the same checks.
+  :func:`headcut.model.loading.load` and :func:`headcut.model.saving.save` with the same checks.
 
 The command line is a thin layer over these functions: it parses, calls one of them and renders the
 result, so the same arguments give the same result (and report) either way.

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError, is_finite, label, shown
-from .outputs.files import file_error
+from .files.space import file_error
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -286,15 +286,15 @@ def bool_or_path(name: str, value: Any) -> None:
 
 
 def output(name: str, value: Any) -> None:
-    """Where a model is written: a path, or an :class:`~headcut.outputs.files.OutputDir` checked by its maker."""
-    from .outputs.files import OutputDir
+    """Where a model is written: a path, or an :class:`~headcut.files.atomic.OutputDir` checked by its maker."""
+    from .files.atomic import OutputDir
 
     if not isinstance(value, OutputDir):
         path(name, value)
 
 
 def output_file(name: str, value: Any) -> None:
-    from .outputs.files import OutputFile
+    from .files.atomic import OutputFile
 
     if not isinstance(value, OutputFile):
         path(name, value)

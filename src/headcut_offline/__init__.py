@@ -104,7 +104,7 @@ def _convert_gguf(out: Path, label: str, model_type: str, gguf: Callable[[Path],
     (transformers undoes the GGUF conventions there: Gemma's norm weights are stored with the ``1 +`` of
     its RMSNorm added). ``gguf(tmp)`` gives the GGUF file's path; ``tmp`` is the conversion's staging folder,
     where it may write the file (deleted before the folder becomes ``out``)."""
-    from headcut.outputs.files import OutputDir
+    from headcut.files.atomic import OutputDir
 
     with (progress or quiet()).step(f"converting {label} to {out}"), OutputDir(out, owned=True) as target:
         if _complete(out):  # another process converted it while this one waited
@@ -203,7 +203,7 @@ def _write_csv(path: Path, rows: list[tuple[str, str]], what: str) -> None:
     """``rows`` as a ``text,label`` CSV file, written atomically."""
     import csv
 
-    from headcut.outputs.files import OutputFile
+    from headcut.files.atomic import OutputFile
 
     target = OutputFile(path, what)  # a temporary of this process's own, then a rename
     tmp = target.temp()

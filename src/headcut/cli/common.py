@@ -32,7 +32,9 @@ from ..catalog import GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS
 from ..errors import HeadcutError
 from ..options import OptionSpec, cli_name
 from ..interrupts import Interrupted
-from ..outputs.files import OutputDir, OutputFile, file_error, plan_outputs  # noqa: F401 (the commands use it)
+from ..files.atomic import OutputDir, OutputFile  # noqa: F401 (the commands use it)
+from ..files.space import file_error  # noqa: F401 (the commands use it)
+from ..files.plan import plan_outputs  # noqa: F401 (the commands use it)
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -265,8 +267,8 @@ def handle_errors(fn: F) -> F:
 
 @contextmanager
 def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None, log: Out) -> Iterator[None]:
-    """:func:`headcut.outputs.files.locked_output`, with the progress closed at the end."""
-    from ..outputs.files import locked_output
+    """:func:`headcut.training.checkpoint.locked_output`, with the progress closed at the end."""
+    from ..training.checkpoint import locked_output
 
     try:
         with locked_output(target, main, out, checkpoint):

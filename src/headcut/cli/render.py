@@ -10,8 +10,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from ..formatting import metric_text as _fmt
 from ..outputs.reports import STOPPED
-from ..outputs.reports import metric_text as _fmt
 
 
 def _mib(n: int | None) -> str:

@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from ..errors import HeadcutError, first_line
 from ..extras import imported
-from ..outputs.files import remove_stale_scratch, scratch_folder
+from ..files.leftovers import remove_stale_scratch, scratch_folder
 from ..sources import looks_local
 from .config import COMPRESSIONS, FILE_FORMATS, FORMAT_NAMES, DataConfig, parse_format
 
@@ -387,7 +387,7 @@ def pieces_of(chunks: Iterable[str], strip_final_newline: bool = False) -> Itera
 @contextlib.contextmanager
 def temp_folder() -> Iterator[Path]:
     """A private temporary folder ``headcut-data-PID-*``, removed on exit (those of dead runs are removed first:
-    :func:`headcut.outputs.files.scratch_folder`)."""
+    :func:`headcut.files.leftovers.scratch_folder`)."""
     with scratch_folder(TEMP_KIND) as folder:
         yield folder
 

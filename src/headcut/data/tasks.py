@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadcutError
-from ..outputs.files import os_error
+from ..files.space import os_error
 from .blocks import lm_blocks
 from .columns import Rows, label_ids, pick
 from .config import (

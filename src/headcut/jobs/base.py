@@ -20,12 +20,15 @@ from torch import nn
 import torch
 
 from ..model import loading as io
+from ..model import saving
 from ..arguments import checked, values
 from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
 from ..errors import HeadcutError, first_line, label
 from ..outputs.formats import check_formats
-from ..outputs.files import OutputDir, check_paths, real_path
+from ..files.atomic import OutputDir
+from ..files.plan import check_paths
+from ..files.names import real_path
 from ..progress import Reporter, Task
 from ..outputs.reports import PRUNE_REPORT, weights_bytes
 
@@ -272,7 +275,7 @@ def _setup_error(exc: Exception) -> tuple[str, bool]:
     if isinstance(exc, HeadcutError):
         return Exception.__str__(exc), True
     if isinstance(exc, OSError):
-        from ..outputs.files import file_error
+        from ..files.space import file_error
 
         error = file_error(exc)
         if error is not None:
@@ -288,7 +291,7 @@ def weights_digest(model: nn.Module) -> str:
     """A digest of ``model``'s weights: every name, dtype and shape, and the first :data:`SAMPLED_VALUES` values
     of each tensor (two copies of different checkpoints differ there; reading every weight would cost seconds a
     gigabyte)."""
-    from ..training.engine import digest
+    from ..training.checkpoint import digest
 
     return digest({name: [str(t.dtype), list(t.shape),
                           None if t.is_meta else t.detach().reshape(-1)[:SAMPLED_VALUES].cpu()]
@@ -313,7 +316,7 @@ def run_fingerprint(settings: Mapping[str, Any], models: Mapping[str, nn.Module 
     digest of its batches (the digest a resume checkpoint records), and ``found`` (what the process found in
     its resume checkpoint folder, with ``resume``)."""
     from .. import __version__
-    from ..training.engine import digest
+    from ..training.checkpoint import digest
 
     out = {"ran headcut": __version__, "ran torch": torch.__version__}
     for name, value in settings.items():
@@ -331,7 +334,7 @@ def run_fingerprint(settings: Mapping[str, Any], models: Mapping[str, nn.Module 
 def checkpoint_found(checkpoint_dir: str | os.PathLike[str] | None) -> str:
     """What a resumed run found in its checkpoint folder, for :func:`run_fingerprint` (every process of the run
     must find the same: a folder that only one machine has is refused before the work)."""
-    from ..training.engine import has_checkpoint
+    from ..training.checkpoint import has_checkpoint
 
     found = checkpoint_dir is not None and has_checkpoint(checkpoint_dir)
     return "a resume checkpoint" if found else "no resume checkpoint"
@@ -356,7 +359,7 @@ def _setting(value: Any) -> str:
 
 def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source: Path | None, force: bool,
           report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool,
-          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> io.SavedModel:
+          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> saving.SavedModel:
     """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
     ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
     import json
@@ -381,7 +384,7 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
                    has_weights="safetensors" in formats)
         (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
 
-    saved = io.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
+    saved = saving.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
                     trust_remote_code=trust_remote_code, form=form)
     if saved.notes:
         report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
@@ -417,7 +420,7 @@ class Written:
 
     @checked("Written.save")
     def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
-             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> io.SavedModel:
+             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> saving.SavedModel:
         """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
         replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
         (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
@@ -441,8 +444,8 @@ def spec_path(spec: Any) -> Any:
 
 #: :func:`headcut.model.loading.load` with its arguments checked first (``headcut.load``)
 load = checked("load")(io.load)
-#: :func:`headcut.model.loading.save` with its arguments checked first (``headcut.save``)
-save = checked("save")(io.save)
+#: :func:`headcut.model.saving.save` with its arguments checked first (``headcut.save``)
+save = checked("save")(saving.save)
 
 
 

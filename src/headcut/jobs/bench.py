@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..model import loading as io
+from ..model.checks import check_checkpoint
 from ..arguments import checked, values
 from ..config import BenchConfig
 from ..errors import HeadcutError
@@ -58,7 +58,7 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
         notes = config.validate()
     for m in models:  # refuse a missing folder before spending minutes on the others
         if isinstance(m, (str, os.PathLike)):
-            io.check_checkpoint(m, allow_pickle)
+            check_checkpoint(m, allow_pickle)
     progress = progress or quiet()
     tasks: dict[tuple[int, str], Task] = {}
 

@@ -18,7 +18,7 @@ from ..errors import HeadcutError, first_line
 from ..model.inputs import check_positions, describe_inputs, make_inputs
 from ..model.measure import count_flops, time_calls
 from ..model.surgery import count_params
-from ..outputs.files import scratch_folder
+from ..files.leftovers import scratch_folder
 from ..outputs.formats.onnx import ONNX_FILE, OnnxRunner, export_onnx
 from .bench_results import BenchResult, GenerationResult
 from .bench_rows import (

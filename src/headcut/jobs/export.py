@@ -12,7 +12,7 @@ from ..arguments import checked, values
 from ..errors import HeadcutError, label
 from ..outputs.formats import check_formats, parse_formats
 from ..model.masks import HeadMask, check_mask
-from ..outputs.files import real_path
+from ..files.names import real_path
 from ..progress import quiet
 from ..outputs.reports import export_report
 from .base import ModelLike, Written, load_model, plain_arguments
@@ -39,7 +39,7 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
     paths checked and locked before the model is loaded (``headcut export --out``)."""
     import contextlib
 
-    from ..outputs.files import plan_outputs
+    from ..files.plan import plan_outputs
 
     from ..catalog import GQA_POLICIES
     from ..model.masks import read_mask_file

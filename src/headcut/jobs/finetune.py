@@ -12,12 +12,12 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from ..model import loading as io
+from ..model.checks import check_checkpoint
 from ..arguments import checked, values
 from ..config import FinetuneConfig
 from ..errors import HeadcutError, label
 from ..outputs.formats import check_formats, parse_formats
-from ..outputs.files import real_path
+from ..files.names import real_path
 from ..progress import Reporter, quiet
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
 from .base import (
@@ -74,7 +74,8 @@ def finetune(
     ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.outputs.formats`). ``out``/``force``: save the
     result there, the paths checked and locked before any work (see :func:`prune`; ``headcut finetune --out``)."""
     from ..training.finetuning import finetune as run_finetune
-    from ..outputs.files import checkpoint_dir_for, locked_output, plan_outputs
+    from ..training.checkpoint import checkpoint_dir_for, locked_output
+    from ..files.plan import plan_outputs
 
     agreement = Agreement()  # several processes: they agree before training, or all stop with one line
     with agreement.guard():
@@ -106,7 +107,7 @@ def finetune(
                 checkpoint_dir = None  # the best weights live in memory; nothing to resume from
             data_spec, eval_spec = data_specs(data, eval_data, split, eval_split, data_options, seed)
         if isinstance(teacher, (str, os.PathLike)):
-            io.check_checkpoint(teacher, allow_pickle)
+            check_checkpoint(teacher, allow_pickle)
         with values():
             target = None
             own_checkpoint = out is not None and checkpoint_dir is None and patience is None
@@ -120,7 +121,7 @@ def finetune(
                     out=Path(out), force=force, checkpoint=checkpoint_dir_for(out))
                 restart = restart or force
             if checkpoint_dir is not None:
-                from ..training.engine import prepare_checkpoint_dir
+                from ..training.checkpoint import prepare_checkpoint_dir
 
                 prepare_checkpoint_dir(checkpoint_dir, resume, restart)
             elif resume:
@@ -154,7 +155,7 @@ def finetune(
                 if c is not None:
                     notes += [f"{what}: {n}" for n in c.notes]
             if checkpoint_dir is not None and dist.main and not resume:
-                from ..training.engine import clear_checkpoint_dir
+                from ..training.checkpoint import clear_checkpoint_dir
 
                 clear_checkpoint_dir(checkpoint_dir)
             from ..training.parallel import resolve_engine

@@ -21,7 +21,7 @@ from ..errors import HeadcutError, label
 from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
 from ..model.streamed_cut import write_layerwise
 from ..model.tensor_files import DTYPE_BYTES
-from ..outputs.files import OutputDir
+from ..files.atomic import OutputDir
 from ..progress import Reporter, quiet
 from ..scoring.layerwise import LAYERWISE_SCORERS, score_layerwise, spill_folder
 from .prune import Pruned
@@ -54,7 +54,7 @@ def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, r
 
 def checkpoint_bytes(folder: Path) -> int:
     """The bytes of a checkpoint's safetensors files."""
-    from ..model.loading import weight_files
+    from ..model.checks import weight_files
 
     return sum(f.stat().st_size for f in weight_files(folder) if f.is_file())
 
@@ -109,10 +109,10 @@ class LayerwisePruned(Pruned):
              gguf_type: str | None = None) -> Any:
         """Read the checkpoint again layer by layer, cut and write every layer, then the config, the side files,
         the report and the model card (atomically, as any save)."""
-        from ..model.loading import SavedModel, finish_checkpoint
+        from ..model.saving import SavedModel, finish_checkpoint
         from ..model.masks import plan_cuts, resolve_mask
         from ..model.stock import stock_form
-        from ..outputs.files import check_paths
+        from ..files.plan import check_paths
         from ..outputs.modelcard import write_card
         from ..outputs.reports import weights_bytes
 

@@ -21,7 +21,9 @@ from ..errors import HeadcutError, label
 from ..outputs.formats import check_formats, parse_formats
 from ..model.masks import HeadMask
 from ..model.surgery import model_blocks
-from ..outputs.files import OutputDir, OutputFile, real_path, special_kind
+from ..files.atomic import OutputDir, OutputFile
+from ..files.names import real_path
+from ..files.special import special_kind
 from ..progress import Reporter, quiet
 from ..outputs.reports import prune_report, weights_bytes, write_trajectory_csv, write_trajectory_png
 from .base import (
@@ -202,7 +204,7 @@ class PruneRequest:
     layerwise: Any = None
 
     def lock(self) -> Any:
-        from ..outputs.files import locked_output
+        from ..training.checkpoint import locked_output
 
         if self.target is None:
             return contextlib.nullcontext()
@@ -221,7 +223,8 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock (``prune`` and ``headcut prune`` call
     this one check; its messages name keywords, which the command line shows as flags)."""
-    from ..outputs.files import checkpoint_dir_for, plan_outputs
+    from ..training.checkpoint import checkpoint_dir_for
+    from ..files.plan import plan_outputs
     from ..pruning import get_method, make_options
 
     given = dict(model=model, method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, data=data,
@@ -340,7 +343,7 @@ def prune_request(*, model: Any, method: str, keep: Any, sparsity: Any, max_drop
             )
             trajectory_file = files.get(L("trajectory"))
         if ckpt is not None and entry.resumable:
-            from ..training.engine import prepare_checkpoint_dir
+            from ..training.checkpoint import prepare_checkpoint_dir
 
             prepare_checkpoint_dir(ckpt, resume, restart or (force and own_checkpoint))
     return PruneRequest(given=given, config=config, entry=entry, options=opts, notes=notes, data_spec=data_spec,
@@ -410,7 +413,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
                      f"from unlabelled text of the same kind given with --recover-data (docs/benchmarks.md, small "
                      "data)")
     if checkpoint_dir is not None and training and dist.main and not resume:
-        from ..training.engine import clear_checkpoint_dir
+        from ..training.checkpoint import clear_checkpoint_dir
 
         clear_checkpoint_dir(checkpoint_dir)
     from ..training.parallel import resolve_engine

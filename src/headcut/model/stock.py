@@ -37,6 +37,7 @@ from ..adapters import adapter_for
 from ..adapters.base import Block, StockSpec
 from ..config import BenchConfig
 from .inputs import make_inputs
+from .loading import auto_classes, quiet_transformers
 
 #: relative tolerance of the check forward, by dtype family
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6}
@@ -83,8 +84,6 @@ def original_class(model: nn.Module) -> type:
 
 def auto_class_name(config: Any, cls_name: str) -> str:
     """The most specific Auto class that maps ``config``'s model type to ``cls_name`` (``AutoModel`` at worst)."""
-    from .loading import auto_classes  # loading imports this module
-
     matches = sorted(auto for auto, name in auto_classes(config).items() if name == cls_name)
     specific = [a for a in matches if a != "AutoModel"]
     return specific[0] if specific else "AutoModel"
@@ -115,8 +114,6 @@ def _cause(exc: BaseException) -> str:
 def _stock_config(config: Any, spec: StockSpec, counts: tuple[int, int, int]) -> tuple[Any, list[str]]:
     """The stock config holding ``counts`` (the family's own config class, else a fallback), and the reasons
     each refused config gave."""
-    from .loading import quiet_transformers  # loading imports this module
-
     heads, kv_heads, head_dim = counts
     base = config.to_dict()
     for key in ("headcut", "auto_map", "architectures", "custom_pipelines", "transformers_version"):
@@ -239,8 +236,6 @@ def stock_form(model: nn.Module, verify: bool = True, meta: bool = False) -> Che
     stock_config, refusals = _stock_config(config, spec, counts)
     if stock_config is None:
         return headcut_form(f"{counts[0]} query heads of size {counts[2]} in every block: " + "; ".join(refusals))
-    from .loading import auto_classes  # loading imports this module
-
     stock_name = auto_classes(stock_config).get(auto)
     stock_cls = getattr(transformers, stock_name, None) if stock_name else None
     if stock_cls is None:

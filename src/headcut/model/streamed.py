@@ -45,7 +45,7 @@ from ..adapters import Adapter, Block, adapter_for
 from ..devices import peak_rss
 from ..errors import HeadcutError, label
 from .layer_cache import layer_stack
-from .loading import check_dtypes, check_loading
+from .checks import check_dtypes, check_loading
 from .tensor_files import Checkpoint, write_safetensors
 
 
@@ -252,7 +252,7 @@ class StreamedModel:
                 self._key(f"{prefix}.{name}")
 
     def _check_tensors(self, new_head: bool = False) -> None:
-        """Refuse what the whole-model loader refuses (:func:`headcut.model.loading.check_loading`), from the
+        """Refuse what the whole-model loader refuses (:func:`headcut.model.checks.check_loading`), from the
         checkpoint's headers: a tensor the model needs that the checkpoint lacks (an output head tied to the
         embeddings excepted), one of another shape, or one the model does not use."""
         tied = getattr(self.model, "all_tied_weights_keys", None) or {}

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from ..devices import trim_memory
 from ..errors import HeadcutError
-from .loading import FLOATING, weight_files
+from .checks import FLOATING, weight_files
 
 
 class Checkpoint:

@@ -1,2 +1,2 @@
-"""What a run writes: output files and folders written atomically (:mod:`.files`), reports, model cards, and
-the deployment formats (:mod:`.formats`: ONNX, GGUF)."""
+"""What a run writes above the safe-writing layer (:mod:`headcut.files`): reports, model cards, and the deployment
+formats (:mod:`.formats`: ONNX, GGUF)."""

@@ -342,7 +342,7 @@ def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[l
     that has a headcut card, from its ``headcut bench`` rows; speed-ups are against the baseline's row
     of the same runtime. Each card is replaced atomically. Returns the cards written and notes on the
     folders skipped."""
-    from .files import OutputFile
+    from ..files.atomic import OutputFile
 
     names = [str(m) if isinstance(m, (str, Path)) else None for m in models]
     written: list[Path] = []

@@ -179,8 +179,3 @@ def write_trajectory_png(path: Path, result: Any, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
-
-
-def metric_text(value: float | None) -> str:
-    """A metric as the summaries show it (4 decimals; ``-`` for none)."""
-    return "-" if value is None else f"{value:.4f}"

@@ -80,13 +80,13 @@ from torch import nn
 from ..config import DistillOptions, PruneConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError, label
+from ..formatting import metric_text as _fmt
 from ..model.evaluation import evaluate
 from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..model.gating import HeadGates
 from ..model.layer_cache import LayerReplay
 from ..learned.dqn import Agent, Transition
 from ..model.masks import HeadMask
-from ..outputs.reports import metric_text as _fmt
 from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer

@@ -18,7 +18,7 @@ from ..adapters import Block
 from ..devices import trim_memory
 from ..errors import HeadcutError, label
 from ..model.streamed import Activations, LayerwiseStats, StreamedModel
-from ..outputs import files
+from ..files import leftovers, space
 from . import finish_scores, get_scorer
 from .attention_maps import eager_attention
 from .base import RawScores
@@ -159,16 +159,16 @@ def _spill_hint() -> str:
 
 def check_spill_room(folder: Path, activation_bytes: int) -> None:
     """Refuse, before scoring, to spill activations to ``folder`` when its disk cannot hold them."""
-    free, need = files.free_space(folder), spill_need(activation_bytes)
+    free, need = space.free_space(folder), spill_need(activation_bytes)
     if free is not None and free < need:
-        raise files.space_error("spill activations to", folder.parent, folder.parent, need, _spill_hint())
+        raise space.space_error("spill activations to", folder.parent, folder.parent, need, _spill_hint())
 
 
 def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutError:
     """The one-line error of activations that could not be spilled to ``folder`` (a full disk, most likely), naming
     the temporary folder the user chose (TMPDIR), not headcut's scratch folder in it."""
     where = folder.parent
-    error = files.write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None,
+    error = space.write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None,
                               _spill_hint())
     return error if error is not None else HeadcutError(f"cannot spill activations to {where}: {exc}")
 
@@ -176,4 +176,4 @@ def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutErr
 def spill_folder(parent: Path | None) -> Any:
     """A private temporary folder for spilled activations, ``headcut-activations-PID-*`` (removed afterwards; those a
     killed run left are removed first)."""
-    return files.scratch_folder("activations", parent)
+    return leftovers.scratch_folder("activations", parent)

@@ -1,7 +1,7 @@
 """The training engine shared by the learned-gate pruning methods and fine-tuning (library only)."""
 
+from .checkpoint import CHECKPOINT_NAME
 from .engine import (
-    CHECKPOINT_NAME,
     EarlyStopping,
     TrainConfig,
     Trainer,

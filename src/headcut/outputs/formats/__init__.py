@@ -55,7 +55,7 @@ def check_formats(model: nn.Module, formats: Sequence[str], gguf_type: str = "f1
 
 def _drop_weights(folder: Path) -> None:
     """Remove the PyTorch weights and model code of a staging folder (formats without safetensors)."""
-    from ...model.loading import HEADCUT_FILES
+    from ...model.saving import HEADCUT_FILES
 
     for f in folder.iterdir():
         if f.name.endswith(".safetensors") or f.name == "model.safetensors.index.json" or f.name in HEADCUT_FILES:
