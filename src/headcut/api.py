@@ -36,13 +36,14 @@ result, so the same arguments give the same result (and report) either way.
 
 from __future__ import annotations
 
-from .jobs.base import ModelLike, Written, load, same_data, save
+from .jobs.base import ModelLike, load, same_data, save
 from .jobs.bench import Benchmark, bench
 from .jobs.evaluate import Evaluation, evaluate
 from .jobs.export import Exported, export
 from .jobs.finetune import Finetuned, finetune
 from .jobs.info import info
-from .jobs.prune import Pruned, prune
+from .jobs.prune import prune
+from .jobs.results import Pruned, Written
 from .jobs.score import Scores, score
 
 __all__ = ["Benchmark", "Evaluation", "Exported", "Finetuned", "ModelLike", "Pruned", "Scores", "Written", "bench",

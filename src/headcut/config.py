@@ -484,3 +484,45 @@ def eval_options(given: Mapping[str, Any]) -> EvalOptions:
     options = EvalOptions(**values)
     options.validate()
     return options
+
+
+#: the --help section the recovery and layer-wise options share with the command's own
+R = "Options"
+
+
+@dataclass
+class RecoveryConfig:
+    """What follows each round's cut (``prune``'s keywords of the same names): ``refit`` the kept heads' output
+    projections by least squares to the unpruned model's outputs, then ``recover_steps`` steps of recovery
+    fine-tuning distilled from the unpruned model (``finetune``'s loss and defaults), with ``recover_data``
+    (unlabelled inputs: alpha 1; the API also takes rows or a :class:`~headcut.data.DataConfig`),
+    ``recover_hidden_weight`` (hidden-state matching) and ``recover_average`` (stochastic weight averaging over
+    that fraction of the last steps, at a constant learning rate). ``via_steps``: the recovery steps of every
+    round before the last of a ``via`` schedule (None: ``recover_steps``). Their checks, in the order their
+    messages are given, are :func:`headcut.jobs.request.prune_request`'s."""
+
+    recover_steps: int = option(0, low=0, metavar="N", panel=R,
+                                help="N distilled recovery steps on --data after the cut.")
+    refit: bool = option(False, panel=R, help="Refit the output projections on --data after the cut.")
+    recover_data: str | None = option(None, metavar="FILE|NAME[:CONFIG]", panel=R,
+                                      help="Unlabelled text for --recover-steps (alpha 1).")
+    recover_hidden_weight: float = option(0.0, low=0, metavar="W", panel=R,
+                                          help="Hidden-state matching weight in --recover-steps (0: off).")
+    recover_average: float = option(0.0, low=0, high=1, metavar="F", panel=R,
+                                    help="SWA in --recover-steps: last F averaged, constant LR; 0: off.")
+    via_steps: int | None = option(None, low=0, metavar="M", panel=R,
+                                   help="--via's first-round recovery steps (default: --recover-steps).")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LayerwiseConfig:
+    """Whether ``prune`` reads the checkpoint one layer at a time (:mod:`headcut.model.layerwise`): ``layerwise``
+    asks for it; it is also chosen when the checkpoint would not fit ``max_memory`` (``12GB``, ``12GiB``, bytes;
+    None: the machine's available memory)."""
+
+    layerwise: bool = option(False, panel=R, help="Score and cut one layer at a time; automatic past --max-memory.")
+    max_memory: str | None = option(None, metavar="SIZE", panel=R,
+                                    help="Memory headcut may use, e.g. 12GB (default: what is available).")

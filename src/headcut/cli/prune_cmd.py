@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..catalog import METHODS
-from ..config import PruneConfig
+from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..errors import HeadcutError
 from ..options import static_specs
 from ..outputs.reports import PRUNE_REPORT
@@ -140,6 +140,8 @@ class MethodCommand(TidyCommand):
 @handle_errors
 @with_data_options
 @with_specs(PruneConfig, "budget")
+@with_specs(LayerwiseConfig, "layerwise_options")
+@with_specs(RecoveryConfig, "recovery")
 def prune_cmd(
     ctx: typer.Context,
     model: ModelArg,
@@ -152,26 +154,6 @@ def prune_cmd(
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
                                             metavar="SPLIT")] = "validation",
     out: Out_ = None,
-    recover_steps: Annotated[int, typer.Option(
-        "--recover-steps", metavar="N", show_default=False,
-        help="N distilled recovery steps on --data after the cut.")] = 0,
-    refit: Annotated[bool, typer.Option(
-        "--refit", help="Refit the output projections on --data after the cut.")] = False,
-    recover_data: Annotated[Optional[str], typer.Option(
-        "--recover-data", metavar="FILE|NAME[:CONFIG]", help="Unlabelled text for --recover-steps (alpha 1).")] = None,
-    recover_hidden_weight: Annotated[float, typer.Option(
-        "--recover-hidden-weight", metavar="W", show_default=False,
-        help="Hidden-state matching weight in --recover-steps (0: off).")] = 0.0,
-    recover_average: Annotated[float, typer.Option(
-        "--recover-average", metavar="F", show_default=False,
-        help="SWA in --recover-steps: last F averaged, constant LR; 0: off.")] = 0.0,
-    via_steps: Annotated[Optional[int], typer.Option(
-        "--via-steps", metavar="M", show_default=False,
-        help="--via's first-round recovery steps (default: --recover-steps).")] = None,
-    layerwise: Annotated[bool, typer.Option(
-        "--layerwise", help="Score and cut one layer at a time; automatic past --max-memory.")] = False,
-    max_memory: Annotated[Optional[str], typer.Option(
-        "--max-memory", metavar="SIZE", help="Memory headcut may use, e.g. 12GB (default: what is available).")] = None,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     trajectory: Annotated[Optional[str], typer.Option(
@@ -189,15 +171,19 @@ def prune_cmd(
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
     budget: Optional[dict] = None,
+    recovery: Optional[dict] = None,
+    layerwise_options: Optional[dict] = None,
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
     from .. import api
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
-    budget = budget or {}
-    arguments = _arguments({**{k: v for k, v in locals().items() if k not in ("ctx", "options", "budget", "api")},
-                            **budget, **options})
+    budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
+    given = {k: v for k, v in locals().items()
+             if k not in ("ctx", "options", "budget", "recovery", "layerwise_options", "api", "log")}
+    arguments = _arguments({**_after_out(given, _declared(RecoveryConfig, recovery),
+                                         _declared(LayerwiseConfig, layerwise_options)), **budget, **options})
     if method is None:
         raise HeadcutError(f"--method is required; choose one of: {', '.join(METHODS)}")
     if out is None:
@@ -212,10 +198,8 @@ def prune_cmd(
             model, method, data=data_cfg, eval_data=eval_cfg, seed=seed, trajectory=trajectory or False, task=task,
             split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
             resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, recover_steps=recover_steps,
-            refit=refit, recover_data=recover_data, recover_hidden_weight=recover_hidden_weight,
-            recover_average=recover_average, via_steps=via_steps, layerwise=layerwise,
-            max_memory=max_memory, out=out, force=force, arguments=arguments, **budget, **options,
+            trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, out=out, force=force,
+            arguments=arguments, **recovery, **layerwise_options, **budget, **options,
         )
     finally:
         log.close()
@@ -232,6 +216,24 @@ def prune_cmd(
             log.note("no trajectory PNG: matplotlib is not installed (pip install 'headcut[plots]')")
     log.notes(pruned.report["notes"])
     log.json(pruned.report)
+
+
+def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:
+    """Every declared option of ``cls`` (:func:`headcut.options.specs`): the value given, else its default."""
+    from ..options import specs
+
+    return {spec.name: given.get(spec.name, spec.default) for spec in specs(cls)}
+
+
+def _after_out(values: dict[str, Any], *groups: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``groups`` after its ``out``: where the report's arguments have always listed them."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        out[key] = value
+        if key == "out":
+            for group in groups:
+                out.update(group)
+    return out
 
 
 def _arguments(values: dict[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The job skeleton every command shares: loading the model (or taking a loaded one), reading data into
 calibration batches, checking data specs, choosing the device, the progress bars of training jobs, saving
-a model with its report and card (:class:`Written`), and the report's record of the arguments.
+a model with its report and card (:func:`save_model`; the results: :mod:`.results`), and the report's record of the arguments.
 
 Each command is one module beside this one (``info``, ``evaluate``, ``score``, ``export``, ``prune``,
 ``finetune``, ``bench``), a function a user calls as ``headcut.<command>`` (see :mod:`headcut.api`)."""
@@ -12,16 +12,16 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import nn
 import torch
 
 from ..model import loading as io
 from ..model import saving
-from ..arguments import checked, values
+from ..arguments import checked
 from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
 from ..errors import HeadcutError, first_line, label
@@ -30,7 +30,7 @@ from ..files.atomic import OutputDir
 from ..files.plan import check_paths
 from ..files.names import real_path
 from ..progress import Reporter, Task
-from ..outputs.reports import PRUNE_REPORT, weights_bytes
+from ..outputs.reports import weights_bytes
 
 
 ModelLike = str | os.PathLike[str] | nn.Module
@@ -398,38 +398,6 @@ def local_reads(**specs: Any) -> dict[str, Path | None]:
         if isinstance(path, (str, os.PathLike)) and Path(path).expanduser().exists():
             out[name] = real_path(path)
     return out
-
-
-# ---- results that write a model ---------------------------------------------------------------------
-
-@dataclass(kw_only=True)
-class Written:
-    """What the commands that write a model return: ``model``, ``report`` (what the report file inside the
-    output and ``--json`` hold) and ``save(out)``, which writes both atomically (see the module's doc)."""
-
-    REPORT: ClassVar[str] = PRUNE_REPORT
-
-    model: nn.Module
-    report: dict[str, Any]
-    source: Path | None = None
-    notes: list[str] = field(default_factory=list)
-    reads: dict[str, Any] = field(default_factory=dict)
-    trust_remote_code: bool = False
-    formats: tuple[str, ...] = ("safetensors",)
-    gguf_type: str = "f16"
-
-    @checked("Written.save")
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
-             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> saving.SavedModel:
-        """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
-        replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
-        (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
-        from ..outputs.formats import parse_formats
-
-        with values():
-            chosen = parse_formats(formats) if formats is not None else self.formats
-        return save_model(self.model, out, self.source, force, self.report, self.REPORT, self.reads,
-                     self.trust_remote_code, chosen, gguf_type or self.gguf_type)
 
 
 def spec_path(spec: Any) -> Any:

@@ -15,7 +15,8 @@ from ..model.masks import HeadMask, check_mask
 from ..files.names import real_path
 from ..progress import quiet
 from ..outputs.reports import export_report
-from .base import ModelLike, Written, load_model, plain_arguments
+from .base import ModelLike, load_model, plain_arguments
+from .results import Written
 
 
 @dataclass(kw_only=True)

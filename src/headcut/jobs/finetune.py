@@ -20,11 +20,11 @@ from ..outputs.formats import check_formats, parse_formats
 from ..files.names import real_path
 from ..progress import Reporter, quiet
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
+from .results import Written
 from .base import (
     Agreement,
     Bars,
     ModelLike,
-    Written,
     calibration,
     data_specs,
     load_model,

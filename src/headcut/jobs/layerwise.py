@@ -16,79 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from ..arguments import checked
-from ..devices import available_memory, gib, parse_size
 from ..errors import HeadcutError, label
 from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
 from ..model.streamed_cut import write_layerwise
 from ..model.tensor_files import DTYPE_BYTES
 from ..files.atomic import OutputDir
 from ..progress import Reporter, quiet
-from ..scoring.layerwise import LAYERWISE_SCORERS, score_layerwise, spill_folder
-from .prune import Pruned
-
-
-def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, recover_steps: int,
-            formats: Any) -> str | None:
-    """Why a prune request cannot run layer-wise (None: it can). Messages name keywords (:func:`label`)."""
-    from ..pruning import get_method
-    from ..pruning.ranked import ScoreMethod
-
-    L = label
-    chosen = get_method(method)
-    if not isinstance(chosen, ScoreMethod) or chosen.rescoring or chosen.scorer not in LAYERWISE_SCORERS:
-        able = ", ".join(LAYERWISE_SCORERS)
-        return (f"method {method} needs the whole model; the methods that run layer-wise ({L('layerwise')}) are the "
-                f"one-shot {able}")
-    if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
-        return f"{L('layerwise')} reads a local checkpoint folder of safetensors files, layer by layer"
-    for given, name in ((config.max_drop is not None, "max_drop"), (config.trajectory, "trajectory"),
-                        (config.via is not None, "via"),
-                        (eval_data is not None, "eval_data"), (refit, "refit"), (bool(recover_steps), "recover_steps")):
-        if given:
-            return (f"{L(name)} needs the whole model in memory; a {L('layerwise')} run only scores, cuts and writes "
-                    "(evaluate the output with headcut eval)")
-    if formats is not None and tuple([formats] if isinstance(formats, str) else formats) not in (("safetensors",),):
-        return f"{L('layerwise')} writes safetensors only (convert the output with headcut export)"
-    return None
-
-
-def checkpoint_bytes(folder: Path) -> int:
-    """The bytes of a checkpoint's safetensors files."""
-    from ..model.checks import weight_files
-
-    return sum(f.stat().st_size for f in weight_files(folder) if f.is_file())
-
-
-@dataclass
-class Choice:
-    """Whether a prune request runs layer-wise, why, and the memory limit it was judged against."""
-
-    layerwise: bool
-    reason: str
-    max_memory: int
-
-
-def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Choice:
-    """Layer-wise when asked, or when the checkpoint (times 1.25: activations and the working copy) would not fit
-    ``max_memory`` (default: the machine's available memory) and the request can run layer-wise; refuses a
-    request that cannot, for a checkpoint larger than the limit."""
-    limit = parse_size(max_memory) if max_memory is not None else available_memory()
-    where = f"{label('max_memory')} {gib(limit)}" if max_memory is not None else \
-        f"the {gib(limit)} of memory available"
-    if layerwise:
-        if can is not None:
-            raise HeadcutError(can)
-        return Choice(True, "asked for", limit)
-    if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
-        return Choice(False, "", limit)
-    size = checkpoint_bytes(Path(model).expanduser())
-    if size * 1.25 <= limit:
-        return Choice(False, "", limit)
-    if can is None:
-        return Choice(True, f"automatic: the checkpoint's {gib(size)} would not fit {where} whole", limit)
-    if size > limit:
-        raise HeadcutError(f"{model} holds {gib(size)} of weights, more than {where}; {can}")
-    return Choice(False, "", limit)
+from ..scoring.layerwise import score_layerwise, spill_folder
+from .layerwise_choice import Choice, checkpoint_bytes
+from .request import PruneRequest
+from .results import Pruned
 
 
 @dataclass(kw_only=True)
@@ -184,7 +121,7 @@ class LayerwisePruned(Pruned):
         return before, after, finish
 
 
-def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
+def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
     """The work of :func:`headcut.prune` on a checked request that runs layer-wise."""
     from ..model.loading import open_checkpoint
     from ..model.masks import plan_cuts
@@ -194,16 +131,15 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     from ..pruning.ranked import oriented
     from .base import Bars, LoadedModel, calibration, local_reads, plain_arguments
 
-    g = request.given
-    progress = g["progress"] or quiet()
+    src, data, config = request.source, request.data, request.config
+    progress = request.run.progress or quiet()
     notes = list(request.notes)
     start = time.perf_counter()
-    folder, _, config_obj, cls, _, own = open_checkpoint(g["model"], g["task"], g["allow_pickle"],
-                                                         g["trust_remote_code"])
+    folder, _, config_obj, cls, _, own = open_checkpoint(src.model, src.task, src.allow_pickle, src.trust_remote_code)
     assert folder is not None
     stats = LayerwiseStats(max_memory=choice.max_memory, reason=choice.reason)
-    with progress.step(f"reading the structure of {g['model']} (no weights)"):
-        streamed = StreamedModel.open(folder, config_obj, cls, new_head=g["task"] is not None and not own)
+    with progress.step(f"reading the structure of {src.model} (no weights)"):
+        streamed = StreamedModel.open(folder, config_obj, cls, new_head=src.task is not None and not own)
     stats.layers = len(streamed.layers)
     stats.layer_bytes = max(streamed.layer_bytes(i) for i in range(len(streamed.layers)))
     stats.checkpoint_bytes = checkpoint_bytes(folder)
@@ -213,9 +149,9 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
         from ..model import compensation
 
         compensation.bias_field(streamed.model, streamed.blocks)  # refused before any work
-    loaded = LoadedModel(streamed.model, str(g["model"]), folder)
-    cal = calibration(request.data_spec, loaded, g["tokenizer"], g["split"], g["data_options"], g["seed"],
-                      g["trust_remote_code"], progress, "data")
+    loaded = LoadedModel(streamed.model, str(src.model), folder)
+    cal = calibration(request.data_spec, loaded, src.tokenizer, data.split, data.data_options, config.seed,
+                      src.trust_remote_code, progress, "data")
     if cal is not None:
         notes += [f"data: {n}" for n in cal.notes]
     batches = cal.batches if cal is not None else None
@@ -241,7 +177,7 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
         def importance(self, model: Any, mask: Any, progress: Any) -> dict[str, list[float]]:
             return oriented(scores.importance(), method.inverse)
 
-    bars = Bars(progress, g["method"], None)
+    bars = Bars(progress, config.method, None)
     try:
         result = run_search(streamed.model, streamed.blocks, sets, budget, Fixed(), request.config, None, bars)
     finally:
@@ -255,15 +191,15 @@ def prune_layerwise(request: Any, arguments: dict[str, Any] | None, choice: Choi
     notes.append(f"pruned layer by layer ({choice.reason}): scores from one layer at a time, activations in "
                  f"{stats.activations}; the weights were never all in memory")
     arguments = arguments if arguments is not None else plain_arguments(dict(
-        model=g["model"], method=g["method"], keep=g["keep"], sparsity=g["sparsity"], data=g["data"],
-        uniform=g["uniform"], min_heads_per_block=g["min_heads_per_block"], gqa=g["gqa"], seed=g["seed"],
-        task=g["task"], split=g["split"], data_options=g["data_options"], layerwise=True, **g["options"]))
-    report = prune_report(model=str(g["model"]), arguments=arguments, result=result, slimmed=slimmed,
+        model=src.model, method=config.method, keep=config.keep, sparsity=config.sparsity, data=data.data,
+        uniform=config.uniform, min_heads_per_block=config.min_heads_per_block, gqa=config.gqa, seed=config.seed,
+        task=src.task, split=data.split, data_options=data.data_options, layerwise=True, **request.method_options))
+    report = prune_report(model=str(src.model), arguments=arguments, result=result, slimmed=slimmed,
                           size_before=weights_bytes(folder), data=cal.to_json() if cal is not None else None,
                           eval_data=None, seconds=time.perf_counter() - start, notes=notes)
     report["layerwise"] = stats.to_json()
     reads = local_reads(**{"MODEL": folder, "--data": request.data_spec})
     return LayerwisePruned(model=streamed.model, mask=result.mask, report=report, result=result, source=folder,
-                           notes=notes, reads=reads, trust_remote_code=g["trust_remote_code"], folder=folder,
+                           notes=notes, reads=reads, trust_remote_code=src.trust_remote_code, folder=folder,
                            config_obj=config_obj, model_cls=cls, gqa=request.config.gqa, stats=stats,
                            progress=progress, means=means)

@@ -13,7 +13,8 @@ Every method implements one interface (:mod:`.method`) and is found by name in t
 (:data:`headcut.catalog.METHODS`); one module each: :mod:`.oneshot`, :mod:`.michel`,
 :mod:`.greedy_gnorm` (score-based, :mod:`.ranked`), :mod:`.pass_gates` (``pass``), :mod:`.passconc`,
 :mod:`.dsp`, :mod:`.ste`, :mod:`.voita`, :mod:`.lag` (learned gates, :mod:`.gate_training`). Units
-and budgets: :mod:`.units`; the removal loop, steps and the ``--max-drop`` rule: :mod:`.search`.
+and budgets: :mod:`.units`; the removal loop, steps and the ``--max-drop`` rule: :mod:`.search`; a cut in rounds
+(``via``): :mod:`.schedule`.
 The command-level job (loading, data, report, saving) is :func:`headcut.api.prune`.
 """
 
