@@ -38,8 +38,8 @@ import transformers
 
 import headcut
 import headcut_offline as offline
-from headcut.outputs.formats.gguf import export_gguf
 from headcut.model.saving import copy_side_files
+from headcut.outputs.formats.gguf import export_gguf
 
 PROMPTS = [
     "The capital of France is",

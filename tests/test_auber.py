@@ -30,10 +30,10 @@ from helpers import (
 import headcut
 from headcut.data import DataConfig, load_calibration
 from headcut.errors import HeadcutError
+from headcut.learned import dqn
 from headcut.model.evaluation import evaluate
 from headcut.model.gating import gated
 from headcut.model.layer_cache import LayerReplay
-from headcut.learned import dqn
 from headcut.pruning.auber import AuberOptions, greedy_policy, initial_state, train_agent, unit_norms, units_of
 from headcut.pruning.units import block_sets
 from headcut.training.engine import EarlyStopping, Trainer

@@ -15,15 +15,15 @@ from helpers import make_model
 from typer.testing import CliRunner
 
 import headcut
+from headcut.cli import app
 from headcut.config import BenchConfig
+from headcut.errors import HeadcutError
 from headcut.jobs.bench_results import BenchResult, compare, report_json
 from headcut.jobs.bench_rows import bench_model
 from headcut.jobs.bench_run import ALL_MODELS, bench
 from headcut.model.inputs import make_inputs
 from headcut.model.measure import count_flops, time_rounds
 from headcut.stats import paired_speedup, percentile, round_order
-from headcut.cli import app
-from headcut.errors import HeadcutError
 
 FAST = dict(batch_size=2, seq_len=8, runs=2, warmup=1, gen_tokens=4, gen_runs=1)
 MODEL_KEYS = {

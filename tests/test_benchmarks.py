@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # benchmarks/ is a folder of the repository, not an installed package
-    sys.path.insert(0, str(ROOT))
-
+# benchmarks/ is a folder of the repository, not an installed package: pytest's pythonpath (pyproject.toml)
+# puts the repository root on sys.path
 from benchmarks.harness.registry import BY_NAME, MEASURED_HERE, STUDIES
 from benchmarks.harness.render import page
 from benchmarks.harness.store import DOCS, RESULTS, load_results
 from benchmarks.harness.verdicts import CLAIMS, TARGETS, TASK_TARGETS, Rule
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")

@@ -180,8 +180,8 @@ def test_fine_tuning_evaluations_and_timing_report_through_the_reporter(tiny):
     # after) its training steps: fine-tuning now reports those evaluations through the job's reporter
     import io
 
-    from headcut.jobs.bench_rows import bench_model
     from headcut.config import BenchConfig
+    from headcut.jobs.bench_rows import bench_model
 
     log = io.StringIO()
     with Reporter("lines", stream=log, every=0, heartbeat=False) as progress:  # every update prints

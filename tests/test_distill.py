@@ -10,10 +10,10 @@ import torch
 from helpers import cls_rows, make_batch, make_model, one_line_error, run, save_tiny, write_rows
 
 from headcut.data import Calibration, detect_task, load_tokenizer
-from headcut.model.loading import load as headcut_load
 from headcut.errors import HeadcutError
-from headcut.training.finetuning import TeacherCache
+from headcut.model.loading import load as headcut_load
 from headcut.pruning import PruneConfig, plan_prune
+from headcut.training.finetuning import TeacherCache
 
 
 def calibration(model, n: int = 3) -> Calibration:

@@ -25,9 +25,9 @@ from helpers import (
 from typer.testing import CliRunner
 
 import headcut
-from headcut.model import evaluation
 from headcut.cli import app
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
+from headcut.model import evaluation
 from headcut.model.evaluation import EvalResult, evaluate, macro_f1, mcc
 
 runner = CliRunner()

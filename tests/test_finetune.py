@@ -26,10 +26,10 @@ import headcut
 from headcut.config import FinetuneConfig
 from headcut.data import DataConfig, load_calibration
 from headcut.errors import HeadcutError
-from headcut.training.finetuning import finetune, kl_to_teacher
-from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.outputs.reports import FINETUNE_REPORT as REPORT_NAME
 from headcut.training import engine
+from headcut.training.checkpoint import checkpoint_dir_for
+from headcut.training.finetuning import finetune, kl_to_teacher
 
 CLS = "BertForSequenceClassification"
 

@@ -24,10 +24,10 @@ from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 from safetensors.torch import load_file, save_file
 
 import headcut
-from headcut.model import saving as hio
-from headcut.files import atomic as outputs
 from headcut.errors import HeadcutError
+from headcut.files import atomic as outputs
 from headcut.files.lock import RunLock
+from headcut.model import saving as hio
 from headcut.training.checkpoint import checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"

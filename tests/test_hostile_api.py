@@ -21,10 +21,10 @@ from helpers import cls_rows, make_tokenizer, save_tiny, write_rows
 
 import headcut
 from headcut import api
-from headcut.model import loading as hio
-from headcut.model import saving
 from headcut.arguments import RULES
 from headcut.errors import HeadcutError, HeadcutTypeError, HeadcutValueError
+from headcut.model import loading as hio
+from headcut.model import saving
 
 CLS = "BertForSequenceClassification"
 MASK = {"drop": {"self.0": [0]}}

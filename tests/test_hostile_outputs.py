@@ -23,8 +23,8 @@ import pytest
 from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 import headcut
-from headcut.files import names as outputs
 from headcut.errors import HeadcutError
+from headcut.files import names as outputs
 from headcut.files.atomic import OutputDir, OutputFile
 from headcut.files.lock import RunLock
 from headcut.training.checkpoint import CHECKPOINT_SUFFIX, checkpoint_dir_for

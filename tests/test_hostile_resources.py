@@ -17,11 +17,11 @@ import torch
 from helpers import one_line_error, run, save_tiny, sentence
 
 import headcut
-from headcut.errors import HeadcutError
-from headcut.interrupts import Interrupted
 from headcut.devices import parse_size
-from headcut.model import streamed
+from headcut.errors import HeadcutError
 from headcut.files import atomic, names, space
+from headcut.interrupts import Interrupted
+from headcut.model import streamed
 
 FAMILY, CLS = "llama", "LlamaForCausalLM"
 DATA = ["--seq-len", "16", "--max-examples", "12"]

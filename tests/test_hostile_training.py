@@ -19,12 +19,11 @@ import torch
 from helpers import cls_rows, digest, one_line_error, run, save_tiny, write_rows
 
 import headcut
-from headcut.training import finetuning
 from headcut.config import DistillOptions, FinetuneConfig, TrainConfig
 from headcut.errors import HeadcutError
-from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.pruning import lottery
-from headcut.training import CHECKPOINT_NAME, Trainer, TrainingDiverged
+from headcut.training import CHECKPOINT_NAME, Trainer, TrainingDiverged, finetuning
+from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.training.finite import first_nonfinite
 
 CLS = "BertForSequenceClassification"

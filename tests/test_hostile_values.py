@@ -12,8 +12,9 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ from helpers import cls_rows, digest, one_line_error, run, save_tiny, write_rows
 
 import headcut
 from headcut.errors import HeadcutError
-from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.training import CHECKPOINT_NAME
+from headcut.training.checkpoint import checkpoint_dir_for
 
 CLS = "BertForSequenceClassification"
 SMALL = {"seq_len": 16, "batch_size": 4}

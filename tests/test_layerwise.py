@@ -12,14 +12,14 @@ from helpers import digest, make_inputs, make_model, make_tokenizer, one_line_er
 
 import headcut
 from headcut.config import ScoreConfig
-from headcut.errors import HeadcutError
 from headcut.devices import parse_size
+from headcut.errors import HeadcutError
+from headcut.model.gating import gated
 from headcut.model.streamed import LayerwiseStats, StreamedModel
 from headcut.model.streamed_cut import write_layerwise
 from headcut.model.tensor_files import Checkpoint
-from headcut.scoring.layerwise import MAP_SCORERS, score_layerwise
-from headcut.model.gating import gated
 from headcut.scoring import score
+from headcut.scoring.layerwise import MAP_SCORERS, score_layerwise
 
 #: (family, class): decoders with and without GQA, GPT-2's Conv1D, a hybrid linear-attention stack, an encoder
 CASES = [("llama", "LlamaForCausalLM"), ("gemma3", "Gemma3ForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
@@ -260,7 +260,7 @@ def test_bias_compensation_is_the_mean_input_and_layerwise_agrees(tmp_path, fami
     for pruned in (whole, layer):
         assert pruned.report["bias_compensation"]["field"] == field
         assert pruned.report["bias_compensation"]["blocks"]
-    from headcut.data import load_calibration, DataConfig
+    from headcut.data import DataConfig, load_calibration
 
     cal = load_calibration(model, make_tokenizer(), DataConfig(path=str(text), **options))
     moments, _ = input_moments(model, [b for b in headcut.model_blocks(model)], cal.batches, "test")
@@ -297,7 +297,6 @@ def test_fluctuation_refuses_blocks_that_are_one_unit(tmp_path, layerwise):
     group is a whole block and would score 0, so the cut would be arbitrary. Refused before any data is read;
     query heads (``--gqa uniform``) are still ranked."""
     import transformers as T
-
     from helpers import make_config
 
     config = make_config("llama")

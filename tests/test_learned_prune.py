@@ -28,11 +28,11 @@ import headcut
 from headcut.catalog import METHODS
 from headcut.data import Calibration, detect_task
 from headcut.errors import HeadcutError
-from headcut.training.checkpoint import checkpoint_dir_for
 from headcut.pruning import PruneConfig, plan_prune, prune
 from headcut.pruning.gate_training import GateOptions, Slots
 from headcut.pruning.pass_gates import PASS, PassOptions
 from headcut.pruning.units import block_sets
+from headcut.training.checkpoint import checkpoint_dir_for
 
 LEARNED = [m.name for m in METHODS.values() if m.kind == "learned"]
 #: every family once (with the learned methods in turn), and every method on BERT

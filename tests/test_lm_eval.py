@@ -119,7 +119,7 @@ def test_the_harness_reports_the_accuracy_of_the_models_own_choices(setup):
     assert ev.report["lm_eval"]["settings"]["batch_size"] == 4 and ev.report["lm_eval"]["version"].startswith("0.4.")
     assert ev.result is None and ev.data is None
     with pytest.raises(headcut.HeadcutError, match="lm-eval only"):
-        ev.value
+        _ = ev.value
 
 
 def test_cli_and_python_agree_and_the_options_reach_the_harness(setup, tmp_path):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 import headcut
 import headcut.api
@@ -17,7 +18,6 @@ from headcut.catalog import METHODS, resolve
 from headcut.errors import HeadcutError
 from headcut.options import specs, static_specs
 from headcut.pruning import get_method, make_options
-from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -10,9 +10,8 @@ import torch
 from helpers import ATOL, check_reload, forward, make_inputs, make_model, run, save_tiny
 
 import headcut
-from headcut.adapters import adapter_for
+from headcut.adapters import adapter_for, runtime
 from headcut.errors import HeadcutError
-from headcut.adapters import runtime
 
 CLM = "Qwen3_5ForCausalLM"
 LIN, ATT = "self.0", "self.1"  # layer types of the tiny config: linear, full, linear, full

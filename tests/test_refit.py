@@ -11,8 +11,8 @@ from helpers import CLASSES, FAMILIES, cls_rows, is_base_model, make_batch, make
 from headcut.data import Calibration, detect_task
 from headcut.errors import HeadcutError
 from headcut.model.masks import HeadMask
-from headcut.pruning.refit import refit_outputs
 from headcut.model.surgery import model_blocks, slim
+from headcut.pruning.refit import refit_outputs
 
 #: one class with a task head per text family (data commands need one)
 TEXT = {f: next(c for c in CLASSES[f] if not is_base_model(c)) for f in FAMILIES if f != "vit"}

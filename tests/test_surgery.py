@@ -99,7 +99,7 @@ def test_cached_generation_matches_gated(family, empty_layers):
     blocks = headcut.model_blocks(model)
     g = torch.Generator().manual_seed(7)
     keep = {}
-    for i, b in enumerate(blocks):
+    for b in blocks:
         if empty_layers and b.layer == 0:
             keep[b.name] = []  # layer 0 reads the cache length: the hardest case
         else:

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import headcut
-import headcut_offline as offline
 import torch
 import transformers
-from headcut.data import DataConfig, load_calibration, load_tokenizer
 
+import headcut
+import headcut_offline as offline
 from benchmarks.harness.store import Store, log, machine
 from benchmarks.harness.tasks import Task
 from benchmarks.studies import peer_llm
+from headcut.data import DataConfig, load_calibration, load_tokenizer
 
 
 @dataclass(frozen=True)

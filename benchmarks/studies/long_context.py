@@ -815,7 +815,7 @@ def thread_probe(runtimes: list[str], reps: int = 2) -> dict[str, Any]:
         shape = model_shape(model)
         cache, first = random_cache(model, shape, 2048)
         rows = []
-        for rep in range(reps):
+        for _rep in range(reps):
             for th in (1, 2):
                 torch.set_num_threads(th)
                 before = load_avg()
@@ -833,7 +833,7 @@ def thread_probe(runtimes: list[str], reps: int = 2) -> dict[str, Any]:
         write_gguf(cut)
         ids = prompt_ids(src, 512)
         rows = []
-        for rep in range(reps):
+        for _rep in range(reps):
             for th in (1, 2):
                 llm = Llama(str(cut.gguf), n_ctx=1024, n_batch=512, n_threads=th, n_threads_batch=th, verbose=False)
                 llm.eval(ids)

@@ -206,7 +206,7 @@ def _kv_cut(model: torch.nn.Module, removed: int, example: torch.Tensor) -> dict
         scores += [(float(s), i, g) for g, s in enumerate(per_channel.view(kv, -1).mean(1))]
     chosen: dict[int, list[int]] = {}
     skipped = []
-    for score, i, g in sorted(scores):
+    for _score, i, g in sorted(scores):
         if sum(map(len, chosen.values())) == removed:
             break
         if len(chosen.get(i, [])) == kv - 1:

@@ -32,9 +32,9 @@ from headcut.config import PruneConfig
 from headcut.data import Calibration, DataConfig, load_calibration, load_tokenizer
 from headcut.model.masks import HeadMask
 from headcut.model.projections import weight_out_in
-from headcut.pruning.refit import RIDGE, refit_outputs
 from headcut.model.surgery import slim
 from headcut.pruning import eval_metric, plan_prune
+from headcut.pruning.refit import RIDGE, refit_outputs
 from headcut.scoring.attention_maps import real_queries
 from headcut.training.finetuning import frozen_teacher
 

@@ -21,7 +21,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .catalog import ABS_PER, ATTN_IMPLEMENTATIONS, DTYPE_NAMES, ENGINES, GNORM_PER, GQA_POLICIES, MODES, NORMALIZE, OBJECTIVES
+from .catalog import (
+    ABS_PER,
+    ATTN_IMPLEMENTATIONS,
+    DTYPE_NAMES,
+    ENGINES,
+    GNORM_PER,
+    GQA_POLICIES,
+    MODES,
+    NORMALIZE,
+    OBJECTIVES,
+)
 from .errors import HeadcutError, HeadcutTypeError, HeadcutValueError, Shown, ascii_whole
 from .options import TRAINING_PANEL, OptionError, check_fields, option
 

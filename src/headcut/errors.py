@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 
-
 def first_line(exc: BaseException) -> str:
     """The first non-blank line of an exception's message (its type name when it has none)."""
     for line in str(exc).splitlines():

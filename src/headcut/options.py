@@ -242,7 +242,7 @@ def _absolute(module: str, level: int, name: str | None, is_package: bool) -> st
     return ".".join(parts + ([name] if name else []))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parsed(module: str) -> tuple[ast.Module, dict[str, ast.AST], dict[str, tuple[str, str]]]:
     """The module's tree, its top-level definitions (classes and assignments) and its imported names."""
     path = _module_path(module)

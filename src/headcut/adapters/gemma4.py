@@ -54,7 +54,18 @@ import torch
 from torch import nn
 
 from .base import (
-    MISSING, Adapter, Block, BlockCut, EmptyStyle, Rows, Stack, _positive, cols_op, mixin_op, rows_op, set_op,
+    MISSING,
+    Adapter,
+    Block,
+    BlockCut,
+    EmptyStyle,
+    Rows,
+    Stack,
+    _positive,
+    cols_op,
+    mixin_op,
+    rows_op,
+    set_op,
 )
 
 

@@ -25,7 +25,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import same_heads, Adapter, Block, BlockCut, EmptyStyle, cols_op, mixin_op, Stack, rows_op, set_op, stack_blocks
+from .base import (
+    Adapter,
+    Block,
+    BlockCut,
+    EmptyStyle,
+    Stack,
+    cols_op,
+    mixin_op,
+    rows_op,
+    same_heads,
+    set_op,
+    stack_blocks,
+)
 
 
 class HeadcutEmptyConv1D:

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import same_heads, Adapter, Block, BlockCut, EmptyStyle, Rows, Stack, cols_op, mixin_op, rows_op
+from .base import Adapter, Block, BlockCut, EmptyStyle, Rows, Stack, cols_op, mixin_op, rows_op, same_heads
 
 
 class GPTNeoXAdapter(Adapter):

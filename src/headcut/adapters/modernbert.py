@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import same_heads, Adapter, Block, BlockCut, EmptyStyle, Stack, cols_op, mixin_op, rows_op, stack_blocks
+from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, cols_op, mixin_op, rows_op, same_heads, stack_blocks
 
 
 class ModernBertAdapter(Adapter):

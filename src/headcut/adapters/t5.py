@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .base import same_heads, Adapter, Block, BlockCut, Stack, cols_op, mixin_op, rows_op, set_op, stack_blocks
+from .base import Adapter, Block, BlockCut, Stack, cols_op, mixin_op, rows_op, same_heads, set_op, stack_blocks
 from .runtime import passed_cache, write_cache_placeholder
 
 #: (block kind, layer stack, attention inside a T5Block), in block order

@@ -4,22 +4,11 @@ runs, so ``--help`` and shell completion are fast."""
 
 from __future__ import annotations
 
-import typer
-
-from .common import TidyGroup
-
-app = typer.Typer(
-    cls=TidyGroup,
-    name="headcut",
-    help="Make transformer checkpoints smaller and faster by removing attention heads, exactly.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
 # each module registers its command on ``app``, in the order --help lists them
-from . import bench_cmd, eval_cmd, export_cmd, finetune_cmd, info_cmd, methods_cmd, prune_cmd, score_cmd
+from . import bench_cmd, eval_cmd, export_cmd, finetune_cmd, info_cmd, methods_cmd, prune_cmd, score_cmd  # noqa: F401
+from .app import app
+
+__all__ = ["app", "main"]
 
 
 def main() -> None:

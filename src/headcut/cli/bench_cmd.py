@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
 from ..config import BENCH_RUNTIMES, BenchConfig
-from . import app
+from .app import app
 from .common import (
     AllowPickle,
     JsonOut,
@@ -91,12 +91,12 @@ def bench(
         metavar="N")] = _D.runs,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed forwards before the timed ones.",
                                         metavar="N")] = _D.warmup,
-    threads: Annotated[Optional[int], typer.Option(
+    threads: Annotated[int | None, typer.Option(
         "--threads", metavar="N", help="CPU threads (torch.set_num_threads) during the runs; default: torch's.")] = None,
-    dtype: Annotated[Optional[str], typer.Option(
+    dtype: Annotated[str | None, typer.Option(
         "--dtype", metavar="DTYPE", autocompletion=_choices(DTYPE_NAMES),
         help=f"Load in this dtype ({', '.join(DTYPE_NAMES)}); default: the checkpoint's.")] = None,
-    attn_implementation: Annotated[Optional[str], typer.Option(
+    attn_implementation: Annotated[str | None, typer.Option(
         "--attn", metavar="IMPL", autocompletion=_choices(ATTN_IMPLEMENTATIONS),
         help=f"Attention implementation ({', '.join(ATTN_IMPLEMENTATIONS)}); default: transformers'.")] = None,
     gen_tokens: Annotated[int, typer.Option(
@@ -118,7 +118,7 @@ def bench(
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
-    settings: Optional[dict] = None,
+    settings: dict | None = None,
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Annotated, Any, Optional, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,11 +30,11 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..catalog import GGUF_TYPES, GQA_POLICIES, METHODS, OUTPUT_FORMATS, SCORERS, TASKS
 from ..errors import HeadcutError
-from ..options import OptionSpec, cli_name
-from ..interrupts import Interrupted
 from ..files.atomic import OutputDir, OutputFile  # noqa: F401 (the commands use it)
-from ..files.space import file_error  # noqa: F401 (the commands use it)
 from ..files.plan import plan_outputs  # noqa: F401 (the commands use it)
+from ..files.space import file_error  # noqa: F401 (the commands use it)
+from ..interrupts import Interrupted
+from ..options import OptionSpec, cli_name
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -307,13 +307,13 @@ FORCE_HELP = ("Replace an existing non-empty --out, but only a folder headcut wr
 
 ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", metavar="MODEL",
                                          show_default=False, autocompletion=complete_folders)]
-JsonOut = Annotated[Optional[str], typer.Option("--json", help=JSON_HELP, metavar="PATH")]
+JsonOut = Annotated[str | None, typer.Option("--json", help=JSON_HELP, metavar="PATH")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or lines, no notes.", metavar="")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.",
                                            metavar="")]
 TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", metavar="",
                                            help="Allow checkpoints that ship their own model code.")]
-Task = Annotated[Optional[str], typer.Option(
+Task = Annotated[str | None, typer.Option(
     "--task", help=f"Task head: {', '.join(TASKS)} (default: the model's).", metavar="TASK",
     autocompletion=_choices(TASKS))]
 Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
@@ -327,15 +327,15 @@ Gqa = Annotated[str, typer.Option(
     "--gqa", metavar="POLICY", autocompletion=_choices(GQA_POLICIES),
     help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
          "remaining group), duplicate (any query head; KV heads copied).")]
-Out_ = Annotated[Optional[Path], typer.Option("--out", help="Output folder (written atomically).", metavar="DIR",
+Out_ = Annotated[Path | None, typer.Option("--out", help="Output folder (written atomically).", metavar="DIR",
                                               show_default=False)]
-MethodOpt = Annotated[Optional[str], typer.Option(
+MethodOpt = Annotated[str | None, typer.Option(
     "--method", help="Pruning method (headcut methods lists them).", metavar="METHOD", show_default=False,
     autocompletion=_choices(METHODS))]
 Resume = Annotated[bool, typer.Option(
     "--resume", metavar="", rich_help_panel="Training options",
     help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps may grow).")]
-Device = Annotated[Optional[str], typer.Option(
+Device = Annotated[str | None, typer.Option(
     "--device", metavar="DEVICE", rich_help_panel="Training options", autocompletion=_choices(("auto", "cpu", "cuda", "mps")),
     help="auto (CUDA when available; the default), cpu, cuda, cuda:N or mps; under accelerate launch/torchrun each "
          "process takes its own GPU.")]
@@ -348,15 +348,15 @@ class DataOptions:
     """The data options of the commands that read data (one declaration, see :func:`with_data_options`)."""
 
     split: str = "train"
-    text_col: Optional[str] = None
-    text_pair_col: Optional[str] = None
-    label_col: Optional[str] = None
-    source_col: Optional[str] = None
-    target_col: Optional[str] = None
-    max_examples: Optional[int] = None
+    text_col: str | None = None
+    text_pair_col: str | None = None
+    label_col: str | None = None
+    source_col: str | None = None
+    target_col: str | None = None
+    max_examples: int | None = None
     seq_len: int = 128
     batch_size: int = 16
-    data_format: Optional[str] = None
+    data_format: str | None = None
     encoding: str = "utf-8"
 
     def for_api(self) -> dict[str, Any]:
@@ -377,23 +377,23 @@ def _data_option_params() -> list[inspect.Parameter]:
     return [
         opt("split", str, d.split, "--split", help="Split of a datasets name (a local file is one split).",
             metavar="SPLIT"),
-        opt("text_col", Optional[str], None, "--text-col", metavar="COLUMN",
+        opt("text_col", str | None, None, "--text-col", metavar="COLUMN",
             help=f"Text column; default: the first of {', '.join(TEXT_COLUMNS)}."),
-        opt("text_pair_col", Optional[str], None, "--text-pair-col", metavar="COLUMN",
+        opt("text_pair_col", str | None, None, "--text-pair-col", metavar="COLUMN",
             help=f"Second text of sentence pairs; default: {', '.join(PAIR_COLUMNS)} if any."),
-        opt("label_col", Optional[str], None, "--label-col", metavar="COLUMN",
+        opt("label_col", str | None, None, "--label-col", metavar="COLUMN",
             help=f"Label column (ids, or names from the model's label2id); default: the first of "
                  f"{', '.join(LABEL_COLUMNS)}."),
-        opt("source_col", Optional[str], None, "--source-col", metavar="COLUMN",
+        opt("source_col", str | None, None, "--source-col", metavar="COLUMN",
             help=f"Seq2seq source column; default: the first of {', '.join(SOURCE_COLUMNS)} (then the text columns)."),
-        opt("target_col", Optional[str], None, "--target-col", metavar="COLUMN",
+        opt("target_col", str | None, None, "--target-col", metavar="COLUMN",
             help=f"Seq2seq target column; default: the first of {', '.join(TARGET_COLUMNS)}."),
-        opt("max_examples", Optional[int], None, "--max-examples", metavar="N",
+        opt("max_examples", int | None, None, "--max-examples", metavar="N",
             help="Use at most this many examples (after shuffling with --seed); default: all."),
         opt("seq_len", int, d.seq_len, "--seq-len", metavar="N",
             help="Tokens per example: truncation length, or causal-LM block size."),
         opt("batch_size", int, d.batch_size, "--batch-size", metavar="N", help="Examples per forward."),
-        opt("data_format", Optional[str], None, "--data-format", metavar="FORMAT",
+        opt("data_format", str | None, None, "--data-format", metavar="FORMAT",
             help="Format of data whose name does not say it (a pipe, /dev/stdin): csv, tsv, json, jsonl, parquet or "
                  "txt, optionally compressed (csv.gz)."),
         opt("encoding", str, d.encoding, "--encoding", metavar="ENCODING",
@@ -417,7 +417,7 @@ def spec_parameters(specs: list[OptionSpec], *, hidden: bool = False,
                             hidden=hidden, show_default=False,
                             autocompletion=_choices(spec.meta.choices) if spec.meta.choices else None)
         out.append(inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                     annotation=Annotated[Optional[kind], info]))
+                                     annotation=Annotated[kind | None, info]))
     return out
 
 

@@ -3,12 +3,12 @@ lm-evaluation-harness tasks."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from ..config import EvalOptions
-from . import app
+from .app import app
 from .common import (
     DATA_HELP,
     AllowPickle,
@@ -60,7 +60,7 @@ EVAL_HELP = "\n\n".join([
 @with_specs(EvalOptions, "options")
 def eval_(
     model: ModelArg,
-    data: Annotated[Optional[str], typer.Option(
+    data: Annotated[str | None, typer.Option(
         "--data", help=DATA_HELP + " Needed unless --lm-eval is given.", metavar="FILE|NAME[:CONFIG]",
         show_default=False)] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N",
@@ -71,7 +71,7 @@ def eval_(
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
-    options: Optional[dict] = None,
+    options: dict | None = None,
 ) -> None:
     """Evaluate MODEL (see EVAL_HELP)."""
     out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from . import app
+from .app import app
 from .common import (
     AllowPickle,
     Force,

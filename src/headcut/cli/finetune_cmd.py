@@ -3,19 +3,20 @@ teacher; saved the same way (``headcut-finetune.json`` inside it, written in the
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from ..errors import HeadcutError
 from ..config import FinetuneConfig
+from ..errors import HeadcutError
 from ..outputs.reports import FINETUNE_REPORT
-from . import app
+from .app import app
 from .common import (
     DATA_HELP,
     FORCE_HELP,
     AllowPickle,
     DataOptions,
+    Device,
     GgufType,
     JsonOut,
     ModelArg,
@@ -23,9 +24,8 @@ from .common import (
     Out_,
     OutputFormat,
     Quiet,
-    Task,
-    Device,
     Resume,
+    Task,
     TidyCommand,
     TrustRemote,
     complete_folders,
@@ -61,15 +61,15 @@ def finetune_cmd(
     model: ModelArg,
     data: Annotated[str, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)],
     out: Out_ = None,
-    eval_data: Annotated[Optional[str], typer.Option(
+    eval_data: Annotated[str | None, typer.Option(
         "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Evaluation data, in the formats of --data (and must "
         "differ from it): the metric before/after, and every --eval-every steps.")] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
                                             metavar="SPLIT")] = "validation",
-    teacher: Annotated[Optional[str], typer.Option(
+    teacher: Annotated[str | None, typer.Option(
         "--distill-from", metavar="TEACHER", autocompletion=complete_folders,
         help="Teacher checkpoint (same vocabulary or labels): distil its outputs.")] = None,
-    labels: Annotated[Optional[str], typer.Option(
+    labels: Annotated[str | None, typer.Option(
         "--labels", metavar="NAME,NAME,...", help="The classes of a new classification head (with --task "
         "sequence-classification on a checkpoint without one): train a classifier from a base encoder.")] = None,
     force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also starts over from a stale "
@@ -86,7 +86,7 @@ def finetune_cmd(
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
-    settings: Optional[dict] = None,
+    settings: dict | None = None,
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import app
+from .app import app
 from .common import (
     AllowPickle,
     JsonOut,

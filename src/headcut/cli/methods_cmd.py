@@ -3,13 +3,13 @@ read from the registry and the methods' option declarations without importing to
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from ..catalog import METHODS, method_entry
 from ..options import static_specs
-from . import app
+from .app import app
 from .common import JsonOut, Out, TidyCommand, _choices, examples, handle_errors
 
 KIND = {"score": "ranked by a scorer", "learned": "gates trained with the model", "agent": "a DQN agent, layer by "
@@ -32,7 +32,7 @@ def describe(name: str) -> dict:
     "headcut methods", "headcut methods pass", "headcut methods --json - | jq -r '.[].name'"))
 @handle_errors
 def methods_cmd(
-    name: Annotated[Optional[str], typer.Argument(help="A method to describe in full.", metavar="NAME",
+    name: Annotated[str | None, typer.Argument(help="A method to describe in full.", metavar="NAME",
                                                   autocompletion=_choices(METHODS))] = None,
     json_out: JsonOut = None,
 ) -> None:

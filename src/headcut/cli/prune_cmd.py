@@ -8,7 +8,7 @@ dataclass (its registry entry names it, :mod:`headcut.options` reads it without 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -17,7 +17,7 @@ from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..errors import HeadcutError
 from ..options import static_specs
 from ..outputs.reports import PRUNE_REPORT
-from . import app
+from .app import app
 from .common import (
     DATA_HELP,
     FORCE_HELP,
@@ -146,9 +146,9 @@ def prune_cmd(
     ctx: typer.Context,
     model: ModelArg,
     method: MethodOpt = None,
-    data: Annotated[Optional[str], typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
+    data: Annotated[str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
                                                 show_default=False)] = None,
-    eval_data: Annotated[Optional[str], typer.Option(
+    eval_data: Annotated[str | None, typer.Option(
         "--eval-data", metavar="FILE|NAME[:CONFIG]",
         help="Held-out data: metric, --max-drop, --trajectory, --eval-every.")] = None,
     eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
@@ -156,7 +156,7 @@ def prune_cmd(
     out: Out_ = None,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
-    trajectory: Annotated[Optional[str], typer.Option(
+    trajectory: Annotated[str | None, typer.Option(
         "--trajectory", metavar="FILE.csv", help="Per-step metric to FILE.csv and a PNG (needs --eval-data).")] = None,
     force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale "
                                         "checkpoint.")] = False,
@@ -170,9 +170,9 @@ def prune_cmd(
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
-    budget: Optional[dict] = None,
-    recovery: Optional[dict] = None,
-    layerwise_options: Optional[dict] = None,
+    budget: dict | None = None,
+    recovery: dict | None = None,
+    layerwise_options: dict | None = None,
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, SCORERS
 from ..extras import imported
-from . import app
+from .app import app
 from .common import (
     DATA_HELP,
     AllowPickle,
@@ -46,7 +46,7 @@ SCORE_HELP = "\n\n".join([
 @with_data_options
 def score_cmd(
     model: ModelArg,
-    data: Annotated[Optional[str], typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
+    data: Annotated[str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
                                                 show_default=False)] = None,
     scorer: ScorerOpt = "gradient",
     normalize: Annotated[str, typer.Option(
@@ -63,7 +63,7 @@ def score_cmd(
         "--per", metavar="|".join(GNORM_PER),
         help="gnorm: the gradient norms of every batch (the authors' code) or of every example (the paper's "
              "per-sentence description), averaged.")] = "batch",
-    plot: Annotated[Optional[str], typer.Option(
+    plot: Annotated[str | None, typer.Option(
         "--plot", metavar="FILE.png",
         help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut\\[plots]').")] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N",

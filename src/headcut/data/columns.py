@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..errors import HeadcutError, ascii_whole, shown as shown_value
+from ..errors import HeadcutError, ascii_whole
+from ..errors import shown as shown_value
 from .config import MIN_LINES_READ, DataConfig
 
 __all__ = ["Rows", "label_ids", "pick"]

@@ -12,7 +12,6 @@ from .leftovers import pid_alive
 from .names import LOCK_TAG, embedded_name, real_path
 from .space import os_error
 
-
 try:  # POSIX; elsewhere RunLock falls back to an exclusive-create pid file
     import fcntl
 except ImportError:  # pragma: no cover - Windows

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ..errors import HeadcutError
 
-
 #: files whose presence marks a folder as written by headcut (reports; config.json is checked apart)
 REPORT_FILES = ("headcut-report.json", "headcut-finetune.json")
 TMP_TAG = ".headcut-tmp-"

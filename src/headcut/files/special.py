@@ -9,7 +9,6 @@ import stat
 import sys
 from pathlib import Path
 
-
 #: seconds between the lines a write to a named pipe with no reader prints while it waits
 FIFO_NOTICE_S = 15.0
 

@@ -14,26 +14,25 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
-from torch import nn
 import torch
+from torch import nn
 
-from ..model import loading as io
-from ..model import saving
 from ..arguments import checked
 from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
 from ..errors import HeadcutError, first_line, label
-from ..outputs.formats import check_formats
 from ..files.atomic import OutputDir
-from ..files.plan import check_paths
 from ..files.names import real_path
-from ..progress import Reporter, Task
+from ..files.plan import check_paths
+from ..model import loading as io
+from ..model import saving
+from ..outputs.formats import check_formats
 from ..outputs.reports import weights_bytes
+from ..progress import Reporter, Task
 
-
-ModelLike = str | os.PathLike[str] | nn.Module
+ModelLike: TypeAlias = str | os.PathLike[str] | nn.Module
 
 
 # ---- models, tokenizers and data ------------------------------------------------------------------

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..model.checks import check_checkpoint
 from ..arguments import checked, values
 from ..config import BenchConfig
 from ..errors import HeadcutError
+from ..model.checks import check_checkpoint
 from ..progress import Reporter, Task, quiet
 from .base import ModelLike
 
@@ -70,7 +70,11 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
         task.update(done, total)
 
     with contextlib.ExitStack() as stack:
-        stack.callback(lambda: [t.finish() for t in tasks.values()])
+        def finish_all() -> None:
+            for t in tasks.values():
+                t.finish()
+
+        stack.callback(finish_all)
         results = run_bench(list(models), config, names=names, task=task, allow_pickle=allow_pickle,
                             trust_remote_code=trust_remote_code, progress=on_progress)
     report = report_json(results, config)
@@ -82,8 +86,8 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
                      "under load")
     cards: list[Path] = []
     if update_cards:
-        from .bench_results import device_name
         from ..outputs.modelcard import update_speed
+        from .bench_results import device_name
 
         threads = f", {results[0].threads} threads" if results and config.device == "cpu" else ""
         cards, skipped = update_speed(results, list(models), f"{device_name(config.device)} ({config.device}{threads})")

@@ -15,10 +15,10 @@ from torch import nn
 
 from ..config import BenchConfig
 from ..errors import HeadcutError, first_line
+from ..files.leftovers import scratch_folder
 from ..model.inputs import check_positions, describe_inputs, make_inputs
 from ..model.measure import count_flops, time_calls
 from ..model.surgery import count_params
-from ..files.leftovers import scratch_folder
 from ..outputs.formats.onnx import ONNX_FILE, OnnxRunner, export_onnx
 from .bench_results import BenchResult, GenerationResult
 from .bench_rows import (

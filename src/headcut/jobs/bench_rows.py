@@ -269,13 +269,13 @@ def measure(rows: Sequence[Row], config: BenchConfig, rounds: StageFn | None = N
 
     if config.warmup:
         for row in rows:
-            row.measure_memory(config.warmup, lambda i, row=row: row.report("warmup", i, config.warmup))
+            row.measure_memory(config.warmup, _reporter(row, "warmup", config.warmup))
     report("runs", "rounds", 0, config.runs)
     times = time_rounds([r.forward for r in rows], config.runs, [r.clock for r in rows],
                         lambda i: report("runs", "rounds", i, config.runs))
     if not config.warmup:
         for row in rows:
-            row.measure_memory(1, lambda i, row=row: row.report("memory", i, 1))
+            row.measure_memory(1, _reporter(row, "memory", 1))
     generating = [k for k, row in enumerate(rows) if row.generates]
     gen_times: dict[int, list[float]] = {}
     if generating:
@@ -293,6 +293,11 @@ def measure(rows: Sequence[Row], config: BenchConfig, rounds: StageFn | None = N
                             lambda i: report("generate", "generate rounds", i, config.gen_runs))
         gen_times = dict(zip(generating, timed))
     return [row.result(times[k], row.generation(gen_times.get(k), config.batch_size)) for k, row in enumerate(rows)]
+
+
+def _reporter(row: Row, stage: str, total: int) -> Callable[[int], None]:
+    """``row``'s progress callback for ``total`` calls of ``stage``."""
+    return lambda i: row.report(stage, i, total)
 
 
 def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,

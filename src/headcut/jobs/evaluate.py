@@ -14,8 +14,16 @@ from ..data import Calibration, DataConfig
 from ..errors import HeadcutError, HeadcutTypeError, label
 from ..options import OptionError
 from ..progress import Reporter, quiet
-from .base import (LoadedModel, ModelLike, calibration, check_data_spec, checked_data, data_config, load_model,
-                   model_tokenizer)
+from .base import (
+    LoadedModel,
+    ModelLike,
+    calibration,
+    check_data_spec,
+    checked_data,
+    data_config,
+    load_model,
+    model_tokenizer,
+)
 
 
 @dataclass
@@ -126,10 +134,10 @@ def evaluate(model: ModelLike, data: Any = None, *, tokenizer: Any = None, task:
         with progress.step("reading data"):
             stream, cals = load_windows(loaded.module, tok, config, sizes, dataset=dataset)
         notes += stream.notes
-        for cal in cals:
-            with progress.task(f"perplexity, windows of {cal.seq_len} tokens", len(cal.batches), "batches") as bar:
-                windows[cal.seq_len] = run_eval(loaded.module, cal, progress=lambda d, t: bar.update(d, t))
-            notes += cal.notes + windows[cal.seq_len].notes
+        for window in cals:
+            with progress.task(f"perplexity, windows of {window.seq_len} tokens", len(window.batches), "batches") as bar:
+                windows[window.seq_len] = run_eval(loaded.module, window, progress=lambda d, t: bar.update(d, t))
+            notes += window.notes + windows[window.seq_len].notes
         result = windows[sizes[0]]
         data_json = {**stream.to_json(), "windows": {str(c.seq_len): {"windows": c.examples, "tokens": c.tokens,
                                                                       "scored_tokens": c.scored_tokens,

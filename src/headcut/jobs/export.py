@@ -10,11 +10,11 @@ from typing import Any
 
 from ..arguments import checked, values
 from ..errors import HeadcutError, label
-from ..outputs.formats import check_formats, parse_formats
-from ..model.masks import HeadMask, check_mask
 from ..files.names import real_path
-from ..progress import quiet
+from ..model.masks import HeadMask, check_mask
+from ..outputs.formats import check_formats, parse_formats
 from ..outputs.reports import export_report
+from ..progress import quiet
 from .base import ModelLike, load_model, plain_arguments
 from .results import Written
 
@@ -40,9 +40,8 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
     paths checked and locked before the model is loaded (``headcut export --out``)."""
     import contextlib
 
-    from ..files.plan import plan_outputs
-
     from ..catalog import GQA_POLICIES
+    from ..files.plan import plan_outputs
     from ..model.masks import read_mask_file
 
     arguments = arguments if arguments is not None else plain_arguments({"model": model, "gqa": gqa, "task": task})

@@ -12,31 +12,31 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from ..model.checks import check_checkpoint
 from ..arguments import checked, values
 from ..config import FinetuneConfig
 from ..errors import HeadcutError, label
-from ..outputs.formats import check_formats, parse_formats
 from ..files.names import real_path
-from ..progress import Reporter, quiet
+from ..model.checks import check_checkpoint
+from ..outputs.formats import check_formats, parse_formats
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
-from .results import Written
+from ..progress import Reporter, quiet
 from .base import (
     Agreement,
     Bars,
     ModelLike,
     calibration,
+    checkpoint_found,
+    data_settings,
     data_specs,
     load_model,
     local_reads,
     move,
+    pick_device,
     plain_arguments,
-    checkpoint_found,
-    data_settings,
     run_fingerprint,
     spec_path,
-    pick_device,
 )
+from .results import Written
 
 
 @dataclass(kw_only=True)
@@ -73,9 +73,9 @@ def finetune(
     :mod:`headcut.training.parallel`). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see :func:`prune`).
     ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.outputs.formats`). ``out``/``force``: save the
     result there, the paths checked and locked before any work (see :func:`prune`; ``headcut finetune --out``)."""
-    from ..training.finetuning import finetune as run_finetune
-    from ..training.checkpoint import checkpoint_dir_for, locked_output
     from ..files.plan import plan_outputs
+    from ..training.checkpoint import checkpoint_dir_for, locked_output
+    from ..training.finetuning import finetune as run_finetune
 
     agreement = Agreement()  # several processes: they agree before training, or all stop with one line
     with agreement.guard():
@@ -111,7 +111,7 @@ def finetune(
         with values():
             target = None
             own_checkpoint = out is not None and checkpoint_dir is None and patience is None
-            if own_checkpoint:
+            if own_checkpoint and out is not None:
                 checkpoint_dir = checkpoint_dir_for(out)
             if out is not None:
                 target, _ = plan_outputs(

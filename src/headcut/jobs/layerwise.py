@@ -17,10 +17,10 @@ from typing import Any
 
 from ..arguments import checked
 from ..errors import HeadcutError, label
+from ..files.atomic import OutputDir
 from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
 from ..model.streamed_cut import write_layerwise
 from ..model.tensor_files import DTYPE_BYTES
-from ..files.atomic import OutputDir
 from ..progress import Reporter, quiet
 from ..scoring.layerwise import score_layerwise, spill_folder
 from .layerwise_choice import Choice, checkpoint_bytes
@@ -46,10 +46,10 @@ class LayerwisePruned(Pruned):
              gguf_type: str | None = None) -> Any:
         """Read the checkpoint again layer by layer, cut and write every layer, then the config, the side files,
         the report and the model card (atomically, as any save)."""
-        from ..model.saving import SavedModel, finish_checkpoint
-        from ..model.masks import plan_cuts, resolve_mask
-        from ..model.stock import stock_form
         from ..files.plan import check_paths
+        from ..model.masks import plan_cuts, resolve_mask
+        from ..model.saving import SavedModel, finish_checkpoint
+        from ..model.stock import stock_form
         from ..outputs.modelcard import write_card
         from ..outputs.reports import weights_bytes
 
@@ -128,7 +128,7 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     from ..model.surgery import slim
     from ..outputs.reports import prune_report, weights_bytes
     from ..pruning import check_budget, run_search
-    from ..pruning.ranked import oriented
+    from ..pruning.ranked import ScoreMethod, oriented
     from .base import Bars, LoadedModel, calibration, local_reads, plain_arguments
 
     src, data, config = request.source, request.data, request.config
@@ -144,6 +144,7 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     stats.layer_bytes = max(streamed.layer_bytes(i) for i in range(len(streamed.layers)))
     stats.checkpoint_bytes = checkpoint_bytes(folder)
     sets, budget, method, options = check_budget(streamed.model, request.config, request.options)
+    assert isinstance(method, ScoreMethod)  # the layer-wise choice admits the one-shot score methods only
     means: dict[str, Any] | None = {} if getattr(options, "bias_compensation", False) else None
     if means is not None:
         from ..model import compensation
@@ -168,6 +169,8 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
             scores = score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
                                         progress=lambda d, t: bar.update(d, t), means=means)
 
+    inverse = method.inverse
+
     class Fixed:
         """The layer-wise scores, for the exact-budget search (scored once)."""
 
@@ -175,7 +178,7 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
         scorings = 1
 
         def importance(self, model: Any, mask: Any, progress: Any) -> dict[str, list[float]]:
-            return oriented(scores.importance(), method.inverse)
+            return oriented(scores.importance(), inverse)
 
     bars = Bars(progress, config.method, None)
     try:

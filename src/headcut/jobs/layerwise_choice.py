@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadcutError, label
 from ..devices import available_memory, gib, parse_size
+from ..errors import HeadcutError, label
 from ..scoring.layerwise import LAYERWISE_SCORERS
 
 

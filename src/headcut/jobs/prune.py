@@ -13,9 +13,9 @@ from typing import Any
 from ..arguments import checked
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..data import Calibration
+from ..files.names import real_path
 from ..model.masks import HeadMask
 from ..model.surgery import model_blocks
-from ..files.names import real_path
 from ..outputs.formats import check_formats
 from ..outputs.reports import prune_report, weights_bytes
 from ..progress import Reporter, quiet
@@ -100,7 +100,7 @@ def prune(
                            via_steps=via_steps),
             RunSettings(device=device, checkpoint_dir=checkpoint_dir, resume=resume, restart=restart, progress=progress,
                         formats=formats, gguf_type=gguf_type, out=out, force=force, trajectory=trajectory,
-                        layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory)))
+                        layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory)))  # type: ignore[arg-type]  # bytes as an int too
         with request.lock():
             if request.path.layerwise:  # one process only
                 pruned: Pruned = prune_layerwise(request, arguments, request.path)
@@ -172,7 +172,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     # every process's data, model and settings, before the first collective: the same everywhere, or every process
     # stops with one line naming the difference (or the error of a process whose setup failed)
     agreement.agree(dist, lambda: run_fingerprint(
-        {**asdict(config), **(asdict(opts) if is_dataclass(opts) else {}),
+        {**asdict(config), **(asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {}),
          "engine": engine, "recover_steps": rec.recover_steps,
          "refit": rec.refit, "recover_hidden_weight": float(rec.recover_hidden_weight),
          "recover_average": float(rec.recover_average),

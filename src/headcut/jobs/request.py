@@ -104,9 +104,9 @@ def prune_request(source: Source, config: PruneConfig, method_options: dict[str,
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock, in that order (``config`` is built from
     the keywords but not yet validated: this check does it first)."""
-    from ..training.checkpoint import checkpoint_dir_for
     from ..files.plan import plan_outputs
     from ..pruning import get_method, make_options
+    from ..training.checkpoint import checkpoint_dir_for
 
     L = label
     method, rec = config.method, recovery
@@ -172,7 +172,7 @@ def prune_request(source: Source, config: PruneConfig, method_options: dict[str,
             raise HeadcutError(f"{L('layerwise')} runs in one process; launch it without torchrun or accelerate")
         own_checkpoint = run.checkpoint_dir is None and out is not None and entry.resumable
         ckpt = Path(run.checkpoint_dir) if run.checkpoint_dir is not None else (
-            checkpoint_dir_for(out) if own_checkpoint else None)
+            checkpoint_dir_for(out) if own_checkpoint and out is not None else None)
         target, trajectory_file = None, None
         if out is not None:
             traj = Path(trajectory) if isinstance(trajectory, (str, os.PathLike)) else None

@@ -4,19 +4,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
-from collections.abc import Sequence
 
 from torch import nn
 
 from ..arguments import checked, values
 from ..errors import HeadcutError, label
-from ..model import saving
-from ..model.masks import HeadMask
 from ..files.atomic import OutputDir, OutputFile
 from ..files.special import special_kind
+from ..model import saving
+from ..model.masks import HeadMask
 from ..outputs.reports import PRUNE_REPORT, write_trajectory_csv, write_trajectory_png
 from .base import save_model
 

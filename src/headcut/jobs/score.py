@@ -33,8 +33,8 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
     """Score every head of ``model`` with ``scorer`` on ``data`` (``headcut score``; the data-free scorers
     value-l1, magnitude and random need none)."""
     from ..catalog import scorer_entry
-    from ..scoring import score as run_score
     from ..model.surgery import model_blocks
+    from ..scoring import score as run_score
 
     progress = progress or quiet()
     with values():

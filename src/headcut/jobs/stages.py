@@ -144,8 +144,8 @@ def refit(state: PruneState, run: RoundRun) -> None:
     teacher, run.refit_teacher = run.refit_teacher, None
     if teacher is None:
         return
-    from ..pruning.refit import refit_outputs
     from ..pruning import eval_metric
+    from ..pruning.refit import refit_outputs
 
     model, eval_cal = state.model, state.eval_cal
     if state.cal is None:
@@ -203,7 +203,7 @@ def recovery_config(recovery: RecoveryConfig, steps: int, seed: int) -> Finetune
     ``steps`` and ``recovery``'s hidden-state weight and averaging (> 0: a constant learning rate, and the
     weights at the end the mean over that fraction of the last steps); no resume checkpoints."""
     average = float(recovery.recover_average)
-    averaged = {"average_last": average, "schedule": "constant"} if average else {}
+    averaged: dict[str, Any] = {"average_last": average, "schedule": "constant"} if average else {}
     return FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None,
                           hidden_weight=float(recovery.recover_hidden_weight), **averaged)
 
@@ -250,14 +250,14 @@ def as_one_cut(runs: list[RoundRun], mask: HeadMask, config: PruneConfig) -> tup
     return result, slimmed
 
 
-def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int) -> list[int]:
+def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int | None) -> list[int]:
     """The ``--uniform`` budgets nearest ``target`` for a run without ``--uniform`` on a family whose stock config
     could hold a uniform cut (an empty list otherwise): what the summary offers for a stock checkpoint."""
     from ..adapters import adapter_for
     from ..pruning.search import uniform_budgets
     from ..pruning.units import block_sets, nearest
 
-    if config.uniform or adapter_for(model).stock_spec(str(model.config.model_type)) is None:
+    if config.uniform or adapter_for(model).stock_spec(str(model.config.model_type)) is None or target is None:
         return []
     sets = block_sets(model_blocks(model), config.gqa)
     total = sum(s.heads * s.width for s in sets)  # the uncut model: not a cut to offer

@@ -4,6 +4,7 @@ values and dtypes its safetensors store, and what the loaded model left missing,
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def readable(file: Path) -> None:
         raise os_error("read", file, exc) from None
 
 
-def check_checkpoint(path: str | Path, allow_pickle: bool = False) -> Path | None:
+def check_checkpoint(path: str | os.PathLike[str], allow_pickle: bool = False) -> Path | None:
     """Validate a local checkpoint folder; return None for a hub id. One-line errors.
 
     Refuses a folder without config.json or weights, pickle-only weights without ``allow_pickle``,

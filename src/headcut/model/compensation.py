@@ -29,6 +29,7 @@ from ..adapters import Block, adapter_for
 from ..errors import HeadcutError
 from .projections import weight_out_in
 
+
 def bias_field(model: nn.Module, blocks: list[Block]) -> str | None:
     """The config field to turn on so that every output projection of ``blocks`` has a bias: None where they all
     have one; HeadcutError where some lack one and the stock config has no field for it."""

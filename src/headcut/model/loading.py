@@ -18,6 +18,7 @@ copy of the runtime.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -249,7 +250,7 @@ def open_checkpoint(path: str | Path, task: str | None, allow_pickle: bool, trus
 
 
 def load(
-    path: str | Path,
+    path: str | os.PathLike[str],
     task: str | None = None,
     *,
     allow_pickle: bool = False,

@@ -17,6 +17,7 @@ Grouped-query attention (GQA) limits which sets of query heads can be removed ex
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +46,7 @@ class HeadMask:
         return cls({b.name: list(range(b.heads)) for b in blocks})
 
 
-def read_mask_file(path: str | Path) -> dict[str, Any]:
+def read_mask_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a mask JSON file and check its form (:func:`check_mask`); one-line errors for missing,
     unreadable or malformed files."""
     p = Path(path)

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from ..adapters.base import Block
-from ..errors import HeadcutError
 from ..adapters.runtime import _is_transposed
+from ..errors import HeadcutError
 
 
 def weight_out_in(mod: nn.Module) -> torch.Tensor:

@@ -31,8 +31,8 @@ from torch import nn
 from .. import __version__
 from ..adapters import adapter_for_config, runtime_mixins
 from ..adapters.base import BlockCut
-from ..errors import HeadcutError
 from ..adapters.runtime import RUNTIME_FORMAT, apply_ops
+from ..errors import HeadcutError
 from .surgery import RECORD_FORMAT, block_ops, count_params
 
 RECORD_KEYS = {"format", "runtime_format", "headcut_version", "family", "blocks", "ops"}

@@ -44,8 +44,8 @@ from torch import nn
 from ..adapters import Adapter, Block, adapter_for
 from ..devices import peak_rss
 from ..errors import HeadcutError, label
-from .layer_cache import layer_stack
 from .checks import check_dtypes, check_loading
+from .layer_cache import layer_stack
 from .tensor_files import Checkpoint, write_safetensors
 
 

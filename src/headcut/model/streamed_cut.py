@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..adapters import BlockCut, runtime_mixins
-from ..errors import HeadcutError
 from ..adapters.runtime import apply_ops
+from ..errors import HeadcutError
 from .streamed import LayerwiseStats, StreamedModel
 from .surgery import _compose, block_ops, build_record
 from .tensor_files import ShardWriter

@@ -16,8 +16,8 @@ from torch import nn
 
 from .. import __version__
 from ..adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
-from .masks import HeadMask, plan_cuts, resolve_mask
 from ..adapters.runtime import RUNTIME_FORMAT, apply_ops
+from .masks import HeadMask, plan_cuts, resolve_mask
 
 RECORD_FORMAT = 1
 

@@ -28,10 +28,10 @@ from torch import nn
 
 from ..catalog import METHODS, method_entry
 from ..config import PruneConfig
-from ..training.distributed import Dist
 from ..errors import HeadcutError
 from ..model.masks import plan_cuts
 from ..model.surgery import model_blocks, slim
+from ..training.distributed import Dist
 from .base import CalibrationLike, Metric, PruneProgress, PruneResult, TrajectoryPoint, eval_metric, within_drop
 from .method import Method, Problem, StepLog, get_method, make_options
 from .search import Budget, keep_from_sparsity, resolve_budget, run_search

@@ -81,15 +81,15 @@ from ..config import DistillOptions, PruneConfig, TrainConfig
 from ..data import Calibration
 from ..errors import HeadcutError, label
 from ..formatting import metric_text as _fmt
+from ..learned.dqn import Agent, Transition
 from ..model.evaluation import evaluate
-from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..model.gating import HeadGates
 from ..model.layer_cache import LayerReplay
-from ..learned.dqn import Agent, Transition
 from ..model.masks import HeadMask
 from ..options import option
 from ..scoring.weights import block_rows
 from ..training.engine import EarlyStopping, Trainer
+from ..training.finetuning import DistillationLoss, unpruned_teacher
 from .base import PruneResult, TrajectoryPoint, seed_in_range
 from .method import MethodBase, Problem, Summary
 from .search import Budget, keep_from_sparsity

@@ -20,6 +20,7 @@ from ..model.masks import HeadMask
 from ..model.surgery import HeadTotals
 from ..scoring.base import Batch, HeadScores
 
+
 def seed_in_range(value: int) -> int:
     """A seed derived from the run's (``seed * 1_000_003 + step``, ``seed + i``) that torch takes: one in
     [-2**63, 2**64) as it is, a larger or smaller one wrapped round to 64 bits as torch wraps a negative one
@@ -194,8 +195,8 @@ def score_masked(
 ) -> HeadScores:
     """Score the heads of ``model`` with the heads outside ``mask`` gated to zero (the re-scoring of
     the iterative methods: a masked head takes no part in the forward, so it gets no gradient)."""
-    from ..scoring import score
     from ..model.surgery import model_blocks
+    from ..scoring import score
 
     full = all(len(mask.keep[b.name]) == b.heads for b in model_blocks(model))
     on_batch = None if progress is None else (lambda d, t: progress("score", d, t))

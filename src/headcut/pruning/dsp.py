@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..options import option
 from ..learned import TemperatureSchedule, gumbel_soft_topk, soft_topk
+from ..options import option
 from .gate_training import Context, GateLearner, GateMethod, GateOptions, Slots, fitted, uniform_init, xavier_bound
 
 #: Table 2's N_cooldown as a share of the paper's run (25,000 / 36,816)

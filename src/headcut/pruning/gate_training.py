@@ -39,13 +39,13 @@ from torch import nn
 from ..adapters import Block
 from ..config import DistillOptions, PruneConfig
 from ..data import Calibration
-from ..training.distributed import Dist
 from ..errors import HeadcutError
 from ..model.evaluation import evaluate
-from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..model.gating import HeadGates
 from ..model.masks import HeadMask
+from ..training.distributed import Dist
 from ..training.engine import Trainer
+from ..training.finetuning import DistillationLoss, unpruned_teacher
 from .base import PruneProgress, PruneResult
 from .method import MethodBase, Problem
 from .search import Budget, run_search
@@ -369,7 +369,7 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
             for h in result.mask.keep[b.name]:
                 kept[int(final_slots[b.name][h])] = True
         run.own_kept = slots.heads(own.cpu())
-        run.moved = int(round(slots.heads((own.cpu() ^ kept))))
+        run.moved = int(round(slots.heads(own.cpu() ^ kept)))
     if dist.active:
         run.distributed = {
             "processes": dist.world,

@@ -56,12 +56,12 @@ from ..data import Calibration
 from ..errors import HeadcutError
 from ..formatting import metric_text as _fmt
 from ..model.evaluation import evaluate
-from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..model.gating import HeadGates
 from ..model.masks import HeadMask
 from ..options import option
 from ..training.checkpoint import atomic_save, check_optimizer, check_scheduler, check_weights, digest, read_state
 from ..training.engine import EarlyStopping, Trainer, TrainingDiverged
+from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..training.finite import first_nonfinite
 from .base import PruneResult, TrajectoryPoint, score_masked, seed_in_range
 from .method import MethodBase, Problem, Summary

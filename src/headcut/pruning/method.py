@@ -31,9 +31,9 @@ from ..adapters import Block
 from ..catalog import MethodEntry, method_entry, resolve
 from ..config import PruneConfig
 from ..data import Calibration
-from ..training.distributed import Dist
 from ..errors import HeadcutError
 from ..options import OptionError, specs
+from ..training.distributed import Dist
 from .base import Metric, PruneProgress, PruneResult
 from .search import Budget
 from .units import BlockSet

@@ -49,8 +49,8 @@ from typing import Any
 import torch
 
 from ..config import ScoreConfig
-from ..options import option
 from ..learned import LambdaSchedule, r_pass
+from ..options import option
 from ..scoring import score
 from .base import seed_in_range
 from .gate_training import ConcreteLearner, Context, GateMethod, GateOptions, Slots, fitted

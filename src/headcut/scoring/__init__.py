@@ -23,10 +23,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from ..adapters import Block
 from ..catalog import SCORERS, resolve, scorer_entry
 from ..config import ScoreConfig
 from ..model.surgery import model_blocks
-from ..adapters import Block
 from .base import Batch, HeadScores, Progress, RawScores, Scorer, kv_group_scores, layer_norm_factor
 
 

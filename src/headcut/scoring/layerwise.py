@@ -17,8 +17,8 @@ from torch import nn
 from ..adapters import Block
 from ..devices import trim_memory
 from ..errors import HeadcutError, label
-from ..model.streamed import Activations, LayerwiseStats, StreamedModel
 from ..files import leftovers, space
+from ..model.streamed import Activations, LayerwiseStats, StreamedModel
 from . import finish_scores, get_scorer
 from .attention_maps import eager_attention
 from .base import RawScores

@@ -241,7 +241,7 @@ def check_training_state(state: dict[str, Any], model: dict[str, torch.Tensor], 
             raise damaged(f"its history entry {i} is not a training step's (a step, a loss)")
 
 
-def has_checkpoint(checkpoint_dir: str | Path) -> bool:
+def has_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> bool:
     """Whether the folder holds a resume checkpoint: the engine's ``checkpoint.pt`` or a method's own
     state file (``*.pt``, e.g. the lottery's), temporaries not counted."""
     ckpt = Path(checkpoint_dir).expanduser()
@@ -249,7 +249,7 @@ def has_checkpoint(checkpoint_dir: str | Path) -> bool:
                                  for p in ckpt.iterdir())
 
 
-def prepare_checkpoint_dir(checkpoint_dir: str | Path, resume: bool, restart: bool) -> None:
+def prepare_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], resume: bool, restart: bool) -> None:
     """Refuse ``resume`` without a checkpoint, and a fresh run over the checkpoint of another run unless
     ``restart`` (which then discards it: see :func:`clear_checkpoint_dir`). Before any work."""
     ckpt = Path(checkpoint_dir).expanduser()
@@ -260,7 +260,7 @@ def prepare_checkpoint_dir(checkpoint_dir: str | Path, resume: bool, restart: bo
                            "or --force to start over")
 
 
-def clear_checkpoint_dir(checkpoint_dir: str | Path) -> None:
+def clear_checkpoint_dir(checkpoint_dir: str | os.PathLike[str]) -> None:
     """Discard the checkpoint folder of an earlier run (a fresh run that was allowed to restart)."""
     ckpt = Path(checkpoint_dir).expanduser()
     if ckpt.exists():
@@ -404,7 +404,7 @@ def checkpoint_dir_for(out: str | os.PathLike[str]) -> Path:
 
 
 @contextmanager
-def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: Path | None) -> Iterator[None]:
+def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: str | os.PathLike[str] | None) -> Iterator[None]:
     """The work of a job that writes ``out``: the output locked (on the main process of a data-parallel run),
     and an interruption that says where the resume checkpoint is and how to resume (training jobs)."""
     with target if main else contextlib.nullcontext():

@@ -72,15 +72,22 @@ import torch
 from torch import nn
 
 from ..config import TrainConfig
-from .distributed import Dist
-from .parallel import Engine, rebuilt, start, whole
 from ..errors import HeadcutError
 from ..files.leftovers import remove_stale
 from ..files.lock import RunLock
-from .checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_NAME, RESUME_MAY_CHANGE, atomic_save, check_resumable, digest,
-                         plain, read_state)
+from .checkpoint import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    RESUME_MAY_CHANGE,
+    atomic_save,
+    check_resumable,
+    digest,
+    plain,
+    read_state,
+)
+from .distributed import Dist
 from .finite import all_finite, first_nonfinite
-
+from .parallel import Engine, rebuilt, start, whole
 
 LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
 EvalFn = Callable[[int], dict[str, Any]]

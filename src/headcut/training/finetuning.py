@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,9 +34,9 @@ from torch.nn import functional as F
 
 from ..config import FinetuneConfig
 from ..data import Calibration
-from .distributed import Dist
 from ..errors import HeadcutError
 from ..model.evaluation import PRIMARY, evaluate
+from .distributed import Dist
 from .engine import EarlyStopping, ProgressFn, Trainer
 
 
@@ -373,7 +373,7 @@ def finetune(
     config: FinetuneConfig,
     teacher: nn.Module | None = None,
     eval_calibration: Calibration | None = None,
-    checkpoint_dir: str | Path | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     resume: bool = False,
     progress: ProgressFn | None = None,
     on_step: Callable[[dict[str, Any]], None] | None = None,

@@ -46,9 +46,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...adapters.runtime import CACHE_KEYWORDS, returned_cache
 from ...errors import HeadcutError
 from ...extras import imported, installed
-from ...adapters.runtime import CACHE_KEYWORDS, returned_cache
 from ...model.surgery import weights_bytes
 
 #: the largest max abs difference from PyTorch (float32) an export may have
