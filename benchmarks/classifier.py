@@ -24,8 +24,9 @@ import headcut_offline as offline
 from headcut.progress import Reporter
 
 
-def _build(out: Path, train: Callable[[Reporter], Path], labels: tuple[str, ...], epochs: int, data_options: dict,
-           quiet: bool) -> Path:
+def _build(
+    out: Path, train: Callable[[Reporter], Path], labels: tuple[str, ...], epochs: int, data_options: dict, quiet: bool
+) -> Path:
     """all-MiniLM-L6-v2 given a head for ``labels`` and fine-tuned on ``train(progress)`` (the training file,
     prepared if need be; lr 5e-5, seed 0) into ``out``, unless it is there already. One reporter for it all:
     preparing the data, loading, fine-tuning and saving give a plain line at least every 30 s in a log."""
@@ -33,8 +34,15 @@ def _build(out: Path, train: Callable[[Reporter], Path], labels: tuple[str, ...]
         return out
     with Reporter("quiet" if quiet else "auto") as progress:
         tuned = headcut.finetune(
-            offline.minilm_dir(), train(progress), task="sequence-classification", labels=list(labels),
-            epochs=epochs, lr=5e-5, seed=0, data_options=data_options, progress=progress,
+            offline.minilm_dir(),
+            train(progress),
+            task="sequence-classification",
+            labels=list(labels),
+            epochs=epochs,
+            lr=5e-5,
+            seed=0,
+            data_options=data_options,
+            progress=progress,
         )
         with progress.step(f"saving the classifier to {out}"):
             tuned.save(out)
@@ -46,8 +54,14 @@ def minilm_classifier(examples: int = 4_000, quiet: bool = False) -> Path:
     out = offline.cache_dir() / f"minilm-rotten-tomatoes-{examples}"
     if (out / "model.safetensors").is_file():
         return out
-    return _build(out, lambda progress: offline.rotten_tomatoes_splits(progress=progress)["train"],
-                  offline.RT_LABELS, 1, {"max_examples": examples, "batch_size": 32, "seq_len": 64}, quiet)
+    return _build(
+        out,
+        lambda progress: offline.rotten_tomatoes_splits(progress=progress)["train"],
+        offline.RT_LABELS,
+        1,
+        {"max_examples": examples, "batch_size": 32, "seq_len": 64},
+        quiet,
+    )
 
 
 def convention_classifier(quiet: bool = False) -> Path:
@@ -57,8 +71,14 @@ def convention_classifier(quiet: bool = False) -> Path:
     out = offline.cache_dir() / "minilm-convention-2012"
     if (out / "model.safetensors").is_file():
         return out
-    return _build(out, lambda progress: offline.convention_splits(progress=progress)["train"],
-                  offline.PARTY_LABELS, 2, {"batch_size": 32, "seq_len": 64}, quiet)
+    return _build(
+        out,
+        lambda progress: offline.convention_splits(progress=progress)["train"],
+        offline.PARTY_LABELS,
+        2,
+        {"batch_size": 32, "seq_len": 64},
+        quiet,
+    )
 
 
 def review_plot_classifier(quiet: bool = False) -> Path:
@@ -68,8 +88,14 @@ def review_plot_classifier(quiet: bool = False) -> Path:
     out = offline.cache_dir() / "minilm-review-plot-900"
     if (out / "model.safetensors").is_file():
         return out
-    return _build(out, lambda progress: offline.review_plot_splits(progress=progress)["train"],
-                  offline.REVIEW_LABELS, 5, {"batch_size": 16, "seq_len": 64}, quiet)
+    return _build(
+        out,
+        lambda progress: offline.review_plot_splits(progress=progress)["train"],
+        offline.REVIEW_LABELS,
+        5,
+        {"batch_size": 16, "seq_len": 64},
+        quiet,
+    )
 
 
 def debate_classifier(quiet: bool = False) -> Path:
@@ -79,13 +105,22 @@ def debate_classifier(quiet: bool = False) -> Path:
     out = offline.cache_dir() / "minilm-debates-2016"
     if (out / "model.safetensors").is_file():
         return out
-    return _build(out, lambda progress: offline.debate_splits(progress=progress)["train"],
-                  offline.DEBATE_LABELS, 5, {"batch_size": 16, "seq_len": 128}, quiet)
+    return _build(
+        out,
+        lambda progress: offline.debate_splits(progress=progress)["train"],
+        offline.DEBATE_LABELS,
+        5,
+        {"batch_size": 16, "seq_len": 128},
+        quiet,
+    )
 
 
 #: the classifiers by the flag that picks them (none: the README's)
-CLASSIFIERS = {"--convention": convention_classifier, "--review-plot": review_plot_classifier,
-               "--debates": debate_classifier}
+CLASSIFIERS = {
+    "--convention": convention_classifier,
+    "--review-plot": review_plot_classifier,
+    "--debates": debate_classifier,
+}
 
 if __name__ == "__main__":
     flags = [a for a in sys.argv[1:] if a in CLASSIFIERS]

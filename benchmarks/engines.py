@@ -30,9 +30,16 @@ def build(width: int, layers: int, seed: int) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=4096, hidden_size=width, intermediate_size=width * 8 // 3 // 64 * 64,
-                         num_hidden_layers=layers, num_attention_heads=width // 64, num_key_value_heads=width // 256,
-                         max_position_embeddings=512, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=4096,
+        hidden_size=width,
+        intermediate_size=width * 8 // 3 // 64 * 64,
+        num_hidden_layers=layers,
+        num_attention_heads=width // 64,
+        num_key_value_heads=width // 256,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config)
 
 
@@ -72,7 +79,9 @@ def main() -> None:
             trainer.train()
         except Exception as error:
             if dist.main:
-                print(json.dumps({"engine": engine, "error": f"{type(error).__name__}: {str(error)[:300]}"}), flush=True)
+                print(
+                    json.dumps({"engine": engine, "error": f"{type(error).__name__}: {str(error)[:300]}"}), flush=True
+                )
             continue
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -80,19 +89,29 @@ def main() -> None:
         peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
         peaks = [None] * dist.world
         torch.distributed.all_gather_object(peaks, peak)
-        row = {"engine": trainer.engine_name, "processes": dist.world, "device": str(device),
-               "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
-               "parameters": params, "steps": args.steps, "seconds_per_step": seconds / args.steps,
-               "peak_gib_per_process": peaks, "loss": [round(h["loss"], 5) for h in trainer.history],
-               "torch": torch.__version__}
+        row = {
+            "engine": trainer.engine_name,
+            "processes": dist.world,
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(0) if device.type == "cuda" else None,
+            "parameters": params,
+            "steps": args.steps,
+            "seconds_per_step": seconds / args.steps,
+            "peak_gib_per_process": peaks,
+            "loss": [round(h["loss"], 5) for h in trainer.history],
+            "torch": torch.__version__,
+        }
         results[engine] = {k: v.detach().float().cpu().clone() for k, v in model.state_dict().items()}
         if dist.main:
             print(json.dumps(row), flush=True)
         del model, trainer
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    worst = (max((results["ddp"][k] - results["fsdp"][k]).abs().max().item() for k in results["ddp"])
-             if len(results) == 2 else None)
+    worst = (
+        max((results["ddp"][k] - results["fsdp"][k]).abs().max().item() for k in results["ddp"])
+        if len(results) == 2
+        else None
+    )
     if dist.main:
         print(json.dumps({"max_weight_difference_ddp_fsdp": worst}), flush=True)
     torch.distributed.destroy_process_group()

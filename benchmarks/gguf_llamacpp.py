@@ -68,7 +68,7 @@ def hf_nll(model, ids: list[int], block: int) -> tuple[float, int]:
     nll, count = 0.0, 0
     with torch.inference_mode():
         for start in range(0, len(ids) - 1, block):
-            chunk = torch.tensor([ids[start:start + block]])
+            chunk = torch.tensor([ids[start : start + block]])
             if chunk.shape[1] < 2:
                 break
             n = chunk.shape[1] - 1
@@ -86,7 +86,7 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def cpp_nll(llm, ids: list[int], block: int) -> tuple[float, int]:
     nll, count = 0.0, 0
     for start in range(0, len(ids) - 1, block):
-        chunk = ids[start:start + block]
+        chunk = ids[start : start + block]
         if len(chunk) < 2:
             break
         llm.reset()
@@ -115,8 +115,9 @@ def speed(path: Path, ids: list[int], block: int, gen: int, threads: int, repeat
     """Prompt and generation tokens/s, the best of ``repeat`` runs (the machine is shared)."""
     from llama_cpp import Llama
 
-    llm = Llama(str(path), n_ctx=block + gen + 8, n_batch=block, n_threads=threads, n_threads_batch=threads,
-                verbose=False)
+    llm = Llama(
+        str(path), n_ctx=block + gen + 8, n_batch=block, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
     prompt = ids[:block]
     llm.eval(prompt[:16])  # warm-up
     t_prompt = t_gen = math.inf
@@ -126,7 +127,7 @@ def speed(path: Path, ids: list[int], block: int, gen: int, threads: int, repeat
         llm.eval(prompt)
         t_prompt = min(t_prompt, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        for tok in ids[block:block + gen]:
+        for tok in ids[block : block + gen]:
             llm.eval([tok])
         t_gen = min(t_gen, time.perf_counter() - t0)
     llm.close()
@@ -143,8 +144,12 @@ def main() -> None:
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--out", default=None, help="keep the exported folders here")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--folder", action="append", default=[],
-                    help="a headcut output with safetensors and .gguf files (repeatable): measure it, not the built-in cuts")
+    ap.add_argument(
+        "--folder",
+        action="append",
+        default=[],
+        help="a headcut output with safetensors and .gguf files (repeatable): measure it, not the built-in cuts",
+    )
     args = ap.parse_args()
     from llama_cpp import Llama
 
@@ -171,9 +176,11 @@ def main() -> None:
         model = headcut.load(path_in)
         if cut is not None and cut[0] is not None:
             headcut.slim(model, cut[0], gqa=cut[1])
-        info = {"heads": sum(b.heads for b in headcut.model_blocks(model)),
-                "kv_heads": sum(b.kv_heads for b in headcut.model_blocks(model)),
-                "params": headcut.count_params(model)}
+        info = {
+            "heads": sum(b.heads for b in headcut.model_blocks(model)),
+            "kv_heads": sum(b.kv_heads for b in headcut.model_blocks(model)),
+            "params": headcut.count_params(model),
+        }
         t0 = time.perf_counter()
         nll, count = hf_nll(model, ids, args.block)
         info["hf_ppl"] = round(math.exp(nll / count), 4)
@@ -199,18 +206,29 @@ def main() -> None:
                 path = folder / exported.file
                 written = exported.to_json()
             kv = {"type_k": 0, "type_v": 0} if outtype == "f32" else {}
-            llm = Llama(str(path), logits_all=True, n_ctx=max(args.block, 256), n_batch=args.block,
-                        n_threads=args.threads, n_threads_batch=args.threads, verbose=False, **kv)
+            llm = Llama(
+                str(path),
+                logits_all=True,
+                n_ctx=max(args.block, 256),
+                n_batch=args.block,
+                n_threads=args.threads,
+                n_threads_batch=args.threads,
+                verbose=False,
+                **kv,
+            )
             if not tokenizer_checked:
                 own = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
                 same = own == all_ids
-                first = next((i for i, (a, b) in enumerate(zip(own, all_ids)) if a != b),
-                             None if len(own) == len(all_ids) else min(len(own), len(all_ids)))
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(own, all_ids)) if a != b),
+                    None if len(own) == len(all_ids) else min(len(own), len(all_ids)),
+                )
                 chat = [llm.tokenize(p.encode("utf-8"), add_bos=True, special=True) for p in PROMPTS] == prompts
                 report["llamacpp_tokenizer_same_ids"] = report.get("llamacpp_tokenizer_same_ids", True) and same
                 report.setdefault("llamacpp_tokenizer_first_mismatch", first)
                 report["llamacpp_tokenizer_prompts_same_ids"] = (
-                    report.get("llamacpp_tokenizer_prompts_same_ids", True) and chat)
+                    report.get("llamacpp_tokenizer_prompts_same_ids", True) and chat
+                )
                 info["llamacpp_tokenizer"] = {"same_ids": same, "first_mismatch": first, "prompts_same_ids": chat}
                 tokenizer_checked = True
             got = prompt_logits_cpp(llm, prompts)
@@ -221,10 +239,15 @@ def main() -> None:
             c_nll, c_count = cpp_nll(llm, ids, args.block)
             llm.close()
             entry = {
-                "arch": written["arch"], "bytes": written["bytes"], "export_seconds": round(written["seconds"], 2),
+                "arch": written["arch"],
+                "bytes": written["bytes"],
+                "export_seconds": round(written["seconds"], 2),
                 "kv_cache": "f32" if outtype == "f32" else "f16",
-                "max_abs_logit_diff": diff, "rel_logit_diff": diff / scale, "top1_agree": top1,
-                "llamacpp_ppl": round(math.exp(c_nll / c_count), 4), "ppl_seconds": round(time.perf_counter() - t0, 2),
+                "max_abs_logit_diff": diff,
+                "rel_logit_diff": diff / scale,
+                "top1_agree": top1,
+                "llamacpp_ppl": round(math.exp(c_nll / c_count), 4),
+                "ppl_seconds": round(time.perf_counter() - t0, 2),
                 **speed(path, all_ids, args.block, args.gen, args.threads, args.repeat),
             }
             if written.get("notes"):
@@ -236,16 +259,22 @@ def main() -> None:
         report["models"][label] = info
         del model
     print()
-    print(f"{'model':<11} {'type':<5} {'arch':<6} {'heads':>5} {'MiB':>6} {'max|dlogit|':>11} {'top1':>5} "
-          f"{'ppl hf':>8} {'ppl cpp':>8} {'pp tok/s':>9} {'tg tok/s':>9}")
+    print(
+        f"{'model':<11} {'type':<5} {'arch':<6} {'heads':>5} {'MiB':>6} {'max|dlogit|':>11} {'top1':>5} "
+        f"{'ppl hf':>8} {'ppl cpp':>8} {'pp tok/s':>9} {'tg tok/s':>9}"
+    )
     for label, info in report["models"].items():
         for outtype, e in info["types"].items():
-            print(f"{label:<11} {outtype:<5} {e['arch']:<6} {info['heads']:>5} {e['bytes'] / 2**20:>6.1f} "
-                  f"{e['max_abs_logit_diff']:>11.2e} {e['top1_agree']:>5.3f} {info['hf_ppl']:>8.3f} "
-                  f"{e['llamacpp_ppl']:>8.3f} {e['prompt_tok_s']:>9.1f} {e['gen_tok_s']:>9.1f}")
-    print(f"llama.cpp's own tokenizer gives transformers' ids: hamlet {report['llamacpp_tokenizer_same_ids']} "
-          f"(first mismatch {report['llamacpp_tokenizer_first_mismatch']}), prompts "
-          f"{report['llamacpp_tokenizer_prompts_same_ids']}")
+            print(
+                f"{label:<11} {outtype:<5} {e['arch']:<6} {info['heads']:>5} {e['bytes'] / 2**20:>6.1f} "
+                f"{e['max_abs_logit_diff']:>11.2e} {e['top1_agree']:>5.3f} {info['hf_ppl']:>8.3f} "
+                f"{e['llamacpp_ppl']:>8.3f} {e['prompt_tok_s']:>9.1f} {e['gen_tok_s']:>9.1f}"
+            )
+    print(
+        f"llama.cpp's own tokenizer gives transformers' ids: hamlet {report['llamacpp_tokenizer_same_ids']} "
+        f"(first mismatch {report['llamacpp_tokenizer_first_mismatch']}), prompts "
+        f"{report['llamacpp_tokenizer_prompts_same_ids']}"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     if not args.out:

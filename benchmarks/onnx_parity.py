@@ -38,8 +38,13 @@ def main() -> None:
     gold = [label2id.get(r["label"], None) if r["label"] in label2id else int(r["label"]) for r in rows]
     torch_pred, ort_pred, worst = [], [], 0.0
     for start in range(0, len(rows), args.batch_size):
-        batch = tok([r["text"] for r in rows[start:start + args.batch_size]], padding=True, truncation=True,
-                    max_length=args.max_length, return_tensors="pt")
+        batch = tok(
+            [r["text"] for r in rows[start : start + args.batch_size]],
+            padding=True,
+            truncation=True,
+            max_length=args.max_length,
+            return_tensors="pt",
+        )
         with torch.inference_mode():
             a = model(**batch).logits.numpy()
         b = session.run(["logits"], {k: v.numpy() for k, v in batch.items() if k in wanted})[0]

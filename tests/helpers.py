@@ -30,84 +30,229 @@ def _cfg(family: str) -> Any:
     if family == "bert":
         return T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
     if family == "roberta":
-        return T.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+        return T.RobertaConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common
+        )
     if family == "xlm-roberta":
-        return T.XLMRobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+        return T.XLMRobertaConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common
+        )
     if family == "electra":
-        return T.ElectraConfig(embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, **common)
+        return T.ElectraConfig(
+            embedding_size=16,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            **common,
+        )
     if family == "distilbert":
         return T.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=37, vocab_size=V, pad_token_id=0)
     if family == "albert":
-        return T.AlbertConfig(embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37, **common)
+        return T.AlbertConfig(
+            embedding_size=16,
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=37,
+            **common,
+        )
     if family == "deberta-v2":
         return T.DebertaV2Config(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, relative_attention=True,
-            pos_att_type=["p2c", "c2p"], max_relative_positions=16, position_buckets=8, **common,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            relative_attention=True,
+            pos_att_type=["p2c", "c2p"],
+            max_relative_positions=16,
+            position_buckets=8,
+            **common,
         )
     if family == "gpt2":
-        return T.GPT2Config(n_embd=32, n_layer=3, n_head=4, n_positions=64, vocab_size=V, bos_token_id=1, eos_token_id=2,
-                            pad_token_id=0)
+        return T.GPT2Config(
+            n_embd=32, n_layer=3, n_head=4, n_positions=64, vocab_size=V, bos_token_id=1, eos_token_id=2, pad_token_id=0
+        )
     if family in ("llama", "qwen2", "mistral"):
         cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "mistral": T.MistralConfig}[family]
-        return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
-                   max_position_embeddings=64, **common)
+        return cls(
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            **common,
+        )
     if family in ("qwen3", "smollm3"):
         extra = {"no_rope_layers": [1, 0, 1]} if family == "smollm3" else {"head_dim": 10}
         cls = {"qwen3": T.Qwen3Config, "smollm3": T.SmolLM3Config}[family]
-        return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
-                   max_position_embeddings=64, **extra, **common)
+        return cls(
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            **extra,
+            **common,
+        )
     if family in ("gemma2", "gemma3"):
         # layer 1 attends through a sliding window of 4 (shorter than the test inputs); Gemma 2 soft-caps logits
         extra = {"attn_logit_softcapping": 5.0} if family == "gemma2" else {}
         cls = {"gemma2": T.Gemma2Config, "gemma3": T.Gemma3TextConfig}[family]
-        return cls(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
-                   intermediate_size=37, max_position_embeddings=64, sliding_window=4, query_pre_attn_scalar=10,
-                   layer_types=["full_attention", "sliding_attention", "full_attention"], **extra, **common)
+        return cls(
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=12,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            sliding_window=4,
+            query_pre_attn_scalar=10,
+            layer_types=["full_attention", "sliding_attention", "full_attention"],
+            **extra,
+            **common,
+        )
     if family == "phi3":
-        return T.Phi3Config(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
-                            intermediate_size=37, max_position_embeddings=64, **common)
+        return T.Phi3Config(
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            **common,
+        )
     if family == "olmo2":
-        return T.Olmo2Config(hidden_size=48, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
-                             intermediate_size=37, max_position_embeddings=64, **common)
+        return T.Olmo2Config(
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            **common,
+        )
     if family == "gpt-neox":  # partial rotary: a quarter of each head
-        return T.GPTNeoXConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-                               max_position_embeddings=64, rotary_pct=0.25, use_parallel_residual=True, **common)
+        return T.GPTNeoXConfig(
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            **common,
+        )
     if family == "modernbert":  # layers 0 and 2 global, 1 local with a window shorter than the inputs
-        return T.ModernBertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=37,
-                                  max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=4,
-                                  cls_token_id=1, sep_token_id=2, **common)
+        return T.ModernBertConfig(
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            global_attn_every_n_layers=2,
+            local_attention=4,
+            cls_token_id=1,
+            sep_token_id=2,
+            **common,
+        )
     if family == "qwen3_5":
         # hybrid: Gated DeltaNet layers (6 value heads of 8 in 2 key heads of 10) and gated attention layers.
         # rms_norm_eps 1e-2: the DeltaNet's gated RMSNorm of its small per-head outputs otherwise amplifies
         # float rounding (outputs of projections of other widths differ in the last bit) to ~1e-5
         return T.Qwen3_5TextConfig(
-            hidden_size=48, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=8,
-            intermediate_size=37, max_position_embeddings=64, linear_num_value_heads=6, linear_num_key_heads=2,
-            linear_key_head_dim=10, linear_value_head_dim=8, rms_norm_eps=1e-2,
-            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"], **common)
+            hidden_size=48,
+            num_hidden_layers=4,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=8,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            linear_num_value_heads=6,
+            linear_num_key_heads=2,
+            linear_key_head_dim=10,
+            linear_value_head_dim=8,
+            rms_norm_eps=1e-2,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            **common,
+        )
     if family == "gemma4":
         # sliding layers: 2 KV heads of 12; global layers (4, 6): 3 KV heads of 16, k = v (no v_proj); layers 5
         # and 6 reuse the keys and values that layers 3 and 4 store (KV sharing needs per-layer inputs)
         return T.Gemma4TextConfig(
-            hidden_size=48, num_hidden_layers=7, num_attention_heads=6, num_key_value_heads=2, head_dim=12,
-            global_head_dim=16, num_global_key_value_heads=3, attention_k_eq_v=True, num_kv_shared_layers=2,
-            intermediate_size=37, max_position_embeddings=64, sliding_window=4, hidden_size_per_layer_input=16,
-            vocab_size_per_layer_input=V, layer_types=["sliding_attention"] * 4 + ["full_attention", "sliding_attention",
-                                                                                 "full_attention"], **common)
+            hidden_size=48,
+            num_hidden_layers=7,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=12,
+            global_head_dim=16,
+            num_global_key_value_heads=3,
+            attention_k_eq_v=True,
+            num_kv_shared_layers=2,
+            intermediate_size=37,
+            max_position_embeddings=64,
+            sliding_window=4,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=V,
+            layer_types=["sliding_attention"] * 4 + ["full_attention", "sliding_attention", "full_attention"],
+            **common,
+        )
     if family == "bart":
-        return T.BartConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                            encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, decoder_start_token_id=2,
-                            forced_eos_token_id=None, **common)
+        return T.BartConfig(
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            max_position_embeddings=64,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+            **common,
+        )
     if family == "marian":
-        return T.MarianConfig(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-                              encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64, decoder_start_token_id=0,
-                              vocab_size=V, pad_token_id=0, eos_token_id=2)
+        return T.MarianConfig(
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            decoder_ffn_dim=37,
+            max_position_embeddings=64,
+            decoder_start_token_id=0,
+            vocab_size=V,
+            pad_token_id=0,
+            eos_token_id=2,
+        )
     if family == "t5":
-        return T.T5Config(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, decoder_start_token_id=0, vocab_size=V,
-                          pad_token_id=0, eos_token_id=2, relative_attention_num_buckets=8)
+        return T.T5Config(
+            d_model=32,
+            d_kv=8,
+            d_ff=37,
+            num_layers=2,
+            num_heads=4,
+            decoder_start_token_id=0,
+            vocab_size=V,
+            pad_token_id=0,
+            eos_token_id=2,
+            relative_attention_num_buckets=8,
+        )
     if family == "vit":
-        return T.ViTConfig(image_size=16, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=37, num_channels=3, num_labels=3)
+        return T.ViTConfig(
+            image_size=16,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            num_channels=3,
+            num_labels=3,
+        )
     raise KeyError(family)
 
 
@@ -142,15 +287,38 @@ CLASSES: dict[str, list[str]] = {
 
 FAMILIES = list(CLASSES)
 #: causal decoders with grouped-query attention (Llama's layout and its relatives)
-GQA_DECODERS = ["llama", "qwen2", "mistral", "qwen3", "smollm3", "gemma2", "gemma3", "phi3", "olmo2", "qwen3_5", "gemma4"]
+GQA_DECODERS = [
+    "llama",
+    "qwen2",
+    "mistral",
+    "qwen3",
+    "smollm3",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "olmo2",
+    "qwen3_5",
+    "gemma4",
+]
 DECODERS = ["gpt2", "gpt-neox", *GQA_DECODERS, "bart", "marian", "t5"]
 #: the classes used for generation tests
 GENERATORS = {
-    "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-    "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-    "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-    "olmo2": "Olmo2ForCausalLM", "gpt-neox": "GPTNeoXForCausalLM", "bart": "BartForConditionalGeneration", "marian": "MarianMTModel",
-    "t5": "T5ForConditionalGeneration", "qwen3_5": "Qwen3_5ForCausalLM", "gemma4": "Gemma4ForCausalLM",
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "gpt-neox": "GPTNeoXForCausalLM",
+    "bart": "BartForConditionalGeneration",
+    "marian": "MarianMTModel",
+    "t5": "T5ForConditionalGeneration",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+    "gemma4": "Gemma4ForCausalLM",
 }
 
 
@@ -177,7 +345,9 @@ def make_model(family: str, cls_name: str | None = None, seed: int = 0) -> torch
     return model
 
 
-def make_inputs(family: str, model: torch.nn.Module, batch: int = 2, length: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
+def make_inputs(
+    family: str, model: torch.nn.Module, batch: int = 2, length: int = 7, seed: int = 1
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     if family == "vit":
         return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
@@ -192,7 +362,9 @@ def make_inputs(family: str, model: torch.nn.Module, batch: int = 2, length: int
         last = mask.sum(dim=1) - 1
         ids[torch.arange(batch), last] = model.config.eos_token_id
     inputs = {"input_ids": ids, "attention_mask": mask}
-    if model.config.is_encoder_decoder and not type(model).__name__.endswith(("EncoderModel", "ForSequenceClassification")):
+    if model.config.is_encoder_decoder and not type(model).__name__.endswith(
+        ("EncoderModel", "ForSequenceClassification")
+    ):
         inputs["decoder_input_ids"] = torch.randint(3, V, (batch, 5), generator=g)
     return inputs
 
@@ -257,14 +429,19 @@ def make_tokenizer() -> Any:
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
     )
     return T.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", unk_token="[UNK]",
-        mask_token="[MASK]", bos_token="[CLS]", eos_token="[SEP]",
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        unk_token="[UNK]",
+        mask_token="[MASK]",
+        bos_token="[CLS]",
+        eos_token="[SEP]",
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
 
 
-def save_tiny(folder: Path, family: str, cls_name: str, tokenizer: bool = True, seed: int = 0,
-              **config: Any) -> Path:
+def save_tiny(folder: Path, family: str, cls_name: str, tokenizer: bool = True, seed: int = 0, **config: Any) -> Path:
     """A tiny checkpoint folder (random weights) with the word-level tokenizer."""
     model = make_model(family, cls_name, seed=seed)
     for key, value in config.items():
@@ -322,8 +499,9 @@ def loss_class(family: str) -> str:
     return next(name for name in CLASSES[family] if not is_base_model(name))
 
 
-def make_batch(model: torch.nn.Module, batch: int = 3, length: int = 8, seed: int = 0, pad: int = 0,
-               dec_length: int = 5) -> dict[str, torch.Tensor]:
+def make_batch(
+    model: torch.nn.Module, batch: int = 3, length: int = 8, seed: int = 0, pad: int = 0, dec_length: int = 5
+) -> dict[str, torch.Tensor]:
     """Random inputs with right padding (example i loses i tokens) and labels for the model's task;
     ``pad`` extra padding columns (and extra ignored label columns) at the end."""
     g = torch.Generator().manual_seed(seed)
@@ -335,7 +513,7 @@ def make_batch(model: torch.nn.Module, batch: int = 3, length: int = 8, seed: in
     ids = torch.randint(3, V, (batch, length), generator=g)
     mask = torch.ones(batch, length, dtype=torch.long)
     for i in range(1, batch):
-        mask[i, length - i:] = 0
+        mask[i, length - i :] = 0
     ids = ids.masked_fill(mask == 0, 0)
     if model.config.is_encoder_decoder and name.endswith("ForSequenceClassification"):
         ids[torch.arange(batch), mask.sum(dim=1) - 1] = model.config.eos_token_id  # BART reads the eos state
@@ -353,7 +531,7 @@ def make_batch(model: torch.nn.Module, batch: int = 3, length: int = 8, seed: in
     else:  # seq2seq: target ids with -100 padding
         labels = torch.randint(3, V, (batch, dec_length), generator=g)
         for i in range(1, batch):
-            labels[i, dec_length - i:] = -100
+            labels[i, dec_length - i :] = -100
         labels = torch.cat([labels, torch.full((batch, pad), -100)], dim=1)
     if pad:
         ids = torch.cat([ids, torch.zeros(batch, pad, dtype=ids.dtype)], dim=1)
@@ -454,7 +632,13 @@ print(json.dumps(out))
 def load_without_headcut(cases: list[dict]) -> dict:
     """Load each case's folder in a fresh process where headcut cannot be imported (no network)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", STOCK_LOADER, json.dumps(cases)], capture_output=True, text=True,
-                          env=env, cwd=Path(cases[0]["folder"]).parent, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", STOCK_LOADER, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(cases[0]["folder"]).parent,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])

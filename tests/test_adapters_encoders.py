@@ -167,8 +167,12 @@ def test_albert_empty_block_keeps_output_dropout():
 @pytest.mark.parametrize("pos_att_type", [["p2c", "c2p"], ["c2p"], ["p2c"], None])
 def test_deberta_relative_attention_variants(share_att_key, pos_att_type):
     model = model_of(
-        "deberta-v2", "DebertaV2ForSequenceClassification", seed=4,
-        share_att_key=share_att_key, pos_att_type=pos_att_type, relative_attention=pos_att_type is not None,
+        "deberta-v2",
+        "DebertaV2ForSequenceClassification",
+        seed=4,
+        share_att_key=share_att_key,
+        pos_att_type=pos_att_type,
+        relative_attention=pos_att_type is not None,
     )
     inputs = make_inputs("deberta-v2", model)
     mask = {"keep": {"self.0": [3, 1], "self.1": []}}

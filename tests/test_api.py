@@ -30,8 +30,16 @@ def workdir(tmp_path_factory) -> Path:
     import transformers as T
 
     d = tmp_path_factory.mktemp("api")
-    config = T.BertConfig(vocab_size=99, hidden_size=48, num_hidden_layers=2, num_attention_heads=12,
-                          intermediate_size=37, num_labels=3, pad_token_id=0, initializer_range=0.2)
+    config = T.BertConfig(
+        vocab_size=99,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        intermediate_size=37,
+        num_labels=3,
+        pad_token_id=0,
+        initializer_range=0.2,
+    )
     torch.manual_seed(0)
     T.BertForSequenceClassification(config).save_pretrained(d / "model")
     make_tokenizer().save_pretrained(d / "model")
@@ -63,19 +71,38 @@ def test_readme_api_example_runs_as_written(workdir, monkeypatch):
     assert json.loads((workdir / "slim" / "headcut-report.json").read_text())["heads"]["after"] == 16
 
 
-@pytest.mark.parametrize("method,extra", [
-    ("michel", {}),
-    ("greedy-gnorm", {"step": 4}),
-    ("pass", {"max_steps": 6, "lambda_step": 2}),
-])
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("michel", {}),
+        ("greedy-gnorm", {"step": 4}),
+        ("pass", {"max_steps": 6, "lambda_step": 2}),
+    ],
+)
 def test_cli_and_api_give_the_same_result(workdir, tmp_path, method, extra):
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
     data = "cal.csv" if method != "pass" else "train.csv"
-    cli = run("prune", workdir / "model", "--method", method, "--keep", "12", "--data", workdir / data,
-              "--eval-data", workdir / "dev.csv", "--out", tmp_path / "cli", "--json", "-", *flags)
+    cli = run(
+        "prune",
+        workdir / "model",
+        "--method",
+        method,
+        "--keep",
+        "12",
+        "--data",
+        workdir / data,
+        "--eval-data",
+        workdir / "dev.csv",
+        "--out",
+        tmp_path / "cli",
+        "--json",
+        "-",
+        *flags,
+    )
     assert cli.exit_code == 0, cli.output
-    api = headcut.prune(str(workdir / "model"), method, keep=12, data=str(workdir / data),
-                        eval_data=str(workdir / "dev.csv"), **extra)
+    api = headcut.prune(
+        str(workdir / "model"), method, keep=12, data=str(workdir / data), eval_data=str(workdir / "dev.csv"), **extra
+    )
     api.save(tmp_path / "api")
     from_cli = json.loads(cli.stdout)
     assert from_cli["mask"] == api.report["mask"] == api.mask.to_json()
@@ -90,8 +117,9 @@ def test_objects_are_accepted_where_paths_are(workdir):
     rows = [dict(r) for r in cls_rows(32, seed=2)]
     by_path = headcut.prune(str(workdir / "model"), "gradient", keep=12, data=str(workdir / "cal.csv"))
     model = headcut.load(workdir / "model")
-    by_object = headcut.prune(model, "gradient", keep=12, data=datasets.Dataset.from_list(rows),
-                              tokenizer=make_tokenizer())
+    by_object = headcut.prune(
+        model, "gradient", keep=12, data=datasets.Dataset.from_list(rows), tokenizer=make_tokenizer()
+    )
     assert by_object.model is model and by_object.mask.keep == by_path.mask.keep
     scores = headcut.score(model, "magnitude")
     assert set(scores.scores.blocks) == {"self.0", "self.1"}
@@ -105,11 +133,30 @@ def test_objects_are_accepted_where_paths_are(workdir):
 
 
 def test_finetune_evaluate_export_and_bench_mirror_their_commands(workdir, tmp_path):
-    tuned = headcut.finetune(str(workdir / "model"), str(workdir / "train.csv"), eval_data=str(workdir / "dev.csv"),
-                             max_steps=3, data_options={"batch_size": 8})
+    tuned = headcut.finetune(
+        str(workdir / "model"),
+        str(workdir / "train.csv"),
+        eval_data=str(workdir / "dev.csv"),
+        max_steps=3,
+        data_options={"batch_size": 8},
+    )
     tuned.save(tmp_path / "tuned")
-    cli = run("finetune", workdir / "model", "--data", workdir / "train.csv", "--eval-data", workdir / "dev.csv",
-              "--max-steps", "3", "--batch-size", "8", "--out", tmp_path / "tuned-cli", "--json", "-")
+    cli = run(
+        "finetune",
+        workdir / "model",
+        "--data",
+        workdir / "train.csv",
+        "--eval-data",
+        workdir / "dev.csv",
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--out",
+        tmp_path / "tuned-cli",
+        "--json",
+        "-",
+    )
     assert cli.exit_code == 0, cli.output
     assert _stable(json.loads(cli.stdout)) == _stable(tuned.report)
     ev = headcut.evaluate(str(tmp_path / "tuned"), str(workdir / "dev.csv"))
@@ -117,8 +164,9 @@ def test_finetune_evaluate_export_and_bench_mirror_their_commands(workdir, tmp_p
     exported = headcut.export(str(workdir / "model"), {"drop": {"self.0": [0, 1]}})
     exported.save(tmp_path / "cut")
     assert headcut.info(str(tmp_path / "cut")).total_heads == 22
-    timed = headcut.bench([str(workdir / "model"), str(tmp_path / "cut")], runs=1, warmup=0, batch_size=1, seq_len=8,
-                          gen_tokens=0)
+    timed = headcut.bench(
+        [str(workdir / "model"), str(tmp_path / "cut")], runs=1, warmup=0, batch_size=1, seq_len=8, gen_tokens=0
+    )
     assert [r.heads for r in timed.results] == [24, 22] and timed.results[1].speedup is not None
     with pytest.raises(HeadcutError, match="unknown bench setting"):
         headcut.bench([str(workdir / "model")], sped=2)

@@ -40,6 +40,7 @@ from headcut.training.engine import EarlyStopping, Trainer
 
 # ---- the agent ----------------------------------------------------------------------------------------------
 
+
 class ToyEnv:
     """Six heads; removing head 3 raises the metric by 0.05, removing any other lowers it by 0.05 (so with
     gamma 1 the best first move, head 3, is worth 5 and any other at most 0: a gap 150 episodes of one
@@ -109,6 +110,7 @@ def test_agent_never_picks_an_invalid_action_and_learns_only_from_a_full_batch()
 
 # ---- state ----------------------------------------------------------------------------------------------------
 
+
 def test_state_is_the_softmax_of_standardised_value_l1_norms():
     model = make_model(*BERT)
     s = block_sets(headcut.model_blocks(model))[0]
@@ -116,12 +118,12 @@ def test_state_is_the_softmax_of_standardised_value_l1_norms():
     norms = unit_norms(model, s, units, "value-l1")
     v = model.base_model.get_submodule(s.blocks[0].v).weight.detach()
     d = s.blocks[0].head_dim
-    by_hand = torch.tensor([float(v[h * d:(h + 1) * d].abs().sum()) for h in range(s.heads)])
+    by_hand = torch.tensor([float(v[h * d : (h + 1) * d].abs().sum()) for h in range(s.heads)])
     assert torch.allclose(norms, by_hand, rtol=1e-6)
     scores = headcut.score(model, "value-l1").scores.blocks[s.blocks[0].name]
     assert torch.allclose(norms, torch.tensor(scores, dtype=torch.float32), rtol=1e-6)
     l2 = unit_norms(model, s, units, "value-l2")
-    assert torch.allclose(l2, torch.tensor([float(v[h * d:(h + 1) * d].norm()) for h in range(s.heads)]), rtol=1e-5)
+    assert torch.allclose(l2, torch.tensor([float(v[h * d : (h + 1) * d].norm()) for h in range(s.heads)]), rtol=1e-5)
     z = (by_hand - by_hand.mean()) / by_hand.std(unbiased=False)
     state = initial_state(norms)
     assert torch.allclose(state, torch.softmax(z, 0), atol=1e-6) and state.sum() == pytest.approx(1.0)
@@ -136,11 +138,12 @@ def test_gqa_units_are_kv_groups_and_their_state_is_the_groups_value_norm():
     assert units == [list(range(g * block.group_size, (g + 1) * block.group_size)) for g in range(block.kv_heads)]
     v = model.base_model.get_submodule(block.v).weight.detach()
     d = block.head_dim
-    expected = torch.tensor([float(v[g * d:(g + 1) * d].abs().sum()) for g in range(block.kv_heads)])
+    expected = torch.tensor([float(v[g * d : (g + 1) * d].abs().sum()) for g in range(block.kv_heads)])
     assert torch.allclose(unit_norms(model, s, units, "value-l1"), expected, rtol=1e-6)
 
 
 # ---- the layer replay the rewards run on ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("family", list(CLASSES))
 def test_replayed_layers_give_the_full_models_outputs(family):
@@ -164,8 +167,9 @@ def test_replayed_layers_give_the_full_models_outputs(family):
                     model(**batches[0])
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(full, again))
     assert replayed > 0 or family == "albert"
-    assert all(type(layer).forward is not None and "forward" not in vars(layer)
-               for layer in model.modules())  # every stand-in is gone
+    assert all(
+        type(layer).forward is not None and "forward" not in vars(layer) for layer in model.modules()
+    )  # every stand-in is gone
 
 
 def test_replay_refuses_shared_layers_and_out_of_step_batches():
@@ -182,6 +186,7 @@ def test_replay_refuses_shared_layers_and_out_of_step_batches():
 
 
 # ---- early stopping ------------------------------------------------------------------------------------------
+
 
 def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
     torch.manual_seed(0)
@@ -212,11 +217,13 @@ def test_early_stopping_stops_after_patience_and_restores_the_best_weights():
 
 # ---- select ---------------------------------------------------------------------------------------------------
 
+
 def test_select_rebatches_chosen_examples(tmp_path):
     model = make_model(*BERT)
     rows = cls_rows(20, seed=3)
-    cal = load_calibration(model, make_tokenizer(), DataConfig(path=str(write_rows(tmp_path / "d.csv", rows)),
-                                                               batch_size=4))
+    cal = load_calibration(
+        model, make_tokenizer(), DataConfig(path=str(write_rows(tmp_path / "d.csv", rows)), batch_size=4)
+    )
     sub = cal.select([5, 1, 3])
     assert sub.examples == 3 and len(sub.batches) == 1
     assert sub.batches[0]["labels"].tolist() == [cal.items[i]["labels"] for i in (5, 1, 3)]
@@ -229,6 +236,7 @@ def test_select_rebatches_chosen_examples(tmp_path):
 
 
 # ---- the method end to end -------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
@@ -243,8 +251,22 @@ FAST = ["--episodes", "6", "--reward-examples", "12", "--seq-len", "16", "--batc
 
 
 def prune_auber(folder: Path, out: Path, *extra: object):
-    res = run("prune", folder / "bert", "--method", "auber", "--data", folder / "train.csv", "--eval-data",
-              folder / "dev.csv", "--out", out, "--json", "-", *FAST, *extra)
+    res = run(
+        "prune",
+        folder / "bert",
+        "--method",
+        "auber",
+        "--data",
+        folder / "train.csv",
+        "--eval-data",
+        folder / "dev.csv",
+        "--out",
+        out,
+        "--json",
+        "-",
+        *FAST,
+        *extra,
+    )
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -260,8 +282,12 @@ def test_auber_prunes_layer_by_layer_and_the_result_reloads(folder, tmp_path):
         assert layer["mini_train"] + layer["mini_dev"] == 60 and layer["mini_train"] == 20
         assert report["mask"]["keep"][layer["layer"]] == [h for h in range(4) if h not in layer["pruned"]]
         metrics = [layer["before"]] + [p["metric"] for p in layer["path"]]
-        assert [p["reward"] for p in layer["path"]] == pytest.approx(  # the loss's decrease (capped mini-dev)
-            [100 * (a - b) for a, b in zip(metrics, metrics[1:])])
+        assert (
+            [p["reward"] for p in layer["path"]]
+            == pytest.approx(  # the loss's decrease (capped mini-dev)
+                [100 * (a - b) for a, b in zip(metrics, metrics[1:])]
+            )
+        )
         assert layer["pruned_metric"] == pytest.approx(metrics[-1])
     assert auber["layers"][1]["replay"] == 1 and auber["layers"][0]["replay"] == 0
     assert auber["reward_metric"] == "loss" and "12 of 40 examples" in auber["reward_metric_why"]
@@ -314,10 +340,15 @@ def test_auber_on_grouped_query_attention_and_shared_layers(tmp_path):
         model = make_model(*case)
         if case == LLAMA:
             model.config.pad_token_id = 0
-        cal = load_calibration(model, tok, DataConfig(path=str(write_rows(tmp_path / "d.csv", rows)), seq_len=16,
-                                                      batch_size=8))
-        result = headcut.pruning.plan_prune(model, cal, headcut.PruneConfig(method="auber"),
-                                            {"episodes": 4, "reward_examples": 8, "layer_epochs": 0, "max_steps": 2})
+        cal = load_calibration(
+            model, tok, DataConfig(path=str(write_rows(tmp_path / "d.csv", rows)), seq_len=16, batch_size=8)
+        )
+        result = headcut.pruning.plan_prune(
+            model,
+            cal,
+            headcut.PruneConfig(method="auber"),
+            {"episodes": 4, "reward_examples": 8, "layer_epochs": 0, "max_steps": 2},
+        )
         layers = result.details.layers
         if case == LLAMA:
             block = headcut.model_blocks(model)[0]
@@ -340,10 +371,27 @@ def test_auber_refusals(folder, tmp_path):
     one_line_error(run(*base, "--state", "nope"), "--state", "value-l1")
     one_line_error(run(*base, "--episodes", "0"), "--episodes")
     one_line_error(run(*base, "--keep", "99"), "more than the model's 8 heads")
-    one_line_error(run("prune", folder / "bert", "--method", "pass", "--data", folder / "train.csv",
-                       "--out", tmp_path / "x"), "no budget")
-    one_line_error(run("prune", folder / "bert", "--method", "michel", "--episodes", "3", "--keep", "4",
-                       "--data", folder / "train.csv", "--out", tmp_path / "x"), "--episodes does not apply to michel")
+    one_line_error(
+        run("prune", folder / "bert", "--method", "pass", "--data", folder / "train.csv", "--out", tmp_path / "x"),
+        "no budget",
+    )
+    one_line_error(
+        run(
+            "prune",
+            folder / "bert",
+            "--method",
+            "michel",
+            "--episodes",
+            "3",
+            "--keep",
+            "4",
+            "--data",
+            folder / "train.csv",
+            "--out",
+            tmp_path / "x",
+        ),
+        "--episodes does not apply to michel",
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -354,12 +402,26 @@ def test_language_models_are_rewarded_by_the_loss(tmp_path):
     from helpers import sentence
 
     text.write_text("\n".join(sentence(g, 12) for _ in range(40)) + "\n")
-    pruned = headcut.prune(folder, "auber", data=str(text), episodes=3, reward_examples=6, layer_epochs=0,
-                           max_steps=2, data_options={"seq_len": 8, "batch_size": 4})
+    pruned = headcut.prune(
+        folder,
+        "auber",
+        data=str(text),
+        episodes=3,
+        reward_examples=6,
+        layer_epochs=0,
+        max_steps=2,
+        data_options={"seq_len": 8, "batch_size": 4},
+    )
     assert pruned.report["auber"]["reward_metric"] == "loss" and not pruned.report["auber"]["higher_is_better"]
     with pytest.raises(HeadcutError, match="needs a classifier"):
-        headcut.prune(folder, "auber", data=str(text), episodes=3, reward_metric="mcc",
-                      data_options={"seq_len": 8, "batch_size": 4})
+        headcut.prune(
+            folder,
+            "auber",
+            data=str(text),
+            episodes=3,
+            reward_metric="mcc",
+            data_options={"seq_len": 8, "batch_size": 4},
+        )
 
 
 def test_options_validate():

@@ -27,15 +27,55 @@ from headcut.stats import paired_speedup, percentile, round_order
 
 FAST = dict(batch_size=2, seq_len=8, runs=2, warmup=1, gen_tokens=4, gen_runs=1)
 MODEL_KEYS = {
-    "name", "architecture", "model_type", "dtype", "attn_implementation", "device", "threads", "inputs", "heads",
-    "kv_heads", "params", "weights_bytes", "flops", "flops_by_op", "runs_ms", "median_ms", "p90_ms", "p25_ms",
-    "p75_ms", "examples_per_s", "tokens_per_s", "peak_memory_bytes", "peak_memory_kind", "generation", "speedup",
-    "flop_ratio", "notes", "runtime", "speedup_p25", "speedup_p75", "within_noise",
+    "name",
+    "architecture",
+    "model_type",
+    "dtype",
+    "attn_implementation",
+    "device",
+    "threads",
+    "inputs",
+    "heads",
+    "kv_heads",
+    "params",
+    "weights_bytes",
+    "flops",
+    "flops_by_op",
+    "runs_ms",
+    "median_ms",
+    "p90_ms",
+    "p25_ms",
+    "p75_ms",
+    "examples_per_s",
+    "tokens_per_s",
+    "peak_memory_bytes",
+    "peak_memory_kind",
+    "generation",
+    "speedup",
+    "flop_ratio",
+    "notes",
+    "runtime",
+    "speedup_p25",
+    "speedup_p75",
+    "within_noise",
 }
 GEN_KEYS = {
-    "new_tokens", "runs_ms", "median_ms", "p25_ms", "p75_ms", "tokens_per_s", "kv_cache_bytes", "kv_cache_positions",
-    "kv_bytes_per_token", "cross_kv_cache_bytes", "cross_kv_cache_positions", "cross_kv_bytes_per_token", "speedup",
-    "speedup_p25", "speedup_p75", "within_noise",
+    "new_tokens",
+    "runs_ms",
+    "median_ms",
+    "p25_ms",
+    "p75_ms",
+    "tokens_per_s",
+    "kv_cache_bytes",
+    "kv_cache_positions",
+    "kv_bytes_per_token",
+    "cross_kv_cache_bytes",
+    "cross_kv_cache_positions",
+    "cross_kv_bytes_per_token",
+    "speedup",
+    "speedup_p25",
+    "speedup_p75",
+    "within_noise",
 }
 # tiny Llama (helpers.make_model): 3 layers, hidden 48, 6 query heads and 2 KV heads of size 8
 LLAMA = dict(layers=3, hidden=48, heads=6, kv_heads=2, head_dim=8, ffn=37, vocab=99)
@@ -215,7 +255,7 @@ def test_time_rounds_calls_in_rotated_order():
     fns = [lambda name=name: calls.append(name) for name in "ABC"]
     steps = []
     times = time_rounds(fns, 4, [torch.device("cpu")] * 3, steps.append)
-    assert "".join(calls) == "ABC" "BCA" "CAB" "ABC"
+    assert "".join(calls) == "ABCBCACABABC"
     assert steps == [1, 2, 3, 4]
     assert [len(t) for t in times] == [4, 4, 4] and all(ms >= 0 for t in times for ms in t)
     with pytest.raises(ValueError):
@@ -241,11 +281,15 @@ def test_bench_times_the_models_interleaved_in_rotated_rounds():
     calls: list[str] = []
     _recording(models, calls)
     seen = []
-    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=4, warmup=1)), names=list(models),
-                    progress=lambda *args: seen.append(args))
+    results = bench(
+        list(models.values()),
+        BenchConfig(**dict(FAST, runs=4, warmup=1)),
+        names=list(models),
+        progress=lambda *args: seen.append(args),
+    )
     # every model is prepared (its FLOPs counted) and warmed up before any timed forward
     assert calls[:6] == ["A", "B", "C", "A", "B", "C"]
-    assert "".join(calls[6:]) == "ABC" "BCA" "CAB" "ABC"
+    assert "".join(calls[6:]) == "ABCBCACABABC"
     assert [len(r.runs_ms) for r in results] == [4, 4, 4]
     # the rounds are reported once for all the models, each model's own stages under its index
     rounds = [(done, total) for index, name, stage, done, total in seen if stage == "rounds"]
@@ -259,8 +303,7 @@ def test_generation_is_interleaved_too():
     models = {name: make_model("llama", "LlamaForCausalLM", seed=i) for i, name in enumerate("AB")}
     calls: list[str] = []
     _recording(models, calls)
-    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=2, warmup=0, gen_runs=3)),
-                    names=list(models))
+    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=2, warmup=0, gen_runs=3)), names=list(models))
     # FLOPs A, B; two rounds A B, B A; then the memory forward of each (no warmup) before any generation
     assert calls[:9] == ["A", "B", "A", "B", "B", "A", "A", "B", "gen A"]
     generations = [c for c in calls if c.startswith("gen")]
@@ -278,9 +321,13 @@ def test_no_interleave_times_one_model_after_the_other():
     calls: list[str] = []
     _recording(models, calls)
     seen = []
-    results = bench(list(models.values()), BenchConfig(**dict(FAST, runs=3, warmup=1), interleave=False),
-                    names=list(models), progress=lambda *args: seen.append(args))
-    assert "".join(calls) == "A" "A" "AAA" "B" "B" "BBB"  # FLOPs, warmup, runs; then the next model
+    results = bench(
+        list(models.values()),
+        BenchConfig(**dict(FAST, runs=3, warmup=1), interleave=False),
+        names=list(models),
+        progress=lambda *args: seen.append(args),
+    )
+    assert "".join(calls) == "AAAAABBBBB"  # FLOPs, warmup, runs; then the next model
     assert [len(r.runs_ms) for r in results] == [3, 3]
     assert results[1].speedup is not None and results[1].speedup > 0
     # no pairs, so no interval and no verdict
@@ -335,9 +382,14 @@ def test_interleave_must_be_a_bool():
 @pytest.mark.parametrize(
     "change,message",
     [
-        (dict(runs=0), "runs must"), (dict(warmup=-1), "warmup must"), (dict(batch_size=0), "batch_size must"),
-        (dict(seq_len=0), "seq_len must"), (dict(threads=0), "threads must"), (dict(dtype="float64"), "unknown dtype"),
-        (dict(device="tpu"), "unknown device"), (dict(attn_implementation="flash"), "unknown attn_implementation"),
+        (dict(runs=0), "runs must"),
+        (dict(warmup=-1), "warmup must"),
+        (dict(batch_size=0), "batch_size must"),
+        (dict(seq_len=0), "seq_len must"),
+        (dict(threads=0), "threads must"),
+        (dict(dtype="float64"), "unknown dtype"),
+        (dict(device="tpu"), "unknown device"),
+        (dict(attn_implementation="flash"), "unknown attn_implementation"),
         (dict(gen_tokens=-1), "gen_tokens must"),
     ],
 )
@@ -359,16 +411,39 @@ def test_too_long_for_the_model_is_refused():
 # ---------------------------------------------------------------------------------------------- CLI
 
 runner = CliRunner()
-CLI_FAST = ["--runs", "2", "--warmup", "1", "--batch-size", "2", "--seq-len", "8", "--gen-tokens", "4",
-            "--gen-runs", "1"]
+CLI_FAST = [
+    "--runs",
+    "2",
+    "--warmup",
+    "1",
+    "--batch-size",
+    "2",
+    "--seq-len",
+    "8",
+    "--gen-tokens",
+    "4",
+    "--gen-runs",
+    "1",
+]
 
 
 def test_cli_json_on_stdout_is_clean(ckpts):
     # a real process: anything any library prints to stdout would break the JSON
     proc = subprocess.run(
-        [sys.executable, "-c", "from headcut.cli import main; main()", "bench", ckpts["llama"], ckpts["llama-slim"],
-         *CLI_FAST, "--json", "-"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-c",
+            "from headcut.cli import main; main()",
+            "bench",
+            ckpts["llama"],
+            ckpts["llama-slim"],
+            *CLI_FAST,
+            "--json",
+            "-",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -396,8 +471,10 @@ def test_cli_interleaved_table_and_json(ckpts, tmp_path):
     import re
 
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", ckpts["llama"], ckpts["llama-slim"], *CLI_FAST, "--runs", "3",
-                                 "--gen-runs", "2", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        ["bench", ckpts["llama"], ckpts["llama-slim"], *CLI_FAST, "--runs", "3", "--gen-runs", "2", "--json", str(out)],
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
     assert data["schedule"] == "interleaved" and data["config"]["interleave"] is True
@@ -410,8 +487,10 @@ def test_cli_interleaved_table_and_json(ckpts, tmp_path):
     intervals = [(float(a), float(b)) for a, b in re.findall(INTERVAL, result.stdout)]
     assert intervals == [
         (pytest.approx(slim["speedup_p25"], abs=0.006), pytest.approx(slim["speedup_p75"], abs=0.006)),
-        (pytest.approx(slim["generation"]["speedup_p25"], abs=0.006),
-         pytest.approx(slim["generation"]["speedup_p75"], abs=0.006)),
+        (
+            pytest.approx(slim["generation"]["speedup_p25"], abs=0.006),
+            pytest.approx(slim["generation"]["speedup_p75"], abs=0.006),
+        ),
     ]
     # the words say what the JSON says
     verdicts = [slim["within_noise"], slim["generation"]["within_noise"]]
@@ -423,8 +502,9 @@ def test_cli_no_interleave(ckpts, tmp_path):
     import re
 
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", ckpts["bert"], ckpts["bert-slim"], *CLI_FAST, "--no-interleave",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app, ["bench", ckpts["bert"], ckpts["bert-slim"], *CLI_FAST, "--no-interleave", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
     assert data["schedule"] == "back to back" and data["config"]["interleave"] is False
@@ -453,8 +533,9 @@ def test_table_marks_speedups_within_noise(ckpts):
     text = stream.getvalue()
     assert "\x1b[" not in text  # plain text off a terminal
     lines = text.splitlines()
-    row = next(i for i, line in enumerate(lines) if line.lstrip().startswith(ckpts["bert-slim"][:8])
-               and "1.16x" in line)
+    row = next(
+        i for i, line in enumerate(lines) if line.lstrip().startswith(ckpts["bert-slim"][:8]) and "1.16x" in line
+    )
     assert lines[row + 1].rstrip().endswith("(1.10-1.21)") and "within noise" not in lines[row + 2]
     row = next(i for i, line in enumerate(lines) if "1.03x" in line)
     assert lines[row + 1].rstrip().endswith("(0.97-1.08)") and lines[row + 2].rstrip().endswith("within noise")
@@ -466,8 +547,14 @@ def test_table_marks_speedups_within_noise(ckpts):
 @pytest.mark.parametrize(
     "args",
     [
-        ["--runs", "0"], ["--warmup", "-1"], ["--batch-size", "0"], ["--dtype", "float64"], ["--device", "tpu"],
-        ["--attn", "flash"], ["--threads", "0"], ["--seq-len", "1000"],
+        ["--runs", "0"],
+        ["--warmup", "-1"],
+        ["--batch-size", "0"],
+        ["--dtype", "float64"],
+        ["--device", "tpu"],
+        ["--attn", "flash"],
+        ["--threads", "0"],
+        ["--seq-len", "1000"],
     ],
 )
 def test_cli_bad_flags_exit_2(ckpts, args):
@@ -508,8 +595,9 @@ def test_cli_onnxruntime_rows_beside_torch(ckpts, tmp_path):
     shutil.copytree(ckpts["bert-slim"], slim)
     export_onnx(headcut.load(slim), slim)
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", ckpts["bert"], str(slim), *CLI_FAST, "--runtime", "torch,onnxruntime",
-                                 "--json", str(out)])
+    result = runner.invoke(
+        app, ["bench", ckpts["bert"], str(slim), *CLI_FAST, "--runtime", "torch,onnxruntime", "--json", str(out)]
+    )
     assert result.exit_code == 0, result.stderr
     cells = [w for line in result.stdout.splitlines() for w in line.split()]
     assert "runtime" in cells  # the column appears with onnxruntime
@@ -520,7 +608,11 @@ def test_cli_onnxruntime_rows_beside_torch(ckpts, tmp_path):
     assert not any(str(slim) in n and "temporary" in n for n in notes), result.stderr
     models = json.loads(out.read_text())["models"]
     assert [(m["name"], m["runtime"]) for m in models] == [
-        (ckpts["bert"], "torch"), (ckpts["bert"], "onnxruntime"), (str(slim), "torch"), (str(slim), "onnxruntime")]
+        (ckpts["bert"], "torch"),
+        (ckpts["bert"], "onnxruntime"),
+        (str(slim), "torch"),
+        (str(slim), "onnxruntime"),
+    ]
     for m in models:
         assert set(m) == MODEL_KEYS and len(m["runs_ms"]) == 2 and m["median_ms"] > 0 and m["speedup"] > 0
     torch_row, ort_row = models[2], models[3]

@@ -40,8 +40,10 @@ def test_every_stored_result_is_a_registered_study(stored: dict) -> None:
 def test_the_page_is_the_one_the_store_gives(stored: dict) -> None:
     rendered = page(stored)
     committed = (DOCS / "benchmarks.md").read_text()
-    assert rendered == committed, ("docs/benchmarks.md differs from the page benchmarks/results/ gives: run "
-                                   "`python -m benchmarks.harness --studies none`")
+    assert rendered == committed, (
+        "docs/benchmarks.md differs from the page benchmarks/results/ gives: run "
+        "`python -m benchmarks.harness --studies none`"
+    )
     for image in {line.split("](", 1)[1].rstrip(")") for line in rendered.splitlines() if line.startswith("![")}:
         assert (DOCS / image).is_file(), image
 
@@ -68,8 +70,11 @@ def test_rules_and_targets_are_data() -> None:
 def test_the_harness_measures_the_studies_it_registers() -> None:
     # measure.py imports torch: read its STUDIES table instead of importing it
     tree = ast.parse((ROOT / "benchmarks" / "harness" / "measure.py").read_text())
-    table = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
-                 and getattr(node.target, "id", None) == "STUDIES")
+    table = next(
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "STUDIES"
+    )
     assert isinstance(table, ast.Dict)
     assert {key.value for key in table.keys if isinstance(key, ast.Constant)} == set(MEASURED_HERE)
 
@@ -82,15 +87,26 @@ def test_scripts_import_no_other_script() -> None:
         if path.parent.name == "harness" or path.name == "__init__.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             for name in names:
                 assert name.split(".")[0] not in scripts, f"{path.name} imports the script {name}"
                 assert not name.startswith("benchmarks") or name.startswith(shared), f"{path.name} imports {name}"
 
 
 def test_the_command_checks_the_page() -> None:
-    run = subprocess.run([sys.executable, "-m", "benchmarks.harness", "--check"], check=False, cwd=ROOT,
-                         capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.harness", "--check"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     assert run.returncode == 0, run.stderr

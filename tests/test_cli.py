@@ -147,20 +147,46 @@ def test_impossible_gqa_mask_names_valid_budgets(llama_dir, tmp_path):
     # tiny llama: 6 query heads, 2 KV groups of 3; heads 0 and 3 sit in different groups
     out = tmp_path / "out"
     text = one_line_error(
-        run("export", llama_dir, "--mask", write_mask(tmp_path, {"keep": {"self.0": [0, 1, 3]}}), "--out", out,
-            "--gqa", "uniform"),
-        "--gqa uniform", "self.0", "nearest",
+        run(
+            "export",
+            llama_dir,
+            "--mask",
+            write_mask(tmp_path, {"keep": {"self.0": [0, 1, 3]}}),
+            "--out",
+            out,
+            "--gqa",
+            "uniform",
+        ),
+        "--gqa uniform",
+        "self.0",
+        "nearest",
     )
     assert "valid counts for this block: 0, 1, 2, 3, 4, 6" in text
     assert not out.exists()
     text = one_line_error(
-        run("export", llama_dir, "--mask", write_mask(tmp_path, {"keep": {"self.0": [0, 1, 2, 3]}}), "--out", out,
-            "--gqa", "group"),
+        run(
+            "export",
+            llama_dir,
+            "--mask",
+            write_mask(tmp_path, {"keep": {"self.0": [0, 1, 2, 3]}}),
+            "--out",
+            out,
+            "--gqa",
+            "group",
+        ),
         "0, 3, 6",
     )
     assert not out.exists()
-    ok = run("export", llama_dir, "--mask", write_mask(tmp_path, {"keep": {"self.0": [0, 1, 3]}}), "--out", out,
-             "--gqa", "duplicate")
+    ok = run(
+        "export",
+        llama_dir,
+        "--mask",
+        write_mask(tmp_path, {"keep": {"self.0": [0, 1, 3]}}),
+        "--out",
+        out,
+        "--gqa",
+        "duplicate",
+    )
     assert ok.exit_code == 0, ok.output
 
 
@@ -225,8 +251,9 @@ def test_hub_id_is_passed_to_transformers(monkeypatch, tmp_path):
 
     monkeypatch.setattr(T.AutoConfig, "from_pretrained", offline)
     monkeypatch.chdir(tmp_path)
-    one_line_error(run("info", "someone/some-model"), "cannot read the config of someone/some-model",
-                   "couldn't connect")
+    one_line_error(
+        run("info", "someone/some-model"), "cannot read the config of someone/some-model", "couldn't connect"
+    )
     assert asked == ["someone/some-model"]
     one_line_error(run("info", "./someone/some-model"), "checkpoint not found")
     assert asked == ["someone/some-model"]

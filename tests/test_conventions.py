@@ -42,8 +42,14 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def _cli(tmp: Path, *args: object, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "headcut", *map(str, args)], env=_env(tmp, **env),
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "headcut", *map(str, args)],
+        env=_env(tmp, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_the_result_goes_to_stdout_and_json_dash_is_json_alone(tiny):
@@ -57,8 +63,23 @@ def test_the_result_goes_to_stdout_and_json_dash_is_json_alone(tiny):
 
 def test_redirected_output_has_no_ansi_codes_and_no_transformers_reports(tiny, tmp_path):
     # a base checkpoint loaded with a new head: transformers would print its LOAD REPORT and loading bars
-    proc = _cli(tmp_path, "finetune", tiny["base"], "--task", "sequence-classification", "--labels", "a,b,c",
-                "--data", tiny["train"], "--max-steps", "3", "--batch-size", "8", "--out", tmp_path / "out")
+    proc = _cli(
+        tmp_path,
+        "finetune",
+        tiny["base"],
+        "--task",
+        "sequence-classification",
+        "--labels",
+        "a,b,c",
+        "--data",
+        tiny["train"],
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--out",
+        tmp_path / "out",
+    )
     assert proc.returncode == 0, proc.stderr
     both = proc.stdout + proc.stderr
     assert not ANSI.search(both), both
@@ -70,8 +91,22 @@ def test_redirected_output_has_no_ansi_codes_and_no_transformers_reports(tiny, t
 def test_progress_lines_in_a_log_and_quiet(tiny, tmp_path, monkeypatch):
     # the test runner's streams are no terminal: progress comes as plain lines
     monkeypatch.setenv("HEADCUT_PROGRESS_EVERY", "0.02")
-    args = ("prune", tiny["model"], "--method", "dsp", "--keep", "4", "--data", tiny["train"], "--eval-data",
-            tiny["dev"], "--max-steps", "16", "--batch-size", "4")
+    args = (
+        "prune",
+        tiny["model"],
+        "--method",
+        "dsp",
+        "--keep",
+        "4",
+        "--data",
+        tiny["train"],
+        "--eval-data",
+        tiny["dev"],
+        "--max-steps",
+        "16",
+        "--batch-size",
+        "4",
+    )
     result = run(*args, "--out", tmp_path / "a")
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.stderr.splitlines() if ln.startswith("training gates (dsp): ")]
@@ -140,8 +175,13 @@ def test_a_log_gets_a_line_every_period_through_a_run_of_short_steps(monkeypatch
     monkeypatch.setattr(_Clock, "now", 0.0)
     log = _TimedLog()
     with Reporter("lines", stream=log, every=30, heartbeat=False) as progress:
-        for name, seconds in [("loading model/", 20), ("reading data", 20), ("evaluating", 20), ("timing", 20),
-                              ("saving slim/", 95)]:
+        for name, seconds in [
+            ("loading model/", 20),
+            ("reading data", 20),
+            ("evaluating", 20),
+            ("timing", 20),
+            ("saving slim/", 95),
+        ]:
             with progress.step(name):
                 for _ in range(seconds):  # the heartbeat thread's beat, once a second
                     _Clock.now += 1
@@ -149,9 +189,13 @@ def test_a_log_gets_a_line_every_period_through_a_run_of_short_steps(monkeypatch
     times = [0.0, *(t for t, _ in log.lines), _Clock.now]
     assert max(b - a for a, b in zip(times, times[1:])) <= 30, log.lines
     assert log.lines == [
-        (30, "still reading data (10 s)"), (40, "reading data: done in 0:20"),
-        (70, "still timing (10 s)"), (80, "timing: done in 0:20"),
-        (110, "still saving slim/ (30 s)"), (140, "still saving slim/ (60 s)"), (170, "still saving slim/ (90 s)"),
+        (30, "still reading data (10 s)"),
+        (40, "reading data: done in 0:20"),
+        (70, "still timing (10 s)"),
+        (80, "timing: done in 0:20"),
+        (110, "still saving slim/ (30 s)"),
+        (140, "still saving slim/ (60 s)"),
+        (170, "still saving slim/ (90 s)"),
         (175, "saving slim/: done in 1:35"),
     ]
 
@@ -185,11 +229,18 @@ def test_fine_tuning_evaluations_and_timing_report_through_the_reporter(tiny):
 
     log = io.StringIO()
     with Reporter("lines", stream=log, every=0, heartbeat=False) as progress:  # every update prints
-        tuned = headcut.finetune(tiny["model"], tiny["train"], eval_data=tiny["dev"], max_steps=2,
-                                 data_options={"batch_size": 8}, progress=progress)
+        tuned = headcut.finetune(
+            tiny["model"],
+            tiny["train"],
+            eval_data=tiny["dev"],
+            max_steps=2,
+            data_options={"batch_size": 8},
+            progress=progress,
+        )
         with progress.stages("timing tuned: ") as stages:
-            bench_model(tuned.model, BenchConfig(batch_size=2, seq_len=8, runs=2, warmup=1), name="tuned",
-                        progress=stages)
+            bench_model(
+                tuned.model, BenchConfig(batch_size=2, seq_len=8, runs=2, warmup=1), name="tuned", progress=stages
+            )
     lines = log.getvalue().splitlines()
     evaluations = [ln for ln in lines if ln.startswith("evaluating: ")]
     assert sum("done in" in ln for ln in evaluations) == 2, lines  # before and after the training steps
@@ -198,8 +249,9 @@ def test_fine_tuning_evaluations_and_timing_report_through_the_reporter(tiny):
     with Reporter("lines", stream=other, every=0, heartbeat=False) as progress:
         progress.task("other work")
         # a call with the library's silent default stays silent, whatever reporter is open around it
-        headcut.finetune(tiny["model"], tiny["train"], eval_data=tiny["dev"], max_steps=2,
-                         data_options={"batch_size": 8})
+        headcut.finetune(
+            tiny["model"], tiny["train"], eval_data=tiny["dev"], max_steps=2, data_options={"batch_size": 8}
+        )
     assert other.getvalue() == ""
 
 
@@ -216,8 +268,9 @@ def test_library_functions_write_nothing_to_stdout(tiny, capfd):
     model = headcut.load(tiny["model"])
     headcut.info(model)
     with Reporter("lines", every=0.0) as progress:
-        tuned = headcut.finetune(tiny["model"], tiny["train"], max_steps=2, data_options={"batch_size": 8},
-                                 progress=progress)
+        tuned = headcut.finetune(
+            tiny["model"], tiny["train"], max_steps=2, data_options={"batch_size": 8}, progress=progress
+        )
         headcut.evaluate(tiny["model"], tiny["dev"], progress=progress)
         headcut.score(tiny["model"], "gradient", data=tiny["dev"], progress=progress)
     tuned.save(tiny["root"] / "tuned")
@@ -249,10 +302,13 @@ def test_help_has_plain_metavars_and_examples(command):
 
 
 def test_help_and_completion_do_not_import_torch(tmp_path):
-    code = ("import os, sys\nsys.argv = ['headcut'] + sys.argv[1:]\nfrom headcut.cli import main\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)")
-    helped = subprocess.run([sys.executable, "-c", code, "prune", "--help"], env=_env(tmp_path), capture_output=True,
-                            text=True, timeout=120)
+    code = (
+        "import os, sys\nsys.argv = ['headcut'] + sys.argv[1:]\nfrom headcut.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)"
+    )
+    helped = subprocess.run(
+        [sys.executable, "-c", code, "prune", "--help"], env=_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     assert "Examples:" in helped.stdout and helped.stderr.strip().endswith("NO-TORCH"), helped.stderr
     env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS="headcut prune --method ", COMP_CWORD="3")
     completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
@@ -260,15 +316,22 @@ def test_help_and_completion_do_not_import_torch(tmp_path):
     assert set(completed.stdout.split()) == set(METHODS)
 
 
-@pytest.mark.parametrize("words,expected", [
-    ("headcut score m --scorer ", set(SCORERS)),
-    ("headcut prune m --gqa ", {"auto", "group", "uniform", "duplicate"}),
-    ("headcut info m --task seque", {"sequence-classification"}),
-    ("headcut finetune m --device ", {"auto", "cpu", "cuda", "mps"}),
-])
+@pytest.mark.parametrize(
+    "words,expected",
+    [
+        ("headcut score m --scorer ", set(SCORERS)),
+        ("headcut prune m --gqa ", {"auto", "group", "uniform", "duplicate"}),
+        ("headcut info m --task seque", {"sequence-classification"}),
+        ("headcut finetune m --device ", {"auto", "cpu", "cuda", "mps"}),
+    ],
+)
 def test_completion_of_values(words, expected, tmp_path):
-    env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split())
-                                                                                                - (0 if words.endswith(" ") else 1)))
+    env = _env(
+        tmp_path,
+        _HEADCUT_COMPLETE="complete_bash",
+        COMP_WORDS=words,
+        COMP_CWORD=str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+    )
     proc = subprocess.run([sys.executable, "-m", "headcut"], env=env, capture_output=True, text=True, timeout=120)
     assert set(proc.stdout.split()) == expected, proc.stderr
 
@@ -278,6 +341,7 @@ def test_completion_of_model_folders(tiny, tmp_path):
     (tmp_path / "slim-b").mkdir()
     (tmp_path / "slim.txt").write_text("")
     env = _env(tmp_path, _HEADCUT_COMPLETE="complete_bash", COMP_WORDS="headcut info sli", COMP_CWORD="2")
-    proc = subprocess.run([sys.executable, "-m", "headcut"], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "headcut"], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert proc.stdout.split() == ["slim-a/", "slim-b/"]

@@ -44,17 +44,20 @@ def calib(model, tok, path, **kw) -> Calibration:
 # ------------------------------------------------------------------------------------------- task
 
 
-@pytest.mark.parametrize("family,cls_name,task", [
-    ("bert", "BertForSequenceClassification", "classification"),
-    ("gpt2", "GPT2ForSequenceClassification", "classification"),
-    ("bert", "BertForMaskedLM", "masked-lm"),
-    ("distilbert", "DistilBertForMaskedLM", "masked-lm"),
-    ("gpt2", "GPT2LMHeadModel", "causal-lm"),
-    ("llama", "LlamaForCausalLM", "causal-lm"),
-    ("bart", "BartForConditionalGeneration", "seq2seq"),
-    ("t5", "T5ForConditionalGeneration", "seq2seq"),
-    ("marian", "MarianMTModel", "seq2seq"),
-])
+@pytest.mark.parametrize(
+    "family,cls_name,task",
+    [
+        ("bert", "BertForSequenceClassification", "classification"),
+        ("gpt2", "GPT2ForSequenceClassification", "classification"),
+        ("bert", "BertForMaskedLM", "masked-lm"),
+        ("distilbert", "DistilBertForMaskedLM", "masked-lm"),
+        ("gpt2", "GPT2LMHeadModel", "causal-lm"),
+        ("llama", "LlamaForCausalLM", "causal-lm"),
+        ("bart", "BartForConditionalGeneration", "seq2seq"),
+        ("t5", "T5ForConditionalGeneration", "seq2seq"),
+        ("marian", "MarianMTModel", "seq2seq"),
+    ],
+)
 def test_detect_task(family, cls_name, task):
     assert detect_task(make_model(family, cls_name)) == task
 
@@ -96,7 +99,8 @@ def test_table_formats_give_the_same_batches(tmp_path, tok, bert_cls, suffix):
     want = sorted((tuple(tok(r["text"])["input_ids"]), r["label"]) for r in rows)
     got = sorted(
         (tuple(ids[m.bool()].tolist()), int(y))
-        for b in c.batches for ids, m, y in zip(b["input_ids"], b["attention_mask"], b["labels"])
+        for b in c.batches
+        for ids, m, y in zip(b["input_ids"], b["attention_mask"], b["labels"])
     )
     assert got == want
 
@@ -136,8 +140,10 @@ def test_local_data_folder_is_not_written(tmp_path, tok, bert_cls):
 
 
 def test_sentence_pairs_get_token_types(tmp_path, tok, bert_cls):
-    rows = [{"sentence1": "the movie", "sentence2": "a good plot here", "label": 1},
-            {"sentence1": "bad", "sentence2": "dull", "label": 0}]
+    rows = [
+        {"sentence1": "the movie", "sentence2": "a good plot here", "label": 1},
+        {"sentence1": "bad", "sentence2": "dull", "label": 0},
+    ]
     c = calib(bert_cls, tok, write_rows(tmp_path / "pairs.csv", rows))
     assert c.columns == {"text": "sentence1", "label": "label", "text_pair": "sentence2"}
     b = c.batches[0]
@@ -168,8 +174,12 @@ def test_string_labels_map_through_label2id(tmp_path, tok):
     model = make_model("bert", "BertForSequenceClassification")
     model.config.id2label = {0: "neg", 1: "pos", 2: "Mixed"}
     model.config.label2id = {"neg": 0, "pos": 1, "Mixed": 2}
-    rows = [{"text": "good", "category": "pos"}, {"text": "bad", "category": "NEG"},
-            {"text": "fine", "category": "Mixed"}, {"text": "dull", "category": "mixed"}]
+    rows = [
+        {"text": "good", "category": "pos"},
+        {"text": "bad", "category": "NEG"},
+        {"text": "fine", "category": "Mixed"},
+        {"text": "dull", "category": "mixed"},
+    ]
     c = calib(model, tok, write_rows(tmp_path / "d.csv", rows), batch_size=10)
     assert c.columns["label"] == "category"
     assert c.label_names == ["neg", "pos", "Mixed"]
@@ -236,7 +246,7 @@ def test_causal_lm_txt_is_cut_into_blocks(tmp_path, tok):
     assert blocks.shape == (5, 16)
     assert (blocks[:, 0] == 1).all() and (blocks[:, -1] == 2).all()
     whole = tok(" ".join(lines), add_special_tokens=False)["input_ids"]
-    assert sorted(blocks[:, 1:-1].tolist()) == sorted(whole[i * 14:(i + 1) * 14] for i in range(5))
+    assert sorted(blocks[:, 1:-1].tolist()) == sorted(whole[i * 14 : (i + 1) * 14] for i in range(5))
     for b in c.batches:
         assert torch.equal(b["labels"], b["input_ids"]) and b["attention_mask"].all()
     assert c.scored_tokens == 5 * 15
@@ -270,10 +280,17 @@ def test_seq_len_longer_than_the_model(tmp_path, tok):
 
 
 def test_seq2seq_source_and_target(tmp_path, tok):
-    rows = [{"article": "the movie was good and fun", "summary": "good"},
-            {"article": "bad", "summary": "a very dull plot"}]
-    c = calib(make_model("bart", "BartForConditionalGeneration"), tok, write_rows(tmp_path / "d.csv", rows),
-              seq_len=32, batch_size=2)
+    rows = [
+        {"article": "the movie was good and fun", "summary": "good"},
+        {"article": "bad", "summary": "a very dull plot"},
+    ]
+    c = calib(
+        make_model("bart", "BartForConditionalGeneration"),
+        tok,
+        write_rows(tmp_path / "d.csv", rows),
+        seq_len=32,
+        batch_size=2,
+    )
     assert c.task == "seq2seq" and c.columns == {"source": "article", "target": "summary"}
     b = c.batches[0]
     refs = c.references
@@ -371,16 +388,21 @@ def test_shuffle_and_max_examples_are_deterministic_prefixes(tmp_path, tok, bert
     assert full != in_file_order and sorted(full) == sorted(in_file_order)
 
 
-@pytest.mark.parametrize("family,cls_name,suffix", [
-    ("bert", "BertForSequenceClassification", ".csv"),
-    ("gpt2", "GPT2LMHeadModel", ".csv"),
-    ("bert", "BertForMaskedLM", ".csv"),
-    ("t5", "T5ForConditionalGeneration", ".csv"),
-])
+@pytest.mark.parametrize(
+    "family,cls_name,suffix",
+    [
+        ("bert", "BertForSequenceClassification", ".csv"),
+        ("gpt2", "GPT2LMHeadModel", ".csv"),
+        ("bert", "BertForMaskedLM", ".csv"),
+        ("t5", "T5ForConditionalGeneration", ".csv"),
+    ],
+)
 def test_padding_is_masked_and_never_labelled(tmp_path, tok, family, cls_name, suffix):
     g = torch.Generator().manual_seed(0)
-    rows = [{"text": sentence(g, 1 + 3 * i), "label": i % 3, "source": sentence(g, 2 + i), "target": sentence(g, 9 - i)}
-            for i in range(8)]
+    rows = [
+        {"text": sentence(g, 1 + 3 * i), "label": i % 3, "source": sentence(g, 2 + i), "target": sentence(g, 9 - i)}
+        for i in range(8)
+    ]
     c = calib(make_model(family, cls_name), tok, write_rows(tmp_path / f"d{suffix}", rows), batch_size=8, seq_len=32)
     b = c.batches[0]
     pad = b["attention_mask"] == 0
@@ -425,8 +447,10 @@ def test_missing_empty_unreadable_and_odd_files(tmp_path, tok, bert_cls):
 
 def test_empty_texts_and_wrong_types(tmp_path, tok, bert_cls):
     p = tmp_path / "d.jsonl"
-    p.write_text('{"text": "good", "label": 1}\n{"text": null, "label": 0}\n{"text": "bad", "label": null}\n'
-                 '{"text": "fun", "label": 2}\n')
+    p.write_text(
+        '{"text": "good", "label": 1}\n{"text": null, "label": 0}\n{"text": "bad", "label": null}\n'
+        '{"text": "fun", "label": 2}\n'
+    )
     c = calib(bert_cls, tok, p, max_examples=2)  # rows with a missing value are skipped before the selection
     assert c.examples == 2 and c.notes == ["skipped 2 rows with a missing value in 'text', 'label'"]
     assert sorted(c.batches[0]["labels"].tolist()) == [1, 2]
@@ -497,7 +521,12 @@ def test_in_memory_dataset_gives_the_same_batches_as_a_file(tmp_path, tok, bert_
     assert same_batches(c, from_file)
     assert c.source == "<datasets.Dataset of 20 rows>" and c.to_json()["source"] == c.source
     assert (c.examples, c.columns, c.notes, c.tokens, c.scored_tokens) == (
-        from_file.examples, from_file.columns, from_file.notes, from_file.tokens, from_file.scored_tokens)
+        from_file.examples,
+        from_file.columns,
+        from_file.notes,
+        from_file.tokens,
+        from_file.scored_tokens,
+    )
     # config.path is ignored; a dataset formatted for torch is read as plain values
     torch_ds = datasets.Dataset.from_list(rows).with_format("torch")
     assert same_batches(load_calibration(bert_cls, tok, DataConfig(path="nope.csv", **kw), dataset=torch_ds), c)
@@ -506,24 +535,35 @@ def test_in_memory_dataset_gives_the_same_batches_as_a_file(tmp_path, tok, bert_
 def test_in_memory_list_of_rows_and_other_tasks(tmp_path, tok):
     g = torch.Generator().manual_seed(0)
     rows = [{"text": sentence(g, 2 + i % 6), "source": sentence(g, 3), "target": sentence(g, 4)} for i in range(12)]
-    for family, cls_name in (("bert", "BertForMaskedLM"), ("gpt2", "GPT2LMHeadModel"),
-                             ("t5", "T5ForConditionalGeneration")):
+    for family, cls_name in (
+        ("bert", "BertForMaskedLM"),
+        ("gpt2", "GPT2LMHeadModel"),
+        ("t5", "T5ForConditionalGeneration"),
+    ):
         model = make_model(family, cls_name)
         from_file = calib(model, tok, write_rows(tmp_path / "d.jsonl", rows), batch_size=5, seq_len=16)
         c = load_calibration(model, tok, DataConfig(path="", batch_size=5, seq_len=16), dataset=rows)
         assert same_batches(c, from_file), cls_name
         assert c.source == "<list of 12 rows>" and c.references == from_file.references
     # a causal LM gets one example per row from memory (blocks are cut from .txt files only)
-    c = load_calibration(make_model("gpt2", "GPT2LMHeadModel"), tok, DataConfig(path="", seq_len=64),
-                         dataset=[{"text": "good movie"}, {"text": "bad plot and dull actor"}])
+    c = load_calibration(
+        make_model("gpt2", "GPT2LMHeadModel"),
+        tok,
+        DataConfig(path="", seq_len=64),
+        dataset=[{"text": "good movie"}, {"text": "bad plot and dull actor"}],
+    )
     assert c.examples == 2 and sorted(int(m.sum()) for m in c.batches[0]["attention_mask"]) == [4, 7]
 
 
 def test_in_memory_dataset_dict_uses_the_split(tok, bert_cls):
     import datasets
 
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(cls_rows(20)),
-                               "validation": datasets.Dataset.from_list(cls_rows(6, seed=1))})
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list(cls_rows(20)),
+            "validation": datasets.Dataset.from_list(cls_rows(6, seed=1)),
+        }
+    )
     c = load_calibration(bert_cls, tok, DataConfig(path="", split="validation"), dataset=dd)
     assert c.examples == 6 and c.source == "<datasets.DatasetDict['validation'] of 6 rows>"
     assert load_calibration(bert_cls, tok, DataConfig(path=""), dataset=dd).examples == 20
@@ -531,16 +571,19 @@ def test_in_memory_dataset_dict_uses_the_split(tok, bert_cls):
         load_calibration(bert_cls, tok, DataConfig(path="", split="test"), dataset=dd)
 
 
-@pytest.mark.parametrize("bad,message", [
-    (42, "dataset must be a datasets.Dataset, a datasets.DatasetDict or a list of dict rows, not int"),
-    ("reviews.csv", "a list of dict rows, not str"),
-    ({"text": ["good"], "label": [1]}, "a list of dict rows, not dict"),
-    ([], "the list of rows is empty"),
-    ([{"text": "good", "label": 1}, "bad"], "dataset rows must be dicts \\(column -> value\\); row 2 is str"),
-    ([{"text": "good", "label": 1}, {"text": 5, "label": "x"}], "cannot make a dataset of the list of rows: "),
-    ("empty-dataset", "<datasets.Dataset of 0 rows> has no examples"),
-    ("no-text-column", "<list of 1 row> has no text column"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (42, "dataset must be a datasets.Dataset, a datasets.DatasetDict or a list of dict rows, not int"),
+        ("reviews.csv", "a list of dict rows, not str"),
+        ({"text": ["good"], "label": [1]}, "a list of dict rows, not dict"),
+        ([], "the list of rows is empty"),
+        ([{"text": "good", "label": 1}, "bad"], "dataset rows must be dicts \\(column -> value\\); row 2 is str"),
+        ([{"text": "good", "label": 1}, {"text": 5, "label": "x"}], "cannot make a dataset of the list of rows: "),
+        ("empty-dataset", "<datasets.Dataset of 0 rows> has no examples"),
+        ("no-text-column", "<list of 1 row> has no text column"),
+    ],
+)
 def test_bad_in_memory_datasets_are_one_line_errors(tok, bert_cls, bad, message):
     import datasets
 

@@ -17,8 +17,13 @@ from headcut.training.finetuning import TeacherCache
 
 
 def calibration(model, n: int = 3) -> Calibration:
-    return Calibration(task=detect_task(model), batches=[make_batch(model, seed=i) for i in range(n)], examples=3 * n,
-                       source="random", columns={})
+    return Calibration(
+        task=detect_task(model),
+        batches=[make_batch(model, seed=i) for i in range(n)],
+        examples=3 * n,
+        source="random",
+        columns={},
+    )
 
 
 def test_alpha_zero_is_the_papers_loss_exactly():
@@ -75,8 +80,24 @@ def test_distillation_refusals():
 def test_cli_prune_with_alpha_reports_the_distillation(tmp_path):
     src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
     train = write_rows(tmp_path / "train.csv", cls_rows(24))
-    result = run("prune", src, "--method", "pass", "--keep", "5", "--data", train, "--max-steps", "3", "--alpha", "0.5",
-                 "--out", tmp_path / "o", "--json", tmp_path / "r.json")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "pass",
+        "--keep",
+        "5",
+        "--data",
+        train,
+        "--max-steps",
+        "3",
+        "--alpha",
+        "0.5",
+        "--out",
+        tmp_path / "o",
+        "--json",
+        tmp_path / "r.json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["training"]["distillation"]["alpha"] == 0.5
@@ -108,8 +129,22 @@ def test_recover_steps_fine_tune_the_cut_model_from_the_unpruned_one(tmp_path):
     assert changed
     with pytest.raises(HeadcutError, match="recover_steps trains the pruned model: it needs data"):
         headcut.prune(src, "magnitude", keep=4, recover_steps=2)
-    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--eval-data", dev,
-                 "--recover-steps", "2", "--out", tmp_path / "p")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        "4",
+        "--data",
+        train,
+        "--eval-data",
+        dev,
+        "--recover-steps",
+        "2",
+        "--out",
+        tmp_path / "p",
+    )
     assert result.exit_code == 0, result.output
     assert "recovery: 2 steps distilled from the unpruned model" in result.stdout
 
@@ -130,7 +165,9 @@ def test_unlabelled_inputs_load_without_labels_and_are_distilled_alone(tmp_path)
     assert cal.scored_tokens == 10 and "label" not in cal.columns
     labelled = write_rows(tmp_path / "labelled.csv", cls_rows(10))
     same = load_calibration(model, tok, DataConfig(path=str(labelled), batch_size=4), unlabelled=True)
-    assert all(torch.equal(a["input_ids"], b["input_ids"]) and "labels" not in b for a, b in zip(cal.batches, same.batches))
+    assert all(
+        torch.equal(a["input_ids"], b["input_ids"]) and "labels" not in b for a, b in zip(cal.batches, same.batches)
+    )
     with pytest.raises(HeadcutError, match="label"):
         load_calibration(model, tok, DataConfig(path=str(texts), batch_size=4))
     t5 = save_tiny(tmp_path / "t5", "t5", "T5ForConditionalGeneration")
@@ -158,8 +195,9 @@ def test_recover_data_adds_unlabelled_rows_to_the_recovery(tmp_path):
     extra = write_rows(tmp_path / "extra.csv", [{"text": r["text"]} for r in cls_rows(16, seed=2)])
     options = {"batch_size": 4}
     plain = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=10, data_options=options)
-    more = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=10, data_options=options,
-                         recover_data=extra)
+    more = headcut.prune(
+        src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=10, data_options=options, recover_data=extra
+    )
     recovery = more.report["recovery"]
     assert recovery["recover_data"]["examples"] == 16 and recovery["config"]["alpha"] == 1.0
     assert plain.report["recovery"]["config"]["alpha"] == 0.5 and "recover_data" not in plain.report["recovery"]
@@ -181,12 +219,40 @@ def test_recover_data_adds_unlabelled_rows_to_the_recovery(tmp_path):
         headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=2, recover_data=dev)
     with pytest.raises(HeadcutError, match="data file not found"):
         headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_data=tmp_path / "nope.csv")
-    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--eval-data", dev,
-                 "--recover-steps", "2", "--recover-data", extra, "--out", tmp_path / "p")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        "4",
+        "--data",
+        train,
+        "--eval-data",
+        dev,
+        "--recover-steps",
+        "2",
+        "--recover-data",
+        extra,
+        "--out",
+        tmp_path / "p",
+    )
     assert result.exit_code == 0, result.output
     assert "(alpha 1, with 16 unlabelled rows of" in result.stdout
-    bad = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-data", extra,
-              "--out", tmp_path / "q")
+    bad = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        "4",
+        "--data",
+        train,
+        "--recover-data",
+        extra,
+        "--out",
+        tmp_path / "q",
+    )
     one_line_error(bad, "--recover-data is read by the recovery fine-tuning: it needs --recover-steps N")
     t5 = save_tiny(tmp_path / "t5", "t5", "T5ForConditionalGeneration")
     pairs = write_rows(tmp_path / "pairs.csv", [{"source": "a b c", "target": "c b a"}] * 8)
@@ -211,8 +277,16 @@ def test_recover_hidden_weight_adds_hidden_state_matching_to_the_recovery(tmp_pa
     import headcut
 
     src, train, dev, options, plain = _recovery_case(tmp_path, 3)
-    hidden = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=3, data_options=options,
-                           recover_hidden_weight=2.0)
+    hidden = headcut.prune(
+        src,
+        "magnitude",
+        keep=4,
+        data=train,
+        eval_data=dev,
+        recover_steps=3,
+        data_options=options,
+        recover_hidden_weight=2.0,
+    )
     assert hidden.mask.keep == plain.mask.keep
     recovery = hidden.report["recovery"]
     assert recovery["config"]["hidden_weight"] == 2.0 and plain.report["recovery"]["config"]["hidden_weight"] == 0.0
@@ -227,20 +301,40 @@ def test_recover_hidden_weight_adds_hidden_state_matching_to_the_recovery(tmp_pa
     assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(hidden.report["metric"]["after"])
     assert "hidden states matched with weight 2" in (tmp_path / "o" / "README.md").read_text()
 
-    with pytest.raises(HeadcutError, match="recover_hidden_weight weighs a term of the recovery fine-tuning: it "
-                                           "needs recover_steps"):
+    with pytest.raises(
+        HeadcutError, match="recover_hidden_weight weighs a term of the recovery fine-tuning: it needs recover_steps"
+    ):
         headcut.prune(src, "magnitude", keep=4, data=train, recover_hidden_weight=1.0)
     with pytest.raises(HeadcutError, match="recover_hidden_weight must be a number >= 0"):
         headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_hidden_weight=-1.0)
-    _recovery_flag(tmp_path, src, train, ["--recover-hidden-weight", "1"], "hidden states matched (weight 1)",
-                   "--recover-hidden-weight weighs a term of the recovery fine-tuning: it needs --recover-steps N")
+    _recovery_flag(
+        tmp_path,
+        src,
+        train,
+        ["--recover-hidden-weight", "1"],
+        "hidden states matched (weight 1)",
+        "--recover-hidden-weight weighs a term of the recovery fine-tuning: it needs --recover-steps N",
+    )
 
 
 def _recovery_flag(tmp_path, src, train, flag: list[str], printed: str, refusal: str) -> None:
     """``flag`` on the command line: with ``--recover-steps`` the summary prints ``printed``; without, the one-line
     error ``refusal``."""
-    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--recover-steps", "2", *flag,
-                 "--out", tmp_path / "p")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        "4",
+        "--data",
+        train,
+        "--recover-steps",
+        "2",
+        *flag,
+        "--out",
+        tmp_path / "p",
+    )
     assert result.exit_code == 0, result.output
     assert printed in result.stdout
     bad = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, *flag, "--out", tmp_path / "q")
@@ -267,31 +361,64 @@ def test_via_cuts_in_two_rounds_and_reports_one_cut_of_the_input_model(tmp_path)
     with torch.no_grad():
         assert torch.allclose(one.model(input_ids=ids).logits, two.model(input_ids=ids).logits, atol=1e-6)
 
-    tuned = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, eval_data=dev, refit=True, recover_steps=2,
-                          recover_hidden_weight=1.0, data_options={"batch_size": 8})
+    tuned = headcut.prune(
+        src,
+        "fluctuation",
+        keep=3,
+        via=6,
+        data=train,
+        eval_data=dev,
+        refit=True,
+        recover_steps=2,
+        recover_hidden_weight=1.0,
+        data_options={"batch_size": 8},
+    )
     (first,) = tuned.report["rounds"]
     assert set(first["metric"]) == {"after_pruning", "after_refit", "after"} and first["recovery"]["steps"] == 2
     assert first["refit"]["refitted"] and tuned.report["recovery"]["steps"] == 2
     assert tuned.report["metric"]["before"] == pytest.approx(headcut.evaluate(src, dev).value)
     tuned.save(tmp_path / "o")
     assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(tuned.report["metric"]["after"])
-    assert "two rounds: first to 6 heads, refitted and fine-tuned for 2 steps" in (tmp_path / "o" / "README.md").read_text()
+    assert (
+        "two rounds: first to 6 heads, refitted and fine-tuned for 2 steps"
+        in (tmp_path / "o" / "README.md").read_text()
+    )
     replay = headcut.export(src, mask=tuned.mask)  # the composed mask replays the structure on the input model
     assert replay.report["heads_per_block_after"] == tuned.report["heads"]["per_block_after"]
 
-    for bad, match in ((dict(keep=3, via=9), "via 9 must lie between the heads kept in the end \\(3\\) and the "
-                        "model's 8"), (dict(keep=3, via=3), "via 3 must lie between"),
-                       (dict(sparsity=0.5, via=2), "via 2 must lie between the heads kept in the end \\(4\\)"),
-                       (dict(via=6), "no budget")):
+    for bad, match in (
+        (dict(keep=3, via=9), "via 9 must lie between the heads kept in the end \\(3\\) and the model's 8"),
+        (dict(keep=3, via=3), "via 3 must lie between"),
+        (dict(sparsity=0.5, via=2), "via 2 must lie between the heads kept in the end \\(4\\)"),
+        (dict(via=6), "no budget"),
+    ):
         with pytest.raises(HeadcutError, match=match):
             headcut.prune(src, "magnitude", **bad)
-    with pytest.raises(HeadcutError, match="via cuts in two rounds, each scored on the model the one before left: "
-                                           "it applies to the score-based methods"):
+    with pytest.raises(
+        HeadcutError,
+        match="via cuts in two rounds, each scored on the model the one before left: "
+        "it applies to the score-based methods",
+    ):
         headcut.prune(src, "pass", keep=3, via=6, data=train)
     with pytest.raises(HeadcutError, match="via cuts to a number of heads in two rounds"):
         headcut.prune(src, "magnitude", max_drop=0.1, via=6, eval_data=dev)
-    result = run("prune", src, "--method", "fluctuation", "--keep", "3", "--via", "6", "--data", train,
-                 "--eval-data", dev, "--refit", "--out", tmp_path / "p")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "fluctuation",
+        "--keep",
+        "3",
+        "--via",
+        "6",
+        "--data",
+        train,
+        "--eval-data",
+        dev,
+        "--refit",
+        "--out",
+        tmp_path / "p",
+    )
     assert result.exit_code == 0, result.output
     assert "round 1: cut to 6 heads; accuracy after the cut" in result.stdout
     bad = run("prune", src, "--method", "magnitude", "--keep", "3", "--via", "8", "--out", tmp_path / "q")
@@ -304,33 +431,67 @@ def test_via_steps_sets_the_first_rounds_recovery_steps(tmp_path):
     src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")  # 2 blocks x 4 heads
     train = write_rows(tmp_path / "train.csv", cls_rows(24))
     options = {"batch_size": 8}
-    short = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=3, via_steps=1,
-                          data_options=options)
+    short = headcut.prune(
+        src, "fluctuation", keep=3, via=6, data=train, recover_steps=3, via_steps=1, data_options=options
+    )
     (first,) = short.report["rounds"]
     assert first["recovery"]["steps"] == 1 and short.report["recovery"]["steps"] == 3
     assert len(short.report["recovery"]["curve"]) == 3
-    none = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, via_steps=0,
-                         data_options=options)
+    none = headcut.prune(
+        src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, via_steps=0, data_options=options
+    )
     (first,) = none.report["rounds"]
     assert "recovery" not in first and "after" not in first["metric"] and none.report["recovery"]["steps"] == 2
     same = headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, data_options=options)
     assert same.report["rounds"][0]["recovery"]["steps"] == 2  # default: --recover-steps in both rounds
 
-    with pytest.raises(HeadcutError, match="via_steps sets the recovery steps of via's first round: it needs via K "
-                                           "and recover_steps N"):
+    with pytest.raises(
+        HeadcutError, match="via_steps sets the recovery steps of via's first round: it needs via K and recover_steps N"
+    ):
         headcut.prune(src, "fluctuation", keep=3, data=train, recover_steps=2, via_steps=1)
     with pytest.raises(HeadcutError, match="via_steps sets the recovery steps"):
         headcut.prune(src, "fluctuation", keep=3, via=6, data=train, via_steps=1)
     with pytest.raises(HeadcutError, match="via_steps must be a whole number >= 0"):
         headcut.prune(src, "fluctuation", keep=3, via=6, data=train, recover_steps=2, via_steps=-1)
-    result = run("prune", src, "--method", "fluctuation", "--keep", "3", "--via", "6", "--data", train,
-                 "--recover-steps", "2", "--via-steps", "1", "--out", tmp_path / "p")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "fluctuation",
+        "--keep",
+        "3",
+        "--via",
+        "6",
+        "--data",
+        train,
+        "--recover-steps",
+        "2",
+        "--via-steps",
+        "1",
+        "--out",
+        tmp_path / "p",
+    )
     assert result.exit_code == 0, result.output
     assert "first to 6 heads and fine-tuned for 1 step," in (tmp_path / "p" / "README.md").read_text()
-    bad = run("prune", src, "--method", "fluctuation", "--keep", "3", "--via-steps", "1", "--data", train,
-              "--recover-steps", "2", "--out", tmp_path / "q")
-    one_line_error(bad, "--via-steps sets the recovery steps of --via's first round: it needs --via K and "
-                        "--recover-steps N")
+    bad = run(
+        "prune",
+        src,
+        "--method",
+        "fluctuation",
+        "--keep",
+        "3",
+        "--via-steps",
+        "1",
+        "--data",
+        train,
+        "--recover-steps",
+        "2",
+        "--out",
+        tmp_path / "q",
+    )
+    one_line_error(
+        bad, "--via-steps sets the recovery steps of --via's first round: it needs --via K and --recover-steps N"
+    )
 
 
 def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():
@@ -357,18 +518,22 @@ def test_hidden_matching_is_zero_for_the_teacher_itself_and_trains_towards_it():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    result = finetune(model, cal, FinetuneConfig(max_steps=6, lr=1e-3, hidden_weight=1.0, checkpoint_every=None),
-                      teacher=teacher)
+    result = finetune(
+        model, cal, FinetuneConfig(max_steps=6, lr=1e-3, hidden_weight=1.0, checkpoint_every=None), teacher=teacher
+    )
     hidden = [e["hidden"] for e in result.history]
     assert len(hidden) == 6 and hidden[-1] < hidden[0]
     with pytest.raises(HeadcutError, match="hidden_weight must be >= 0"):
         FinetuneConfig(hidden_weight=-1.0).validate()
 
 
-@pytest.mark.parametrize("method, extra", [
-    ("lottery", ["--keep", "3", "--reset-at", "2", "--prune-every", "2", "--eval-every", "2", "--max-steps", "4"]),
-    ("auber", ["--episodes", "2", "--reward-examples", "6", "--layer-epochs", "1", "--max-steps", "3"]),
-])
+@pytest.mark.parametrize(
+    "method, extra",
+    [
+        ("lottery", ["--keep", "3", "--reset-at", "2", "--prune-every", "2", "--eval-every", "2", "--max-steps", "4"]),
+        ("auber", ["--episodes", "2", "--reward-examples", "6", "--layer-epochs", "1", "--max-steps", "3"]),
+    ],
+)
 def test_lottery_and_auber_distil_from_the_unpruned_model(tmp_path, method, extra):
     """--alpha reaches the training loops of lottery and AUBER: their report has the distillation, the
     teacher runs once per distinct batch (the lottery's rewound iterations reuse the batches), and the
@@ -378,8 +543,27 @@ def test_lottery_and_auber_distil_from_the_unpruned_model(tmp_path, method, extr
     dev = write_rows(tmp_path / "dev.csv", cls_rows(16, seed=2))
     reports = []
     for alpha in ("0", "0.8"):
-        result = run("prune", src, "--method", method, "--data", train, "--eval-data", dev, "--seq-len", "16",
-                     "--batch-size", "8", "--alpha", alpha, "--out", tmp_path / f"o{alpha}", "--json", "-", *extra)
+        result = run(
+            "prune",
+            src,
+            "--method",
+            method,
+            "--data",
+            train,
+            "--eval-data",
+            dev,
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "8",
+            "--alpha",
+            alpha,
+            "--out",
+            tmp_path / f"o{alpha}",
+            "--json",
+            "-",
+            *extra,
+        )
         assert result.exit_code == 0, result.output
         reports.append(json.loads(result.stdout))
     plain, kd = (r[method] for r in reports)
@@ -392,7 +576,8 @@ def test_lottery_and_auber_distil_from_the_unpruned_model(tmp_path, method, extr
 
     a, b = headcut.load(tmp_path / "o0"), headcut.load(tmp_path / "o0.8")
     assert reports[0]["mask"] != reports[1]["mask"] or any(
-        not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+        not torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values())
+    )
 
 
 def test_mixup_distillation_is_zero_for_the_teacher_itself_and_deterministic():
@@ -410,11 +595,14 @@ def test_mixup_distillation_is_zero_for_the_teacher_itself_and_deterministic():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    first, again = (float(DistillationLoss("classification", teacher, 0.5, 2.0, mixup=0.4, seed=1).mixed_kl(
-        model, batch, 3)) for _ in range(2))
+    first, again = (
+        float(DistillationLoss("classification", teacher, 0.5, 2.0, mixup=0.4, seed=1).mixed_kl(model, batch, 3))
+        for _ in range(2)
+    )
     assert first == again > 0
-    result = finetune(model, cal, FinetuneConfig(max_steps=4, lr=1e-3, mixup=0.4, checkpoint_every=None),
-                      teacher=teacher)
+    result = finetune(
+        model, cal, FinetuneConfig(max_steps=4, lr=1e-3, mixup=0.4, checkpoint_every=None), teacher=teacher
+    )
     assert len(result.history) == 4 and all(e["kl_mixed"] >= 0 for e in result.history)
     with pytest.raises(HeadcutError, match="needs a sequence classifier"):
         DistillationLoss("causal-lm", teacher, 0.5, 2.0, mixup=0.4)
@@ -425,17 +613,21 @@ def test_mixup_distillation_is_zero_for_the_teacher_itself_and_deterministic():
 def test_majority_note_flags_a_pruned_classifier_no_better_than_its_most_frequent_label() -> None:
     from headcut.jobs.prune import _majority_note
 
-    cal = Calibration(task="classification", batches=[{"labels": torch.tensor([0, 1, 1])},
-                                                      {"labels": torch.tensor([1, 2])}],
-                      examples=5, source="rows", columns={}, label_names=["neg", "pos", "plot"])
+    cal = Calibration(
+        task="classification",
+        batches=[{"labels": torch.tensor([0, 1, 1])}, {"labels": torch.tensor([1, 2])}],
+        examples=5,
+        source="rows",
+        columns={},
+        label_names=["neg", "pos", "plot"],
+    )
     assert cal.majority() == ("pos", 0.6)
     (note,) = _majority_note(cal, before=0.8, after=0.6)
     assert "'pos'" in note and "0.6000" in note and "0.8000" in note
     assert _majority_note(cal, before=0.8, after=0.61) == []  # better than the majority answer
     assert _majority_note(cal, before=0.6, after=0.4) == []  # the input model was no better either
     assert _majority_note(None, before=0.8, after=0.2) == []
-    lm = Calibration(task="causal-lm", batches=[{"labels": torch.tensor([[1, 2]])}], examples=1, source="t",
-                     columns={})
+    lm = Calibration(task="causal-lm", batches=[{"labels": torch.tensor([[1, 2]])}], examples=1, source="t", columns={})
     assert lm.majority() is None and _majority_note(lm, before=3.0, after=9.0) == []
 
 
@@ -443,27 +635,37 @@ def test_recover_average_runs_the_recovery_at_a_constant_rate_and_averages_its_w
     import headcut
 
     src, train, dev, options, plain = _recovery_case(tmp_path, 4)
-    averaged = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=4,
-                             data_options=options, recover_average=0.5)
+    averaged = headcut.prune(
+        src, "magnitude", keep=4, data=train, eval_data=dev, recover_steps=4, data_options=options, recover_average=0.5
+    )
     config = averaged.report["recovery"]["config"]
     assert (config["average_last"], config["schedule"]) == (0.5, "constant")
     assert (plain.report["recovery"]["config"]["average_last"], plain.report["recovery"]["config"]["schedule"]) == (
-        0.0, "linear")
+        0.0,
+        "linear",
+    )
     assert [e["lr"] for e in averaged.report["recovery"]["curve"]] == [5e-5] * 4  # constant
     assert any(not torch.equal(v, plain.model.state_dict()[k]) for k, v in averaged.model.state_dict().items())
     averaged.save(tmp_path / "o")
     assert headcut.evaluate(tmp_path / "o", dev).value == pytest.approx(averaged.report["metric"]["after"])
     assert "weights averaged over the last 0.5 of the steps" in (tmp_path / "o" / "README.md").read_text()
     # both rounds of --via average
-    two = headcut.prune(src, "magnitude", keep=3, via=6, data=train, recover_steps=2, data_options=options,
-                        recover_average=1.0)
+    two = headcut.prune(
+        src, "magnitude", keep=3, via=6, data=train, recover_steps=2, data_options=options, recover_average=1.0
+    )
     assert two.report["recovery"]["config"]["average_last"] == 1.0
 
-    with pytest.raises(HeadcutError, match="recover_average averages the weights of the recovery fine-tuning: it "
-                                           "needs recover_steps"):
+    with pytest.raises(
+        HeadcutError, match="recover_average averages the weights of the recovery fine-tuning: it needs recover_steps"
+    ):
         headcut.prune(src, "magnitude", keep=4, data=train, recover_average=0.5)
     with pytest.raises(HeadcutError, match=r"recover_average must be a fraction of the recovery's steps, in \[0, 1\]"):
         headcut.prune(src, "magnitude", keep=4, data=train, recover_steps=2, recover_average=2.0)
-    _recovery_flag(tmp_path, src, train, ["--recover-average", "0.5"],
-                   "weights averaged over the last 0.5 of the steps (constant LR)",
-                   "--recover-average averages the weights of the recovery fine-tuning: it needs --recover-steps N")
+    _recovery_flag(
+        tmp_path,
+        src,
+        train,
+        ["--recover-average", "0.5"],
+        "weights averaged over the last 0.5 of the steps (constant LR)",
+        "--recover-average averages the weights of the recovery fine-tuning: it needs --recover-steps N",
+    )

@@ -45,28 +45,55 @@ def launch(*args: str, cwd: Path, fsdp_config: bool = False) -> subprocess.Compl
     """``accelerate launch`` with 2 processes on CPU (--multi_gpu is accelerate's multi-process launcher;
     with no GPU visible headcut joins the group with gloo); ``fsdp_config``: accelerate's --use_fsdp, which
     headcut's ``--engine auto`` follows."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *(["--use_fsdp"] if fsdp_config else ["--multi_gpu"]),
-           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "-m", "headcut", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *(["--use_fsdp"] if fsdp_config else ["--multi_gpu"]),
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "headcut",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
 
 
 def torchrun(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
 
 
 def one_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "headcut", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "headcut", *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("dist")
-    save_tiny(d / "model", "bert", "BertForSequenceClassification", hidden_dropout_prob=0.0,
-              attention_probs_dropout_prob=0.0)
+    save_tiny(
+        d / "model", "bert", "BertForSequenceClassification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     write_rows(d / "train.csv", cls_rows(64, seed=0))
     write_rows(d / "dev.csv", cls_rows(16, seed=1))
     return d
@@ -97,8 +124,24 @@ def assert_same_model(a: Path, b: Path, dev: Path, atol: float = 2e-6) -> None:
 @pytest.fixture(scope="module")
 def finetuned_once(tiny) -> Path:
     out = tiny / "ft-one"
-    res = one_process("finetune", str(tiny / "model"), "--data", str(tiny / "train.csv"), "--max-steps", "4",
-                      "--seq-len", "16", "--batch-size", "8", "--grad-accum", "2", "--out", str(out), "-q", cwd=tiny)
+    res = one_process(
+        "finetune",
+        str(tiny / "model"),
+        "--data",
+        str(tiny / "train.csv"),
+        "--max-steps",
+        "4",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--grad-accum",
+        "2",
+        "--out",
+        str(out),
+        "-q",
+        cwd=tiny,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -108,9 +151,27 @@ def test_finetune_two_processes_equal_one(tiny, finetuned_once, engine):
     out = tiny / f"ft-{engine}"
     # batches of 4, two per step, in each of 2 processes: the one-process run's two batches of 8 a step (each
     # process takes every other batch of 4 and the same shuffled order of its 8, so a step sees the same rows)
-    res = launch("finetune", str(tiny / "model"), "--data", str(tiny / "train.csv"), "--max-steps", "4",
-                 "--seq-len", "16", "--batch-size", "4", "--grad-accum", "2", "--engine", engine, "--out", str(out),
-                 "--json", str(tiny / f"ft-{engine}.json"), cwd=tiny)
+    res = launch(
+        "finetune",
+        str(tiny / "model"),
+        "--data",
+        str(tiny / "train.csv"),
+        "--max-steps",
+        "4",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "2",
+        "--engine",
+        engine,
+        "--out",
+        str(out),
+        "--json",
+        str(tiny / f"ft-{engine}.json"),
+        cwd=tiny,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tiny / f"ft-{engine}.json").read_text())
     assert report["distributed"] == {"processes": 2, "engine": engine, "model_max_difference": 0.0}
@@ -122,9 +183,30 @@ def test_finetune_two_processes_equal_one(tiny, finetuned_once, engine):
 @pytest.fixture(scope="module")
 def pruned_once(tiny) -> Path:
     out = tiny / "pass-one"
-    res = one_process("prune", str(tiny / "model"), "--method", "pass", "--keep", "3", "--data",
-                      str(tiny / "train.csv"), "--max-steps", "8", "--lambda-step", "2", "--seq-len", "16",
-                      "--batch-size", "16", "--out", str(out), "--json", str(tiny / "pass-one.json"), "-q", cwd=tiny)
+    res = one_process(
+        "prune",
+        str(tiny / "model"),
+        "--method",
+        "pass",
+        "--keep",
+        "3",
+        "--data",
+        str(tiny / "train.csv"),
+        "--max-steps",
+        "8",
+        "--lambda-step",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out),
+        "--json",
+        str(tiny / "pass-one.json"),
+        "-q",
+        cwd=tiny,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return out
 
@@ -132,10 +214,33 @@ def pruned_once(tiny) -> Path:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_prune_pass_two_processes_equal_one(tiny, pruned_once, engine):
     out = tiny / f"pass-{engine}"
-    res = launch("prune", str(tiny / "model"), "--method", "pass", "--keep", "3", "--data", str(tiny / "train.csv"),
-                 "--eval-data", str(tiny / "dev.csv"), "--max-steps", "8", "--lambda-step", "2", "--seq-len", "16",
-                 "--batch-size", "8", "--engine", engine, "--out", str(out), "--json", str(tiny / f"pass-{engine}.json"),
-                 cwd=tiny)
+    res = launch(
+        "prune",
+        str(tiny / "model"),
+        "--method",
+        "pass",
+        "--keep",
+        "3",
+        "--data",
+        str(tiny / "train.csv"),
+        "--eval-data",
+        str(tiny / "dev.csv"),
+        "--max-steps",
+        "8",
+        "--lambda-step",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--engine",
+        engine,
+        "--out",
+        str(out),
+        "--json",
+        str(tiny / f"pass-{engine}.json"),
+        cwd=tiny,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tiny / f"pass-{engine}.json").read_text())
     one = json.loads((tiny / "pass-one.json").read_text())
@@ -152,16 +257,32 @@ def test_prune_pass_two_processes_equal_one(tiny, pruned_once, engine):
 def test_accelerate_fsdp_config_selects_fsdp(tiny, finetuned_once):
     """``accelerate launch --use_fsdp`` with headcut's default ``--engine auto`` trains with FSDP."""
     out = tiny / "ft-accelerate-fsdp"
-    res = launch("finetune", str(tiny / "model"), "--data", str(tiny / "train.csv"), "--max-steps", "4",
-                 "--seq-len", "16", "--batch-size", "4", "--grad-accum", "2", "--out", str(out), "--json",
-                 str(tiny / "ft-acc.json"),
-                 cwd=tiny, fsdp_config=True)
+    res = launch(
+        "finetune",
+        str(tiny / "model"),
+        "--data",
+        str(tiny / "train.csv"),
+        "--max-steps",
+        "4",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "2",
+        "--out",
+        str(out),
+        "--json",
+        str(tiny / "ft-acc.json"),
+        cwd=tiny,
+        fsdp_config=True,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((tiny / "ft-acc.json").read_text())["distributed"]["engine"] == "fsdp"
     assert_same_model(finetuned_once, out, tiny / "dev.csv")
 
 
-RESUME = '''
+RESUME = """
 import csv, sys, torch, headcut
 from dataclasses import replace
 from headcut.config import TrainConfig
@@ -207,7 +328,7 @@ straight = trained(work + "/b", False)
 worst = max((resumed[k] - straight[k]).abs().max().item() for k in resumed)
 if dist.main:
     print("WORST", worst)
-'''
+"""
 
 
 @pytest.mark.parametrize("first,then", [("ddp", "ddp"), ("fsdp", "fsdp"), ("ddp", "fsdp")])
@@ -225,13 +346,26 @@ def test_resume_under_engine(tiny, tmp_path, first, then):
 
 def test_lottery_two_processes_equal_one(tiny):
     """The lottery's training phases (late resetting, rewinds) run data-parallel: the same heads and model."""
-    common = ["prune", str(tiny / "model"), "--method", "lottery", "--keep", "4", "--data", str(tiny / "train.csv"),
-              "--seq-len", "16", "-q"]
-    one = one_process(*common, "--batch-size", "16", "--out", str(tiny / "lt-one"), "--json", str(tiny / "lt-one.json"),
-                      cwd=tiny)
+    common = [
+        "prune",
+        str(tiny / "model"),
+        "--method",
+        "lottery",
+        "--keep",
+        "4",
+        "--data",
+        str(tiny / "train.csv"),
+        "--seq-len",
+        "16",
+        "-q",
+    ]
+    one = one_process(
+        *common, "--batch-size", "16", "--out", str(tiny / "lt-one"), "--json", str(tiny / "lt-one.json"), cwd=tiny
+    )
     assert one.returncode == 0, one.stderr[-3000:]
-    two = launch(*common, "--batch-size", "8", "--out", str(tiny / "lt-two"), "--json", str(tiny / "lt-two.json"),
-                 cwd=tiny)
+    two = launch(
+        *common, "--batch-size", "8", "--out", str(tiny / "lt-two"), "--json", str(tiny / "lt-two.json"), cwd=tiny
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     reports = [json.loads((tiny / f"lt-{n}.json").read_text()) for n in ("one", "two")]
     assert reports[0]["mask"] == reports[1]["mask"]
@@ -242,9 +376,23 @@ def test_lottery_two_processes_equal_one(tiny):
 def test_fsdp_refuses_shared_layers(tmp_path):
     save_tiny(tmp_path / "albert", "albert", "AlbertForSequenceClassification")
     write_rows(tmp_path / "train.csv", cls_rows(32, seed=0))
-    res = launch("finetune", str(tmp_path / "albert"), "--data", str(tmp_path / "train.csv"), "--max-steps", "1",
-                 "--seq-len", "16", "--batch-size", "8", "--engine", "fsdp", "--out", str(tmp_path / "out"),
-                 cwd=tmp_path)
+    res = launch(
+        "finetune",
+        str(tmp_path / "albert"),
+        "--data",
+        str(tmp_path / "train.csv"),
+        "--max-steps",
+        "1",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--engine",
+        "fsdp",
+        "--out",
+        str(tmp_path / "out"),
+        cwd=tmp_path,
+    )
     assert res.returncode != 0
     assert "--engine fsdp cannot shard a layer that runs several times in one forward" in res.stderr
     assert "use --engine ddp" in res.stderr
@@ -253,8 +401,9 @@ def test_fsdp_refuses_shared_layers(tmp_path):
 
 def test_engine_in_one_process_is_a_note(tiny):
     """``--engine`` in a single process changes nothing, and says so (in words, with no option markers)."""
-    done = headcut.finetune(tiny / "model", tiny / "train.csv", max_steps=1, engine="fsdp",
-                            data_options={"seq_len": 16, "batch_size": 8})
+    done = headcut.finetune(
+        tiny / "model", tiny / "train.csv", max_steps=1, engine="fsdp", data_options={"seq_len": 16, "batch_size": 8}
+    )
     notes = done.report["notes"]
     assert "the fsdp engine applies to several processes (accelerate launch, torchrun); this run has one" in notes
     assert done.report["distributed"] is None

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
-    ci_lines = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", "set ", "cd "))]
+    ci_lines = [
+        ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln and not ln.startswith(("#", "set ", "cd "))
+    ]
     assert len(ci_lines) == 1
     blocks = re.findall(r"```bash\n(.*?)\n```", readme, re.S)
     assert ci_lines[0] in blocks

@@ -44,8 +44,15 @@ def tok():
 
 def lm_rows(n: int = 12, seed: int = 0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
-    return [{"text": sentence(g, 2 + (5 * i) % 11), "label": i % 3, "source": sentence(g, 3 + i % 4),
-             "target": sentence(g, 2 + (3 * i) % 7)} for i in range(n)]
+    return [
+        {
+            "text": sentence(g, 2 + (5 * i) % 11),
+            "label": i % 3,
+            "source": sentence(g, 3 + i % 4),
+            "target": sentence(g, 2 + (3 * i) % 7),
+        }
+        for i in range(n)
+    ]
 
 
 def calib(model, tok, path, **kw) -> Calibration:
@@ -65,8 +72,16 @@ def padded(c: Calibration, extra: int = 5) -> Calibration:
             fill = {"input_ids": 0, "labels": -100}.get(k, 0)
             nb[k] = torch.cat([v, torch.full((n, extra), fill, dtype=v.dtype)], dim=1)
         batches.append(nb)
-    return Calibration(task=c.task, batches=batches, examples=c.examples, source=c.source, columns=c.columns,
-                       label_names=c.label_names, references=c.references, tokenizer=c.tokenizer)
+    return Calibration(
+        task=c.task,
+        batches=batches,
+        examples=c.examples,
+        source=c.source,
+        columns=c.columns,
+        label_names=c.label_names,
+        references=c.references,
+        tokenizer=c.tokenizer,
+    )
 
 
 # --------------------------------------------------------------------------------------- numbers
@@ -148,9 +163,13 @@ def test_masked_lm_perplexity_over_masked_tokens(tmp_path, tok):
     assert result.metrics["tokens"] == int((c.batches[0]["labels"] != -100).sum())
 
 
-@pytest.mark.parametrize("family,cls_name", [
-    ("bart", "BartForConditionalGeneration"), ("t5", "T5ForConditionalGeneration"),
-])
+@pytest.mark.parametrize(
+    "family,cls_name",
+    [
+        ("bart", "BartForConditionalGeneration"),
+        ("t5", "T5ForConditionalGeneration"),
+    ],
+)
 def test_seq2seq_loss_and_bleu_note(tmp_path, tok, family, cls_name, monkeypatch):
     monkeypatch.setattr(evaluation, "_bleu_available", lambda: False)
     model = make_model(family, cls_name)
@@ -175,8 +194,13 @@ def test_seq2seq_bleu_with_sacrebleu(tmp_path, tok):
     with torch.no_grad():
         for b in c.batches:
             n = int((b["labels"] != -100).sum(1).max())
-            out = model.generate(input_ids=b["input_ids"], attention_mask=b["attention_mask"], max_new_tokens=n,
-                                 do_sample=False, num_beams=1)
+            out = model.generate(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                max_new_tokens=n,
+                do_sample=False,
+                num_beams=1,
+            )
             hyps += [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
     assert result.metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [c.references]).score)
     assert not result.notes
@@ -185,15 +209,18 @@ def test_seq2seq_bleu_with_sacrebleu(tmp_path, tok):
 # ------------------------------------------------------------------------------------ padding etc.
 
 
-@pytest.mark.parametrize("family,cls_name", [
-    ("bert", "BertForSequenceClassification"),
-    ("gpt2", "GPT2ForSequenceClassification"),
-    ("gpt2", "GPT2LMHeadModel"),
-    ("llama", "LlamaForCausalLM"),
-    ("bert", "BertForMaskedLM"),
-    ("bart", "BartForConditionalGeneration"),
-    ("t5", "T5ForConditionalGeneration"),
-])
+@pytest.mark.parametrize(
+    "family,cls_name",
+    [
+        ("bert", "BertForSequenceClassification"),
+        ("gpt2", "GPT2ForSequenceClassification"),
+        ("gpt2", "GPT2LMHeadModel"),
+        ("llama", "LlamaForCausalLM"),
+        ("bert", "BertForMaskedLM"),
+        ("bart", "BartForConditionalGeneration"),
+        ("t5", "T5ForConditionalGeneration"),
+    ],
+)
 def test_extra_padding_changes_no_metric(tmp_path, tok, family, cls_name, monkeypatch):
     monkeypatch.setattr(evaluation, "_bleu_available", lambda: False)
     model = make_model(family, cls_name)
@@ -243,8 +270,7 @@ def test_eval_result_json_roundtrip(tmp_path, tok):
 def test_cli_eval_json_matches_the_library(tmp_path, tok):
     model_dir = save_tiny(tmp_path / "m", "bert", "BertForSequenceClassification")
     data = write_rows(tmp_path / "d.csv", cls_rows(20))
-    result = run("eval", model_dir, "--data", data, "--batch-size", 6, "--max-examples", 15, "--seed", 3,
-                 "--json", "-")
+    result = run("eval", model_dir, "--data", data, "--batch-size", 6, "--max-examples", 15, "--seed", 3, "--json", "-")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert "accuracy" in result.stderr and "examples/s" in result.stderr
@@ -279,8 +305,9 @@ def test_cli_eval_bad_input_is_one_line(tmp_path):
     labels = write_rows(tmp_path / "labels.csv", [{"text": "good", "label": "great"}])
     one_line_error(run("eval", model_dir, "--data", labels), "'great'", "LABEL_0, LABEL_1, LABEL_2")
     (tmp_path / "short.txt").write_text("good movie\n")
-    one_line_error(run("eval", gpt_dir, "--data", tmp_path / "short.txt", "--seq-len", 16),
-                   "shorter than one block of 16 tokens")
+    one_line_error(
+        run("eval", gpt_dir, "--data", tmp_path / "short.txt", "--seq-len", 16), "shorter than one block of 16 tokens"
+    )
     one_line_error(run("eval", model_dir, "--data", cols, "--seq-len", 1), "--seq-len must be at least 2")
     bare = save_tiny(tmp_path / "bare", "bert", "BertForSequenceClassification", tokenizer=False)
     one_line_error(run("eval", bare, "--data", labels), "has no tokenizer")
@@ -324,8 +351,7 @@ def test_real_minilm_classifier_on_rotten_tomatoes(tmp_path):
         if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
             shutil.copy(f, model_dir / f.name)
     # the file also has "plot" rows: the error names the model's labels
-    one_line_error(run("eval", model_dir, "--data", reviews, "--label-col", "category"),
-                   "'plot'", "(rotten, fresh)")
+    one_line_error(run("eval", model_dir, "--data", reviews, "--label-col", "category"), "'plot'", "(rotten, fresh)")
     # the reviews only, as a bz2 csv again; the first 64 after shuffling
     with bz2.open(reviews, "rt", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["category"] in ("fresh", "rotten")]
@@ -335,16 +361,31 @@ def test_real_minilm_classifier_on_rotten_tomatoes(tmp_path):
     w.writerows(rows)
     filtered = tmp_path / "reviews.csv.bz2"
     filtered.write_bytes(bz2.compress(buf.getvalue().encode()))
-    result = run("eval", model_dir, "--data", filtered, "--label-col", "category", "--max-examples", 64,
-                 "--batch-size", 32, "--json", "-")
+    result = run(
+        "eval",
+        model_dir,
+        "--data",
+        filtered,
+        "--label-col",
+        "category",
+        "--max-examples",
+        64,
+        "--batch-size",
+        32,
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["examples"] == 64 and out["data"]["columns"] == {"text": "text", "label": "category"}
     assert 0.0 <= out["metrics"]["accuracy"] <= 1.0 and math.isfinite(out["metrics"]["loss"])
     # the same numbers from the library
     loaded = headcut.load(model_dir)
-    c = load_calibration(loaded, load_tokenizer(model_dir),
-                         DataConfig(str(filtered), label_col="category", max_examples=64, batch_size=32))
+    c = load_calibration(
+        loaded,
+        load_tokenizer(model_dir),
+        DataConfig(str(filtered), label_col="category", max_examples=64, batch_size=32),
+    )
     labels = torch.cat([b["labels"] for b in c.batches])
     assert 0 < int(labels.sum()) < 64  # both classes drawn
     assert evaluate(loaded, c).metrics == pytest.approx(out["metrics"])

@@ -52,9 +52,30 @@ def test_cli_distill_lowers_kl_to_teacher_and_writes_report(setup):
     student, teacher = headcut.load(s["student"]), headcut.load(s["teacher"])
     cal = load_calibration(student, make_tokenizer(), DataConfig(path=str(s["train"]), batch_size=8))
     before = kl_to_teacher(student, teacher, cal)
-    result = run("finetune", s["student"], "--data", s["train"], "--eval-data", s["dev"], "--out", out,
-                 "--distill-from", s["teacher"], "--alpha", "1.0", "--max-steps", "30", "--lr", "3e-3",
-                 "--batch-size", "8", "--eval-every", "10", "--json", "-")
+    result = run(
+        "finetune",
+        s["student"],
+        "--data",
+        s["train"],
+        "--eval-data",
+        s["dev"],
+        "--out",
+        out,
+        "--distill-from",
+        s["teacher"],
+        "--alpha",
+        "1.0",
+        "--max-steps",
+        "30",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "8",
+        "--eval-every",
+        "10",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report == json.loads((out / REPORT_NAME).read_text())
@@ -89,8 +110,22 @@ def test_slimmed_model_keeps_heads_and_reloads(setup):
     headcut.save(model, slim_dir, source=s["student"])
     heads = {b.name: b.heads for b in headcut.info(headcut.load(slim_dir)).blocks}
     out = s["tmp"] / "out"
-    result = run("finetune", slim_dir, "--data", s["train"], "--out", out, "--max-steps", "4", "--lr", "1e-3",
-                 "--batch-size", "8", "--seed", "3")
+    result = run(
+        "finetune",
+        slim_dir,
+        "--data",
+        s["train"],
+        "--out",
+        out,
+        "--max-steps",
+        "4",
+        "--lr",
+        "1e-3",
+        "--batch-size",
+        "8",
+        "--seed",
+        "3",
+    )
     assert result.exit_code == 0, result.output
     tuned = headcut.load(out)
     assert {b.name: b.heads for b in headcut.info(tuned).blocks} == heads == {"self.0": 2, "self.1": 3}
@@ -176,13 +211,21 @@ def test_a_new_task_head_is_initialised_from_the_seed(tmp_path):
     the head's random weights come from ``--seed``, so the same call twice, in one process whose
     global RNG has moved on, gives the same model; another seed gives another head."""
     folder = save_tiny(tmp_path / "base", "bert", "BertModel")
-    data = write_rows(tmp_path / "train.csv", [{"text": r["text"], "label": ["a", "b", "c"][r["label"]]}
-                                               for r in cls_rows(12)])
+    data = write_rows(
+        tmp_path / "train.csv", [{"text": r["text"], "label": ["a", "b", "c"][r["label"]]} for r in cls_rows(12)]
+    )
 
     def head(seed: int) -> torch.Tensor:
         torch.rand(7)  # move the global RNG: the result must not depend on it
-        tuned = headcut.finetune(folder, data, task="sequence-classification", labels=["a", "b", "c"],
-                                 max_steps=1, seed=seed, checkpoint_every=None)
+        tuned = headcut.finetune(
+            folder,
+            data,
+            task="sequence-classification",
+            labels=["a", "b", "c"],
+            max_steps=1,
+            seed=seed,
+            checkpoint_every=None,
+        )
         return tuned.model.classifier.weight.detach().clone()
 
     first, again, other = head(0), head(0), head(1)
@@ -194,8 +237,26 @@ def test_patience_stops_early_and_keeps_the_best_weights(setup):
     the run stops after N evaluations and gives back the starting weights (step 0 is the best); the report
     and the summary say so. Refusals: no --eval-every, no --eval-data, with --resume."""
     s, tmp = setup, setup["tmp"]
-    result = run("finetune", s["student"], "--data", s["train"], "--eval-data", s["dev"], "--max-steps", "12",
-                 "--eval-every", "2", "--patience", "2", "--lr", "5", "--out", tmp / "early", "--json", "-")
+    result = run(
+        "finetune",
+        s["student"],
+        "--data",
+        s["train"],
+        "--eval-data",
+        s["dev"],
+        "--max-steps",
+        "12",
+        "--eval-every",
+        "2",
+        "--patience",
+        "2",
+        "--lr",
+        "5",
+        "--out",
+        tmp / "early",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     early = report["early_stopping"]
@@ -208,5 +269,6 @@ def test_patience_stops_early_and_keeps_the_best_weights(setup):
     base = ["finetune", s["student"], "--data", s["train"], "--max-steps", "4", "--patience", "2"]
     one_line_error(run(*base, "--out", tmp / "p1", "--eval-data", s["dev"]), "--eval-every")
     one_line_error(run(*base, "--out", tmp / "p2", "--eval-every", "2"), "--eval-data")
-    one_line_error(run(*base, "--out", tmp / "p3", "--eval-every", "2", "--eval-data", s["dev"], "--resume"),
-                   "--patience")
+    one_line_error(
+        run(*base, "--out", tmp / "p3", "--eval-every", "2", "--eval-data", s["dev"], "--resume"), "--patience"
+    )

@@ -47,18 +47,39 @@ def test_onnx_only_output_runs_in_onnxruntime_with_the_same_answers(tmp_path):
 def test_bench_times_the_folders_onnx_file_and_updates_the_card(tmp_path):
     src = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
     headcut.export(src, {"drop": {"self.0": [0]}}, formats="safetensors,onnx").save(tmp_path / "slim")
-    result = run("bench", src, tmp_path / "slim", "--runtime", "torch,onnxruntime", "--runs", "2", "--warmup", "0",
-                 "--batch-size", "2", "--seq-len", "8", "--update-card", "--json", "-")
+    result = run(
+        "bench",
+        src,
+        tmp_path / "slim",
+        "--runtime",
+        "torch,onnxruntime",
+        "--runs",
+        "2",
+        "--warmup",
+        "0",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--update-card",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout[result.stdout.index("{"):])["models"]
+    rows = json.loads(result.stdout[result.stdout.index("{") :])["models"]
     assert [(r["name"].endswith("slim"), r["runtime"]) for r in rows] == [
-        (False, "torch"), (False, "onnxruntime"), (True, "torch"), (True, "onnxruntime")]
+        (False, "torch"),
+        (False, "onnxruntime"),
+        (True, "torch"),
+        (True, "onnxruntime"),
+    ]
     card = (tmp_path / "slim" / "README.md").read_text()
     assert "| onnxruntime | cpu |" in card and "| torch | cpu |" in card
 
 
 def test_help_names_the_extras_literally():
     """Rich markup would swallow ``[onnx]``; the help texts escape it."""
+
     def words(command: str) -> str:
         return " ".join(run(command, "--help").stdout.replace("│", " ").split())
 

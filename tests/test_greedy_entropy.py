@@ -18,8 +18,9 @@ BERT = ("bert", "BertForSequenceClassification")
 @pytest.fixture(scope="module")
 def cal():
     model = make_model(*BERT)
-    return load_calibration(model, make_tokenizer(), DataConfig(path="<rows>", seq_len=12, batch_size=4),
-                            dataset=cls_rows(16))
+    return load_calibration(
+        model, make_tokenizer(), DataConfig(path="<rows>", seq_len=12, batch_size=4), dataset=cls_rows(16)
+    )
 
 
 @pytest.mark.parametrize("options", [{}, {"focused_first": True}, {"epsilon": 1e-3}])

@@ -58,8 +58,10 @@ def model_dir(root) -> Path:
 
 @pytest.fixture(scope="module")
 def data(root) -> dict[str, Path]:
-    return {"train": write_rows(root / "train.csv", cls_rows(16, seed=0)),
-            "dev": write_rows(root / "dev.csv", cls_rows(8, seed=5))}
+    return {
+        "train": write_rows(root / "train.csv", cls_rows(16, seed=0)),
+        "dev": write_rows(root / "dev.csv", cls_rows(8, seed=5)),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -81,8 +83,11 @@ def mask(tmp_path) -> Path:
 
 def leftovers(folder: Path) -> list[str]:
     """headcut temporaries and locks anywhere below ``folder``."""
-    return sorted(str(p) for p in folder.rglob("*") if ".headcut-tmp-" in p.name or ".headcut-old-" in p.name
-                  or p.name.endswith(".headcut-lock"))
+    return sorted(
+        str(p)
+        for p in folder.rglob("*")
+        if ".headcut-tmp-" in p.name or ".headcut-old-" in p.name or p.name.endswith(".headcut-lock")
+    )
 
 
 def slimmed(tmp_path: Path, model_dir: Path, name: str = "slim") -> Path:
@@ -100,19 +105,22 @@ def edit_record(folder: Path, change) -> None:
 
 # ---- 1. data loss: --out and the inputs --------------------------------------------------------------------
 
+
 def test_export_out_is_the_input_refused_even_with_force(model_dir, mask):
     one_line_error(run("export", model_dir, "--mask", mask, "--out", model_dir, "--force"), "input itself")
 
 
 def test_export_out_is_the_inputs_parent_refused_even_with_force(model_dir, mask):
-    one_line_error(run("export", model_dir, "--mask", mask, "--out", model_dir.parent, "--force"),
-                   "contains the MODEL input")
+    one_line_error(
+        run("export", model_dir, "--mask", mask, "--out", model_dir.parent, "--force"), "contains the MODEL input"
+    )
     assert (model_dir / "model.safetensors").is_file()
 
 
 def test_prune_out_is_the_input_refused_even_with_force(model_dir, data):
-    one_line_error(run("prune", model_dir, "--method", "magnitude", "--keep", "4", "--out", model_dir, "--force"),
-                   "input itself")
+    one_line_error(
+        run("prune", model_dir, "--method", "magnitude", "--keep", "4", "--out", model_dir, "--force"), "input itself"
+    )
 
 
 def test_out_inside_the_input_refused(model_dir, mask):
@@ -146,8 +154,21 @@ def test_inputs_and_json_inside_the_replaced_out_refused(flag, model_dir, data, 
         args = ["finetune", model_dir, "--data", inner, "--out", out, "--force", "--max-steps", "1"]
         why = "contains the --data input"
     else:
-        args = ["prune", model_dir, "--method", "gradient", "--keep", "4", "--data", data["train"], "--eval-data",
-                inner, "--out", out, "--force"]
+        args = [
+            "prune",
+            model_dir,
+            "--method",
+            "gradient",
+            "--keep",
+            "4",
+            "--data",
+            data["train"],
+            "--eval-data",
+            inner,
+            "--out",
+            out,
+            "--force",
+        ]
         why = "contains the --eval-data input"
     one_line_error(run(*args), why)
     inner.unlink()
@@ -165,14 +186,18 @@ def test_json_over_the_data_file_refused(model_dir, data):
 
 # ---- 2. what --force replaces ----------------------------------------------------------------------------
 
+
 def test_force_refuses_a_folder_headcut_did_not_write_and_names_its_content(model_dir, mask, tmp_path):
     out = tmp_path / "photos"
     out.mkdir()
     for name in ("a.jpg", "b.jpg", "notes.txt"):
         (out / name).write_text(name)
     before = tree_digest(out)
-    one_line_error(run("export", model_dir, "--mask", mask, "--out", out, "--force"),
-                   "headcut did not write it", "a.jpg, b.jpg, notes.txt")
+    one_line_error(
+        run("export", model_dir, "--mask", mask, "--out", out, "--force"),
+        "headcut did not write it",
+        "a.jpg, b.jpg, notes.txt",
+    )
     assert tree_digest(out) == before
 
 
@@ -195,6 +220,7 @@ def test_force_refuses_a_file(model_dir, mask, tmp_path):
 
 # ---- 3. concurrent runs --------------------------------------------------------------------------------
 
+
 def _cli(*args: object) -> list[str]:
     return [sys.executable, "-m", "headcut", *map(str, args)]
 
@@ -205,8 +231,16 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 def test_two_runs_on_one_out_exactly_one_wins(model_dir, mask, tmp_path):
     out = tmp_path / "out"
-    procs = [subprocess.Popen(_cli("export", model_dir, "--mask", mask, "--out", out), env=_env(tmp_path),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            _cli("export", model_dir, "--mask", mask, "--out", out),
+            env=_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _ in results)
     assert codes == [0, 2], results
@@ -244,8 +278,9 @@ def test_a_run_holding_the_lock_refuses_a_second(model_dir, mask, tmp_path):
 def test_two_finetunes_sharing_a_checkpoint_folder_refused(model_dir, data, tmp_path):
     out = tmp_path / "ft"
     with RunLock(out):  # the first run holds its output (and so its checkpoint folder)
-        one_line_error(run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "2"),
-                       "another headcut run")
+        one_line_error(
+            run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "2"), "another headcut run"
+        )
     assert not checkpoint_dir_for(out).exists()
 
 
@@ -263,16 +298,19 @@ def test_trainer_refuses_a_checkpoint_folder_in_use(model_dir, data, tmp_path):
 
 # ---- 4. outputs checked before the work ------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("where", ["missing folder", "a folder", "under a file"])
 def test_unwritable_json_is_refused_before_any_work(where, model_dir, mask, tmp_path):
-    target = {"missing folder": tmp_path / "nope" / "r.json", "a folder": tmp_path,
-              "under a file": mask / "r.json"}[where]
+    target = {"missing folder": tmp_path / "nope" / "r.json", "a folder": tmp_path, "under a file": mask / "r.json"}[
+        where
+    ]
     out = tmp_path / "out"
     one_line_error(run("export", model_dir, "--mask", mask, "--out", out, "--json", target), "--json")
     assert not out.exists() and leftovers(tmp_path) == []
 
 
 # ---- 5. and 6. foreign code and links in the source ----------------------------------------------------
+
 
 def test_foreign_code_and_auto_map_are_not_carried(model_dir, mask, tmp_path):
     src = tmp_path / "src"
@@ -343,10 +381,14 @@ CRAFTED = {
     "head out of range": (lambda r: r["blocks"]["self.0"].update(q=[2, 9], kv=[2, 9]), "out of range"),
     "unknown format": (lambda r: r.update(format="v2"), "not a version number"),
     "newer format": (lambda r: r.update(format=7, headcut_version="9.1.0"), "headcut 9.1.0"),
-    "dunder attribute": (lambda r: r["ops"].append({"op": "set", "path": "", "attrs": {"__class__": 1}}),
-                         "ops are not the ones"),
-    "path through a non-module": (lambda r: r["ops"][0].update(path="encoder.layer.0.attention.self.query.weight"),
-                                  "ops are not the ones"),
+    "dunder attribute": (
+        lambda r: r["ops"].append({"op": "set", "path": "", "attrs": {"__class__": 1}}),
+        "ops are not the ones",
+    ),
+    "path through a non-module": (
+        lambda r: r["ops"][0].update(path="encoder.layer.0.attention.self.query.weight"),
+        "ops are not the ones",
+    ),
     "unknown key": (lambda r: r.update(run="rm -rf /"), "unknown key"),
     "wrong family": (lambda r: r.update(family="gpt2"), "family"),
     "not an object": (lambda r: r["blocks"].update({"self.0": [1, 2]}), "self.0"),
@@ -379,15 +421,18 @@ def test_runtime_refuses_crafted_ops_on_its_own():
     from headcut.adapters import runtime
 
     model = make_model("bert", "BertModel")
-    for op in ({"op": "set", "path": "encoder", "attrs": {"__class__": int}},
-               {"op": "rows", "path": "encoder.__dict__", "heads": [0], "head_dim": 8},
-               {"op": "rows", "path": "encoder.layer.0.attention.self.query", "heads": [0], "head_dim": 10**10},
-               {"op": "exec", "path": ""}):
+    for op in (
+        {"op": "set", "path": "encoder", "attrs": {"__class__": int}},
+        {"op": "rows", "path": "encoder.__dict__", "heads": [0], "head_dim": 8},
+        {"op": "rows", "path": "encoder.layer.0.attention.self.query", "heads": [0], "head_dim": 10**10},
+        {"op": "exec", "path": ""},
+    ):
         with pytest.raises(runtime.CutError):
             runtime.apply_ops(model, [op])
 
 
 # ---- 8. damaged weights ------------------------------------------------------------------------------
+
 
 def test_truncated_safetensors_is_a_one_line_error(model_dir, tmp_path):
     src = tmp_path / "t"
@@ -421,6 +466,7 @@ def test_a_new_task_head_is_reported_not_refused(model_dir, tmp_path):
 
 
 # ---- 9. unwritable outputs, full disks, damaged resumes, pickles --------------------------------------------
+
 
 def test_read_only_out_folder(model_dir, mask, tmp_path, monkeypatch):
     parent = tmp_path / "ro"
@@ -460,8 +506,9 @@ def test_damaged_resume_checkpoint(model_dir, data, tmp_path):
     ckpt = checkpoint_dir_for(out)
     ckpt.mkdir()
     (ckpt / "checkpoint.pt").write_bytes(b"PK\x03\x04 this is not a checkpoint")
-    one_line_error(run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "4", "--resume"),
-                   "is damaged")
+    one_line_error(
+        run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "4", "--resume"), "is damaged"
+    )
     assert not out.exists()
 
 
@@ -475,8 +522,21 @@ def _interrupted_finetune(model_dir, data, out, monkeypatch, *extra: str) -> Non
         raise KeyboardInterrupt
 
     monkeypatch.setattr(engine.Trainer, "save_checkpoint", stop_after_first)
-    result = run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "6",
-                 "--checkpoint-every", "2", "--batch-size", "4", *extra)
+    result = run(
+        "finetune",
+        model_dir,
+        "--data",
+        data["train"],
+        "--out",
+        out,
+        "--max-steps",
+        "6",
+        "--checkpoint-every",
+        "2",
+        "--batch-size",
+        "4",
+        *extra,
+    )
     assert result.exit_code == 130, result.output
     assert "--resume" in result.stderr
     monkeypatch.setattr(engine.Trainer, "save_checkpoint", real)
@@ -486,22 +546,88 @@ def test_resume_checkpoint_of_another_run_refused(model_dir, data, tmp_path, mon
     out = tmp_path / "ft"
     _interrupted_finetune(model_dir, data, out, monkeypatch)
     other = write_rows(tmp_path / "other.csv", cls_rows(16, seed=9))
-    one_line_error(run("finetune", model_dir, "--data", other, "--out", out, "--max-steps", "6",
-                       "--checkpoint-every", "2", "--batch-size", "4", "--resume"), "belongs to a run", "data.digest")
+    one_line_error(
+        run(
+            "finetune",
+            model_dir,
+            "--data",
+            other,
+            "--out",
+            out,
+            "--max-steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+            "--batch-size",
+            "4",
+            "--resume",
+        ),
+        "belongs to a run",
+        "data.digest",
+    )
     other_model = save_tiny(tmp_path / "other-model", "bert", CLS, seed=3)
-    one_line_error(run("finetune", other_model, "--data", data["train"], "--out", out, "--max-steps", "6",
-                       "--checkpoint-every", "2", "--batch-size", "4", "--resume"), "belongs to a run", "model")
+    one_line_error(
+        run(
+            "finetune",
+            other_model,
+            "--data",
+            data["train"],
+            "--out",
+            out,
+            "--max-steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+            "--batch-size",
+            "4",
+            "--resume",
+        ),
+        "belongs to a run",
+        "model",
+    )
 
 
 def test_resume_with_changed_hyper_parameters_refused_and_listed(model_dir, data, tmp_path, monkeypatch):
     out = tmp_path / "ft"
     _interrupted_finetune(model_dir, data, out, monkeypatch)
-    one_line_error(run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "6",
-                       "--checkpoint-every", "2", "--batch-size", "4", "--resume", "--lr", "1e-3"),
-                   "config.lr 5e-05 -> 0.001")
+    one_line_error(
+        run(
+            "finetune",
+            model_dir,
+            "--data",
+            data["train"],
+            "--out",
+            out,
+            "--max-steps",
+            "6",
+            "--checkpoint-every",
+            "2",
+            "--batch-size",
+            "4",
+            "--resume",
+            "--lr",
+            "1e-3",
+        ),
+        "config.lr 5e-05 -> 0.001",
+    )
     # the run's length may change; the report then holds what was used
-    ok = run("finetune", model_dir, "--data", data["train"], "--out", out, "--max-steps", "8",
-             "--checkpoint-every", "2", "--batch-size", "4", "--resume", "--json", "-")
+    ok = run(
+        "finetune",
+        model_dir,
+        "--data",
+        data["train"],
+        "--out",
+        out,
+        "--max-steps",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--batch-size",
+        "4",
+        "--resume",
+        "--json",
+        "-",
+    )
     assert ok.exit_code == 0, ok.output
     report = json.loads(ok.stdout)
     assert report["resumed_from"] == 2 and report["steps"] == 8 and report["config"]["lr"] == 5e-5
@@ -526,13 +652,26 @@ def test_malicious_pickle_under_allow_pickle(model_dir, tmp_path):
 
 # ---- 10. signals -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_stops_like_ctrl_c_and_keeps_the_resume_checkpoint(sig, model_dir, tmp_path):
     train = write_rows(tmp_path / "train.csv", cls_rows(64, seed=1))
     out = tmp_path / "ft"
     ckpt = checkpoint_dir_for(out)
-    args = ("finetune", model_dir, "--data", train, "--out", out, "--max-steps", "100000", "--checkpoint-every", "2",
-            "--batch-size", "4")
+    args = (
+        "finetune",
+        model_dir,
+        "--data",
+        train,
+        "--out",
+        out,
+        "--max-steps",
+        "100000",
+        "--checkpoint-every",
+        "2",
+        "--batch-size",
+        "4",
+    )
     proc = subprocess.Popen(_cli(*args), env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not (ckpt / "checkpoint.pt").is_file() and time.monotonic() < deadline and proc.poll() is None:
@@ -551,8 +690,10 @@ def test_signal_stops_like_ctrl_c_and_keeps_the_resume_checkpoint(sig, model_dir
 
 def test_a_killed_writer_leaves_temporaries_the_next_run_removes(model_dir, mask, tmp_path):
     out = tmp_path / "out"
-    code = (f"import os, signal\nfrom headcut.files.atomic import atomic_dir\nwith atomic_dir({str(out)!r}) as tmp:\n"
-            "    (tmp / 'half.bin').write_bytes(b'x' * 1000)\n    os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = (
+        f"import os, signal\nfrom headcut.files.atomic import atomic_dir\nwith atomic_dir({str(out)!r}) as tmp:\n"
+        "    (tmp / 'half.bin').write_bytes(b'x' * 1000)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), timeout=120)
     assert proc.returncode == -signal.SIGKILL
     assert leftovers(tmp_path), "the killed writer should have left its temporary folder"
@@ -564,7 +705,7 @@ def test_a_killed_writer_leaves_temporaries_the_next_run_removes(model_dir, mask
 
 # ---- the property test ------------------------------------------------------------------------------
 
-PROPERTY = r'''
+PROPERTY = r"""
 import copy, json, random, resource, shutil, sys
 from pathlib import Path
 import torch
@@ -654,15 +795,14 @@ def check(rec):
 
 check()
 print(json.dumps(seen))
-'''
+"""
 
 
 def test_mutated_records_give_a_headcut_error_or_the_exact_model(tmp_path):
     """Random mutations of a real record: headcut.load gives a HeadcutError or the exact model, never another
     exception, a hang (deadline) or a big allocation (an address-space limit in the child process)."""
     code = PROPERTY.format(tests=str(Path(__file__).parent), root=str(tmp_path), examples=120)
-    proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["refused"] > 50 and seen["refused"] + seen["exact"] >= 120, seen

@@ -32,8 +32,11 @@ NAN = float("nan")
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def params_digest(model: torch.nn.Module) -> str:
@@ -51,8 +54,13 @@ def ctx(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("hostile_api")
     folder = save_tiny(root / "models" / "m", "bert", CLS)
     (root / "a_file").write_text("not a folder\n")
-    return {"M": str(folder), "model": headcut.load(folder), "train": str(write_rows(root / "train.csv", cls_rows(16))),
-            "a_file": root / "a_file", "root": root}
+    return {
+        "M": str(folder),
+        "model": headcut.load(folder),
+        "train": str(write_rows(root / "train.csv", cls_rows(16))),
+        "a_file": root / "a_file",
+        "root": root,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,82 +78,168 @@ CASES: list[tuple[str, Any, type, str]] = [
     ("evaluate-data-None", lambda c, out: headcut.evaluate(c["model"], None), HeadcutTypeError, "data"),
     ("export-mask-None", lambda c, out: headcut.export(c["model"], None), HeadcutTypeError, "mask"),
     ("export-mask-list", lambda c, out: headcut.export(c["model"], [["self.0", [1]]]), HeadcutTypeError, "mask"),
-    ("prune-sparsity-str", lambda c, out: headcut.prune(c["M"], "magnitude", sparsity="0.5"), HeadcutTypeError,
-     "sparsity"),
-    ("evaluate-tokenizer-int", lambda c, out: headcut.evaluate(c["M"], c["train"], tokenizer=42), HeadcutTypeError,
-     "tokenizer"),
-    ("finetune-checkpoint-dir-in-a-file",
-     lambda c, out: headcut.finetune(c["M"], c["train"], max_steps=1, checkpoint_dir=c["a_file"] / "ck"),
-     HeadcutValueError, "checkpoint_dir"),
+    (
+        "prune-sparsity-str",
+        lambda c, out: headcut.prune(c["M"], "magnitude", sparsity="0.5"),
+        HeadcutTypeError,
+        "sparsity",
+    ),
+    (
+        "evaluate-tokenizer-int",
+        lambda c, out: headcut.evaluate(c["M"], c["train"], tokenizer=42),
+        HeadcutTypeError,
+        "tokenizer",
+    ),
+    (
+        "finetune-checkpoint-dir-in-a-file",
+        lambda c, out: headcut.finetune(c["M"], c["train"], max_steps=1, checkpoint_dir=c["a_file"] / "ck"),
+        HeadcutValueError,
+        "checkpoint_dir",
+    ),
     ("info-linear", lambda c, out: headcut.info(torch.nn.Linear(2, 2)), HeadcutTypeError, "model"),
     ("save-linear", lambda c, out: headcut.save(torch.nn.Linear(2, 2), out), HeadcutTypeError, "model"),
     # ---- prune
     ("prune-keep-bool", lambda c, out: headcut.prune(c["M"], "magnitude", keep=True), HeadcutTypeError, "keep"),
     ("prune-keep-float", lambda c, out: headcut.prune(c["M"], "magnitude", keep=4.0), HeadcutTypeError, "keep"),
-    ("prune-sparsity-nan", lambda c, out: headcut.prune(c["M"], "magnitude", sparsity=NAN), HeadcutValueError,
-     "sparsity"),
-    ("prune-max-drop-inf", lambda c, out: headcut.prune(c["M"], "michel", max_drop=float("inf"), data=c["train"]),
-     HeadcutValueError, "max_drop"),
+    (
+        "prune-sparsity-nan",
+        lambda c, out: headcut.prune(c["M"], "magnitude", sparsity=NAN),
+        HeadcutValueError,
+        "sparsity",
+    ),
+    (
+        "prune-max-drop-inf",
+        lambda c, out: headcut.prune(c["M"], "michel", max_drop=float("inf"), data=c["train"]),
+        HeadcutValueError,
+        "max_drop",
+    ),
     ("prune-method-int", lambda c, out: headcut.prune(c["M"], 3, keep=4), HeadcutTypeError, "method"),
     ("prune-method-unknown", lambda c, out: headcut.prune(c["M"], "nope", keep=4), HeadcutValueError, "method"),
     ("prune-method-missing", lambda c, out: headcut.prune(c["M"], keep=4), HeadcutTypeError, "method"),
-    ("prune-option-str", lambda c, out: headcut.prune(c["M"], "pass", keep=4, data=c["train"], max_steps="5"),
-     HeadcutTypeError, "max_steps"),
-    ("prune-checkpoint-dir-is-a-file",
-     lambda c, out: headcut.prune(c["M"], "pass", keep=4, data=c["train"], checkpoint_dir=c["a_file"]),
-     HeadcutValueError, "checkpoint_dir"),
-    ("prune-uniform-str", lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, uniform="yes"), HeadcutTypeError,
-     "uniform"),
+    (
+        "prune-option-str",
+        lambda c, out: headcut.prune(c["M"], "pass", keep=4, data=c["train"], max_steps="5"),
+        HeadcutTypeError,
+        "max_steps",
+    ),
+    (
+        "prune-checkpoint-dir-is-a-file",
+        lambda c, out: headcut.prune(c["M"], "pass", keep=4, data=c["train"], checkpoint_dir=c["a_file"]),
+        HeadcutValueError,
+        "checkpoint_dir",
+    ),
+    (
+        "prune-uniform-str",
+        lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, uniform="yes"),
+        HeadcutTypeError,
+        "uniform",
+    ),
     ("prune-data-int", lambda c, out: headcut.prune(c["M"], "gradient", keep=4, data=42), HeadcutTypeError, "data"),
-    ("prune-data-rows-not-dicts", lambda c, out: headcut.prune(c["M"], "gradient", keep=4, data=[1, 2]),
-     HeadcutTypeError, "data"),
-    ("prune-data-option-str",
-     lambda c, out: headcut.prune(c["M"], "gradient", keep=4, data=c["train"], data_options={"seq_len": "128"}),
-     HeadcutTypeError, "seq_len"),
-    ("prune-task-unknown", lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, task="nope"), HeadcutValueError,
-     "task"),
-    ("prune-module-not-transformers", lambda c, out: headcut.prune(torch.nn.Linear(2, 2), "magnitude", keep=4),
-     HeadcutTypeError, "model"),
-    ("prune-formats-int", lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, formats=3), HeadcutTypeError,
-     "formats"),
-    ("prune-progress-str", lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, progress="bars"),
-     HeadcutTypeError, "progress"),
+    (
+        "prune-data-rows-not-dicts",
+        lambda c, out: headcut.prune(c["M"], "gradient", keep=4, data=[1, 2]),
+        HeadcutTypeError,
+        "data",
+    ),
+    (
+        "prune-data-option-str",
+        lambda c, out: headcut.prune(c["M"], "gradient", keep=4, data=c["train"], data_options={"seq_len": "128"}),
+        HeadcutTypeError,
+        "seq_len",
+    ),
+    (
+        "prune-task-unknown",
+        lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, task="nope"),
+        HeadcutValueError,
+        "task",
+    ),
+    (
+        "prune-module-not-transformers",
+        lambda c, out: headcut.prune(torch.nn.Linear(2, 2), "magnitude", keep=4),
+        HeadcutTypeError,
+        "model",
+    ),
+    (
+        "prune-formats-int",
+        lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, formats=3),
+        HeadcutTypeError,
+        "formats",
+    ),
+    (
+        "prune-progress-str",
+        lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, progress="bars"),
+        HeadcutTypeError,
+        "progress",
+    ),
     ("prune-seed-str", lambda c, out: headcut.prune(c["M"], "magnitude", keep=4, seed="0"), HeadcutTypeError, "seed"),
     # ---- score
     ("score-scorer-int", lambda c, out: headcut.score(c["M"], 3), HeadcutTypeError, "scorer"),
     ("score-scorer-unknown", lambda c, out: headcut.score(c["M"], "nope"), HeadcutValueError, "scorer"),
-    ("score-split-None", lambda c, out: headcut.score(c["M"], "gradient", data=c["train"], split=None),
-     HeadcutTypeError, "split"),
+    (
+        "score-split-None",
+        lambda c, out: headcut.score(c["M"], "gradient", data=c["train"], split=None),
+        HeadcutTypeError,
+        "split",
+    ),
     ("score-model-empty", lambda c, out: headcut.score("", "magnitude"), HeadcutValueError, "model"),
     # ---- finetune
     ("finetune-lr-str", lambda c, out: headcut.finetune(c["M"], c["train"], lr="1e-3"), HeadcutTypeError, "lr"),
-    ("finetune-weight-decay-nan", lambda c, out: headcut.finetune(c["M"], c["train"], weight_decay=NAN),
-     HeadcutValueError, "weight_decay"),
-    ("finetune-labels-str", lambda c, out: headcut.finetune(c["M"], c["train"], labels="neg,pos"), HeadcutTypeError,
-     "labels"),
-    ("finetune-teacher-int", lambda c, out: headcut.finetune(c["M"], c["train"], teacher=7), HeadcutTypeError,
-     "teacher"),
+    (
+        "finetune-weight-decay-nan",
+        lambda c, out: headcut.finetune(c["M"], c["train"], weight_decay=NAN),
+        HeadcutValueError,
+        "weight_decay",
+    ),
+    (
+        "finetune-labels-str",
+        lambda c, out: headcut.finetune(c["M"], c["train"], labels="neg,pos"),
+        HeadcutTypeError,
+        "labels",
+    ),
+    (
+        "finetune-teacher-int",
+        lambda c, out: headcut.finetune(c["M"], c["train"], teacher=7),
+        HeadcutTypeError,
+        "teacher",
+    ),
     ("finetune-data-None", lambda c, out: headcut.finetune(c["M"], None), HeadcutTypeError, "data"),
-    ("finetune-max-steps-float", lambda c, out: headcut.finetune(c["M"], c["train"], max_steps=2.5),
-     HeadcutTypeError, "max_steps"),
-    ("finetune-resume-int", lambda c, out: headcut.finetune(c["M"], c["train"], resume=1), HeadcutTypeError,
-     "resume"),
-    ("finetune-eval-data-dict", lambda c, out: headcut.finetune(c["M"], c["train"], eval_data={"text": "a"}),
-     HeadcutTypeError, "eval_data"),
+    (
+        "finetune-max-steps-float",
+        lambda c, out: headcut.finetune(c["M"], c["train"], max_steps=2.5),
+        HeadcutTypeError,
+        "max_steps",
+    ),
+    ("finetune-resume-int", lambda c, out: headcut.finetune(c["M"], c["train"], resume=1), HeadcutTypeError, "resume"),
+    (
+        "finetune-eval-data-dict",
+        lambda c, out: headcut.finetune(c["M"], c["train"], eval_data={"text": "a"}),
+        HeadcutTypeError,
+        "eval_data",
+    ),
     # ---- evaluate
-    ("evaluate-data-options-list",
-     lambda c, out: headcut.evaluate(c["M"], c["train"], data_options=[("seq_len", 8)]), HeadcutTypeError,
-     "data_options"),
+    (
+        "evaluate-data-options-list",
+        lambda c, out: headcut.evaluate(c["M"], c["train"], data_options=[("seq_len", 8)]),
+        HeadcutTypeError,
+        "data_options",
+    ),
     ("evaluate-data-empty", lambda c, out: headcut.evaluate(c["M"], "  "), HeadcutValueError, "data"),
     ("evaluate-data-no-rows", lambda c, out: headcut.evaluate(c["M"], []), HeadcutValueError, "data"),
     ("evaluate-data-missing", lambda c, out: headcut.evaluate(c["M"]), HeadcutTypeError, "data"),
-    ("evaluate-tokenizer-path", lambda c, out: headcut.evaluate(c["M"], c["train"], tokenizer=c["M"]),
-     HeadcutTypeError, "tokenizer"),
+    (
+        "evaluate-tokenizer-path",
+        lambda c, out: headcut.evaluate(c["M"], c["train"], tokenizer=c["M"]),
+        HeadcutTypeError,
+        "tokenizer",
+    ),
     # ---- export
-    ("export-gguf-type-int", lambda c, out: headcut.export(c["M"], MASK, gguf_type=16), HeadcutTypeError,
-     "gguf_type"),
-    ("export-allow-pickle-str", lambda c, out: headcut.export(c["M"], MASK, allow_pickle="no"), HeadcutTypeError,
-     "allow_pickle"),
+    ("export-gguf-type-int", lambda c, out: headcut.export(c["M"], MASK, gguf_type=16), HeadcutTypeError, "gguf_type"),
+    (
+        "export-allow-pickle-str",
+        lambda c, out: headcut.export(c["M"], MASK, allow_pickle="no"),
+        HeadcutTypeError,
+        "allow_pickle",
+    ),
     ("export-gqa-None", lambda c, out: headcut.export(c["M"], MASK, gqa=None), HeadcutTypeError, "gqa"),
     # ---- bench
     ("bench-models-str", lambda c, out: headcut.bench(c["M"]), HeadcutTypeError, "models"),
@@ -153,10 +247,18 @@ CASES: list[tuple[str, Any, type, str]] = [
     ("bench-runs-str", lambda c, out: headcut.bench([c["M"]], runs="3"), HeadcutTypeError, "runs"),
     ("bench-names-count", lambda c, out: headcut.bench([c["M"], c["M"]], names=["a"]), HeadcutValueError, "names"),
     ("bench-config-dict", lambda c, out: headcut.bench([c["M"]], config={"runs": 3}), HeadcutTypeError, "config"),
-    ("bench-config-field", lambda c, out: headcut.bench([c["M"]], config=headcut.BenchConfig(runs="3")),
-     HeadcutTypeError, "config.runs"),
-    ("bench-module-not-transformers", lambda c, out: headcut.bench([torch.nn.Linear(2, 2)]), HeadcutTypeError,
-     "models[0]"),
+    (
+        "bench-config-field",
+        lambda c, out: headcut.bench([c["M"]], config=headcut.BenchConfig(runs="3")),
+        HeadcutTypeError,
+        "config.runs",
+    ),
+    (
+        "bench-module-not-transformers",
+        lambda c, out: headcut.bench([torch.nn.Linear(2, 2)]),
+        HeadcutTypeError,
+        "models[0]",
+    ),
     # ---- info, load, save
     ("info-None", lambda c, out: headcut.info(None), HeadcutTypeError, "model"),
     ("info-task-int", lambda c, out: headcut.info(c["M"], task=3), HeadcutTypeError, "task"),
@@ -192,12 +294,16 @@ def test_bad_argument_is_a_headcut_error_naming_the_keyword(ctx, tmp_path, monke
     assert params_digest(ctx["model"]) == before_model
 
 
-@pytest.mark.parametrize("call,kind,keyword", [
-    (lambda r, out: r.save(None), HeadcutTypeError, "out"),
-    (lambda r, out: r.save(out, force=1), HeadcutTypeError, "force"),
-    (lambda r, out: r.save(out, formats=["onnx", 3]), HeadcutTypeError, "formats[1]"),
-    (lambda r, out: r.save(out, gguf_type=8), HeadcutTypeError, "gguf_type"),
-], ids=["out-None", "force-int", "formats-item", "gguf-type-int"])
+@pytest.mark.parametrize(
+    "call,kind,keyword",
+    [
+        (lambda r, out: r.save(None), HeadcutTypeError, "out"),
+        (lambda r, out: r.save(out, force=1), HeadcutTypeError, "force"),
+        (lambda r, out: r.save(out, formats=["onnx", 3]), HeadcutTypeError, "formats[1]"),
+        (lambda r, out: r.save(out, gguf_type=8), HeadcutTypeError, "gguf_type"),
+    ],
+    ids=["out-None", "force-int", "formats-item", "gguf-type-int"],
+)
 def test_a_results_save_checks_its_arguments(exported, tmp_path, monkeypatch, call, kind, keyword):
     monkeypatch.setattr(saving, "save", _fail)
     out = tmp_path / "out"
@@ -219,21 +325,33 @@ def test_a_checked_refusal_is_caught_as_pythons_own_kind(ctx):
 def test_value_refusals_of_the_configurations_are_value_errors(ctx, monkeypatch):
     """A range the configurations check (in the command line's words) reaches Python callers as a ValueError."""
     monkeypatch.setattr(hio, "load", _fail)
-    for call in (lambda: headcut.prune(ctx["M"], "magnitude", sparsity=1.5),
-                 lambda: headcut.prune(ctx["M"], "magnitude", keep=4, sparsity=0.5),
-                 lambda: headcut.finetune(ctx["M"], ctx["train"], lr=-1.0),
-                 lambda: headcut.export(ctx["M"], MASK, gqa="nope"),
-                 lambda: headcut.bench([ctx["M"]], runs=0),
-                 lambda: headcut.export(ctx["M"], MASK, formats="tiff")):
+    for call in (
+        lambda: headcut.prune(ctx["M"], "magnitude", sparsity=1.5),
+        lambda: headcut.prune(ctx["M"], "magnitude", keep=4, sparsity=0.5),
+        lambda: headcut.finetune(ctx["M"], ctx["train"], lr=-1.0),
+        lambda: headcut.export(ctx["M"], MASK, gqa="nope"),
+        lambda: headcut.bench([ctx["M"]], runs=0),
+        lambda: headcut.export(ctx["M"], MASK, formats="tiff"),
+    ):
         with pytest.raises(HeadcutValueError):
             call()
 
 
 def test_every_public_argument_has_a_rule():
     """The table covers each parameter of each public function (a new parameter needs a rule)."""
-    functions = {"prune": api.prune, "score": api.score, "finetune": api.finetune, "evaluate": api.evaluate,
-                 "export": api.export, "bench": api.bench, "info": api.info, "load": hio.load, "save": saving.save,
-                 "Written.save": api.Written.save, "Pruned.write_trajectory": api.Pruned.write_trajectory}
+    functions = {
+        "prune": api.prune,
+        "score": api.score,
+        "finetune": api.finetune,
+        "evaluate": api.evaluate,
+        "export": api.export,
+        "bench": api.bench,
+        "info": api.info,
+        "load": hio.load,
+        "save": saving.save,
+        "Written.save": api.Written.save,
+        "Pruned.write_trajectory": api.Pruned.write_trajectory,
+    }
     assert set(functions) == set(RULES)
     for name, fn in functions.items():
         assert set(inspect.signature(fn).parameters) == set(RULES[name]), name
@@ -247,8 +365,12 @@ def test_good_arguments_of_every_accepted_kind_pass(ctx, tmp_path):
 
     rows = cls_rows(8, seed=3)
     tok = make_tokenizer()
-    for data in (rows, tuple(rows), datasets.Dataset.from_list(rows),
-                 datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)})):
+    for data in (
+        rows,
+        tuple(rows),
+        datasets.Dataset.from_list(rows),
+        datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}),
+    ):
         ev = headcut.evaluate(ctx["model"], data, tokenizer=tok, data_options={"seq_len": 16})
         assert ev.report["data"]["examples"] == 8
     assert headcut.info(Path(ctx["M"])).total_heads == headcut.info(ctx["model"]).total_heads

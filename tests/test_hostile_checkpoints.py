@@ -26,8 +26,14 @@ from headcut.errors import HeadcutError
 CLS = "BertForSequenceClassification"
 
 #: family -> the class of its tiny checkpoint
-TINY = {"bert": CLS, "t5": "T5ForConditionalGeneration", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
-        "bart": "BartForConditionalGeneration", "albert": "AlbertForSequenceClassification"}
+TINY = {
+    "bert": CLS,
+    "t5": "T5ForConditionalGeneration",
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "bart": "BartForConditionalGeneration",
+    "albert": "AlbertForSequenceClassification",
+}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +67,7 @@ def refused(folder: Path, *needles: str, command: tuple[str, ...] = ("info",)) -
 
 # ---- crafted configs ------------------------------------------------------------------------------------------
 
+
 def test_a_million_layers_is_refused_from_the_headers_without_building_the_model(tiny, tmp_path, monkeypatch):
     folder = crafted(tiny, tmp_path, "bert", num_hidden_layers=1_000_000)
     built = []
@@ -88,8 +95,11 @@ def test_a_huge_label_count_is_refused_before_the_config_is_built(tiny, tmp_path
 BAD_NUMBERS = {
     "no heads": ("bert", {"num_attention_heads": 0}, "num_attention_heads is 0"),
     "negative heads": ("bert", {"num_attention_heads": -8}, "num_attention_heads is -8"),
-    "heads not dividing the width": ("bert", {"num_attention_heads": 5}, "hidden_size 32 is not a multiple of "
-                                                                         "num_attention_heads 5"),
+    "heads not dividing the width": (
+        "bert",
+        {"num_attention_heads": 5},
+        "hidden_size 32 is not a multiple of num_attention_heads 5",
+    ),
     "width as a string": ("bert", {"hidden_size": "32"}, "hidden_size is '32'"),
     "layers as a float": ("bert", {"num_hidden_layers": 2.0}, "num_hidden_layers is 2.0"),
     "layers as a boolean": ("bert", {"num_hidden_layers": True}, "num_hidden_layers is true"),
@@ -98,8 +108,11 @@ BAD_NUMBERS = {
     "t5 without heads": ("t5", {"num_heads": 0}, "num_heads is 0"),
     "gpt2 without heads": ("gpt2", {"n_head": 0}, "n_head is 0"),
     "gpt2 field and alias disagree": ("gpt2", {"num_hidden_layers": 7}, "n_layer and num_hidden_layers"),
-    "llama kv heads not dividing the heads": ("llama", {"num_key_value_heads": 4},
-                                              "num_attention_heads 6 is not a multiple of num_key_value_heads 4"),
+    "llama kv heads not dividing the heads": (
+        "llama",
+        {"num_key_value_heads": 4},
+        "num_attention_heads 6 is not a multiple of num_key_value_heads 4",
+    ),
     "bart negative decoder heads": ("bart", {"decoder_attention_heads": -4}, "decoder_attention_heads is -4"),
     "albert without groups": ("albert", {"num_hidden_groups": 0}, "num_hidden_groups is 0"),
 }
@@ -148,6 +161,7 @@ def test_mis_shaped_tensors_are_named_not_left_to_an_unseen_report(tiny, tmp_pat
 
 # ---- unreadable files -----------------------------------------------------------------------------------------
 
+
 def _denied(path: Path) -> PermissionError:
     return PermissionError(errno.EACCES, "Permission denied", str(path))
 
@@ -195,8 +209,10 @@ def test_unreadable_tokenizer_file_is_a_read_error_before_any_work(tiny, tmp_pat
     mask.write_text(json.dumps({"drop": {"self.0": [0]}}))
     deny_open(monkeypatch, folder / "tokenizer.json")
     out = tmp_path / "slim"
-    text = one_line_error(run("export", folder, "--mask", mask, "--out", out),
-                          f"cannot read {folder / 'tokenizer.json'}: permission denied")
+    text = one_line_error(
+        run("export", folder, "--mask", mask, "--out", out),
+        f"cannot read {folder / 'tokenizer.json'}: permission denied",
+    )
     assert "write" not in text
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".slim")]
 
@@ -252,9 +268,17 @@ def test_unreadable_files_as_an_unprivileged_user(tiny):
         for name, denied in cases.items():
             folder = base / name
             args = [str(folder)] if name != "tokenizer" else [str(folder), str(mask)]
-            proc = subprocess.run([sys.executable, "-c", NOBODY, *args], capture_output=True, text=True, env=env,
-                                  cwd=str(base), timeout=120)
-            if proc.returncode != 2 and any(why in proc.stderr for why in ("Operation not permitted", "No module named")):
+            proc = subprocess.run(
+                [sys.executable, "-c", NOBODY, *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=str(base),
+                timeout=120,
+            )
+            if proc.returncode != 2 and any(
+                why in proc.stderr for why in ("Operation not permitted", "No module named")
+            ):
                 pytest.skip(f"cannot run as nobody here: {proc.stderr.strip().splitlines()[-1]}")
             lines = proc.stderr.strip().splitlines()
             assert proc.returncode == 2, (name, proc.stderr)
@@ -318,8 +342,10 @@ def test_unreadable_mask_file(tiny, tmp_path, monkeypatch):
     mask = tmp_path / "mask.json"
     mask.write_text(json.dumps({"drop": {"self.0": [0]}}))
     deny_open(monkeypatch, mask)
-    one_line_error(run("export", tiny["bert"], "--mask", mask, "--out", tmp_path / "slim"),
-                   f"cannot read {mask}: permission denied")
+    one_line_error(
+        run("export", tiny["bert"], "--mask", mask, "--out", tmp_path / "slim"),
+        f"cannot read {mask}: permission denied",
+    )
 
 
 def test_python_masks_may_use_tuples_and_empty_lists(tiny):

@@ -70,8 +70,10 @@ def test_input_names_too_long_are_one_line_errors(tmp_path):
     model = save_tiny(tmp_path / "m", "bert", "BertForSequenceClassification")
     one_line_error(run("info", tmp_path / LONG), "longer than the file system allows")
     one_line_error(run("eval", model, "--data", tmp_path / f"{LONG}.csv"), "longer than the file system allows")
-    one_line_error(run("export", model, "--mask", tmp_path / f"{LONG}.json", "--out", tmp_path / "o"),
-                   "longer than the file system allows")
+    one_line_error(
+        run("export", model, "--mask", tmp_path / f"{LONG}.json", "--out", tmp_path / "o"),
+        "longer than the file system allows",
+    )
     assert not (tmp_path / "o").exists()
 
 

@@ -85,6 +85,7 @@ def _fifo_writer(path: Path, data: bytes, delay: float) -> threading.Thread:
 
 # ---- pipes and devices ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash for process substitution")
 def test_process_substitution_is_read_as_a_stream(tiny, tmp_path):
     packed = tmp_path / "rows.csv.gz"
@@ -94,8 +95,9 @@ def test_process_substitution_is_read_as_a_stream(tiny, tmp_path):
     # gzip bytes through a pipe: the compression is recognised from the bytes
     script = '"$PY" -m headcut eval "$M" --data <(cat "$Z") --data-format csv --json "$T/got.json"'
     env = dict(_env(tmp_path), PY=sys.executable, M=str(tiny["model"]), Z=str(packed), T=str(tmp_path))
-    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
     assert proc.returncode == 0, proc.stderr
     got = json.loads((tmp_path / "got.json").read_text())
     assert got["data"]["examples"] == 16 and got["data"]["source"].startswith("/dev/fd/")
@@ -148,8 +150,9 @@ def test_named_pipe_without_a_writer_is_waited_for_aloud(tmp_path, monkeypatch, 
     os.mkfifo(fifo)
     rows = write_rows(tmp_path / "rows.csv", cls_rows(12))
     writer = _fifo_writer(fifo, rows.read_bytes(), delay=0.6)
-    c = load_calibration(make_model("bert", "BertForSequenceClassification"), make_tokenizer(),
-                         DataConfig(str(fifo), data_format="csv"))
+    c = load_calibration(
+        make_model("bert", "BertForSequenceClassification"), make_tokenizer(), DataConfig(str(fifo), data_format="csv")
+    )
     writer.join(5)
     assert c.examples == 12
     err = capfd.readouterr().err
@@ -159,9 +162,14 @@ def test_named_pipe_without_a_writer_is_waited_for_aloud(tmp_path, monkeypatch, 
 def test_sigterm_stops_the_wait_for_a_writer(tiny, tmp_path):
     fifo = tmp_path / "never"
     os.mkfifo(fifo)
-    proc = subprocess.Popen([sys.executable, "-m", "headcut", "eval", str(tiny["model"]), "--data", str(fifo),
-                             "--data-format", "csv"], env=_env(tmp_path), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headcut", "eval", str(tiny["model"]), "--data", str(fifo), "--data-format", "csv"],
+        env=_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not _holds(proc.pid, fifo):  # until it has the pipe open and waits
@@ -201,13 +209,21 @@ def _holds(pid: int, path: Path) -> bool:
 
 
 def test_devices_are_refused_in_one_line_not_read_forever(tiny):
-    one_line_error(run("eval", tiny["model"], "--data", "/dev/zero", "--data-format", "csv"), "/dev/zero",
-                   "NUL characters", "not UTF-8 text")
+    one_line_error(
+        run("eval", tiny["model"], "--data", "/dev/zero", "--data-format", "csv"),
+        "/dev/zero",
+        "NUL characters",
+        "not UTF-8 text",
+    )
     with pytest.raises(HeadcutError, match="cannot read /dev/zero: it holds NUL characters"):
-        load_calibration(make_model("gpt2", "GPT2LMHeadModel"), make_tokenizer(),
-                         DataConfig("/dev/zero", data_format="txt", seq_len=16))
-    one_line_error(run("eval", tiny["model"], "--data", "/dev/zero", "--data-format", "csv.gz"), "/dev/zero",
-                   "not gz data")
+        load_calibration(
+            make_model("gpt2", "GPT2LMHeadModel"),
+            make_tokenizer(),
+            DataConfig("/dev/zero", data_format="txt", seq_len=16),
+        )
+    one_line_error(
+        run("eval", tiny["model"], "--data", "/dev/zero", "--data-format", "csv.gz"), "/dev/zero", "not gz data"
+    )
     one_line_error(run("eval", tiny["model"], "--data", "/dev/null", "--data-format", "csv"), "/dev/null is empty")
 
 
@@ -230,6 +246,7 @@ def test_bad_data_format_is_one_line(tiny, value):
 
 # ---- one line means one line --------------------------------------------------------------------------------
 
+
 def test_refusals_print_nothing_before_their_one_line(tiny, tmp_path):
     bad = {
         "latin.csv": "text,label\ncafé good,1\nthe movie,0\n".encode("latin-1"),
@@ -250,8 +267,15 @@ def test_refusals_print_nothing_before_their_one_line(tiny, tmp_path):
         "        sys.stderr.flush()\n"
         "        os.write(2, ('=== exit %s\\n' % exc.code).encode())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(tiny["model"]), *bad], cwd=tmp_path, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tiny["model"]), *bad],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     parts = proc.stderr.split("=== ")[1:]
     assert len(parts) == 2 * len(bad), proc.stderr
     for name, (head, tail) in zip(bad, zip(parts[::2], parts[1::2])):
@@ -260,8 +284,10 @@ def test_refusals_print_nothing_before_their_one_line(tiny, tmp_path):
         assert len(lines) == 2 and lines[1].startswith("error: "), (name, head)
         assert tail.strip() == "exit 2", (name, tail)
     messages = dict(zip(bad, (p.splitlines()[1] for p in parts[::2])))
-    assert messages["latin.csv"] == ("error: cannot read latin.csv: it is not UTF-8 text (byte 0xe9 at offset 14); "
-                                     "pass --encoding latin-1 (or the file's encoding)")
+    assert messages["latin.csv"] == (
+        "error: cannot read latin.csv: it is not UTF-8 text (byte 0xe9 at offset 14); "
+        "pass --encoding latin-1 (or the file's encoding)"
+    )
     assert "holds a JSON number, not records" in messages["scalar.json"]
     assert "JSON parse error" in messages["bad.jsonl"]
     assert "garbage.parquet" in messages["garbage.parquet"]
@@ -294,11 +320,16 @@ def test_not_utf8_text_file_names_the_offset_and_a_likely_encoding(tmp_path):
     utf16.write_bytes("text,label\ngood movie,1\nbad plot,0\n".encode("utf-16"))
     with pytest.raises(HeadcutError, match="--encoding utf-16"):
         load_calibration(make_model("bert", "BertForSequenceClassification"), tok, DataConfig(str(utf16)))
-    assert load_calibration(make_model("bert", "BertForSequenceClassification"), tok,
-                            DataConfig(str(utf16), encoding="utf-16")).examples == 2
+    assert (
+        load_calibration(
+            make_model("bert", "BertForSequenceClassification"), tok, DataConfig(str(utf16), encoding="utf-16")
+        ).examples
+        == 2
+    )
 
 
 # ---- huge lines ---------------------------------------------------------------------------------------------
+
 
 def _one_line(path: Path, megabytes: int) -> Path:
     unit = b"the good movie was fun " * 4096
@@ -325,8 +356,14 @@ def test_huge_single_line_is_read_with_bounded_memory(tmp_path):
         "    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before\n"
         "    print(cls, c.examples, grown * 1024)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(big)], env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(big)],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.returncode == 0, proc.stderr
     results = {cls: (int(n), int(grown)) for cls, n, grown in (ln.split() for ln in proc.stdout.splitlines())}
     assert results["GPT2LMHeadModel"][0] == 4 and results["BertForMaskedLM"][0] == 1
@@ -394,9 +431,14 @@ def test_temporary_folders_carry_the_pid_and_stale_ones_are_removed(tmp_path, mo
     assert sorted(p.name for p in temp.iterdir()) == [alive.name]
 
 
-@pytest.mark.parametrize("name,content", [("late.csv", b"text,label\n" + b"fine row,1\n" * 2000 + b"caf\xe9,0\n"),
-                                          ("start.txt", b"caf\xe9 ol\xe9 and more words\n" * 20),
-                                          ("empty.csv", b"")])
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("late.csv", b"text,label\n" + b"fine row,1\n" * 2000 + b"caf\xe9,0\n"),
+        ("start.txt", b"caf\xe9 ol\xe9 and more words\n" * 20),
+        ("empty.csv", b""),
+    ],
+)
 def test_unreadable_data_is_refused_before_the_model_loads(tmp_path, monkeypatch, name, content):
     """A data file the run would refuse (not UTF-8 text, a byte deep in a table included; empty) is refused before
     any model is loaded, by every command that reads data, from the CLI and from Python."""
@@ -412,16 +454,32 @@ def test_unreadable_data_is_refused_before_the_model_loads(tmp_path, monkeypatch
 
     for module in (base, evaluate, finetune, prune, score):
         monkeypatch.setattr(module, "load_model", loading)
-    commands = [("prune", model, "--method", "fluctuation", "--keep", "6", "--data", data, "--out", tmp_path / "out"),
-                ("prune", model, "--method", "fluctuation", "--keep", "6", "--data", data, "--layerwise", "--out",
-                 tmp_path / "out"),
-                ("finetune", model, "--data", data, "--out", tmp_path / "out"),
-                ("score", model, "--data", data), ("eval", model, "--data", data)]
+    commands = [
+        ("prune", model, "--method", "fluctuation", "--keep", "6", "--data", data, "--out", tmp_path / "out"),
+        (
+            "prune",
+            model,
+            "--method",
+            "fluctuation",
+            "--keep",
+            "6",
+            "--data",
+            data,
+            "--layerwise",
+            "--out",
+            tmp_path / "out",
+        ),
+        ("finetune", model, "--data", data, "--out", tmp_path / "out"),
+        ("score", model, "--data", data),
+        ("eval", model, "--data", data),
+    ]
     for command in commands:
         one_line_error(run(*command), needle)
-    for call in (lambda: headcut.prune(model, "fluctuation", keep=6, data=data),
-                 lambda: headcut.finetune(model, data=data),
-                 lambda: headcut.score(model, data=data),
-                 lambda: headcut.evaluate(model, data=data)):
+    for call in (
+        lambda: headcut.prune(model, "fluctuation", keep=6, data=data),
+        lambda: headcut.finetune(model, data=data),
+        lambda: headcut.score(model, data=data),
+        lambda: headcut.evaluate(model, data=data),
+    ):
         with pytest.raises(HeadcutError, match=needle):
             call()

@@ -63,16 +63,31 @@ def _add(name, value):
 DAMAGED = [
     ("missing head", _drop("lm_head.weight"), "1 tensor(s) missing from its weights (lm_head.weight)"),
     ("missing norm", _drop("model.norm.weight"), "1 tensor(s) missing from its weights (model.norm.weight)"),
-    ("head of the wrong shape", _change("lm_head.weight", lambda v: v[:-1].clone()),
-     "1 tensor(s) have the wrong shape (lm_head.weight: (98, 48) in the weights, (99, 48) in the model)"),
-    ("embeddings of the wrong shape", _change("model.embed_tokens.weight", lambda v: v[:, :-1].clone()),
-     "wrong shape (model.embed_tokens.weight: (99, 47) in the weights"),
-    ("unused tensor", _add("model.bogus.weight", torch.zeros(3)),
-     "1 unexpected tensor(s) in its weights (model.bogus.weight)"),
-    ("integer head", _change("lm_head.weight", lambda v: v.to(torch.int32)),
-     "stored in the wrong kind of number (lm_head.weight: I32 in the weights, float32 in the model)"),
-    ("integer layer weight", _change("model.layers.1.mlp.up_proj.weight", lambda v: v.to(torch.int32)),
-     "(model.layers.1.mlp.up_proj.weight: I32 in the weights, float32 in the model)"),
+    (
+        "head of the wrong shape",
+        _change("lm_head.weight", lambda v: v[:-1].clone()),
+        "1 tensor(s) have the wrong shape (lm_head.weight: (98, 48) in the weights, (99, 48) in the model)",
+    ),
+    (
+        "embeddings of the wrong shape",
+        _change("model.embed_tokens.weight", lambda v: v[:, :-1].clone()),
+        "wrong shape (model.embed_tokens.weight: (99, 47) in the weights",
+    ),
+    (
+        "unused tensor",
+        _add("model.bogus.weight", torch.zeros(3)),
+        "1 unexpected tensor(s) in its weights (model.bogus.weight)",
+    ),
+    (
+        "integer head",
+        _change("lm_head.weight", lambda v: v.to(torch.int32)),
+        "stored in the wrong kind of number (lm_head.weight: I32 in the weights, float32 in the model)",
+    ),
+    (
+        "integer layer weight",
+        _change("model.layers.1.mlp.up_proj.weight", lambda v: v.to(torch.int32)),
+        "(model.layers.1.mlp.up_proj.weight: I32 in the weights, float32 in the model)",
+    ),
 ]
 
 
@@ -87,8 +102,23 @@ def test_both_paths_refuse_the_same_damaged_checkpoints(tmp_path, case, edit, ne
         assert needle in str(caught.value)
         assert not out.exists()
         flags = ["--layerwise"] if layerwise else []
-        result = run("prune", str(src), "--method", "fluctuation", "--keep", "6", "--data", str(text), "--seq-len",
-                     "16", "--max-examples", "12", "--out", str(out), *flags)
+        result = run(
+            "prune",
+            str(src),
+            "--method",
+            "fluctuation",
+            "--keep",
+            "6",
+            "--data",
+            str(text),
+            "--seq-len",
+            "16",
+            "--max-examples",
+            "12",
+            "--out",
+            str(out),
+            *flags,
+        )
         lines[layerwise] = one_line_error(result, needle)
         assert not out.exists()
     assert lines[True] == lines[False]  # the same refusal, word for word
@@ -99,8 +129,9 @@ def test_a_tied_head_may_be_missing_on_both_paths(tmp_path):
     masks = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
-        masks[layerwise] = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=OPTIONS,
-                                         layerwise=layerwise, out=out).mask.to_json()
+        masks[layerwise] = headcut.prune(
+            src, "fluctuation", keep=6, data=text, data_options=OPTIONS, layerwise=layerwise, out=out
+        ).mask.to_json()
         model = headcut.load(out)
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert masks[True] == masks[False]
@@ -116,15 +147,18 @@ def test_mixed_dtype_shards_run_layerwise_as_they_load_whole(tmp_path, config_dt
     masks = {}
     for layerwise in (False, True):
         out = tmp_path / f"out-{layerwise}"
-        pruned = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=OPTIONS, layerwise=layerwise,
-                               out=out)
+        pruned = headcut.prune(
+            src, "fluctuation", keep=6, data=text, data_options=OPTIONS, layerwise=layerwise, out=out
+        )
         masks[layerwise] = pruned.mask.to_json()
         dtypes = {t.dtype for f in out.glob("*.safetensors") for t in load_file(f).values()}
         assert dtypes == {getattr(torch, config_dtype)}  # one dtype, as transformers loads it whole
     assert masks[True] == masks[False]
     ids = torch.tensor([[1, 5, 9, 3, 7]])
-    twice = [AutoModelForCausalLM.from_pretrained(tmp_path / "out-True", trust_remote_code=True)(ids).logits
-             for _ in range(2)]
+    twice = [
+        AutoModelForCausalLM.from_pretrained(tmp_path / "out-True", trust_remote_code=True)(ids).logits
+        for _ in range(2)
+    ]
     assert torch.equal(twice[0], twice[1])  # nothing initialised at random
     assert torch.allclose(headcut.load(tmp_path / "out-True")(ids).logits, twice[0])
 
@@ -132,9 +166,18 @@ def test_mixed_dtype_shards_run_layerwise_as_they_load_whole(tmp_path, config_dt
 def test_layerwise_refuses_a_new_task_head_it_cannot_write(tmp_path):
     src, text = _sharded(tmp_path)
     rows = tmp_path / "rows.csv"
-    rows.write_text("text,label\n" + "\n".join(f"{sentence(torch.Generator().manual_seed(i), 8)},{i % 2}"
-                                                for i in range(20)))
+    rows.write_text(
+        "text,label\n" + "\n".join(f"{sentence(torch.Generator().manual_seed(i), 8)},{i % 2}" for i in range(20))
+    )
     with pytest.raises(HeadcutError, match="cannot add a new task head"):
-        headcut.prune(src, "fluctuation", keep=6, data=rows, data_options=OPTIONS, task="sequence-classification",
-                      layerwise=True, out=tmp_path / "out")
+        headcut.prune(
+            src,
+            "fluctuation",
+            keep=6,
+            data=rows,
+            data_options=OPTIONS,
+            task="sequence-classification",
+            layerwise=True,
+            out=tmp_path / "out",
+        )
     assert not (tmp_path / "out").exists()

@@ -88,6 +88,7 @@ def fifo_reader(path: Path) -> Iterator[dict[str, bytes]]:
 
 # ---- character devices, and symbolic links to them --------------------------------------------------------
 
+
 def test_info_json_onto_dev_null_keeps_it_a_device(model_dir, tmp_path):
     # first a device node of our own, so that a regression fails here without damaging the real /dev/null
     own = null_device(tmp_path / "null")
@@ -135,6 +136,7 @@ def test_device_needs_no_force(tmp_path):
 
 # ---- named pipes and descriptors ---------------------------------------------------------------------------
 
+
 def test_json_into_a_named_pipe(model_dir, tmp_path):
     fifo = tmp_path / "report.json"
     with fifo_reader(fifo) as got:
@@ -170,8 +172,22 @@ def test_trajectory_into_a_named_pipe(model_dir, tmp_path):
     dev = write_rows(tmp_path / "dev.csv", cls_rows(12))
     fifo, out = tmp_path / "curve.csv", tmp_path / "slim"
     with fifo_reader(fifo) as got:
-        result = run("prune", model_dir, "--method", "magnitude", "--keep", "6", "--eval-data", dev, "--seq-len", "16",
-                     "--out", out, "--trajectory", fifo)
+        result = run(
+            "prune",
+            model_dir,
+            "--method",
+            "magnitude",
+            "--keep",
+            "6",
+            "--eval-data",
+            dev,
+            "--seq-len",
+            "16",
+            "--out",
+            out,
+            "--trajectory",
+            fifo,
+        )
     assert result.exit_code == 0, result.output
     assert got["data"].decode().splitlines()[0].startswith("step,heads")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and (out / "config.json").is_file()
@@ -204,23 +220,28 @@ def test_named_pipe_without_a_reader_waits_and_says_so(tmp_path, capsys):
 
 
 #: a command's output in a real process (no model: the CLI's Out and write_json, as ``info`` uses them)
-COMMAND = ("from headcut.cli.common import Out; import sys; out = Out(sys.argv[1]); out.show('the table'); "
-           "out.json({'total_heads': 8}); out.close()")
+COMMAND = (
+    "from headcut.cli.common import Out; import sys; out = Out(sys.argv[1]); out.show('the table'); "
+    "out.json({'total_heads': 8}); out.close()"
+)
 
 
 def test_json_to_dev_stdout_in_a_real_process(tmp_path):
     proc = subprocess.run([sys.executable, "-c", COMMAND, "/dev/stdout"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.startswith("the table\n{") and json.loads(proc.stdout[len("the table\n"):]) == {"total_heads": 8}
+    assert proc.stdout.startswith("the table\n{") and json.loads(proc.stdout[len("the table\n") :]) == {
+        "total_heads": 8
+    }
     # stdout a regular file (`> out.txt`): written through the descriptor, after the table, the file kept
     path = tmp_path / "out.txt"
     with path.open("w") as f:
         inode = os.fstat(f.fileno()).st_ino
-        proc = subprocess.run([sys.executable, "-c", COMMAND, "/dev/stdout"], stdout=f, stderr=subprocess.PIPE,
-                              text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", COMMAND, "/dev/stdout"], stdout=f, stderr=subprocess.PIPE, text=True, timeout=60
+        )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     text = path.read_text()
-    assert text.startswith("the table\n{") and json.loads(text[len("the table\n"):]) == {"total_heads": 8}
+    assert text.startswith("the table\n{") and json.loads(text[len("the table\n") :]) == {"total_heads": 8}
     assert path.stat().st_ino == inode and os.listdir(tmp_path) == ["out.txt"]
 
 
@@ -248,7 +269,7 @@ def test_json_to_dev_fd_of_a_pipe_and_of_a_file(model_dir, tmp_path):
         os.close(fd)
     assert result.exit_code == 0, result.output
     text = path.read_text()
-    assert text.startswith("before\n{") and json.loads(text[len("before\n"):])["total_heads"] == 8
+    assert text.startswith("before\n{") and json.loads(text[len("before\n") :])["total_heads"] == 8
     assert path.stat().st_ino == inode and os.listdir(tmp_path) == ["report.txt"]
 
 
@@ -263,6 +284,7 @@ def test_closed_or_read_only_descriptor_refused(model_dir):
 
 
 # ---- what is refused -----------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def short_dir() -> Iterator[Path]:
@@ -318,6 +340,7 @@ def test_out_onto_a_special_file_refused(kind, model_dir, mask_file, tmp_path):
 
 
 # ---- names longer than the file system takes ---------------------------------------------------------------
+
 
 def test_name_too_long_refused_in_one_line(model_dir, mask_file, tmp_path):
     long = tmp_path / ("x" * 300)

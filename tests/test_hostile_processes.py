@@ -28,7 +28,7 @@ ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
 #: seconds a run may take before its test fails as a hang (a run here takes about 20 s on 2 busy cores)
 HANG_S = 150
 
-LAUNCHER = '''
+LAUNCHER = """
 import json, os, runpy, sys
 rank = int(os.environ["RANK"])
 pids = os.environ.get("HEADCUT_TEST_PIDS")
@@ -41,7 +41,7 @@ for a in sys.argv[2:]:
     args += ranked[rank] if a == "@RANKED@" else [a]
 sys.argv = ["headcut", *args]
 runpy.run_module("headcut", run_name="__main__")
-'''
+"""
 
 
 def free_port() -> int:
@@ -53,8 +53,9 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("processes")
-    save_tiny(d / "model", "bert", "BertForSequenceClassification", hidden_dropout_prob=0.0,
-              attention_probs_dropout_prob=0.0)
+    save_tiny(
+        d / "model", "bert", "BertForSequenceClassification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     write_rows(d / "train.csv", cls_rows(64, seed=0))
     write_rows(d / "other.csv", cls_rows(64, seed=5))  # another file of as many rows
     write_rows(d / "longer.csv", cls_rows(96, seed=7))  # more rows: more steps in an epoch
@@ -67,10 +68,27 @@ def start(tiny: Path, ranked: list[list[str]], *args: str, pids: Path) -> subpro
     """The run under torchrun; each process writes its pid into ``pids`` (a hung run's processes are killed by
     it: torchrun starts each process in a session of its own)."""
     pids.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(tiny / "launch.py"), json.dumps(ranked), *args]
-    return subprocess.Popen(cmd, cwd=tiny, env=dict(ENV, HEADCUT_TEST_PIDS=str(pids)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(tiny / "launch.py"),
+        json.dumps(ranked),
+        *args,
+    ]
+    return subprocess.Popen(
+        cmd,
+        cwd=tiny,
+        env=dict(ENV, HEADCUT_TEST_PIDS=str(pids)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def kill(proc: subprocess.Popen, pids: Path) -> str:
@@ -110,7 +128,7 @@ def assert_stopped(code: int, stderr: str, line: str | re.Pattern[str]) -> None:
     shown = errors(stderr)
     assert len(shown) == 1, stderr[-3000:]  # one line for the run
     for got in shown:
-        assert (line.fullmatch(got) if isinstance(line, re.Pattern) else got == line), (got, stderr[-3000:])
+        assert line.fullmatch(got) if isinstance(line, re.Pattern) else got == line, (got, stderr[-3000:])
     assert "[rank" not in stderr, stderr[-3000:]  # a process's traceback
     assert "gloo" not in stderr.lower(), stderr[-3000:]
 
@@ -122,42 +140,111 @@ SAME = "every process of a run must read the same model and data and be given th
 def test_other_data_with_more_steps_stops_every_process(tiny):
     """The issue's hang: process 1 reads another file (more rows: more steps in its epoch), so the processes
     would wait for each other in different collectives forever."""
-    code, err = two(tiny, [["--data", "train.csv"], ["--data", "longer.csv"]], "finetune", "model", "@RANKED@",
-                    "--epochs", "1", "--out", "out-longer", *COMMON)
-    assert_stopped(code, err, re.compile(
-        rf"error: process 1 read --data with 96 examples \(digest [0-9a-f]{{16}}\), process 0 64 examples "
-        rf"\(digest [0-9a-f]{{16}}\): {SAME}"))
+    code, err = two(
+        tiny,
+        [["--data", "train.csv"], ["--data", "longer.csv"]],
+        "finetune",
+        "model",
+        "@RANKED@",
+        "--epochs",
+        "1",
+        "--out",
+        "out-longer",
+        *COMMON,
+    )
+    assert_stopped(
+        code,
+        err,
+        re.compile(
+            rf"error: process 1 read --data with 96 examples \(digest [0-9a-f]{{16}}\), process 0 64 examples "
+            rf"\(digest [0-9a-f]{{16}}\): {SAME}"
+        ),
+    )
     assert not (tiny / "out-longer").exists()
 
 
 def test_other_copy_of_the_data_is_refused_in_prune(tiny):
     """Another file of as many rows: the runs would not hang but train on different data; a learned method's
     run refuses it before any step."""
-    code, err = two(tiny, [["--data", "train.csv"], ["--data", "other.csv"]], "prune", "model", "--method", "pass",
-                    "--keep", "3", "@RANKED@", "--max-steps", "2", "--out", "out-other", *COMMON)
-    assert_stopped(code, err, re.compile(rf"error: process 1 read --data with 64 examples \(digest ([0-9a-f]{{16}})\), "
-                                         rf"process 0 64 examples \(digest (?!\1)[0-9a-f]{{16}}\): {SAME}"))
+    code, err = two(
+        tiny,
+        [["--data", "train.csv"], ["--data", "other.csv"]],
+        "prune",
+        "model",
+        "--method",
+        "pass",
+        "--keep",
+        "3",
+        "@RANKED@",
+        "--max-steps",
+        "2",
+        "--out",
+        "out-other",
+        *COMMON,
+    )
+    assert_stopped(
+        code,
+        err,
+        re.compile(
+            rf"error: process 1 read --data with 64 examples \(digest ([0-9a-f]{{16}})\), "
+            rf"process 0 64 examples \(digest (?!\1)[0-9a-f]{{16}}\): {SAME}"
+        ),
+    )
     assert not (tiny / "out-other").exists()
 
 
 def test_other_settings_stop_every_process(tiny):
-    code, err = two(tiny, [["--max-steps", "2"], ["--max-steps", "3"]], "finetune", "model", "--data", "train.csv",
-                    "@RANKED@", "--out", "out-steps", *COMMON)
+    code, err = two(
+        tiny,
+        [["--max-steps", "2"], ["--max-steps", "3"]],
+        "finetune",
+        "model",
+        "--data",
+        "train.csv",
+        "@RANKED@",
+        "--out",
+        "out-steps",
+        *COMMON,
+    )
     assert_stopped(code, err, f"error: process 1 was given --max-steps 3, process 0 2: {SAME}")
 
 
 def test_missing_file_on_one_process_stops_the_others(tiny):
     """Process 1 fails before it joins the process group (its data file is not there): it joins to tell the
     others, who stop at once with its error instead of waiting for it (torchrun's SIGKILL, 30 s later)."""
-    code, err = two(tiny, [["--data", "train.csv"], ["--data", "missing.csv"]], "finetune", "model", "@RANKED@",
-                    "--max-steps", "2", "--out", "out-missing", *COMMON)
+    code, err = two(
+        tiny,
+        [["--data", "train.csv"], ["--data", "missing.csv"]],
+        "finetune",
+        "model",
+        "@RANKED@",
+        "--max-steps",
+        "2",
+        "--out",
+        "out-missing",
+        *COMMON,
+    )
     assert_stopped(code, err, "error: process 1: data file not found: missing.csv")
 
 
 def test_empty_data_on_one_process_stops_the_others(tiny):
     """Process 1 fails while it reads its data, after joining the group, in a learned method's prune."""
-    code, err = two(tiny, [["--data", "train.csv"], ["--data", "empty.csv"]], "prune", "model", "--method", "pass",
-                    "--keep", "3", "@RANKED@", "--max-steps", "2", "--out", "out-empty", *COMMON)
+    code, err = two(
+        tiny,
+        [["--data", "train.csv"], ["--data", "empty.csv"]],
+        "prune",
+        "model",
+        "--method",
+        "pass",
+        "--keep",
+        "3",
+        "@RANKED@",
+        "--max-steps",
+        "2",
+        "--out",
+        "out-empty",
+        *COMMON,
+    )
     assert_stopped(code, err, "error: process 1: empty.csv has no examples")
 
 
@@ -187,8 +274,19 @@ def test_sigterm_stops_a_process_waiting_for_another(tiny, tmp_path):
     os.mkfifo(fifo)
     pids = tmp_path / "pids"
     pids.mkdir()
-    proc = start(tiny, [["--data", "train.csv"], ["--data", str(fifo), "--data-format", "csv"]], "finetune", "model",
-                 "@RANKED@", "--max-steps", "2", "--out", "out-term", *COMMON, pids=pids)
+    proc = start(
+        tiny,
+        [["--data", "train.csv"], ["--data", str(fifo), "--data-format", "csv"]],
+        "finetune",
+        "model",
+        "@RANKED@",
+        "--max-steps",
+        "2",
+        "--out",
+        "out-term",
+        *COMMON,
+        pids=pids,
+    )
     writer = None
     try:
         deadline = time.monotonic() + HANG_S
@@ -225,7 +323,7 @@ def test_sigterm_stops_a_process_waiting_for_another(tiny, tmp_path):
 
 # ---- the agreement itself, in two processes without a launcher ---------------------------------------------------
 
-AGREEMENT = r'''
+AGREEMENT = r"""
 import json, os, signal, sys, time
 from pathlib import Path
 from headcut.errors import HeadcutError, label
@@ -268,15 +366,22 @@ if rank == 0:
 else:
     Path(out, "rank1.json").write_text(json.dumps(results))
     time.sleep(4)
-'''
+"""
 
 
 def test_agree_in_two_processes(tmp_path):
     script = tmp_path / "agree.py"
     script.write_text(AGREEMENT)
     env = dict(ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path)],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     try:
         _, err0 = procs[0].communicate(timeout=60)
         rank0_done = time.monotonic()

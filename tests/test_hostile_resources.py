@@ -92,14 +92,33 @@ def test_a_signal_at_commit_says_what_is_on_disk(tmp_path, model, at, earlier):
         assert run("prune", model, "--method", "magnitude", "--keep", "6", "--out", out).exit_code == 0
     script = tmp_path / "signaller.py"
     script.write_text(SIGNALLER)
-    proc = subprocess.run([sys.executable, str(script), "prune", str(model), "--method", "magnitude", "--keep", "9",
-                           "--out", str(out), "--force"], env=dict(os.environ, SIG_AT=at), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "prune",
+            str(model),
+            "--method",
+            "magnitude",
+            "--keep",
+            "9",
+            "--out",
+            str(out),
+            "--force",
+        ],
+        env=dict(os.environ, SIG_AT=at),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     if at == "before":
-        told = f"interrupted (SIGTERM): nothing was written: {out} still holds its earlier output" if earlier \
+        told = (
+            f"interrupted (SIGTERM): nothing was written: {out} still holds its earlier output"
+            if earlier
             else "interrupted (SIGTERM): nothing was written"
+        )
         assert line == told
         assert (_keep(out) == 6) if earlier else not out.exists()
     else:  # the new output is complete, and the line says so
@@ -150,13 +169,18 @@ def test_a_run_killed_between_the_renames_leaves_the_earlier_output(tmp_path, mo
 
 # ---- a full disk ----------------------------------------------------------------------------------------------
 
+
 def test_an_output_larger_than_the_free_space_is_refused_before_writing(tmp_path, model, monkeypatch):
     monkeypatch.setattr(space, "free_space", lambda path: 1000)
     out = tmp_path / "out"
     for layerwise in ([], ["--layerwise"]):
         result = run("prune", model, "--method", "magnitude", "--keep", "6", "--out", out, *layerwise)
-        one_line_error(result, f"cannot write {out}: no space left on the device in {tmp_path}",
-                       "(1000 bytes free, at least ", " KiB needed)")
+        one_line_error(
+            result,
+            f"cannot write {out}: no space left on the device in {tmp_path}",
+            "(1000 bytes free, at least ",
+            " KiB needed)",
+        )
         assert not out.exists() and _leftovers(tmp_path) == []
     with pytest.raises(HeadcutError, match="no space left on the device"):
         headcut.prune(model, "magnitude", keep=6, out=out)
@@ -188,12 +212,30 @@ def test_spilled_activations_on_a_full_disk(tmp_path, model, monkeypatch):
     spill.mkdir()
     monkeypatch.setenv("TMPDIR", str(spill))
     monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
-    args = ("prune", model, "--method", "fluctuation", "--keep", "6", "--data", tmp_path / "cal.txt", *DATA,
-            "--layerwise", "--max-memory", "1KB", "--out", tmp_path / "out")
+    args = (
+        "prune",
+        model,
+        "--method",
+        "fluctuation",
+        "--keep",
+        "6",
+        "--data",
+        tmp_path / "cal.txt",
+        *DATA,
+        "--layerwise",
+        "--max-memory",
+        "1KB",
+        "--out",
+        tmp_path / "out",
+    )
     # too little room from the start: refused before scoring
     monkeypatch.setattr(space, "free_space", lambda path: 100)
-    one_line_error(run(*args), f"cannot spill activations to {spill}: no space left on the device",
-                   "(100 bytes free, at least ", "set TMPDIR to a folder with more room")
+    one_line_error(
+        run(*args),
+        f"cannot spill activations to {spill}: no space left on the device",
+        "(100 bytes free, at least ",
+        "set TMPDIR to a folder with more room",
+    )
     monkeypatch.undo()
     monkeypatch.setenv("TMPDIR", str(spill))
     monkeypatch.setattr("tempfile.tempdir", None)
@@ -212,8 +254,16 @@ def test_spilled_activations_on_a_full_disk(tmp_path, model, monkeypatch):
     assert list(spill.iterdir()) == [] and not (tmp_path / "out").exists()
     with pytest.raises(HeadcutError, match="cannot spill activations"):
         written.clear()
-        headcut.prune(model, "fluctuation", keep=6, data=tmp_path / "cal.txt", data_options=OPTIONS, layerwise=True,
-                      max_memory="1KB", out=tmp_path / "out")
+        headcut.prune(
+            model,
+            "fluctuation",
+            keep=6,
+            data=tmp_path / "cal.txt",
+            data_options=OPTIONS,
+            layerwise=True,
+            max_memory="1KB",
+            out=tmp_path / "out",
+        )
 
 
 def test_a_training_checkpoint_on_a_full_disk(tmp_path, monkeypatch):
@@ -240,8 +290,11 @@ def test_a_training_checkpoint_on_a_full_disk(tmp_path, monkeypatch):
             self.file.close()
 
     monkeypatch.setattr(checkpoint.os, "fdopen", lambda fd, mode: Full(opened(fd, mode)))
-    with pytest.raises(HeadcutError, match=r"cannot write the checkpoint .*state.pt: no space left on the device in "
-                                           r".*ck \(.* free before writing, at least 390.6 KiB needed\)"):
+    with pytest.raises(
+        HeadcutError,
+        match=r"cannot write the checkpoint .*state.pt: no space left on the device in "
+        r".*ck \(.* free before writing, at least 390.6 KiB needed\)",
+    ):
         checkpoint.atomic_save({"x": torch.zeros(100000)}, tmp_path / "ck" / "state.pt")
     assert not (tmp_path / "ck").exists()  # the folder the write made is gone with it
 
@@ -250,8 +303,7 @@ def _tmpfs() -> bool:
     """Whether this machine lets a test mount a small tmpfs in a user namespace of its own."""
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True)
     return probe.returncode == 0
 
 
@@ -264,10 +316,16 @@ def test_a_real_full_disk(tmp_path, model):
     commands = {
         "whole": ("150k", f"headcut prune {model} --method magnitude --keep 6 --out {disk}/out"),
         "layerwise": ("150k", f"headcut prune {model} --method magnitude --keep 6 --layerwise --out {disk}/out"),
-        "spill": ("12k", f"TMPDIR={disk} headcut prune {model} --method fluctuation --keep 6 --data "
-                         f"{tmp_path}/cal.txt {' '.join(DATA)} --layerwise --max-memory 1KB --out {tmp_path}/out"),
-        "checkpoint": ("150k", f"headcut finetune {model} --data {tmp_path}/cal.txt {' '.join(DATA)} --max-steps 2 "
-                               f"--checkpoint-every 1 --out {disk}/out"),
+        "spill": (
+            "12k",
+            f"TMPDIR={disk} headcut prune {model} --method fluctuation --keep 6 --data "
+            f"{tmp_path}/cal.txt {' '.join(DATA)} --layerwise --max-memory 1KB --out {tmp_path}/out",
+        ),
+        "checkpoint": (
+            "150k",
+            f"headcut finetune {model} --data {tmp_path}/cal.txt {' '.join(DATA)} --max-steps 2 "
+            f"--checkpoint-every 1 --out {disk}/out",
+        ),
     }
     for name, (size, command) in commands.items():
         script = f"mount -t tmpfs -o size={size} tmpfs {disk} && {command}; echo rc=$?; ls -A {disk}"
@@ -283,10 +341,15 @@ def test_a_real_full_disk(tmp_path, model):
 
 # ---- temporaries a killed run left --------------------------------------------------------------------------
 
+
 def test_spilled_activations_of_a_killed_run_are_removed_by_the_next(tmp_path, model, monkeypatch):
     spill = tmp_path / "spill"
     spill.mkdir()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from headcut.scoring.layerwise import spill_folder
@@ -294,7 +357,11 @@ def test_spilled_activations_of_a_killed_run_are_removed_by_the_next(tmp_path, m
             (Path(folder) / "0.safetensors").write_bytes(b"x" * 4096)
             print(folder, flush=True)
             time.sleep(600)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         folder = holder.stdout.readline().strip()
         assert os.path.basename(folder).startswith(f"headcut-activations-{holder.pid}-")
@@ -308,17 +375,41 @@ def test_spilled_activations_of_a_killed_run_are_removed_by_the_next(tmp_path, m
     unrelated.mkdir()
     monkeypatch.setenv("TMPDIR", str(spill))
     monkeypatch.setattr("tempfile.tempdir", None)
-    headcut.prune(model, "fluctuation", keep=6, data=tmp_path / "cal.txt", data_options=OPTIONS, layerwise=True,
-                  max_memory="1KB", out=tmp_path / "out")
+    headcut.prune(
+        model,
+        "fluctuation",
+        keep=6,
+        data=tmp_path / "cal.txt",
+        data_options=OPTIONS,
+        layerwise=True,
+        max_memory="1KB",
+        out=tmp_path / "out",
+    )
     assert sorted(p.name for p in spill.iterdir()) == sorted([alive.name, unrelated.name])
 
 
 # ---- sizes past any machine ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("size", ["1e999GB", "infGB", "nanGB", "²GB", "10000000EiB", "-1GB"])
 def test_max_memory_past_any_machine_is_one_line(tmp_path, model, size):
-    one_line_error(run("prune", model, "--method", "fluctuation", "--keep", "6", "--data", tmp_path / "cal.txt",
-                       "--max-memory", size, "--out", tmp_path / "out"), "--max-memory must be a size")
+    one_line_error(
+        run(
+            "prune",
+            model,
+            "--method",
+            "fluctuation",
+            "--keep",
+            "6",
+            "--data",
+            tmp_path / "cal.txt",
+            "--max-memory",
+            size,
+            "--out",
+            tmp_path / "out",
+        ),
+        "--max-memory must be a size",
+    )
     with pytest.raises(HeadcutError, match="max_memory must be a size"):
         headcut.prune(model, "fluctuation", keep=6, data=tmp_path / "cal.txt", max_memory=size)
 

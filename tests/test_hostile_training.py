@@ -69,13 +69,32 @@ def checkpoints_are_finite(folder: Path) -> list[Path]:
 
 # ---- runs that diverge ---------------------------------------------------------------------------------
 
-def test_finetune_with_a_huge_lr_stops_writes_nothing_and_keeps_the_last_good_checkpoint(model_dir, train_csv,
-                                                                                         tmp_path):
+
+def test_finetune_with_a_huge_lr_stops_writes_nothing_and_keeps_the_last_good_checkpoint(
+    model_dir, train_csv, tmp_path
+):
     out = tmp_path / "tuned"
-    res = run("finetune", model_dir, "--data", train_csv, "--out", out, "--lr", "1e30", "--max-steps", "6",
-              "--checkpoint-every", "1", "--seq-len", "16", "--batch-size", "4")
-    line = one_line_error(res, "training diverged at step 2", "the loss is nan", "lr 1e+30", "lower --lr",
-                          "no model was written")
+    res = run(
+        "finetune",
+        model_dir,
+        "--data",
+        train_csv,
+        "--out",
+        out,
+        "--lr",
+        "1e30",
+        "--max-steps",
+        "6",
+        "--checkpoint-every",
+        "1",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+    )
+    line = one_line_error(
+        res, "training diverged at step 2", "the loss is nan", "lr 1e+30", "lower --lr", "no model was written"
+    )
     assert not out.exists()
     ckpt = checkpoint_dir_for(out)
     assert f"kept in {ckpt}" in line
@@ -85,8 +104,22 @@ def test_finetune_with_a_huge_lr_stops_writes_nothing_and_keeps_the_last_good_ch
 
 def test_finetune_that_diverges_before_any_checkpoint_leaves_no_checkpoint_folder(model_dir, train_csv, tmp_path):
     out = tmp_path / "tuned"
-    res = run("finetune", model_dir, "--data", train_csv, "--out", out, "--lr", "1e30", "--max-steps", "4",
-              "--seq-len", "16", "--batch-size", "4")
+    res = run(
+        "finetune",
+        model_dir,
+        "--data",
+        train_csv,
+        "--out",
+        out,
+        "--lr",
+        "1e30",
+        "--max-steps",
+        "4",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+    )
     line = one_line_error(res, "training diverged", "nan")
     assert "kept in" not in line
     assert not out.exists() and not checkpoint_dir_for(out).exists()
@@ -95,8 +128,15 @@ def test_finetune_that_diverges_before_any_checkpoint_leaves_no_checkpoint_folde
 def test_the_python_api_raises_a_headcut_error_and_returns_no_model(model_dir, train_csv, tmp_path):
     ckpt = tmp_path / "ck"
     with pytest.raises(TrainingDiverged, match="training diverged at step 2") as info:
-        headcut.finetune(str(model_dir), str(train_csv), lr=1e30, max_steps=4, checkpoint_every=1,
-                         checkpoint_dir=ckpt, data_options=SMALL)
+        headcut.finetune(
+            str(model_dir),
+            str(train_csv),
+            lr=1e30,
+            max_steps=4,
+            checkpoint_every=1,
+            checkpoint_dir=ckpt,
+            data_options=SMALL,
+        )
     assert isinstance(info.value, HeadcutError) and info.value.step == 2 and info.value.checkpoint == ckpt
     assert len(checkpoints_are_finite(ckpt)) == 1
 
@@ -104,8 +144,28 @@ def test_the_python_api_raises_a_headcut_error_and_returns_no_model(model_dir, t
 @pytest.mark.parametrize("method", ["dsp", "lag"])
 def test_a_learned_gate_prune_with_a_huge_lr_writes_nothing(model_dir, train_csv, tmp_path, method):
     out = tmp_path / "pruned"
-    res = run("prune", model_dir, "--method", method, "--keep", "4", "--data", train_csv, "--out", out,
-              "--lr", "1e30", "--max-steps", "4", "--checkpoint-every", "1", "--seq-len", "16", "--batch-size", "4")
+    res = run(
+        "prune",
+        model_dir,
+        "--method",
+        method,
+        "--keep",
+        "4",
+        "--data",
+        train_csv,
+        "--out",
+        out,
+        "--lr",
+        "1e30",
+        "--max-steps",
+        "4",
+        "--checkpoint-every",
+        "1",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+    )
     one_line_error(res, "training diverged at step 2", "lr 1e+30", "gate lr", "lower --lr or --gate-lr")
     assert not out.exists()
     assert len(checkpoints_are_finite(checkpoint_dir_for(out))) == 1
@@ -119,8 +179,24 @@ def test_recovery_fine_tuning_that_diverges_writes_nothing(model_dir, train_csv,
 
     monkeypatch.setattr(finetuning, "finetune", hot)  # --recover-steps has no --lr of its own
     out = tmp_path / "pruned"
-    res = run("prune", model_dir, "--method", "magnitude", "--keep", "4", "--data", train_csv, "--out", out,
-              "--recover-steps", "4", "--seq-len", "16", "--batch-size", "4")
+    res = run(
+        "prune",
+        model_dir,
+        "--method",
+        "magnitude",
+        "--keep",
+        "4",
+        "--data",
+        train_csv,
+        "--out",
+        out,
+        "--recover-steps",
+        "4",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+    )
     one_line_error(res, "training diverged at step 2", "the loss is nan")
     assert not out.exists()
 
@@ -128,19 +204,37 @@ def test_recovery_fine_tuning_that_diverges_writes_nothing(model_dir, train_csv,
 def test_the_lottery_keeps_its_last_good_state(model_dir, train_csv, tmp_path):
     ckpt = tmp_path / "ck"
     with pytest.raises(TrainingDiverged, match="the last good state of the run is kept in") as info:
-        headcut.prune(str(model_dir), "lottery", keep=4, data=str(train_csv), lr=1e30, reset_at=1, prune_every=2,
-                      checkpoint_dir=ckpt, data_options=SMALL)
+        headcut.prune(
+            str(model_dir),
+            "lottery",
+            keep=4,
+            data=str(train_csv),
+            lr=1e30,
+            reset_at=1,
+            prune_every=2,
+            checkpoint_dir=ckpt,
+            data_options=SMALL,
+        )
     assert str(ckpt) in str(info.value) and "\n" not in str(info.value)
     assert [p.name for p in checkpoints_are_finite(ckpt)] == [lottery.STATE_NAME]
 
 
 def test_auber_fine_tuning_that_diverges_raises(model_dir, train_csv):
     with pytest.raises(TrainingDiverged, match="training diverged"):
-        headcut.prune(str(model_dir), "auber", data=str(train_csv), lr=1e30, episodes=2, reward_examples=4,
-                      max_steps=3, data_options=SMALL)
+        headcut.prune(
+            str(model_dir),
+            "auber",
+            data=str(train_csv),
+            lr=1e30,
+            episodes=2,
+            reward_examples=4,
+            max_steps=3,
+            data_options=SMALL,
+        )
 
 
 # ---- the engine's checks -------------------------------------------------------------------------------
+
 
 class Line(torch.nn.Module):
     def __init__(self) -> None:
@@ -158,8 +252,14 @@ def test_a_nan_loss_stops_before_the_update(tmp_path):
         loss = (m.w * batch["x"]).sum() ** 2
         return (loss * math.nan if step == 2 else loss), {}
 
-    trainer = Trainer(model, None, BATCHES, TrainConfig(max_steps=5, lr=0.1, checkpoint_every=1), loss_fn=loss_fn,
-                      checkpoint_dir=tmp_path / "ck")
+    trainer = Trainer(
+        model,
+        None,
+        BATCHES,
+        TrainConfig(max_steps=5, lr=0.1, checkpoint_every=1),
+        loss_fn=loss_fn,
+        checkpoint_dir=tmp_path / "ck",
+    )
     with pytest.raises(TrainingDiverged, match=r"at step 3: the loss is nan \(lr 0.1\).*step 2\) is kept in"):
         trainer.train()
     assert torch.isfinite(model.w).all() and trainer.step == 2  # no update from the nan step
@@ -173,9 +273,15 @@ def test_weights_made_non_finite_after_a_step_are_never_checkpointed(tmp_path):
         if step == 2:
             model.w[0] = math.inf
 
-    trainer = Trainer(model, None, BATCHES, TrainConfig(max_steps=5, lr=0.1, checkpoint_every=1),
-                      loss_fn=lambda m, b, s: ((m.w * b["x"]).sum(), {}), checkpoint_dir=tmp_path / "ck",
-                      after_step=after)
+    trainer = Trainer(
+        model,
+        None,
+        BATCHES,
+        TrainConfig(max_steps=5, lr=0.1, checkpoint_every=1),
+        loss_fn=lambda m, b, s: ((m.w * b["x"]).sum(), {}),
+        checkpoint_dir=tmp_path / "ck",
+        after_step=after,
+    )
     with pytest.raises(TrainingDiverged, match="at step 2: the weights are not finite after the update"):
         trainer.train()
     assert torch.load(tmp_path / "ck" / CHECKPOINT_NAME, weights_only=True)["step"] == 1
@@ -185,27 +291,33 @@ def test_a_model_with_nan_weights_is_refused_before_training():
     model = Line()
     with torch.no_grad():
         model.w[1] = math.nan
-    trainer = Trainer(model, None, BATCHES, TrainConfig(max_steps=2), loss_fn=lambda m, b, s: ((m.w * b["x"]).sum(), {}))
+    trainer = Trainer(
+        model, None, BATCHES, TrainConfig(max_steps=2), loss_fn=lambda m, b, s: ((m.w * b["x"]).sum(), {})
+    )
     with pytest.raises(HeadcutError, match="non-finite values .* before training, in w"):
         trainer.train()
 
 
 # ---- float options -------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("field", "value", "needle"), [
-    ("weight_decay", math.nan, "weight_decay"),
-    ("weight_decay", math.inf, "weight_decay"),
-    ("weight_decay", "0.1", "weight_decay"),
-    ("max_grad_norm", math.inf, "max_grad_norm"),
-    ("warmup_ratio", "0.1", "warmup_ratio"),
-    ("gate_lr", "0.5", "gate_lr must"),
-    ("lr", True, "lr must"),
-    ("alpha", True, "alpha must"),
-    ("temperature", True, "temperature must"),
-    ("hidden_weight", True, "hidden_weight must"),
-    ("seed", 2**70, "seed must"),
-    ("seed", 1.5, "seed must"),
-])
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("weight_decay", math.nan, "weight_decay"),
+        ("weight_decay", math.inf, "weight_decay"),
+        ("weight_decay", "0.1", "weight_decay"),
+        ("max_grad_norm", math.inf, "max_grad_norm"),
+        ("warmup_ratio", "0.1", "warmup_ratio"),
+        ("gate_lr", "0.5", "gate_lr must"),
+        ("lr", True, "lr must"),
+        ("alpha", True, "alpha must"),
+        ("temperature", True, "temperature must"),
+        ("hidden_weight", True, "hidden_weight must"),
+        ("seed", 2**70, "seed must"),
+        ("seed", 1.5, "seed must"),
+    ],
+)
 def test_float_options_must_be_finite_numbers_in_range(field, value, needle):
     for cls in (FinetuneConfig, DistillOptions):
         if field not in {f.name for f in dataclasses.fields(cls)}:
@@ -226,6 +338,7 @@ def test_a_nan_weight_decay_through_the_api_is_refused_before_any_work(model_dir
 
 # ---- damaged resume checkpoints ------------------------------------------------------------------------
 
+
 def _nan_weight(state: dict[str, Any]) -> None:
     name = next(k for k, v in state["model"].items() if v.is_floating_point())
     state["model"][name][0] = math.nan
@@ -236,14 +349,17 @@ def _nan_moment(state: dict[str, Any]) -> None:
     first["exp_avg"].view(-1)[0] = math.inf
 
 
-@pytest.mark.parametrize(("edit", "needle"), [
-    (_nan_weight, "non-finite values (nan or inf) in its weights, at bert."),
-    (_nan_moment, "non-finite values (nan or inf) in its optimizer state, at state."),
-    (lambda s: s.update(step=-1), "its step -1 is not a whole number"),
-    (lambda s: s.update(step="1"), "its step '1' is not a whole number"),
-    (lambda s: s.update(position=99), "its position 99"),
-    (lambda s: s.update(order=torch.tensor([9, 9, 9, 9])), "its batch order"),
-])
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (_nan_weight, "non-finite values (nan or inf) in its weights, at bert."),
+        (_nan_moment, "non-finite values (nan or inf) in its optimizer state, at state."),
+        (lambda s: s.update(step=-1), "its step -1 is not a whole number"),
+        (lambda s: s.update(step="1"), "its step '1' is not a whole number"),
+        (lambda s: s.update(position=99), "its position 99"),
+        (lambda s: s.update(order=torch.tensor([9, 9, 9, 9])), "its batch order"),
+    ],
+)
 def test_a_damaged_resume_checkpoint_is_refused(model_dir, train_csv, tmp_path, edit, needle):
     out = tmp_path / "tuned"
     ckpt = checkpoint_dir_for(out)
@@ -256,16 +372,32 @@ def test_a_damaged_resume_checkpoint_is_refused(model_dir, train_csv, tmp_path, 
     with pytest.raises(HeadcutError, match="is damaged") as info:
         headcut.finetune(str(model_dir), str(train_csv), checkpoint_dir=ckpt, resume=True, **settings)
     assert needle in str(info.value) and "\n" not in str(info.value)
-    res = run("finetune", model_dir, "--data", train_csv, "--out", out, "--max-steps", "3", "--checkpoint-every",
-              "1", "--seq-len", "16", "--batch-size", "4", "--resume")
+    res = run(
+        "finetune",
+        model_dir,
+        "--data",
+        train_csv,
+        "--out",
+        out,
+        "--max-steps",
+        "3",
+        "--checkpoint-every",
+        "1",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--resume",
+    )
     one_line_error(res, f"--resume: the checkpoint in {ckpt} is damaged: ", needle)
     assert not out.exists()
 
 
 def test_a_damaged_lottery_state_is_refused(model_dir, train_csv, tmp_path):
     ckpt = tmp_path / "ck"
-    kwargs = dict(keep=6, data=str(train_csv), reset_at=1, prune_every=1, max_steps=1, data_options=SMALL,
-                  checkpoint_dir=ckpt)
+    kwargs = dict(
+        keep=6, data=str(train_csv), reset_at=1, prune_every=1, max_steps=1, data_options=SMALL, checkpoint_dir=ckpt
+    )
     headcut.prune(str(model_dir), "lottery", **kwargs)
     path = ckpt / lottery.STATE_NAME
     state = torch.load(path, weights_only=True)
@@ -288,8 +420,10 @@ def test_a_model_with_a_block_cut_to_zero_heads_trains(model_dir, train_csv, tmp
     assert all_finite([torch.zeros(0, 4), torch.ones(3)])
     assert not all_finite([torch.zeros(0, 4), torch.tensor([1.0, float("nan")])])
     slim = tmp_path / "slim"
-    assert run("export", model_dir, "--mask", _mask(tmp_path, {"drop": {"self.0": [0, 1, 2, 3]}}),
-               "--out", slim).exit_code == 0
+    assert (
+        run("export", model_dir, "--mask", _mask(tmp_path, {"drop": {"self.0": [0, 1, 2, 3]}}), "--out", slim).exit_code
+        == 0
+    )
     out = tmp_path / "tuned"
     result = run("finetune", slim, "--data", train_csv, "--max-steps", "2", "--out", out, "--seq-len", "16")
     assert result.exit_code == 0, result.output

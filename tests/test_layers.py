@@ -26,12 +26,20 @@ def _env() -> dict[str, str]:
 def test_the_layers_contract_holds():
     pytest.importorskip("importlinter")
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
-                               "sys.exit(lint_imports_command(['--no-cache']))"],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command; "
+            "sys.exit(lint_imports_command(['--no-cache']))",
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     report = done.stdout + done.stderr
-    broken = report[report.find("Broken contracts"):] if "Broken contracts" in report else report
+    broken = report[report.find("Broken contracts") :] if "Broken contracts" in report else report
     assert done.returncode == 0, f"lint-imports: the layers of pyproject.toml are broken:\n{broken}"
 
 
@@ -86,12 +94,14 @@ def test_no_import_cycles():
         "import json, grimp; g = grimp.build_graph('headcut', cache_dir=None); "
         "print(json.dumps({m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}))"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=600, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600, check=True
+    )
     graph = {m: {t for t in targets if t.startswith("headcut")} for m, targets in json.loads(done.stdout).items()}
     cycles = _cycles(graph)
     assert not cycles, "import cycles (each line: modules that import each other, directly or not):\n" + "\n".join(
-        f"- {', '.join(c)}" for c in cycles)
+        f"- {', '.join(c)}" for c in cycles
+    )
 
 
 def test_the_cycle_finder():

@@ -22,8 +22,14 @@ from headcut.scoring import score
 from headcut.scoring.layerwise import MAP_SCORERS, score_layerwise
 
 #: (family, class): decoders with and without GQA, GPT-2's Conv1D, a hybrid linear-attention stack, an encoder
-CASES = [("llama", "LlamaForCausalLM"), ("gemma3", "Gemma3ForCausalLM"), ("gpt2", "GPT2LMHeadModel"),
-         ("qwen3_5", "Qwen3_5ForCausalLM"), ("gpt-neox", "GPTNeoXForCausalLM"), ("bert", "BertForMaskedLM")]
+CASES = [
+    ("llama", "LlamaForCausalLM"),
+    ("gemma3", "Gemma3ForCausalLM"),
+    ("gpt2", "GPT2LMHeadModel"),
+    ("qwen3_5", "Qwen3_5ForCausalLM"),
+    ("gpt-neox", "GPTNeoXForCausalLM"),
+    ("bert", "BertForMaskedLM"),
+]
 
 
 def _checkpoint(tmp_path, family, cls, dtype=torch.float32, shard="40KB"):
@@ -55,8 +61,10 @@ def test_layerwise_scores_equal_the_whole_model_scores(tmp_path, family, cls, sc
     config = ScoreConfig(scorer=scorer)
     streamed = StreamedModel.open(src, model.config, type(model))
     if scorer in MAP_SCORERS and any(b.mixer != "attention" for b in streamed.blocks):
-        for run_it in (lambda: score(model, batches, config),
-                       lambda: score_layerwise(streamed, batches, config, LayerwiseStats(), None)):
+        for run_it in (
+            lambda: score(model, batches, config),
+            lambda: score_layerwise(streamed, batches, config, LayerwiseStats(), None),
+        ):
             with pytest.raises(HeadcutError, match="linear attention without any"):  # no softmax maps there
                 run_it()
         return
@@ -78,8 +86,9 @@ def test_layerwise_output_is_the_gated_model_and_reloads(tmp_path, family, cls):
     model, src, text = _checkpoint(tmp_path, family, cls)
     before = digest(src)
     options = {"seq_len": 16, "max_examples": 12, "batch_size": 4}
-    pruned = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=options, layerwise=True,
-                           out=tmp_path / "out")
+    pruned = headcut.prune(
+        src, "fluctuation", keep=6, data=text, data_options=options, layerwise=True, out=tmp_path / "out"
+    )
     whole = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=options, out=tmp_path / "whole")
     assert pruned.mask.to_json() == whole.mask.to_json()
     assert digest(src) == before
@@ -95,21 +104,37 @@ def test_layerwise_output_is_the_gated_model_and_reloads(tmp_path, family, cls):
     with torch.no_grad():
         got = reloaded(**inputs).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    assert {k: v.shape for k, v in reloaded.state_dict().items()} == \
-        {k: v.shape for k, v in headcut.load(tmp_path / "whole").state_dict().items()}
+    assert {k: v.shape for k, v in reloaded.state_dict().items()} == {
+        k: v.shape for k, v in headcut.load(tmp_path / "whole").state_dict().items()
+    }
 
 
 def test_bf16_shards_stay_bf16_and_a_uniform_cut_is_stock(tmp_path):
     model, src, text = _checkpoint(tmp_path, "llama", "LlamaForCausalLM", torch.bfloat16)
-    pruned = headcut.prune(src, "fluctuation", keep=9, uniform=True, data=text, layerwise=True,
-                           data_options={"seq_len": 16, "max_examples": 8, "batch_size": 4}, out=tmp_path / "out")
+    pruned = headcut.prune(
+        src,
+        "fluctuation",
+        keep=9,
+        uniform=True,
+        data=text,
+        layerwise=True,
+        data_options={"seq_len": 16, "max_examples": 8, "batch_size": 4},
+        out=tmp_path / "out",
+    )
     assert pruned.report["checkpoint"]["form"] == "stock"
     import transformers
 
     stock = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert stock.dtype == torch.bfloat16 and stock.config.num_key_value_heads * 3 == stock.config.num_attention_heads
-    whole = headcut.prune(src, "fluctuation", keep=9, uniform=True, data=text, out=tmp_path / "whole",
-                          data_options={"seq_len": 16, "max_examples": 8, "batch_size": 4})
+    whole = headcut.prune(
+        src,
+        "fluctuation",
+        keep=9,
+        uniform=True,
+        data=text,
+        out=tmp_path / "whole",
+        data_options={"seq_len": 16, "max_examples": 8, "batch_size": 4},
+    )
     assert whole.mask.to_json() == pruned.mask.to_json()  # bf16 activations, float64 statistics: the same cut
     inputs = make_inputs("llama", model, batch=1, length=6, seed=2)
     with torch.no_grad():  # the same bf16 tensors, sliced the same way: bit for bit
@@ -142,11 +167,20 @@ def test_spilled_activations_and_the_automatic_choice(tmp_path):
     options = {"seq_len": 16, "max_examples": 12, "batch_size": 4}
     size = sum(f.stat().st_size for f in src.glob("*.safetensors"))
     small = str(int(size * 1.1))  # the checkpoint fits, not with its working copy: layer-wise by itself
-    pruned = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=options, max_memory=small,
-                           out=tmp_path / "auto")
+    pruned = headcut.prune(
+        src, "fluctuation", keep=6, data=text, data_options=options, max_memory=small, out=tmp_path / "auto"
+    )
     assert pruned.report["layerwise"]["reason"].startswith("automatic")
-    tiny = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=options, layerwise=True,
-                         max_memory="20KB", out=tmp_path / "spilled")
+    tiny = headcut.prune(
+        src,
+        "fluctuation",
+        keep=6,
+        data=text,
+        data_options=options,
+        layerwise=True,
+        max_memory="20KB",
+        out=tmp_path / "spilled",
+    )
     assert tiny.report["layerwise"]["activations"] == "disk"
     assert tiny.mask.to_json() == pruned.mask.to_json()
     with pytest.raises(HeadcutError, match="more than max_memory"):
@@ -155,13 +189,16 @@ def test_spilled_activations_and_the_automatic_choice(tmp_path):
     assert "layerwise" not in roomy.report
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    ({"method": "gradient"}, "needs the whole model"),
-    ({"eval_data": "EVAL"}, "eval_data needs the whole model"),
-    ({"refit": True}, "refit needs the whole model"),
-    ({"formats": "onnx"}, "writes safetensors only"),
-    ({"max_memory": "lots"}, "max_memory must be a size"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"method": "gradient"}, "needs the whole model"),
+        ({"eval_data": "EVAL"}, "eval_data needs the whole model"),
+        ({"refit": True}, "refit needs the whole model"),
+        ({"formats": "onnx"}, "writes safetensors only"),
+        ({"max_memory": "lots"}, "max_memory must be a size"),
+    ],
+)
 def test_layerwise_refusals(tmp_path, kwargs, needle):
     _, src, text = _checkpoint(tmp_path, "llama", "LlamaForCausalLM")
     args = {"method": "fluctuation", "keep": 6, "data": text, "layerwise": True, "out": tmp_path / "o", **kwargs}
@@ -175,8 +212,10 @@ def test_layerwise_refusals(tmp_path, kwargs, needle):
 
 
 def test_layerwise_refuses_families_it_cannot_stream(tmp_path):
-    for family, cls, needle in (("bart", "BartForConditionalGeneration", "one list of layers"),
-                                ("albert", "AlbertForMaskedLM", "share weights")):
+    for family, cls, needle in (
+        ("bart", "BartForConditionalGeneration", "one list of layers"),
+        ("albert", "AlbertForMaskedLM", "share weights"),
+    ):
         model = make_model(family, cls)
         folder = tmp_path / family
         model.save_pretrained(folder)
@@ -186,14 +225,61 @@ def test_layerwise_refuses_families_it_cannot_stream(tmp_path):
 
 def test_cli_layerwise_summary_and_one_line_errors(tmp_path):
     _, src, text = _checkpoint(tmp_path, "llama", "LlamaForCausalLM")
-    done = run("prune", str(src), "--method", "fluctuation", "--keep", "6", "--data", str(text), "--seq-len", "16",
-               "--max-examples", "8", "--batch-size", "4", "--layerwise", "--out", str(tmp_path / "out"))
+    done = run(
+        "prune",
+        str(src),
+        "--method",
+        "fluctuation",
+        "--keep",
+        "6",
+        "--data",
+        str(text),
+        "--seq-len",
+        "16",
+        "--max-examples",
+        "8",
+        "--batch-size",
+        "4",
+        "--layerwise",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert done.exit_code == 0, done.stderr
     assert "layer-wise (asked for): 3 layers read one at a time" in done.stdout
-    one_line_error(run("prune", str(src), "--method", "gradient", "--keep", "6", "--data", str(text), "--layerwise",
-                       "--out", str(tmp_path / "o2")), "--layerwise", "one-shot fluctuation")
-    one_line_error(run("prune", str(src), "--method", "fluctuation", "--keep", "6", "--data", str(text),
-                       "--max-memory", "0GB", "--out", str(tmp_path / "o3")), "--max-memory")
+    one_line_error(
+        run(
+            "prune",
+            str(src),
+            "--method",
+            "gradient",
+            "--keep",
+            "6",
+            "--data",
+            str(text),
+            "--layerwise",
+            "--out",
+            str(tmp_path / "o2"),
+        ),
+        "--layerwise",
+        "one-shot fluctuation",
+    )
+    one_line_error(
+        run(
+            "prune",
+            str(src),
+            "--method",
+            "fluctuation",
+            "--keep",
+            "6",
+            "--data",
+            str(text),
+            "--max-memory",
+            "0GB",
+            "--out",
+            str(tmp_path / "o3"),
+        ),
+        "--max-memory",
+    )
 
 
 def test_parse_size():
@@ -218,8 +304,9 @@ def test_cls_rows_for_an_encoder(tmp_path):
     assert a.mask.to_json() == b.mask.to_json()
     ids = torch.randint(5, 90, (2, 9), generator=rng)
     with torch.no_grad():
-        torch.testing.assert_close(headcut.load(tmp_path / "a")(input_ids=ids).logits,
-                                   headcut.load(tmp_path / "b")(input_ids=ids).logits)
+        torch.testing.assert_close(
+            headcut.load(tmp_path / "a")(input_ids=ids).logits, headcut.load(tmp_path / "b")(input_ids=ids).logits
+        )
 
 
 def _means_replaced(model, mask, means):
@@ -244,18 +331,32 @@ def _means_replaced(model, mask, means):
     return handles
 
 
-@pytest.mark.parametrize("family,cls,field", [("llama", "LlamaForCausalLM", "attention_bias"),
-                                              ("gpt2", "GPT2LMHeadModel", None),
-                                              ("gemma3", "Gemma3ForCausalLM", "attention_bias")])
+@pytest.mark.parametrize(
+    "family,cls,field",
+    [
+        ("llama", "LlamaForCausalLM", "attention_bias"),
+        ("gpt2", "GPT2LMHeadModel", None),
+        ("gemma3", "Gemma3ForCausalLM", "attention_bias"),
+    ],
+)
 def test_bias_compensation_is_the_mean_input_and_layerwise_agrees(tmp_path, family, cls, field):
     from headcut.scoring.fluctuation import input_moments
 
     model, src, text = _checkpoint(tmp_path, family, cls)
     options = {"seq_len": 16, "max_examples": 12, "batch_size": 4}
-    whole = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=options, bias_compensation=True,
-                          out=tmp_path / "whole")
-    layer = headcut.prune(src, "fluctuation", keep=6, data=text, data_options=options, bias_compensation=True,
-                          layerwise=True, out=tmp_path / "layer")
+    whole = headcut.prune(
+        src, "fluctuation", keep=6, data=text, data_options=options, bias_compensation=True, out=tmp_path / "whole"
+    )
+    layer = headcut.prune(
+        src,
+        "fluctuation",
+        keep=6,
+        data=text,
+        data_options=options,
+        bias_compensation=True,
+        layerwise=True,
+        out=tmp_path / "layer",
+    )
     assert whole.mask.to_json() == layer.mask.to_json()
     for pruned in (whole, layer):
         assert pruned.report["bias_compensation"]["field"] == field
@@ -286,8 +387,9 @@ def test_bias_compensation_refused_where_the_stock_config_has_no_bias(tmp_path):
     _, src, text = _checkpoint(tmp_path, "mistral", "MistralForCausalLM")
     for layerwise in (False, True):
         with pytest.raises(HeadcutError, match="no attention_bias field"):
-            headcut.prune(src, "fluctuation", keep=6, data=text, bias_compensation=True, layerwise=layerwise,
-                          out=tmp_path / "o")
+            headcut.prune(
+                src, "fluctuation", keep=6, data=text, bias_compensation=True, layerwise=layerwise, out=tmp_path / "o"
+            )
         assert not (tmp_path / "o").exists()
 
 
@@ -308,10 +410,19 @@ def test_fluctuation_refuses_blocks_that_are_one_unit(tmp_path, layerwise):
     text = tmp_path / "cal.txt"
     text.write_text("\n".join(sentence(torch.Generator().manual_seed(0), 12) for _ in range(20)))
     options = {"seq_len": 16, "batch_size": 4}
-    with pytest.raises(headcut.HeadcutError, match="fluctuation cannot rank this model's units: its scores are "
-                                                    "standardised within each block"):
-        headcut.prune(src, "fluctuation", keep=12, gqa="group", data=text, data_options=options,
-                      layerwise=layerwise)
-    kept = headcut.prune(src, "fluctuation", keep=12, gqa="uniform", data=text, data_options=options,
-                         layerwise=layerwise, out=tmp_path / "q")
+    with pytest.raises(
+        headcut.HeadcutError,
+        match="fluctuation cannot rank this model's units: its scores are standardised within each block",
+    ):
+        headcut.prune(src, "fluctuation", keep=12, gqa="group", data=text, data_options=options, layerwise=layerwise)
+    kept = headcut.prune(
+        src,
+        "fluctuation",
+        keep=12,
+        gqa="uniform",
+        data=text,
+        data_options=options,
+        layerwise=layerwise,
+        out=tmp_path / "q",
+    )
     assert sum(b.heads for b in headcut.model_blocks(kept.model)) == 12

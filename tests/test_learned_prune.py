@@ -36,7 +36,9 @@ from headcut.training.checkpoint import checkpoint_dir_for
 
 LEARNED = [m.name for m in METHODS.values() if m.kind == "learned"]
 #: every family once (with the learned methods in turn), and every method on BERT
-FAMILY_METHOD = sorted({(f, LEARNED[i % len(LEARNED)]) for i, f in enumerate(FAMILIES)} | {("bert", m) for m in LEARNED})
+FAMILY_METHOD = sorted(
+    {(f, LEARNED[i % len(LEARNED)]) for i, f in enumerate(FAMILIES)} | {("bert", m) for m in LEARNED}
+)
 
 
 def calibration_for(model: torch.nn.Module, n: int = 3) -> Calibration:
@@ -118,12 +120,24 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, method):
             raise Stop
 
     with pytest.raises(Stop):
-        plan_prune(partial_model, cal, config, {"max_steps": steps, "checkpoint_every": 5},
-                   checkpoint_dir=tmp_path / "part", progress=stop_after_five)
+        plan_prune(
+            partial_model,
+            cal,
+            config,
+            {"max_steps": steps, "checkpoint_every": 5},
+            checkpoint_dir=tmp_path / "part",
+            progress=stop_after_five,
+        )
     assert torch.load(tmp_path / "part" / "checkpoint.pt", weights_only=True)["step"] == 5
     resumed_model = make_model("bert", "BertForSequenceClassification")
-    resumed = plan_prune(resumed_model, calibration_for(resumed_model, n=4), PruneConfig(method=method, keep=3, seed=3),
-                         {"max_steps": steps, "checkpoint_every": 5}, checkpoint_dir=tmp_path / "part", resume=True)
+    resumed = plan_prune(
+        resumed_model,
+        calibration_for(resumed_model, n=4),
+        PruneConfig(method=method, keep=3, seed=3),
+        {"max_steps": steps, "checkpoint_every": 5},
+        checkpoint_dir=tmp_path / "part",
+        resume=True,
+    )
     assert resumed.training.resumed_from == 5 and resumed.training.steps == steps
     assert resumed.mask.keep == full.mask.keep
     assert [h["loss"] for h in resumed.training.history] == [h["loss"] for h in full.training.history]
@@ -137,15 +151,17 @@ def test_pipelined_leaves_the_model_weights_alone():
     plan_prune(model, calibration_for(model), PruneConfig(method="dsp", keep=3), {"mode": "pipelined", "max_steps": 5})
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     joint = make_model("bert", "BertForSequenceClassification")
-    plan_prune(joint, calibration_for(joint), PruneConfig(method="dsp", keep=3),
-               {"mode": "joint", "max_steps": 5, "lr": 1e-3})
+    plan_prune(
+        joint, calibration_for(joint), PruneConfig(method="dsp", keep=3), {"mode": "joint", "max_steps": 5, "lr": 1e-3}
+    )
     assert any(not torch.equal(before[k], v) for k, v in joint.state_dict().items())
 
 
 def test_dsp_mask_sums_to_k_and_anneals():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_prune(model, calibration_for(model), PruneConfig(method="dsp", keep=3),
-                        {"max_steps": 20, "cooldown": 10})
+    result = plan_prune(
+        model, calibration_for(model), PruneConfig(method="dsp", keep=3), {"max_steps": 20, "cooldown": 10}
+    )
     taus = [h["tau"] for h in result.training.history]
     assert taus[0] == pytest.approx(1000.0) and taus[10] == pytest.approx(1e-8) and taus[-1] == pytest.approx(1e-8)
     assert all(a > b for a, b in zip(taus[:10], taus[1:11]))  # log-linear cooling (eq. 24)
@@ -201,8 +217,12 @@ def test_pass_lambda_grows_only_while_the_target_is_missed():
 
 def test_pass_drives_gates_to_almost_sure_sparsity():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_prune(model, calibration_for(model), PruneConfig(method="pass", keep=3),
-                        {"mode": "pipelined", "max_steps": 60, "lambda_step": 4})
+    result = plan_prune(
+        model,
+        calibration_for(model),
+        PruneConfig(method="pass", keep=3),
+        {"mode": "pipelined", "max_steps": 60, "lambda_step": 4},
+    )
     hist = result.training.history
     assert result.training.hyperparameters["n_step"] == 4
     assert hist[-1]["lambda"] > hist[0]["lambda"]
@@ -227,13 +247,18 @@ def test_passconc_weight_is_eq_17_and_r_conc_vanishes_on_closed_layers():
     assert concentrator_weight(phi, 0.5, layers, 2.5) == pytest.approx(expected)
     skip = torch.tensor([True, False, False, False, False, False])
     assert concentrator_weight(phi, 0.5, layers, 1.0, skip=skip) == pytest.approx(
-        float((gp.abs() / gc.abs())[1:].min()))
+        float((gp.abs() / gc.abs())[1:].min())
+    )
 
 
 def test_passconc_concentrates_in_its_window():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_prune(model, calibration_for(model), PruneConfig(method="passconc", keep=3),
-                        {"mode": "pipelined", "max_steps": 30, "lambda_step": 4})
+    result = plan_prune(
+        model,
+        calibration_for(model),
+        PruneConfig(method="passconc", keep=3),
+        {"mode": "pipelined", "max_steps": 30, "lambda_step": 4},
+    )
     hist = result.training.history
     assert result.training.hyperparameters["conc_window"] == [8, 20]
     active = [h["step"] for h in hist if h["lambda_c"] > 0]
@@ -258,7 +283,9 @@ def test_lag_multipliers_ascend():
 
 def test_voita_reports_the_adjustment():
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=2), {"max_steps": 5, "lam": 0.0})
+    result = plan_prune(
+        model, calibration_for(model), PruneConfig(method="voita", keep=2), {"max_steps": 5, "lam": 0.0}
+    )
     run = result.training
     assert run.own_kept is not None and run.moved == abs(run.own_kept - 2)
 
@@ -274,7 +301,10 @@ def test_learned_methods_refuse_score_flags():
     cal = calibration_for(model)
     from headcut.errors import HeadcutError
 
-    for config in (PruneConfig(method="pass", keep=3, max_drop=0.1), PruneConfig(method="voita", keep=3, trajectory=True)):
+    for config in (
+        PruneConfig(method="pass", keep=3, max_drop=0.1),
+        PruneConfig(method="voita", keep=3, trajectory=True),
+    ):
         with pytest.raises(HeadcutError, match="score-based"):
             plan_prune(model, cal, config)
     with pytest.raises(HeadcutError, match="step does not apply to dsp"):
@@ -299,10 +329,34 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 def test_cli_prune_pass_end_to_end(tiny_dir, tmp_path):
     out = tmp_path / "slim"
-    res = run(*["prune", str(tiny_dir / "model"), "--method", "pass", "--keep", "3", "--data",
-               str(tiny_dir / "train.csv"), "--eval-data", str(tiny_dir / "dev.csv"), "--max-steps", "6",
-               "--eval-every", "3", "--lambda-step", "2", "--seq-len", "16", "--batch-size", "8",
-               "--out", str(out), "--json", "-"])
+    res = run(
+        *[
+            "prune",
+            str(tiny_dir / "model"),
+            "--method",
+            "pass",
+            "--keep",
+            "3",
+            "--data",
+            str(tiny_dir / "train.csv"),
+            "--eval-data",
+            str(tiny_dir / "dev.csv"),
+            "--max-steps",
+            "6",
+            "--eval-every",
+            "3",
+            "--lambda-step",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+            "-",
+        ]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["heads"]["after"] == 3 and report["method"] == "pass"
@@ -315,14 +369,31 @@ def test_cli_prune_pass_end_to_end(tiny_dir, tmp_path):
     reloaded = headcut.load(out)
     assert sum(b.heads for b in headcut.model_blocks(reloaded)) == 3
     # metric_after is what `headcut eval` measures on the saved model
-    ev = run(*["eval", str(out), "--data", str(tiny_dir / "dev.csv"), "--seq-len", "16", "--batch-size", "8",
-              "--json", "-"])
+    ev = run(
+        *["eval", str(out), "--data", str(tiny_dir / "dev.csv"), "--seq-len", "16", "--batch-size", "8", "--json", "-"]
+    )
     assert json.loads(ev.stdout)["metrics"]["accuracy"] == pytest.approx(report["metric"]["after"])
 
 
 def test_cli_resume_finishes_an_interrupted_prune(tiny_dir, tmp_path, monkeypatch):
-    args = ["prune", str(tiny_dir / "model"), "--method", "dsp", "--keep", "3", "--data", str(tiny_dir / "train.csv"),
-            "--max-steps", "8", "--checkpoint-every", "2", "--seq-len", "16", "--batch-size", "8"]
+    args = [
+        "prune",
+        str(tiny_dir / "model"),
+        "--method",
+        "dsp",
+        "--keep",
+        "3",
+        "--data",
+        str(tiny_dir / "train.csv"),
+        "--max-steps",
+        "8",
+        "--checkpoint-every",
+        "2",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+    ]
     full = run(*[*args, "--out", str(tmp_path / "full"), "--json", "-"])
     assert full.exit_code == 0, full.output
     import headcut.training.engine as engine
@@ -350,19 +421,22 @@ def test_cli_resume_finishes_an_interrupted_prune(tiny_dir, tmp_path, monkeypatc
     assert [c["loss"] for c in a["training"]["curve"]] == [c["loss"] for c in b["training"]["curve"]]
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--method", "pass", "--keep", "3", "--max-drop", "0.1", "--eval-data", "DEV"], "score-based"),
-    (["--method", "pass", "--keep", "3", "--lambda", "0.1"], "--lambda does not apply to pass"),
-    (["--method", "dsp", "--keep", "3", "--lambda-step", "5"], "--lambda-step does not apply to dsp"),
-    (["--method", "michel", "--keep", "3", "--max-steps", "5"], "--max-steps does not apply to michel"),
-    (["--method", "pass", "--keep", "3", "--normalize", "layer"], "--normalize does not apply to pass"),
-    (["--method", "pass", "--keep", "3", "--mode", "both"], "unknown --mode 'both'"),
-    (["--method", "michel", "--keep", "3", "--resume"], "--resume applies to the methods that keep checkpoints"),
-    (["--method", "pass", "--keep", "3", "--resume"], "no checkpoint"),
-    (["--method", "pass", "--keep", "3", "--epochs", "1", "--max-steps", "3"], "not both"),
-    (["--method", "pass", "--keep", "3", "--eval-every", "2"], "--eval-every needs --eval-data"),
-    (["--method", "lottery", "--keep", "3", "--resume"], "no checkpoint"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--method", "pass", "--keep", "3", "--max-drop", "0.1", "--eval-data", "DEV"], "score-based"),
+        (["--method", "pass", "--keep", "3", "--lambda", "0.1"], "--lambda does not apply to pass"),
+        (["--method", "dsp", "--keep", "3", "--lambda-step", "5"], "--lambda-step does not apply to dsp"),
+        (["--method", "michel", "--keep", "3", "--max-steps", "5"], "--max-steps does not apply to michel"),
+        (["--method", "pass", "--keep", "3", "--normalize", "layer"], "--normalize does not apply to pass"),
+        (["--method", "pass", "--keep", "3", "--mode", "both"], "unknown --mode 'both'"),
+        (["--method", "michel", "--keep", "3", "--resume"], "--resume applies to the methods that keep checkpoints"),
+        (["--method", "pass", "--keep", "3", "--resume"], "no checkpoint"),
+        (["--method", "pass", "--keep", "3", "--epochs", "1", "--max-steps", "3"], "not both"),
+        (["--method", "pass", "--keep", "3", "--eval-every", "2"], "--eval-every needs --eval-data"),
+        (["--method", "lottery", "--keep", "3", "--resume"], "no checkpoint"),
+    ],
+)
 def test_cli_refusals(tiny_dir, tmp_path, extra, needle):
     extra = [str(tiny_dir / "dev.csv") if e == "DEV" else e for e in extra]
     out = tmp_path / "never"
@@ -386,8 +460,9 @@ def test_voita_searches_lambda_towards_k():
     assert next_lambda(4e-3, kept=2, k=4, low=1e-3, high=None) == pytest.approx((2e-3, 1e-3, 4e-3))
     assert next_lambda(1e-3, kept=1, k=4, low=None, high=None) == (2.5e-4, None, 1e-3)
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=4),
-                        {"max_steps": 4, "lambda_trials": 3})
+    result = plan_prune(
+        model, calibration_for(model), PruneConfig(method="voita", keep=4), {"max_steps": 4, "lambda_trials": 3}
+    )
     run = result.training
     trials = run.hyperparameters["lambda_search"]
     assert 1 <= len(trials) <= 3 and trials[0]["lambda"] == DEFAULT_LAMBDA
@@ -395,22 +470,36 @@ def test_voita_searches_lambda_towards_k():
     best = min(abs(t["own_kept"] - 4) for t in trials)
     assert abs(run.own_kept - 4) == best and run.moved == abs(run.own_kept - 4)
     with pytest.raises(headcut.HeadcutError, match="--resume needs --lambda"):
-        plan_prune(model, calibration_for(model), PruneConfig(method="voita", keep=4), {"max_steps": 2}, resume=True,
-                   checkpoint_dir="unused")
+        plan_prune(
+            model,
+            calibration_for(model),
+            PruneConfig(method="voita", keep=4),
+            {"max_steps": 2},
+            resume=True,
+            checkpoint_dir="unused",
+        )
 
 
 def test_gates_first_gives_the_model_no_learning_rate_for_its_steps():
     """--gates-first N: the model's learning rate is 0 for the first N steps, then follows the schedule (the
     gates' does throughout); N >= the run's steps is refused."""
     model = make_model("bert", "BertForSequenceClassification")
-    result = plan_prune(model, calibration_for(model), PruneConfig(method="pass", keep=3),
-                        {"max_steps": 3, "gates_first": 2, "lr": 1e-3})
+    result = plan_prune(
+        model,
+        calibration_for(model),
+        PruneConfig(method="pass", keep=3),
+        {"max_steps": 3, "gates_first": 2, "lr": 1e-3},
+    )
     history = result.training.history
     assert [e["lr"] for e in history] == [0.0, 0.0, pytest.approx(1e-3 / 3)]
     assert all(e["gate_lr"] > 0 for e in history)
     with pytest.raises(HeadcutError, match="--gates-first 3 leaves no joint step"):
-        plan_prune(make_model("bert", "BertForSequenceClassification"), calibration_for(model),
-                   PruneConfig(method="pass", keep=3), {"max_steps": 3, "gates_first": 3})
+        plan_prune(
+            make_model("bert", "BertForSequenceClassification"),
+            calibration_for(model),
+            PruneConfig(method="pass", keep=3),
+            {"max_steps": 3, "gates_first": 3},
+        )
 
 
 def test_gates_first_steps_leave_the_weights_alone():
@@ -421,8 +510,13 @@ def test_gates_first_steps_leave_the_weights_alone():
     def on_step(entry):  # after each optimizer step: are the weights still the starting ones?
         seen.append(all(torch.equal(start[k], v) for k, v in model.state_dict().items()))
 
-    plan_prune(model, calibration_for(model), PruneConfig(method="dsp", keep=3),
-               {"max_steps": 4, "gates_first": 2, "lr": 1e-3}, on_step=on_step)
+    plan_prune(
+        model,
+        calibration_for(model),
+        PruneConfig(method="dsp", keep=3),
+        {"max_steps": 4, "gates_first": 2, "lr": 1e-3},
+        on_step=on_step,
+    )
     assert seen == [True, True, False, False]
 
 
@@ -440,6 +534,7 @@ def test_lag_sparsity_warmup_raises_the_target_linearly():
     assert plain.gates(0)[2]["target_sparsity"] == 0.75
     with pytest.raises(HeadcutError, match="sparsity_warmup"):
         LAGOptions(sparsity_warmup=-1).validate()
-    result = run("prune", "x", "--method", "pass", "--keep", "2", "--sparsity-warmup", "3", "--data", "d.csv",
-                 "--out", "o")
+    result = run(
+        "prune", "x", "--method", "pass", "--keep", "2", "--sparsity-warmup", "3", "--data", "d.csv", "--out", "o"
+    )
     one_line_error(result, "--sparsity-warmup does not apply to pass")

@@ -32,8 +32,9 @@ def bos_tokenizer() -> T.PreTrainedTokenizerFast:
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A", special_tokens=[("[CLS]", 1)])
-    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[CLS]",
-                                     eos_token="[SEP]")
+    return T.PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", bos_token="[CLS]", eos_token="[SEP]"
+    )
 
 
 def loglikelihood(model, tok, context: str, choice: str) -> float:
@@ -73,7 +74,7 @@ def setup(tmp_path_factory):
 dataset_path: json
 dataset_kwargs:
   data_files:
-    test: {tasks / 'data.jsonl'}
+    test: {tasks / "data.jsonl"}
 test_split: test
 fewshot_split: test
 output_type: multiple_choice
@@ -124,8 +125,18 @@ def test_the_harness_reports_the_accuracy_of_the_models_own_choices(setup):
 
 def test_cli_and_python_agree_and_the_options_reach_the_harness(setup, tmp_path):
     folder, tasks, by_hand = setup
-    result = run("eval", folder, "--lm-eval", TASK, "--lm-eval-include", tasks, "--lm-eval-limit", 5,
-                 "--json", tmp_path / "r.json")
+    result = run(
+        "eval",
+        folder,
+        "--lm-eval",
+        TASK,
+        "--lm-eval-include",
+        tasks,
+        "--lm-eval-limit",
+        5,
+        "--json",
+        tmp_path / "r.json",
+    )
     assert result.exit_code == 0, result.output
     out = json.loads((tmp_path / "r.json").read_text())
     entry = out["lm_eval"]["tasks"][TASK]
@@ -146,8 +157,20 @@ def test_perplexity_windows_and_the_harness_in_one_run(setup, tmp_path):
     folder, tasks, by_hand = setup
     book = tmp_path / "book.txt"
     book.write_text("\n".join(" ".join(WORDS[(7 * i + j) % 90] for j in range(9)) for i in range(30)))
-    result = run("eval", folder, "--data", book, "--windows", "16,32", "--lm-eval", TASK, "--lm-eval-include", tasks,
-                 "--json", "-")
+    result = run(
+        "eval",
+        folder,
+        "--data",
+        book,
+        "--windows",
+        "16,32",
+        "--lm-eval",
+        TASK,
+        "--lm-eval-include",
+        tasks,
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert set(out["perplexity"]) == {"16", "32"}
@@ -158,18 +181,27 @@ def test_perplexity_windows_and_the_harness_in_one_run(setup, tmp_path):
 
 def test_refusals_before_the_harness_runs(setup, tmp_path):
     folder, tasks, _ = setup
-    one_line_error(run("eval", folder, "--lm-eval", "headcut_choice", "--lm-eval-include", tasks),
-                   "unknown lm-eval task 'headcut_choice'", f"did you mean {TASK}")
+    one_line_error(
+        run("eval", folder, "--lm-eval", "headcut_choice", "--lm-eval-include", tasks),
+        "unknown lm-eval task 'headcut_choice'",
+        f"did you mean {TASK}",
+    )
     one_line_error(run("eval", folder, "--lm-eval", "headcut_nothing_like_it"), "--lm-eval-include DIR")
     cls_dir = save_tiny(tmp_path / "cls", "bert", "BertForSequenceClassification")
-    one_line_error(run("eval", cls_dir, "--lm-eval", TASK, "--lm-eval-include", tasks),
-                   "--lm-eval runs a causal LM or a seq2seq LM; this model has a classification head")
+    one_line_error(
+        run("eval", cls_dir, "--lm-eval", TASK, "--lm-eval-include", tasks),
+        "--lm-eval runs a causal LM or a seq2seq LM; this model has a classification head",
+    )
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "bad.yaml").write_text(f"task: headcut_broken\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
-                                     f"    test: {tmp_path / 'missing.jsonl'}\ntest_split: test\n"
-                                     "output_type: multiple_choice\ndoc_to_text: x\ndoc_to_choice: '{{c}}'\n"
-                                     "doc_to_target: 0\n")
+    (broken / "bad.yaml").write_text(
+        f"task: headcut_broken\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {tmp_path / 'missing.jsonl'}\ntest_split: test\n"
+        "output_type: multiple_choice\ndoc_to_text: x\ndoc_to_choice: '{{c}}'\n"
+        "doc_to_target: 0\n"
+    )
     data = write_rows(tmp_path / "d.csv", cls_rows(4))
-    one_line_error(run("eval", folder, "--lm-eval", "headcut_broken", "--lm-eval-include", broken, "--data", data),
-                   "lm-eval cannot load task 'headcut_broken'")
+    one_line_error(
+        run("eval", folder, "--lm-eval", "headcut_broken", "--lm-eval-include", broken, "--data", data),
+        "lm-eval cannot load task 'headcut_broken'",
+    )

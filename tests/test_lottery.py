@@ -66,8 +66,9 @@ def test_rewind_restores_the_checkpoint_weights_optimizer_and_schedule():
 def test_the_rewound_survivors_are_the_checkpoints_slices():
     """After a rewind the slimmed model's surviving heads hold exactly C's rows and columns."""
     model = make_model(*BERT)
-    first = Trainer(model, None, _batches(model), TrainConfig(max_steps=2, lr=1e-3, schedule="constant",
-                                                              checkpoint_every=None))
+    first = Trainer(
+        model, None, _batches(model), TrainConfig(max_steps=2, lr=1e-3, schedule="constant", checkpoint_every=None)
+    )
     first.train()
     c = first.snapshot()
     with torch.no_grad():
@@ -127,9 +128,14 @@ def test_reinitialise_draws_fresh_weights_from_the_seed():
 
 
 def test_options_are_checked():
-    for bad, match in (({"reset_at": 0}, "reset_at"), ({"prune_every": -1}, "prune_every"),
-                       ({"per_step": 0}, "per_step"), ({"control": "shuffle"}, "control"),
-                       ({"schedule": "linear"}, "constant rate"), ({"patience": 0}, "patience")):
+    for bad, match in (
+        ({"reset_at": 0}, "reset_at"),
+        ({"prune_every": -1}, "prune_every"),
+        ({"per_step": 0}, "per_step"),
+        ({"control": "shuffle"}, "control"),
+        ({"schedule": "linear"}, "constant rate"),
+        ({"patience": 0}, "patience"),
+    ):
         with pytest.raises(HeadcutError, match=match):
             LotteryOptions(**bad).validate()
 
@@ -146,13 +152,41 @@ def folder(tmp_path_factory) -> Path:
     return d
 
 
-FAST = ["--reset-at", "4", "--prune-every", "3", "--eval-every", "2", "--max-steps", "8", "--seq-len", "16",
-        "--batch-size", "8"]
+FAST = [
+    "--reset-at",
+    "4",
+    "--prune-every",
+    "3",
+    "--eval-every",
+    "2",
+    "--max-steps",
+    "8",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+]
 
 
 def prune_lottery(folder: Path, out: Path, *extra: object) -> dict:
-    res = run("prune", folder / "bert", "--method", "lottery", "--keep", "3", "--data", folder / "train.csv",
-              "--eval-data", folder / "dev.csv", "--out", out, "--json", "-", *FAST, *extra)
+    res = run(
+        "prune",
+        folder / "bert",
+        "--method",
+        "lottery",
+        "--keep",
+        "3",
+        "--data",
+        folder / "train.csv",
+        "--eval-data",
+        folder / "dev.csv",
+        "--out",
+        out,
+        "--json",
+        "-",
+        *FAST,
+        *extra,
+    )
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -199,9 +233,17 @@ def test_lottery_is_deterministic_and_reports_the_control(folder, tmp_path):
 
 
 def test_an_interrupted_lottery_resumes_to_the_same_result(folder, tmp_path, monkeypatch):
-    whole = headcut.prune(folder / "bert", "lottery", keep=3, data=str(folder / "train.csv"),
-                          eval_data=str(folder / "dev.csv"), reset_at=4, prune_every=3, max_steps=6,
-                          data_options={"seq_len": 16, "batch_size": 8})
+    whole = headcut.prune(
+        folder / "bert",
+        "lottery",
+        keep=3,
+        data=str(folder / "train.csv"),
+        eval_data=str(folder / "dev.csv"),
+        reset_at=4,
+        prune_every=3,
+        max_steps=6,
+        data_options={"seq_len": 16, "batch_size": 8},
+    )
     ckpt = tmp_path / "ckpt"
     real = lottery.score_masked
     calls = []
@@ -213,8 +255,16 @@ def test_an_interrupted_lottery_resumes_to_the_same_result(folder, tmp_path, mon
         return real(*args, **kwargs)
 
     monkeypatch.setattr(lottery, "score_masked", failing)
-    kwargs = dict(keep=3, data=str(folder / "train.csv"), eval_data=str(folder / "dev.csv"), reset_at=4,
-                  prune_every=3, max_steps=6, data_options={"seq_len": 16, "batch_size": 8}, checkpoint_dir=ckpt)
+    kwargs = dict(
+        keep=3,
+        data=str(folder / "train.csv"),
+        eval_data=str(folder / "dev.csv"),
+        reset_at=4,
+        prune_every=3,
+        max_steps=6,
+        data_options={"seq_len": 16, "batch_size": 8},
+        checkpoint_dir=ckpt,
+    )
     with pytest.raises(KeyboardInterrupt):
         headcut.prune(folder / "bert", "lottery", **kwargs)
     saved = torch.load(ckpt / lottery.STATE_NAME, weights_only=True)
@@ -228,15 +278,19 @@ def test_an_interrupted_lottery_resumes_to_the_same_result(folder, tmp_path, mon
         headcut.prune(folder / "bert", "lottery", resume=True, **{**kwargs, "prune_every": 4})
 
 
-@pytest.mark.parametrize(("extra", "needle"), [
-    ([], "no budget: give --keep, --sparsity or --max-drop"),
-    (["--keep", "3", "--max-drop", "0.1"], "--max-drop applies to the score-based methods"),
-    (["--keep", "3", "--episodes", "4"], "--episodes does not apply to lottery"),
-    (["--keep", "3", "--control", "shuffle"], "unknown --control"),
-])
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ([], "no budget: give --keep, --sparsity or --max-drop"),
+        (["--keep", "3", "--max-drop", "0.1"], "--max-drop applies to the score-based methods"),
+        (["--keep", "3", "--episodes", "4"], "--episodes does not apply to lottery"),
+        (["--keep", "3", "--control", "shuffle"], "unknown --control"),
+    ],
+)
 def test_lottery_refusals(folder, tmp_path, extra, needle):
-    res = run("prune", folder / "bert", "--method", "lottery", "--data", folder / "train.csv", "--out",
-              tmp_path / "x", *extra)
+    res = run(
+        "prune", folder / "bert", "--method", "lottery", "--data", folder / "train.csv", "--out", tmp_path / "x", *extra
+    )
     assert res.exit_code == 2 and needle in res.output, res.output
     assert not (tmp_path / "x").exists()
 
@@ -262,9 +316,36 @@ def test_encoder_decoder_lottery_ranks_encoder_decoder_and_cross_heads_together(
     write_rows(tmp_path / "train.csv", reversal_rows(96, seed=1))
     write_rows(tmp_path / "dev.csv", reversal_rows(24, seed=2))
     out = tmp_path / "slim"
-    res = run("prune", tmp_path / "bart", "--method", "lottery", "--keep", "12", "--data", tmp_path / "train.csv",
-              "--eval-data", tmp_path / "dev.csv", "--out", out, "--json", "-", "--reset-at", "30", "--prune-every",
-              "10", "--max-steps", "30", "--eval-every", "10", "--lr", "3e-3", "--seq-len", "16", "--batch-size", "8")
+    res = run(
+        "prune",
+        tmp_path / "bart",
+        "--method",
+        "lottery",
+        "--keep",
+        "12",
+        "--data",
+        tmp_path / "train.csv",
+        "--eval-data",
+        tmp_path / "dev.csv",
+        "--out",
+        out,
+        "--json",
+        "-",
+        "--reset-at",
+        "30",
+        "--prune-every",
+        "10",
+        "--max-steps",
+        "30",
+        "--eval-every",
+        "10",
+        "--lr",
+        "3e-3",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     lot = report["lottery"]
@@ -300,9 +381,17 @@ def test_decoder_lottery_removes_whole_kv_groups_by_causal_confidence(tmp_path):
     g = torch.Generator().manual_seed(0)
     for name, n in (("train.txt", 48), ("dev.txt", 16)):
         (tmp_path / name).write_text("\n".join(sentence(g, 12) for _ in range(n)) + "\n")
-    pruned = headcut.prune(folder, "lottery", keep=9, data=str(tmp_path / "train.txt"),
-                           eval_data=str(tmp_path / "dev.txt"), reset_at=3, prune_every=2, max_steps=4,
-                           data_options={"seq_len": 8, "batch_size": 4})
+    pruned = headcut.prune(
+        folder,
+        "lottery",
+        keep=9,
+        data=str(tmp_path / "train.txt"),
+        eval_data=str(tmp_path / "dev.txt"),
+        reset_at=3,
+        prune_every=2,
+        max_steps=4,
+        data_options={"seq_len": 8, "batch_size": 4},
+    )
     lot = pruned.report["lottery"]
     assert lot["per_step"] == 1  # three attention layers / 2, at least one unit (a group of 3) per iteration
     assert [it["heads"] for it in lot["iterations"]] == [15, 12, 9]

@@ -47,7 +47,8 @@ def test_export_writes_a_card_that_states_the_cut(tmp_path, bert):
     report = json.loads((tmp_path / "slim" / "headcut-report.json").read_text())
     table = _table(body)
     assert {k: (v[0], v[1]) for k, v in table.items()} == {
-        k: (report["heads_per_block_before"][k], report["heads_per_block_after"][k]) for k in table}
+        k: (report["heads_per_block_before"][k], report["heads_per_block_after"][k]) for k in table
+    }
     assert table["self.1"][1] == 0 and table["self.0"][1] == 2
     assert "Heads: 8 -> 2 (75 % removed)" in body
     assert f"{report['params_before']:,} -> {report['params_after']:,}" in body
@@ -58,8 +59,20 @@ def test_export_writes_a_card_that_states_the_cut(tmp_path, bert):
 def test_prune_card_has_method_paper_and_metric(tmp_path, bert):
     train = write_rows(tmp_path / "train.csv", cls_rows(24))
     dev = write_rows(tmp_path / "dev.csv", cls_rows(12, seed=1))
-    result = run("prune", bert, "--method", "gradient", "--keep", "5", "--data", train, "--eval-data", dev,
-                 "--out", tmp_path / "slim")
+    result = run(
+        "prune",
+        bert,
+        "--method",
+        "gradient",
+        "--keep",
+        "5",
+        "--data",
+        train,
+        "--eval-data",
+        dev,
+        "--out",
+        tmp_path / "slim",
+    )
     assert result.exit_code == 0, result.output
     text = (tmp_path / "slim" / "README.md").read_text()
     head, body = _front(text)
@@ -77,8 +90,9 @@ def test_base_model_is_carried_from_the_source_card(tmp_path, bert):
     first = headcut.export(bert, mask)
     first.save(tmp_path / "a")
     card = (tmp_path / "a" / "README.md").read_text()
-    (tmp_path / "a" / "README.md").write_text(card.replace('# base_model: not known (made from the local '
-                                                           'checkpoint "bert")', 'base_model: "org/tiny-bert"'))
+    (tmp_path / "a" / "README.md").write_text(
+        card.replace('# base_model: not known (made from the local checkpoint "bert")', 'base_model: "org/tiny-bert"')
+    )
     second = headcut.export(tmp_path / "a", {"drop": {"self.1": [2]}})
     second.save(tmp_path / "b")
     head, body = _front((tmp_path / "b" / "README.md").read_text())
@@ -92,8 +106,18 @@ def test_base_model_is_carried_from_the_source_card(tmp_path, bert):
 def test_finetune_card_says_heads_were_kept(tmp_path, bert):
     headcut.export(bert, {"drop": {"self.0": [0, 1]}}).save(tmp_path / "slim")
     train = write_rows(tmp_path / "train.csv", cls_rows(16))
-    result = run("finetune", tmp_path / "slim", "--data", train, "--max-steps", "2", "--out", tmp_path / "ft",
-                 "--distill-from", bert)
+    result = run(
+        "finetune",
+        tmp_path / "slim",
+        "--data",
+        train,
+        "--max-steps",
+        "2",
+        "--out",
+        tmp_path / "ft",
+        "--distill-from",
+        bert,
+    )
     assert result.exit_code == 0, result.output
     _, body = _front((tmp_path / "ft" / "README.md").read_text())
     assert "Fine-tuned by `headcut finetune` for 2 steps, distilled from" in body
@@ -102,8 +126,9 @@ def test_finetune_card_says_heads_were_kept(tmp_path, bert):
 
 def test_speed_section_is_replaced_not_appended():
     card = f"# x\n\n{modelcard.SPEED_MARK}\n## Speed\n\nNot measured yet.\n\n## Citation\n\nA paper\n"
-    rows = [{"runtime": "torch", "device": "cpu", "dtype": "float32", "input": "8x128", "median_ms": 10.0,
-             "speedup": 1.5}]
+    rows = [
+        {"runtime": "torch", "device": "cpu", "dtype": "float32", "input": "8x128", "median_ms": 10.0, "speedup": 1.5}
+    ]
     once = modelcard.replace_speed(card, modelcard.speed_section(rows, "orig", "a test machine"))
     twice = modelcard.replace_speed(once, modelcard.speed_section(rows, "orig", "a test machine"))
     assert once == twice
@@ -134,8 +159,20 @@ def test_a_missing_extra_is_refused_before_the_work(tmp_path, bert, monkeypatch)
 
 def test_bench_update_card_writes_the_speed_section(tmp_path, bert):
     headcut.export(bert, {"drop": {"self.0": [0, 1], "self.1": [3]}}).save(tmp_path / "slim")
-    args = ("bench", bert, tmp_path / "slim", "--runs", "2", "--warmup", "0", "--batch-size", "2", "--seq-len", "8",
-            "--update-card")
+    args = (
+        "bench",
+        bert,
+        tmp_path / "slim",
+        "--runs",
+        "2",
+        "--warmup",
+        "0",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "8",
+        "--update-card",
+    )
     result = run(*args)
     assert result.exit_code == 0, result.output
     assert f"speed written to {tmp_path / 'slim' / 'README.md'}" in result.stdout
@@ -149,17 +186,32 @@ def test_bench_update_card_writes_the_speed_section(tmp_path, bert):
     assert (tmp_path / "slim" / "README.md").read_text().count("## Speed") == 1
     # a folder headcut did not write is timed but not touched
     before = (bert / "config.json").read_bytes()
-    other = run("bench", tmp_path / "slim", bert, "--runs", "1", "--warmup", "0", "--batch-size", "1", "--seq-len", "4",
-                "--update-card")
+    other = run(
+        "bench",
+        tmp_path / "slim",
+        bert,
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--batch-size",
+        "1",
+        "--seq-len",
+        "4",
+        "--update-card",
+    )
     assert other.exit_code == 0, other.output
     assert "no headcut model card" in other.stderr and not (bert / "README.md").exists()
     assert (bert / "config.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("family, cls, block, fmt, needle", [
-    ("bart", "BartForConditionalGeneration", "encoder.0", "onnx", "encoder-decoder"),
-    ("bert", "BertForSequenceClassification", "self.0", "gguf", "Llama-family"),
-])
+@pytest.mark.parametrize(
+    "family, cls, block, fmt, needle",
+    [
+        ("bart", "BartForConditionalGeneration", "encoder.0", "onnx", "encoder-decoder"),
+        ("bert", "BertForSequenceClassification", "self.0", "gguf", "Llama-family"),
+    ],
+)
 def test_a_format_the_model_cannot_take_is_refused_before_the_work(tmp_path, family, cls, block, fmt, needle):
     pytest.importorskip({"onnx": "onnxscript", "gguf": "gguf"}[fmt])
     src = save_tiny(tmp_path / family, family, cls)

@@ -140,14 +140,18 @@ def test_decoder_steps_with_the_cache_match_torch(exported, family):
         assert torch.equal(ids, torch.from_numpy(got["logits"][:, -1:].argmax(-1)))
         mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
         with torch.no_grad():
-            ref = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask, 1),
-                        past_key_values=ref.past_key_values, use_cache=True)
+            ref = model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions(mask, 1),
+                past_key_values=ref.past_key_values,
+                use_cache=True,
+            )
         got = runner.run({"input_ids": ids, "attention_mask": mask}, past=runner.presents(got))
         assert max_diff(ref.logits, got["logits"]) <= hx.ONNX_TOLERANCE, step
     # greedy generation in onnxruntime gives torch's tokens
     with torch.no_grad():
-        out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1,
-                             pad_token_id=0)
+        out = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1, pad_token_id=0)
     tokens, presents = runner.generate(prompt["input_ids"].numpy(), prompt["attention_mask"].numpy(), 4)
     assert np.array_equal(tokens, out[:, 6:].numpy())
     assert presents["present.1.key"].shape[2] == 6 + 4 - 1
@@ -175,8 +179,17 @@ def test_external_data_half_precision_without_onnxruntime(tmp_path, monkeypatch,
     graph = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
     assert sum(uses_external_data(t) for t in graph.initializer) >= 6  # the projections at least
     assert next(model.parameters()).dtype == torch.bfloat16 and model.training  # the model is left as it was
-    assert set(result.to_json()) == {"file", "opset", "inputs", "outputs", "external_data", "parity",
-                                     "checked_with", "seconds", "dtype"}
+    assert set(result.to_json()) == {
+        "file",
+        "opset",
+        "inputs",
+        "outputs",
+        "external_data",
+        "parity",
+        "checked_with",
+        "seconds",
+        "dtype",
+    }
     # onnxruntime reads the external weights: float32 outputs of the bfloat16 weights
     runner = hx.load_session(tmp_path)
     assert runner.dtype == "float32"

@@ -74,7 +74,7 @@ def test_every_option_reaches_the_cli_and_the_api_with_the_same_default(name, mo
 def test_method_help_is_short_and_scoped():
     text = subprocess.run([sys.executable, "-m", "headcut", "prune", "--method", "pass", "--help"],
                           capture_output=True, text=True, check=True).stdout
-    assert len(text.splitlines()) < 120
+    assert len(text.splitlines()) < 124  # the recovery flags' defaults are shown since issue 56
     assert "--lambda-step" in text and "--episodes" not in text and "--reset-at" not in text
     plain = subprocess.run([sys.executable, "-m", "headcut", "prune", "--help"], capture_output=True, text=True,
                            check=True).stdout

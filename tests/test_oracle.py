@@ -222,7 +222,6 @@ def maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-
 def fixed_masks(family: str, blocks: list[OBlock]) -> list[tuple[str, dict[str, list[int]], str]]:
     """(label, keep-mask, gqa policy) cases; each non-ALBERT mask empties one block and keeps one whole."""
     n = len(blocks)

@@ -56,8 +56,9 @@ def cals(data_dir):
     def get(kind: tuple[str, str], name: str = "cal.csv"):
         key = (*kind, name)
         if key not in cache:
-            cache[key] = load_calibration(make_model(*kind), tok, DataConfig(path=str(data_dir / name), seq_len=16,
-                                                                              batch_size=8))
+            cache[key] = load_calibration(
+                make_model(*kind), tok, DataConfig(path=str(data_dir / name), seq_len=16, batch_size=8)
+            )
         return cache[key]
 
     return get
@@ -109,15 +110,18 @@ def test_sparsity_keeps_floor_of_the_rest():
     assert result.total_after == 5 == result.target  # floor(0.7 * 8)
 
 
-@pytest.mark.parametrize("kind,config,needles", [
-    (ALBERT, dict(keep=7), ["keep 7", "share weights", "6 or 9"]),
-    (ALBERT, dict(sparsity=0.3), ["floor(0.7 x 12) = 8", "6 (sparsity 0.5) or 9 (sparsity 0.25)"]),
-    (LLAMA, dict(keep=7), ["whole KV groups of 3", "6 or 9"]),
-    (LLAMA, dict(keep=17, gqa="uniform"), ["gqa uniform", "16 or 18"]),
-    (BERT, dict(keep=5, uniform=True), ["uniform keeps", "2 blocks", "4 or 6"]),
-    (BERT, dict(keep=3, min_heads_per_block=2), ["min_heads_per_block 2", "at least 4"]),
-    (BERT, dict(keep=9), ["more than the model's 8 heads"]),
-])
+@pytest.mark.parametrize(
+    "kind,config,needles",
+    [
+        (ALBERT, dict(keep=7), ["keep 7", "share weights", "6 or 9"]),
+        (ALBERT, dict(sparsity=0.3), ["floor(0.7 x 12) = 8", "6 (sparsity 0.5) or 9 (sparsity 0.25)"]),
+        (LLAMA, dict(keep=7), ["whole KV groups of 3", "6 or 9"]),
+        (LLAMA, dict(keep=17, gqa="uniform"), ["gqa uniform", "16 or 18"]),
+        (BERT, dict(keep=5, uniform=True), ["uniform keeps", "2 blocks", "4 or 6"]),
+        (BERT, dict(keep=3, min_heads_per_block=2), ["min_heads_per_block 2", "at least 4"]),
+        (BERT, dict(keep=9), ["more than the model's 8 heads"]),
+    ],
+)
 def test_unreachable_budgets_are_refused_before_scoring(kind, config, needles, cals, monkeypatch):
     def no_scoring(*args, **kwargs):
         raise AssertionError("scored before the budget was checked")
@@ -131,8 +135,9 @@ def test_unreachable_budgets_are_refused_before_scoring(kind, config, needles, c
 
 def test_min_heads_per_block_is_respected(cals):
     model = make_model(*LLAMA)
-    result = plan_prune(model, cals(LLAMA), PruneConfig(method="inverse-gradient", keep=6, gqa="duplicate",
-                                                        min_heads_per_block=2))
+    result = plan_prune(
+        model, cals(LLAMA), PruneConfig(method="inverse-gradient", keep=6, gqa="duplicate", min_heads_per_block=2)
+    )
     assert result.total_after == 6 and all(n == 2 for n in result.heads_after.values())
 
 
@@ -196,10 +201,17 @@ def test_max_drop_for_a_lower_is_better_metric():
 
 def test_max_drop_floor_and_units(cals):
     model = make_model(*BERT)
-    r = plan_prune(model, None, PruneConfig(method="magnitude", max_drop=1.0, keep=3), {"step": 1}, metric=kept_fraction(8))
+    r = plan_prune(
+        model, None, PruneConfig(method="magnitude", max_drop=1.0, keep=3), {"step": 1}, metric=kept_fraction(8)
+    )
     assert r.stopped == "floor" and r.total_after == 3
-    r = plan_prune(model, None, PruneConfig(method="magnitude", max_drop=1.0, min_heads_per_block=1), {"step": 1},
-                   metric=kept_fraction(8))
+    r = plan_prune(
+        model,
+        None,
+        PruneConfig(method="magnitude", max_drop=1.0, min_heads_per_block=1),
+        {"step": 1},
+        metric=kept_fraction(8),
+    )
     assert r.stopped == "floor" and r.total_after == 2
     # ALBERT: a step of one head is one unit, a head in each of the 3 sharing layers
     albert = make_model(*ALBERT)
@@ -210,11 +222,17 @@ def test_max_drop_floor_and_units(cals):
 def test_default_steps_are_ten_percent_and_one(cals):
     model = make_model(*LLAMA)  # 18 heads: 10 % = 1 head; --gqa duplicate: units of one head
     metric = kept_fraction(18)
-    r = plan_prune(model, cals(LLAMA), PruneConfig(method="gradient", max_drop=1.0, keep=14, gqa="duplicate"),
-                   metric=metric)
+    r = plan_prune(
+        model, cals(LLAMA), PruneConfig(method="gradient", max_drop=1.0, keep=14, gqa="duplicate"), metric=metric
+    )
     assert [p.heads for p in r.trajectory] == [18, 17, 16, 15, 14]
-    r = plan_prune(model, cals(LLAMA), PruneConfig(method="gradient", max_drop=1.0, keep=12,
-                                                   gqa="duplicate"), {"step": 4}, metric=metric)
+    r = plan_prune(
+        model,
+        cals(LLAMA),
+        PruneConfig(method="gradient", max_drop=1.0, keep=12, gqa="duplicate"),
+        {"step": 4},
+        metric=metric,
+    )
     assert [p.heads for p in r.trajectory] == [18, 14, 12]
 
 
@@ -318,8 +336,12 @@ def test_michel_rescores_the_masked_model_every_step(cals, monkeypatch):
         assert step == {(n, h) for _, n, h in remaining[:2]}  # the two lowest of this step's scores
         removed |= step
     # re-scoring changed the scores of heads still kept (one-shot would reuse the first scores)
-    kept_after_first = [(n, h) for n, vs in calls[0].items() for h in range(len(vs))
-                        if (n, h) not in {split(e) for e in result.trajectory[1].removed}]
+    kept_after_first = [
+        (n, h)
+        for n, vs in calls[0].items()
+        for h in range(len(vs))
+        if (n, h) not in {split(e) for e in result.trajectory[1].removed}
+    ]
     assert any(calls[0][n][h] != calls[1][n][h] for n, h in kept_after_first)
 
 
@@ -351,9 +373,24 @@ def test_one_shot_scores_once(cals, monkeypatch):
 
 
 def test_method_names():
-    for name in ("gradient", "gnorm", "confidence", "entropy", "value-l1", "magnitude", "random", "michel",
-                 "greedy-gnorm", "inverse-gnorm", "inverse-gradient", "inverse-entropy", "pass", "dsp", "auber",
-                 "lottery"):
+    for name in (
+        "gradient",
+        "gnorm",
+        "confidence",
+        "entropy",
+        "value-l1",
+        "magnitude",
+        "random",
+        "michel",
+        "greedy-gnorm",
+        "inverse-gnorm",
+        "inverse-gradient",
+        "inverse-entropy",
+        "pass",
+        "dsp",
+        "auber",
+        "lottery",
+    ):
         assert name in METHODS
     assert "inverse-random" not in METHODS  # one registry of the available methods
     with pytest.raises(HeadcutError, match="lottery trains on --data"):
@@ -378,14 +415,28 @@ def ckpts(tmp_path_factory, data_dir) -> dict[str, Path]:
 
 
 def prune_cli(model: Path, data_dir: Path, out: Path, *args: str):
-    return run("prune", model, "--data", data_dir / "cal.csv", "--out", out, "--seq-len", "16", "--batch-size", "8",
-               *args)
+    return run(
+        "prune", model, "--data", data_dir / "cal.csv", "--out", out, "--seq-len", "16", "--batch-size", "8", *args
+    )
 
 
 def test_cli_report_matches_the_slimmed_model(ckpts, data_dir, tmp_path):
     out = tmp_path / "slim"
-    result = prune_cli(ckpts["bert"], data_dir, out, "--method", "gradient", "--keep", "5", "--eval-data",
-                       data_dir / "dev.csv", "--seed", "4", "--json", "-")
+    result = prune_cli(
+        ckpts["bert"],
+        data_dir,
+        out,
+        "--method",
+        "gradient",
+        "--keep",
+        "5",
+        "--eval-data",
+        data_dir / "dev.csv",
+        "--seed",
+        "4",
+        "--json",
+        "-",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "headcut-report.json").read_text())
     assert json.loads(result.stdout) == report
@@ -398,14 +449,17 @@ def test_cli_report_matches_the_slimmed_model(ckpts, data_dir, tmp_path):
     assert info["total_heads"] == report["heads"]["after"] == 5 and report["heads"]["before"] == 8
     assert info["params"] == report["params"]["after"] < report["params"]["before"]
     assert report["params"]["before"] == json.loads(run("info", ckpts["bert"], "--json", "-").stdout)["params"]
-    assert report["size_bytes"] == {"before": (ckpts["bert"] / "model.safetensors").stat().st_size,
-                                    "after": (out / "model.safetensors").stat().st_size}
+    assert report["size_bytes"] == {
+        "before": (ckpts["bert"] / "model.safetensors").stat().st_size,
+        "after": (out / "model.safetensors").stat().st_size,
+    }
     # the mask replays with `headcut export --mask` to the same weights
     mask = tmp_path / "mask.json"
     mask.write_text(json.dumps(report["mask"]))
     assert run("export", ckpts["bert"], "--mask", mask, "--out", tmp_path / "replay").exit_code == 0
     a, b = load_file(out / "model.safetensors"), load_file(tmp_path / "replay" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
     # metric before/after: `headcut eval` of the input and of the saved model
     def accuracy(model: Path) -> float:
         res = run("eval", model, "--data", data_dir / "dev.csv", "--seq-len", "16", "--batch-size", "8", "--json", "-")
@@ -432,8 +486,9 @@ def test_cli_shared_layers_stay_shared(ckpts, data_dir, tmp_path):
 @pytest.mark.parametrize("gqa,keep,kv", [("group", 9, [1, 1, 1]), ("duplicate", 9, None)])
 def test_cli_gqa_units(ckpts, data_dir, tmp_path, gqa, keep, kv):
     out = tmp_path / gqa
-    result = prune_cli(ckpts["llama"], data_dir, out, "--method", "greedy-gnorm", "--keep", str(keep), "--gqa", gqa,
-                       "--uniform")
+    result = prune_cli(
+        ckpts["llama"], data_dir, out, "--method", "greedy-gnorm", "--keep", str(keep), "--gqa", gqa, "--uniform"
+    )
     assert result.exit_code == 0, result.output
     info = json.loads(run("info", out, "--json", "-").stdout)
     assert [b["heads"] for b in info["blocks"]] == [3, 3, 3]
@@ -443,8 +498,21 @@ def test_cli_gqa_units(ckpts, data_dir, tmp_path, gqa, keep, kv):
 
 def test_cli_rounds(ckpts, data_dir, tmp_path):
     out = tmp_path / "slim"
-    result = prune_cli(ckpts["bert"], data_dir, out, "--method", "michel", "--keep", "2", "--rounds", "2",
-                       "--abs-per", "batch", "--normalize", "none")
+    result = prune_cli(
+        ckpts["bert"],
+        data_dir,
+        out,
+        "--method",
+        "michel",
+        "--keep",
+        "2",
+        "--rounds",
+        "2",
+        "--abs-per",
+        "batch",
+        "--normalize",
+        "none",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "headcut-report.json").read_text())
     assert [p["heads"] for p in report["trajectory"]] == [8, 5, 2] and report["scorings"] == 2
@@ -454,8 +522,21 @@ def test_cli_rounds(ckpts, data_dir, tmp_path):
 
 def test_cli_max_drop_with_trajectory(ckpts, data_dir, tmp_path):
     out, traj = tmp_path / "slim", tmp_path / "curve.csv"
-    result = prune_cli(ckpts["bert"], data_dir, out, "--method", "greedy-gnorm", "--max-drop", "1", "--keep", "3",
-                       "--eval-data", data_dir / "dev.csv", "--trajectory", traj)
+    result = prune_cli(
+        ckpts["bert"],
+        data_dir,
+        out,
+        "--method",
+        "greedy-gnorm",
+        "--max-drop",
+        "1",
+        "--keep",
+        "3",
+        "--eval-data",
+        data_dir / "dev.csv",
+        "--trajectory",
+        traj,
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "headcut-report.json").read_text())
     assert report["stopped"] == "floor" and report["heads"]["after"] == 3
@@ -512,19 +593,28 @@ def test_cli_refusals_write_nothing(ckpts, data_dir, tmp_path, args, needles):
 
 
 def test_cli_refuses_unreachable_units_and_no_data(ckpts, data_dir, tmp_path):
-    one_line_error(prune_cli(ckpts["albert"], data_dir, tmp_path / "o", "--method", "gradient", "--keep", "7"),
-                   "6 or 9", "share weights")
-    one_line_error(prune_cli(ckpts["llama"], data_dir, tmp_path / "o", "--method", "gradient", "--keep", "7"),
-                   "KV groups", "6 or 9")
-    one_line_error(run("prune", ckpts["bert"], "--method", "gradient", "--keep", "4", "--out", tmp_path / "o"),
-                   "needs --data")
+    one_line_error(
+        prune_cli(ckpts["albert"], data_dir, tmp_path / "o", "--method", "gradient", "--keep", "7"),
+        "6 or 9",
+        "share weights",
+    )
+    one_line_error(
+        prune_cli(ckpts["llama"], data_dir, tmp_path / "o", "--method", "gradient", "--keep", "7"),
+        "KV groups",
+        "6 or 9",
+    )
+    one_line_error(
+        run("prune", ckpts["bert"], "--method", "gradient", "--keep", "4", "--out", tmp_path / "o"), "needs --data"
+    )
     assert not any(tmp_path.iterdir())
 
 
 def test_cli_same_contents_under_another_name_is_refused(ckpts, data_dir, tmp_path):
     copy = shutil.copy(data_dir / "cal.csv", tmp_path / "copy.csv")
-    one_line_error(prune_cli(ckpts["bert"], data_dir, tmp_path / "o", "--method", "gradient", "--keep", "4",
-                             "--eval-data", copy), "identical contents")
+    one_line_error(
+        prune_cli(ckpts["bert"], data_dir, tmp_path / "o", "--method", "gradient", "--keep", "4", "--eval-data", copy),
+        "identical contents",
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -536,12 +626,29 @@ def test_cli_existing_output_needs_force(ckpts, data_dir, tmp_path):
     traj.write_text("old")
     one_line_error(prune_cli(ckpts["bert"], data_dir, out, "--method", "gradient", "--keep", "4"), "--force")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    one_line_error(prune_cli(ckpts["bert"], data_dir, tmp_path / "o2", "--method", "gradient", "--keep", "4",
-                             "--eval-data", data_dir / "dev.csv", "--trajectory", traj), "already exists")
+    one_line_error(
+        prune_cli(
+            ckpts["bert"],
+            data_dir,
+            tmp_path / "o2",
+            "--method",
+            "gradient",
+            "--keep",
+            "4",
+            "--eval-data",
+            data_dir / "dev.csv",
+            "--trajectory",
+            traj,
+        ),
+        "already exists",
+    )
     assert traj.read_text() == "old" and not (tmp_path / "o2").exists()
     # --force replaces only what headcut wrote: the user's folder stays
-    one_line_error(prune_cli(ckpts["bert"], data_dir, out, "--method", "gradient", "--keep", "4", "--force"),
-                   "headcut did not write it", "keep.txt")
+    one_line_error(
+        prune_cli(ckpts["bert"], data_dir, out, "--method", "gradient", "--keep", "4", "--force"),
+        "headcut did not write it",
+        "keep.txt",
+    )
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     out2 = tmp_path / "o3"
     assert prune_cli(ckpts["bert"], data_dir, out2, "--method", "gradient", "--keep", "4").exit_code == 0
@@ -555,7 +662,18 @@ def test_cli_interrupt_leaves_no_output_and_no_trajectory(ckpts, data_dir, tmp_p
         raise KeyboardInterrupt
 
     monkeypatch.setattr(headcut.model.saving, "write_checkpoint", interrupted)
-    result = prune_cli(ckpts["bert"], data_dir, tmp_path / "out", "--method", "gradient", "--keep", "4",
-                       "--eval-data", data_dir / "dev.csv", "--trajectory", tmp_path / "t.csv")
+    result = prune_cli(
+        ckpts["bert"],
+        data_dir,
+        tmp_path / "out",
+        "--method",
+        "gradient",
+        "--keep",
+        "4",
+        "--eval-data",
+        data_dir / "dev.csv",
+        "--trajectory",
+        tmp_path / "t.csv",
+    )
     assert result.exit_code == 130
     assert list(tmp_path.iterdir()) == []

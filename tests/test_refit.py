@@ -19,8 +19,13 @@ TEXT = {f: next(c for c in CLASSES[f] if not is_base_model(c)) for f in FAMILIES
 
 
 def _calibration(model, n: int = 3) -> Calibration:
-    return Calibration(task=detect_task(model), batches=[make_batch(model, seed=i) for i in range(n)],
-                       examples=3 * n, source="random", columns={})
+    return Calibration(
+        task=detect_task(model),
+        batches=[make_batch(model, seed=i) for i in range(n)],
+        examples=3 * n,
+        source="random",
+        columns={},
+    )
 
 
 def _cut(model, empty_first: bool = True) -> HeadMask:
@@ -90,8 +95,8 @@ def test_refit_is_the_ridge_least_squares_solution():
     y = torch.cat([yy[m] for yy, m in zip(ys, masks)]).double()
     ridge = 0.05
     lam = ridge * float((z * z).sum(0).mean())
-    stacked = torch.cat([z, lam ** 0.5 * torch.eye(z.shape[1], dtype=z.dtype)])
-    target = torch.cat([y, lam ** 0.5 * w0])
+    stacked = torch.cat([z, lam**0.5 * torch.eye(z.shape[1], dtype=z.dtype)])
+    target = torch.cat([y, lam**0.5 * w0])
     expected = torch.linalg.lstsq(stacked, target).solution
     refit_outputs(student, teacher, cal, ridge=ridge)
     torch.testing.assert_close(o_student.weight.detach().T.double(), expected[:-1], rtol=1e-4, atol=1e-5)
@@ -132,8 +137,21 @@ def test_prune_refit_reports_saves_and_prints_it(tmp_path):
     both = headcut.prune(src, "magnitude", keep=4, data=train, eval_data=dev, refit=True, recover_steps=2)
     assert both.report["metric"]["after_refit"] == pytest.approx(metric["after_refit"])
     assert both.report["recovery"]["steps"] == 2
-    result = run("prune", src, "--method", "magnitude", "--keep", "4", "--data", train, "--eval-data", dev,
-                 "--refit", "--out", tmp_path / "p")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        "4",
+        "--data",
+        train,
+        "--eval-data",
+        dev,
+        "--refit",
+        "--out",
+        tmp_path / "p",
+    )
     assert result.exit_code == 0, result.output
     assert "refit: " in result.stdout and "after the refit" in result.stdout
     result = run("prune", src, "--method", "magnitude", "--keep", "4", "--refit", "--out", tmp_path / "q")

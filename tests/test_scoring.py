@@ -43,7 +43,9 @@ def maps_refused(model, name: str, batches) -> bool:
     attention), naming them; True when it did."""
     if name not in ("confidence", "entropy") or all(b.mixer == "attention" for b in headcut.model_blocks(model)):
         return False
-    with pytest.raises(headcut.HeadcutError, match=rf"{name} reads attention maps, and blocks self\.0.* linear attention"):
+    with pytest.raises(
+        headcut.HeadcutError, match=rf"{name} reads attention maps, and blocks self\.0.* linear attention"
+    ):
         score(model, batches, name)
     return True
 
@@ -146,7 +148,7 @@ def finite_difference(model, batch, step: float = 1e-5) -> dict[str, torch.Tenso
 
 
 def single(batch: dict, i: int) -> dict:
-    return {k: v[i:i + 1] for k, v in batch.items()}
+    return {k: v[i : i + 1] for k, v in batch.items()}
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
@@ -252,19 +254,21 @@ def manual_norms(model, batch, objective: str):
         if b.fused_qkv:  # Conv1D: weight is (in, 3 * heads * d)
             grad = base.get_submodule(b.q).weight.grad.t()
             width = grad.shape[0] // 3
-            q, k, v = (grad[i * width:(i + 1) * width] for i in range(3))
+            q, k, v = (grad[i * width : (i + 1) * width] for i in range(3))
         else:
             q = base.get_submodule(b.q).weight.grad
             k = base.get_submodule(b.k).weight.grad
             v = base.get_submodule(b.v).weight.grad
-        nq = torch.stack([q[h * d:(h + 1) * d].norm() for h in range(b.heads)])
-        nk = torch.stack([k[g * d:(g + 1) * d].norm() for g in range(b.kv_heads)])
-        nv = torch.stack([v[g * d:(g + 1) * d].norm() for g in range(b.kv_heads)])
+        nq = torch.stack([q[h * d : (h + 1) * d].norm() for h in range(b.heads)])
+        nk = torch.stack([k[g * d : (g + 1) * d].norm() for g in range(b.kv_heads)])
+        nv = torch.stack([v[g * d : (g + 1) * d].norm() for g in range(b.kv_heads)])
         norms[b.name] = (nq, nk, nv)
     return norms
 
 
-@pytest.mark.parametrize("family,objective", [("bert", "loss"), ("bert", "logits-norm"), ("gpt2", "loss"), ("llama", "loss")])
+@pytest.mark.parametrize(
+    "family,objective", [("bert", "loss"), ("bert", "logits-norm"), ("gpt2", "loss"), ("llama", "loss")]
+)
 def test_gnorm_equals_manual_computation(family, objective):
     model = make_model(family, "BertForSequenceClassification" if family == "bert" else loss_class(family))
     batches = [make_batch(model, seed=0)]
@@ -277,7 +281,9 @@ def test_gnorm_equals_manual_computation(family, objective):
         nq, nk, nv = (sum(m[b.name][i] for m in manual) / len(manual) for i in range(3))  # mean over batches
         group = torch.arange(b.heads) // b.group_size
         expected = nq * nk[group] * nv[group]
-        assert torch.allclose(torch.tensor(result.blocks[b.name], dtype=torch.float32), expected, rtol=1e-4, atol=1e-9), b.name
+        assert torch.allclose(
+            torch.tensor(result.blocks[b.name], dtype=torch.float32), expected, rtol=1e-4, atol=1e-9
+        ), b.name
 
 
 def test_gnorm_albert_shares_scores_across_layers():
@@ -299,7 +305,9 @@ def test_gnorm_albert_shares_scores_across_layers():
 # attention scorers
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert", "albert", "deberta-v2", "gpt2", "llama", "bart", "marian", "t5"])
+@pytest.mark.parametrize(
+    "family", ["bert", "distilbert", "albert", "deberta-v2", "gpt2", "llama", "bart", "marian", "t5"]
+)
 def test_attention_scorers_ignore_padding(family):
     model = make_model(family, loss_class(family))
     plain = make_batch(model, seed=4)
@@ -309,7 +317,10 @@ def test_attention_scorers_ignore_padding(family):
         a = score(model, [plain], name)
         b = score(model, [padded], name)
         for block, values in a.blocks.items():
-            assert torch.allclose(torch.tensor(values), torch.tensor(b.blocks[block]), rtol=2e-6, atol=2e-7), (name, block)
+            assert torch.allclose(torch.tensor(values), torch.tensor(b.blocks[block]), rtol=2e-6, atol=2e-7), (
+                name,
+                block,
+            )
 
 
 def plain_entropy(p: torch.Tensor) -> torch.Tensor:
@@ -351,7 +362,9 @@ def test_entropy_scorer_on_degenerate_and_normal_attention():
     result = score(model, [batch], "entropy")
     for b in blocks:  # normal attention: the same order as plain entropy
         plain = plain_entropy(maps[b.name]).mean(dim=(0, 2))
-        assert torch.equal(torch.argsort(plain), torch.argsort(torch.tensor(result.blocks[b.name], dtype=torch.float32)))
+        assert torch.equal(
+            torch.argsort(plain), torch.argsort(torch.tensor(result.blocks[b.name], dtype=torch.float32))
+        )
     with torch.no_grad():  # extremely peaked attention: plain entropy is NaN, the scorer is finite
         for layer in model.bert.encoder.layer:
             layer.attention.self.query.weight.mul_(1e4)
@@ -387,10 +400,16 @@ def test_value_l1_and_magnitude_by_hand():
     for b in headcut.model_blocks(model):
         d, g = b.head_dim, b.group_size
         wq, wk, wv, wo = (base.get_submodule(p).weight.detach() for p in (b.q, b.k, b.v, b.o))
-        l1 = [float(wv[(h // g) * d:(h // g + 1) * d].detach().abs().sum()) for h in range(b.heads)]
+        l1 = [float(wv[(h // g) * d : (h // g + 1) * d].detach().abs().sum()) for h in range(b.heads)]
         mag = [
-            math.sqrt(float(wq[h * d:(h + 1) * d].pow(2).sum() + wk[(h // g) * d:(h // g + 1) * d].pow(2).sum()
-                            + wv[(h // g) * d:(h // g + 1) * d].pow(2).sum() + wo[:, h * d:(h + 1) * d].pow(2).sum()))
+            math.sqrt(
+                float(
+                    wq[h * d : (h + 1) * d].pow(2).sum()
+                    + wk[(h // g) * d : (h // g + 1) * d].pow(2).sum()
+                    + wv[(h // g) * d : (h // g + 1) * d].pow(2).sum()
+                    + wo[:, h * d : (h + 1) * d].pow(2).sum()
+                )
+            )
             for h in range(b.heads)
         ]
         assert score(model, None, "value-l1").blocks[b.name] == pytest.approx(l1, rel=1e-5)
@@ -445,7 +464,16 @@ def test_errors_name_the_choices():
         score(model, None, "fisher")
     for name in SCORERS:
         assert name in str(err.value)
-    assert set(SCORERS) == {"gradient", "gnorm", "confidence", "entropy", "value-l1", "fluctuation", "magnitude", "random"}
+    assert set(SCORERS) == {
+        "gradient",
+        "gnorm",
+        "confidence",
+        "entropy",
+        "value-l1",
+        "fluctuation",
+        "magnitude",
+        "random",
+    }
     with pytest.raises(headcut.HeadcutError, match="calibration"):
         score(model, None, "entropy")
     with pytest.raises(headcut.HeadcutError, match="calibration"):
@@ -493,8 +521,11 @@ def test_fluctuation_is_flaps_standardised_weighted_input_variance(family):
     handles = []
     for b in blocks:
         mod = model.base_model.get_submodule(b.o)
-        handles.append(mod.register_forward_pre_hook(
-            lambda m, args, name=b.name: seen[name].append(args[0][batch["attention_mask"].bool()].double())))
+        handles.append(
+            mod.register_forward_pre_hook(
+                lambda m, args, name=b.name: seen[name].append(args[0][batch["attention_mask"].bool()].double())
+            )
+        )
     with torch.no_grad():
         model.eval()
         model(**batch)
@@ -507,8 +538,9 @@ def test_fluctuation_is_flaps_standardised_weighted_input_variance(family):
         w = mod.weight.double() if isinstance(mod, torch.nn.Linear) else mod.weight.double().t()
         metric = (x.var(dim=0, unbiased=True) * w.pow(2).sum(dim=0)).pow(2)
         expected = ((metric - metric.mean()) / metric.std()).reshape(b.heads, b.head_dim).mean(dim=1)
-        assert torch.allclose(torch.tensor(result.blocks[b.name], dtype=torch.float64), expected, rtol=1e-6,
-                              atol=1e-9), b.name
+        assert torch.allclose(
+            torch.tensor(result.blocks[b.name], dtype=torch.float64), expected, rtol=1e-6, atol=1e-9
+        ), b.name
     padded = {k: v.clone() for k, v in batch.items()}
     padded["input_ids"][0, -2:] = 1  # other ids at the padded places: the score does not move
     again = score(model, [padded], "fluctuation")

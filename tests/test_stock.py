@@ -20,10 +20,16 @@ from headcut.model.stock import stock_form
 
 #: the families whose stock config holds a uniform cut, and one causal-LM class each
 STOCK = {
-    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-    "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-    "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
+
 
 def drop_last_group(model) -> dict:
     """A uniform mask: the last KV group of every block removed."""
@@ -35,8 +41,12 @@ def case(tmp_path: Path, name: str, model, inputs: dict, expected: torch.Tensor)
     folder = tmp_path / name
     torch.save(inputs, tmp_path / f"{name}-inputs.pt")
     torch.save(expected, tmp_path / f"{name}-expected.pt")
-    return {"folder": str(folder), "auto": "AutoModelForCausalLM", "inputs": str(tmp_path / f"{name}-inputs.pt"),
-            "expected": str(tmp_path / f"{name}-expected.pt")}
+    return {
+        "folder": str(folder),
+        "auto": "AutoModelForCausalLM",
+        "inputs": str(tmp_path / f"{name}-inputs.pt"),
+        "expected": str(tmp_path / f"{name}-expected.pt"),
+    }
 
 
 def test_uniform_cuts_load_with_stock_transformers_without_headcut(tmp_path):
@@ -45,9 +55,20 @@ def test_uniform_cuts_load_with_stock_transformers_without_headcut(tmp_path):
     written as Mistral (LlamaConfig refuses it)."""
     cases, expected_class = [], {}
     models = [(family, cls, make_model(family, cls)) for family, cls in STOCK.items()]
-    cfg = T.LlamaConfig(vocab_size=99, hidden_size=48, intermediate_size=40, num_hidden_layers=2,
-                        num_attention_heads=12, num_key_value_heads=4, head_dim=4, max_position_embeddings=64,
-                        initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = T.LlamaConfig(
+        vocab_size=99,
+        hidden_size=48,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=4,
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     models.append(("llama-9-heads", "MistralForCausalLM", T.LlamaForCausalLM(cfg).eval()))
     for name, cls, model in models:
@@ -75,15 +96,20 @@ def test_uniform_cuts_load_with_stock_transformers_without_headcut(tmp_path):
         assert got["diff"] <= ATOL, (folder, got)
 
 
-@pytest.mark.parametrize("family,cls,why", [
-    ("olmo2", "Olmo2ForCausalLM", "q/k norms run over all heads"),
-    ("gpt2", "GPT2LMHeadModel", "derives the head size"),
-    ("t5", "T5ForConditionalGeneration", "relative position bias"),
-])
+@pytest.mark.parametrize(
+    "family,cls,why",
+    [
+        ("olmo2", "Olmo2ForCausalLM", "q/k norms run over all heads"),
+        ("gpt2", "GPT2LMHeadModel", "derives the head size"),
+        ("t5", "T5ForConditionalGeneration", "relative position bias"),
+    ],
+)
 def test_families_without_a_stock_form_say_why(family, cls, why, tmp_path):
     model = make_model(family, cls)
     blocks = headcut.model_blocks(model)
-    headcut.slim(model, drop_last_group(model) if family == "olmo2" else {"drop": {b.name: [b.heads - 1] for b in blocks}})
+    headcut.slim(
+        model, drop_last_group(model) if family == "olmo2" else {"drop": {b.name: [b.heads - 1] for b in blocks}}
+    )
     form = stock_form(model)
     assert not form.stock and why in form.why_not_stock
     saved = headcut.save(model, tmp_path / "out")
@@ -129,16 +155,41 @@ def test_prune_reports_the_checkpoint_form_and_the_uniform_budgets(tmp_path):
     --uniform the output is plain, and the model card says how to load each."""
     src = save_tiny(tmp_path / "model", "llama", "LlamaForCausalLM")
     data = write_rows(tmp_path / "cal.jsonl", _text_rows())
-    result = run("prune", src, "--method", "magnitude", "--keep", "12", "--data", data, "--out", tmp_path / "a",
-                 "--json", tmp_path / "a.json")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        "12",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "a",
+        "--json",
+        tmp_path / "a.json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "a.json").read_text())
     assert report["checkpoint"]["form"] == "headcut" and report["uniform_budgets"]
     assert "--uniform would write a plain one" in result.output
     assert "trust_remote_code=True" in (tmp_path / "a" / "README.md").read_text()
     keep = report["uniform_budgets"][0]
-    result = run("prune", src, "--method", "magnitude", "--keep", str(keep), "--uniform", "--data", data, "--out",
-                 tmp_path / "b", "--json", tmp_path / "b.json")
+    result = run(
+        "prune",
+        src,
+        "--method",
+        "magnitude",
+        "--keep",
+        str(keep),
+        "--uniform",
+        "--data",
+        data,
+        "--out",
+        tmp_path / "b",
+        "--json",
+        tmp_path / "b.json",
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["checkpoint"]["form"] == "stock" and "uniform_budgets" not in report

@@ -21,8 +21,10 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def _needs(module: str) -> None:
-    if shutil.which(module) is None and subprocess.run([sys.executable, "-c", f"import {module}"],
-                                                       capture_output=True).returncode != 0:
+    if (
+        shutil.which(module) is None
+        and subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True).returncode != 0
+    ):
         pytest.skip(f"{module} is not installed (pip install -e '.[test]')")
 
 

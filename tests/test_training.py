@@ -106,7 +106,9 @@ def test_pipelined_freezes_model_and_trains_gates() -> None:
         modes.append(m.training)
         return gated_loss(gates)(m, batch, step)
 
-    trainer = Trainer(model, gates.parameters(), batches, TrainConfig(max_steps=5, mode="pipelined", gate_lr=0.05), loss_fn)
+    trainer = Trainer(
+        model, gates.parameters(), batches, TrainConfig(max_steps=5, mode="pipelined", gate_lr=0.05), loss_fn
+    )
     assert trainer.model_params == []
     history = trainer.train().history
     assert modes == [False] * 5  # dropout off while frozen
@@ -145,7 +147,9 @@ def test_schedule_values() -> None:
     assert lrs[4] == pytest.approx(1e-3)
     assert lrs[-1] == pytest.approx(1e-3 / 6)  # linear decay: last step 1/(total - warmup)
     assert all(x > y for x, y in itertools.pairwise(lrs[4:]))  # strictly decreasing after warmup
-    const = Trainer(model, None, batches, TrainConfig(max_steps=10, lr=1e-3, warmup_ratio=0.2, schedule="constant")).train()
+    const = Trainer(
+        model, None, batches, TrainConfig(max_steps=10, lr=1e-3, warmup_ratio=0.2, schedule="constant")
+    ).train()
     assert [h["lr"] for h in const.history][1:] == pytest.approx([1e-3] * 9)
     assert const.history[0]["lr"] == pytest.approx(5e-4)
     assert lr_factor(1, 5, 0, "linear") == 1.0 and lr_factor(5, 5, 0, "linear") == pytest.approx(0.2)
@@ -161,7 +165,11 @@ def test_eval_fn_every_n_steps() -> None:
 
     progress: list[tuple[int, int | None]] = []
     cfg = TrainConfig(max_steps=10, eval_every=3)
-    history = Trainer(model, None, batches, cfg, eval_fn=eval_fn, progress=lambda d, t: progress.append((d, t))).train().history
+    history = (
+        Trainer(model, None, batches, cfg, eval_fn=eval_fn, progress=lambda d, t: progress.append((d, t)))
+        .train()
+        .history
+    )
     assert calls == [(3, False), (6, False), (9, False)]
     assert [h["step"] for h in history if "eval" in h] == [3, 6, 9]
     assert history[2]["eval"] == {"loss": 1.5, "step_seen": 3}
@@ -173,8 +181,14 @@ def _resume_setup(seed: int) -> tuple[torch.nn.Module, HeadGates]:
     return model, HeadGates(model, requires_grad=True)
 
 
-def _assert_same_run(a: torch.nn.Module, ga: HeadGates, ha: list[dict[str, Any]],
-                     b: torch.nn.Module, gb: HeadGates, hb: list[dict[str, Any]]) -> None:
+def _assert_same_run(
+    a: torch.nn.Module,
+    ga: HeadGates,
+    ha: list[dict[str, Any]],
+    b: torch.nn.Module,
+    gb: HeadGates,
+    hb: list[dict[str, Any]],
+) -> None:
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
     for k in sa:
@@ -188,11 +202,13 @@ def test_resume_after_interruption_is_bit_exact(tmp_path: Path) -> None:
     """Linear schedule, dropout, accumulation over epoch boundaries, random noise in the loss: a run
     killed mid-step and resumed from its last checkpoint ends exactly like an uninterrupted run."""
     batches = make_batches(n=5)
-    cfg = TrainConfig(max_steps=9, lr=1e-3, gate_lr=0.05, warmup_steps=2, grad_accum=2, checkpoint_every=3,
-                      eval_every=4, seed=7)
+    cfg = TrainConfig(
+        max_steps=9, lr=1e-3, gate_lr=0.05, warmup_steps=2, grad_accum=2, checkpoint_every=3, eval_every=4, seed=7
+    )
     model, gates = _resume_setup(0)
-    straight = Trainer(model, gates.parameters(), batches, cfg, gated_loss(gates, noise=True),
-                       eval_fn=lambda s: {"s": s}).train()
+    straight = Trainer(
+        model, gates.parameters(), batches, cfg, gated_loss(gates, noise=True), eval_fn=lambda s: {"s": s}
+    ).train()
 
     m1, g1 = _resume_setup(0)
     inner = gated_loss(g1, noise=True)
@@ -203,13 +219,22 @@ def test_resume_after_interruption_is_bit_exact(tmp_path: Path) -> None:
         return inner(m, batch, step)
 
     with pytest.raises(KeyboardInterrupt):
-        Trainer(m1, g1.parameters(), batches, cfg, crashing, eval_fn=lambda s: {"s": s}, checkpoint_dir=tmp_path).train()
+        Trainer(
+            m1, g1.parameters(), batches, cfg, crashing, eval_fn=lambda s: {"s": s}, checkpoint_dir=tmp_path
+        ).train()
     assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["step"] == 6
 
     m2, g2 = _resume_setup(123)  # different starting weights: everything must come from the checkpoint
     rng_before = torch.get_rng_state()
-    trainer = Trainer(m2, g2.parameters(), batches, cfg, gated_loss(g2, noise=True), eval_fn=lambda s: {"s": s},
-                      checkpoint_dir=tmp_path)
+    trainer = Trainer(
+        m2,
+        g2.parameters(),
+        batches,
+        cfg,
+        gated_loss(g2, noise=True),
+        eval_fn=lambda s: {"s": s},
+        checkpoint_dir=tmp_path,
+    )
     trainer.resume(tmp_path)
     resumed = trainer.train()
     assert resumed.steps == 9
@@ -225,10 +250,14 @@ def test_resume_from_shorter_run(tmp_path: Path) -> None:
     straight = Trainer(model, gates.parameters(), batches, TrainConfig(max_steps=8, **base), gated_loss(gates)).train()
 
     m1, g1 = _resume_setup(0)
-    first = Trainer(m1, g1.parameters(), batches, TrainConfig(max_steps=4, **base), gated_loss(g1), checkpoint_dir=tmp_path)
+    first = Trainer(
+        m1, g1.parameters(), batches, TrainConfig(max_steps=4, **base), gated_loss(g1), checkpoint_dir=tmp_path
+    )
     assert first.train().steps == 4
     m2, g2 = _resume_setup(5)
-    second = Trainer(m2, g2.parameters(), batches, TrainConfig(max_steps=8, **base), gated_loss(g2), checkpoint_dir=tmp_path)
+    second = Trainer(
+        m2, g2.parameters(), batches, TrainConfig(max_steps=8, **base), gated_loss(g2), checkpoint_dir=tmp_path
+    )
     second.resume()
     _assert_same_run(model, gates, straight.history, m2, g2, second.train().history)
 
@@ -262,8 +291,9 @@ class Stop(Exception):
     pass
 
 
-def test_a_stop_signal_during_a_checkpoint_write_waits_for_the_file(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:
+def test_a_stop_signal_during_a_checkpoint_write_waits_for_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """SIGTERM arriving in the middle of torch.save (what a cancelled CI job does) used to cut the zip
     writer in two: a RuntimeError instead of a clean stop, and a temporary file left behind."""
     import os
@@ -334,11 +364,17 @@ def test_average_last_ends_with_the_mean_of_the_last_steps_weights(tmp_path: Pat
     config = TrainConfig(max_steps=8, lr=1e-2, schedule="constant", seed=1)
     plain = TinyMLP()
     after: list[dict[str, torch.Tensor]] = []
-    Trainer(plain, None, batches, config,
-            on_step=lambda e: after.append({k: v.detach().clone() for k, v in plain.state_dict().items()})).train()
+    Trainer(
+        plain,
+        None,
+        batches,
+        config,
+        on_step=lambda e: after.append({k: v.detach().clone() for k, v in plain.state_dict().items()}),
+    ).train()
     averaged = TinyMLP()
-    Trainer(averaged, None, batches, TrainConfig(max_steps=8, lr=1e-2, schedule="constant", seed=1,
-                                                 average_last=0.5)).train()
+    Trainer(
+        averaged, None, batches, TrainConfig(max_steps=8, lr=1e-2, schedule="constant", seed=1, average_last=0.5)
+    ).train()
     for name, value in averaged.state_dict().items():
         expected = torch.stack([a[name] for a in after[4:]]).mean(0)
         torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)

@@ -23,12 +23,21 @@ def line_tokenizer() -> T.PreTrainedTokenizerFast:
     are joined shows in the tokens. [CLS] (the BOS) before a text, [SEP] after it."""
     tok = Tokenizer(models.WordLevel(VOCAB, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex("\n"), behavior="isolated"), pre_tokenizers.Split(" ", behavior="removed")])
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1),
-                                                                                              ("[SEP]", 2)])
-    return T.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]",
-                                     unk_token="[UNK]", bos_token="[CLS]", eos_token="[SEP]")
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex("\n"), behavior="isolated"), pre_tokenizers.Split(" ", behavior="removed")]
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    return T.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        unk_token="[UNK]",
+        bos_token="[CLS]",
+        eos_token="[SEP]",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +59,7 @@ def by_hand(model, ids: list[int], window: int, first: int | None = None) -> tup
     total = 0.0
     with torch.no_grad():
         for k in range(count):
-            x = torch.tensor([ids[k * window:(k + 1) * window]])
+            x = torch.tensor([ids[k * window : (k + 1) * window]])
             total += float(model(input_ids=x, labels=x).loss) * (window - 1)
     return math.exp(total / (count * (window - 1))), count, count * (window - 1)
 
@@ -79,8 +88,9 @@ def test_perplexity_at_each_window_is_exp_of_the_mean_nll_over_its_windows(lm):
     once = headcut.evaluate(folder, str(book), windows=[48, 16], data_options={"batch_size": 64})
     assert list(once.windows) == [48, 16]
     for window in (16, 48):
-        assert once.windows[window].metrics["perplexity"] == pytest.approx(ev.windows[window].metrics["perplexity"],
-                                                                           rel=1e-5)
+        assert once.windows[window].metrics["perplexity"] == pytest.approx(
+            ev.windows[window].metrics["perplexity"], rel=1e-5
+        )
     # the blocks of --seq-len differ: the tokenizer's [CLS] ... [SEP] in every block
     blocks = headcut.evaluate(folder, str(book), data_options={"seq_len": 16})
     assert blocks.report["data"]["layout"] == "blocks"
@@ -124,8 +134,9 @@ def test_a_datasets_name_is_joined_as_the_papers_join_wikitext(lm, monkeypatch):
     tok = line_tokenizer()
     ids = tok("\n\n".join(r["text"] for r in rows))["input_ids"]
     assert ids != tok(" ".join(r["text"] for r in rows))["input_ids"]  # the line breaks are tokens
-    result = run("eval", folder, "--data", "wikitext:wikitext-2-raw-v1", "--split", "test", "--windows", "16,32",
-                 "--json", "-")
+    result = run(
+        "eval", folder, "--data", "wikitext:wikitext-2-raw-v1", "--split", "test", "--windows", "16,32", "--json", "-"
+    )
     assert result.exit_code == 0, result.output
     assert asked == [("wikitext", "wikitext-2-raw-v1", "test")]
     out = json.loads(result.stdout)
@@ -151,31 +162,54 @@ def test_the_human_output_states_the_window_and_the_blocks(lm, tmp_path):
     assert "perplexity" in result.stdout and "non-overlapping windows" in result.stdout
     plain = run("eval", folder, "--data", book, "--seq-len", 16)
     assert plain.exit_code == 0 and "blocks of 16 tokens" in plain.stdout
-    table = write_rows(tmp_path / "rows.csv", [{"text": sentence(torch.Generator().manual_seed(i), 6)}
-                                               for i in range(4)])
+    table = write_rows(
+        tmp_path / "rows.csv", [{"text": sentence(torch.Generator().manual_seed(i), 6)} for i in range(4)]
+    )
     rows = run("eval", folder, "--data", table, "--seq-len", 16)
     assert rows.exit_code == 0 and "one example per row, at most 16 tokens" in rows.stdout
 
 
 # (command-line arguments after MODEL, the same request in Python, what the refusal says, keyword form)
 BAD = [
-    (["--data", "BOOK", "--windows", "16,x"], dict(data="BOOK", windows="16,x"),
-     "{windows} takes window lengths of at least 2 tokens"),
+    (
+        ["--data", "BOOK", "--windows", "16,x"],
+        dict(data="BOOK", windows="16,x"),
+        "{windows} takes window lengths of at least 2 tokens",
+    ),
     (["--data", "BOOK", "--windows", "1"], dict(data="BOOK", windows=1), "{windows} takes window lengths"),
-    (["--data", "BOOK", "--windows", "128"], dict(data="BOOK", windows=128),
-     "{windows} 128 is longer than the model's 64 positions"),
+    (
+        ["--data", "BOOK", "--windows", "128"],
+        dict(data="BOOK", windows=128),
+        "{windows} 128 is longer than the model's 64 positions",
+    ),
     ([], dict(), "nothing to evaluate: give {data}"),
-    (["--data", "BOOK", "--lm-eval-limit", "3"], dict(data="BOOK", lm_eval_limit=3),
-     "{lm_eval_limit} applies to {lm_eval} TASKS"),
-    (["--data", "BOOK", "--lm-eval-batch-size", "4"], dict(data="BOOK", lm_eval_batch_size=4),
-     "{lm_eval_batch_size} applies to {lm_eval} TASKS"),
+    (
+        ["--data", "BOOK", "--lm-eval-limit", "3"],
+        dict(data="BOOK", lm_eval_limit=3),
+        "{lm_eval_limit} applies to {lm_eval} TASKS",
+    ),
+    (
+        ["--data", "BOOK", "--lm-eval-batch-size", "4"],
+        dict(data="BOOK", lm_eval_batch_size=4),
+        "{lm_eval_batch_size} applies to {lm_eval} TASKS",
+    ),
     (["--data", "BOOK", "--device", "tpu"], dict(data="BOOK", device="tpu"), "unknown {device} 'tpu'"),
     (["--lm-eval", " , "], dict(lm_eval=" , "), "{lm_eval} names no task"),
-    (["--lm-eval", "x", "--lm-eval-include", "BOOK"], dict(lm_eval="x", lm_eval_include="BOOK"),
-     "{lm_eval_include} BOOK: not a folder"),
+    (
+        ["--lm-eval", "x", "--lm-eval-include", "BOOK"],
+        dict(lm_eval="x", lm_eval_include="BOOK"),
+        "{lm_eval_include} BOOK: not a folder",
+    ),
 ]
-FLAGS = {"data": "--data", "windows": "--windows", "lm_eval": "--lm-eval", "lm_eval_limit": "--lm-eval-limit",
-         "lm_eval_batch_size": "--lm-eval-batch-size", "device": "--device", "lm_eval_include": "--lm-eval-include"}
+FLAGS = {
+    "data": "--data",
+    "windows": "--windows",
+    "lm_eval": "--lm-eval",
+    "lm_eval_limit": "--lm-eval-limit",
+    "lm_eval_batch_size": "--lm-eval-batch-size",
+    "device": "--device",
+    "lm_eval_include": "--lm-eval-include",
+}
 
 
 @pytest.mark.parametrize("args,kwargs,says", BAD, ids=[" ".join(a[-2:]) or "nothing" for a, _, _ in BAD])
@@ -202,12 +236,16 @@ def test_windows_need_data_and_a_causal_lm(lm, tmp_path):
         headcut.evaluate(str(folder), windows=16, lm_eval="anything")
     cls_dir = save_tiny(tmp_path / "cls", "bert", "BertForSequenceClassification")
     data = write_rows(tmp_path / "d.csv", cls_rows(6))
-    one_line_error(run("eval", cls_dir, "--data", data, "--windows", "16"),
-                   "--windows measures the perplexity of a causal LM; this model has a classification head")
+    one_line_error(
+        run("eval", cls_dir, "--data", data, "--windows", "16"),
+        "--windows measures the perplexity of a causal LM; this model has a classification head",
+    )
     short = tmp_path / "short.txt"
     short.write_text("the movie was good\n")
-    one_line_error(run("eval", folder, "--data", short, "--windows", "4,32"),
-                   "has 6 tokens, shorter than one window of 32 (--windows)")
+    one_line_error(
+        run("eval", folder, "--data", short, "--windows", "4,32"),
+        "has 6 tokens, shorter than one window of 32 (--windows)",
+    )
     model = make_model("llama", "LlamaForCausalLM")  # a module: the tokenizer comes from tokenizer=
     ev = headcut.evaluate(model, str(book), tokenizer=line_tokenizer(), windows=16)
     assert ev.windows[16].examples == ev.report["data"]["text_tokens"] // 16
@@ -218,9 +256,13 @@ def test_lm_eval_without_the_harness_installed_is_a_one_line_refusal(lm, monkeyp
 
     folder, book = lm
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else find_spec(name, *a)
+    )
     monkeypatch.setattr(headcut.jobs.evaluate, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
-    one_line_error(run("eval", folder, "--lm-eval", "default"),
-                   "--lm-eval needs lm-evaluation-harness, which is not installed: pip install 'headcut[lm-eval]'")
+    one_line_error(
+        run("eval", folder, "--lm-eval", "default"),
+        "--lm-eval needs lm-evaluation-harness, which is not installed: pip install 'headcut[lm-eval]'",
+    )
     with pytest.raises(HeadcutError, match=r"lm_eval needs lm-evaluation-harness.*pip install 'headcut\[lm-eval\]'"):
         headcut.evaluate(str(folder), str(book), lm_eval="boolq,piqa")

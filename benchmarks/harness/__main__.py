@@ -31,34 +31,61 @@ from benchmarks.harness.store import DOCS, RESULTS, load_results, log, merge
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.harness",
-                                 description="Measure the benchmark page's studies and render the page, docs/benchmarks.md.")
-    ap.add_argument("--studies", default=None,
-                    help="studies to measure: all (the default, unless --extend or --rerun names some), none (only "
-                         "render) or names")
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.harness",
+        description="Measure the benchmark page's studies and render the page, docs/benchmarks.md.",
+    )
+    ap.add_argument(
+        "--studies",
+        default=None,
+        help="studies to measure: all (the default, unless --extend or --rerun names some), none (only "
+        "render) or names",
+    )
     ap.add_argument("--rerun", default="", help="studies to measure again although their results exist")
-    ap.add_argument("--extend", default="",
-                    help="complete studies to go on with: only the rows they lack are measured (after a K or a "
-                         "variant was added to the harness)")
-    ap.add_argument("--check", action="store_true",
-                    help="measure nothing: exit 1 when docs/benchmarks.md is not the page the stored results give")
+    ap.add_argument(
+        "--extend",
+        default="",
+        help="complete studies to go on with: only the rows they lack are measured (after a K or a "
+        "variant was added to the harness)",
+    )
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="measure nothing: exit 1 when docs/benchmarks.md is not the page the stored results give",
+    )
     ap.add_argument("--peer-python", default=None, help="python of the TextPruner environment")
     ap.add_argument("--peer-iters", type=int, default=16, help="TextPruner's n_iters (its best in its README: 16)")
-    ap.add_argument("--peer-variants", default="uneven",
-                    help="uneven (heads per layer may differ: TextPruner's best) and/or even, comma-separated")
-    ap.add_argument("--llm-peer-python", default=None,
-                    help="python of the Torch-Pruning environment (peer_llm; default: made by "
-                         "benchmarks/studies/peer_llm.py)")
+    ap.add_argument(
+        "--peer-variants",
+        default="uneven",
+        help="uneven (heads per layer may differ: TextPruner's best) and/or even, comma-separated",
+    )
+    ap.add_argument(
+        "--llm-peer-python",
+        default=None,
+        help="python of the Torch-Pruning environment (peer_llm; default: made by benchmarks/studies/peer_llm.py)",
+    )
     ap.add_argument("--seeds", type=int, default=3, help="seeds of the recipe's targets")
-    ap.add_argument("--methods", default=None,
-                    help="the task studies (convention, review_plot, debates): measure only these methods' rows "
-                         "(comma-separated; the study stays incomplete)")
+    ap.add_argument(
+        "--methods",
+        default=None,
+        help="the task studies (convention, review_plot, debates): measure only these methods' rows "
+        "(comma-separated; the study stays incomplete)",
+    )
     ap.add_argument("--ks", default=None, help="the task studies: measure only at these K (comma-separated)")
-    ap.add_argument("--merge", nargs="*", default=[], type=Path,
-                    help="results files of a study measured in part elsewhere: add their rows this one lacks")
-    ap.add_argument("--copied", default=None,
-                    help="with --merge: how the classifier was carried to the machine the rows ran on (the page "
-                         "says it), e.g. 'fp16'")
+    ap.add_argument(
+        "--merge",
+        nargs="*",
+        default=[],
+        type=Path,
+        help="results files of a study measured in part elsewhere: add their rows this one lacks",
+    )
+    ap.add_argument(
+        "--copied",
+        default=None,
+        help="with --merge: how the classifier was carried to the machine the rows ran on (the page "
+        "says it), e.g. 'fp16'",
+    )
     return ap
 
 
@@ -68,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         committed = DOCS / "benchmarks.md"
         if committed.read_text() != page(load_results(RESULTS)):
-            print(f"{committed} is not the page benchmarks/results/ gives: run python -m benchmarks.harness "
-                  "--studies none", file=sys.stderr)
+            print(
+                f"{committed} is not the page benchmarks/results/ gives: run python -m benchmarks.harness "
+                "--studies none",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if args.studies is None:  # --extend/--rerun alone measure only what they name; --merge alone nothing

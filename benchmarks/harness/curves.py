@@ -82,8 +82,9 @@ def _style(name: str) -> dict[str, Any]:
     return {"marker": "o"}
 
 
-def plot_curves(curves: dict[str, dict[int, float]], points: dict[str, tuple[int, float]], unpruned: float,
-                 title: str, out: Path) -> None:
+def plot_curves(
+    curves: dict[str, dict[int, float]], points: dict[str, tuple[int, float]], unpruned: float, title: str, out: Path
+) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(10, 6.5))
     cmap = plt.get_cmap("tab20")
@@ -131,8 +132,11 @@ PREVIOUS_RUN = "the previous default"
 
 #: the default's runs that stand for it in the per-task tables, the first present of each task and K: seed 0 on the
 #: command line, alone on the machine first
-DEFAULT_SHOWN = ("the default (command line), 2 torch threads, alone", "the default (command line), the README main "
-                 "job, alone", "the default (command line)")
+DEFAULT_SHOWN = (
+    "the default (command line), 2 torch threads, alone",
+    "the default (command line), the README main job, alone",
+    "the default (command line)",
+)
 
 
 #: the default's curve in the accuracy tables and plots
@@ -140,9 +144,11 @@ DEFAULT_CURVE = "headcut default (fluctuation, refit, distilled recovery)"
 
 
 #: what the default's curve is, said above each accuracy table
-DEFAULT_SAID = ("The default: the main job's recipe now, on the command line, seed 0 (FLAP's fluctuation cut, a "
-                "least-squares refit, 1,000 steps of batch 8 of distilled recovery with averaged weights, in two rounds "
-                "below 24 heads; [targets on every task](#targets-on-every-task)).")
+DEFAULT_SAID = (
+    "The default: the main job's recipe now, on the command line, seed 0 (FLAP's fluctuation cut, a "
+    "least-squares refit, 1,000 steps of batch 8 of distilled recovery with averaged weights, in two rounds "
+    "below 24 heads; [targets on every task](#targets-on-every-task))."
+)
 
 
 #: the training rows of each task (what the classifier and the recipe trained on)

@@ -27,7 +27,8 @@ THREAD_NOTE = (
     "after 600 prompt tokens in PyTorch: 4.4 tokens/s with 1 thread, 0.58 with 2 (torch.profiler: the 2-thread run "
     "spent 56 ms per sdpa call and 7 ms per cache torch.cat, microseconds with 1 thread: each parallel op waits for a "
     "core); llama.cpp SmolLM2 f16, 32 tokens after 512: 28-83 tokens/s with 1 thread, 0.3-0.5 with 2. With the "
-    "machine quieter (load below 3) 2 threads were 10-25 % faster (the probe in this file).")
+    "machine quieter (load below 3) 2 threads were 10-25 % faster (the probe in this file)."
+)
 
 
 def _fmt_ctx(ctx: int) -> str:
@@ -53,18 +54,24 @@ def render_markdown(data: dict[str, Any]) -> str:
         f"KV cache: the bytes of the cache after the {s.get('gen_tokens', GEN_TOKENS)} tokens (PyTorch: measured, and asserted equal to kept KV "
         "heads x head_dim x 2 x positions x bytes per value; llama.cpp: what it allocates for n_ctx = prompt + 256, "
         "f16, computed per layer and asserted equal to its log line; without flash attention llama.cpp pads every "
-        "layer's V cache to the widest layer's when the layers differ, so a non-uniform cut shrinks only K there).")
+        "layer's V cache to the widest layer's when the layers differ, so a non-uniform cut shrinks only K there)."
+    )
     lines.append("")
-    for runtime, title in (("torch", "PyTorch (transformers, eager decode loop)"),
-                           ("llamacpp", "llama.cpp (f16 GGUF, flash attention off: llama-cpp-python's default)"),
-                           ("llamacpp-fa", "llama.cpp (f16 GGUF, flash attention on)")):
+    for runtime, title in (
+        ("torch", "PyTorch (transformers, eager decode loop)"),
+        ("llamacpp", "llama.cpp (f16 GGUF, flash attention off: llama-cpp-python's default)"),
+        ("llamacpp-fa", "llama.cpp (f16 GGUF, flash attention on)"),
+    ):
         rt = data.get("runtimes", {}).get(runtime)
         if not rt:
             continue
-        lines += [f"### {title}", "",
-                  "| model | cut | KV heads kept | context | KV cache MiB | tokens/s (p25-p75) | speed-up (paired) "
-                  "| ideal | speed-up / ideal | noise |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {title}",
+            "",
+            "| model | cut | KV heads kept | context | KV cache MiB | tokens/s (p25-p75) | speed-up (paired) "
+            "| ideal | speed-up / ideal | noise |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for base, entry in rt.items():
             for ctx, c in entry["contexts"].items():
                 for row in c["rows"]:
@@ -74,13 +81,19 @@ def render_markdown(data: dict[str, Any]) -> str:
                         f"| {row['kv_cache_bytes'] / 2**20:.2f} | {row['tokens_per_s']:.2f} "
                         f"({row['tokens_per_s_p25']:.2f}-{row['tokens_per_s_p75']:.2f}) "
                         f"| {row['speedup']:.2f} ({row['paired_ratio_median']:.2f}) | {row['ideal']:.3f} "
-                        f"| {row['speedup_over_ideal']:.2f} | {'' if first else ('noise' if row['within_noise'] else '')} |")
+                        f"| {row['speedup_over_ideal']:.2f} | {'' if first else ('noise' if row['within_noise'] else '')} |"
+                    )
         lines.append("")
         for base, entry in rt.items():
-            lines.append(f"- {base}: {data.get('models', {}).get(base, {}).get('label', base)}; "
-                         + (f"{entry.get('dtype')}, attention {entry.get('attn_implementation')}, {entry.get('prefill')}."
-                            if runtime == "torch" else f"KV cache {entry.get('kv_type')}, {entry.get('threads')} thread(s), flash attention "
-                                 f"{'on' if entry.get('flash_attn') else 'off'}."))
+            lines.append(
+                f"- {base}: {data.get('models', {}).get(base, {}).get('label', base)}; "
+                + (
+                    f"{entry.get('dtype')}, attention {entry.get('attn_implementation')}, {entry.get('prefill')}."
+                    if runtime == "torch"
+                    else f"KV cache {entry.get('kv_type')}, {entry.get('threads')} thread(s), flash attention "
+                    f"{'on' if entry.get('flash_attn') else 'off'}."
+                )
+            )
         lines.append("")
     lines.append(IDEAL_TEXT)
     lines.append("")
@@ -88,9 +101,15 @@ def render_markdown(data: dict[str, Any]) -> str:
     for base, info in data.get("models", {}).items():
         for c in info.get("cuts", []):
             if c["name"] != "unpruned":
-                extra = f"; attention emptied in layers {', '.join(map(str, c['emptied_layers']))}" if c["emptied_layers"] else ""
-                cuts.append(f"{base} {c['name']}: {c['groups_removed']} of {c['groups_total']} KV groups removed "
-                            f"({c['how']}){extra}")
+                extra = (
+                    f"; attention emptied in layers {', '.join(map(str, c['emptied_layers']))}"
+                    if c["emptied_layers"]
+                    else ""
+                )
+                cuts.append(
+                    f"{base} {c['name']}: {c['groups_removed']} of {c['groups_total']} KV groups removed "
+                    f"({c['how']}){extra}"
+                )
     if cuts:
         lines.append("Cuts: " + "; ".join(cuts) + ".")
         lines.append("")
@@ -106,20 +125,30 @@ def render_markdown(data: dict[str, Any]) -> str:
                 if v:
                     parts.append(f"{rt} {th} thread(s) {statistics.median(v):.1f} tokens/s")
         loads = [r["load_before"][0] for rt in ("torch", "llamacpp") for r in probe.get(rt, [])]
-        notes.append(f"Threads: {probe.get('what')}: " + ", ".join(parts)
-                     + (f" (1-minute load {min(loads):.1f}-{max(loads):.1f})." if loads else ".")
-                     + " 1 thread was chosen because 2 threads collapse when other jobs load the 2 cores "
-                       "(see the notes of the results file).")
+        notes.append(
+            f"Threads: {probe.get('what')}: "
+            + ", ".join(parts)
+            + (f" (1-minute load {min(loads):.1f}-{max(loads):.1f})." if loads else ".")
+            + " 1 thread was chosen because 2 threads collapse when other jobs load the 2 cores "
+            "(see the notes of the results file)."
+        )
     if notes:
         lines += [f"- {n}" for n in notes]
         lines.append("")
-    loads = [x for rt in data.get("runtimes", {}).values() for e in rt.values() for c in e["contexts"].values()
-             for x in c["load"]]
+    loads = [
+        x
+        for rt in data.get("runtimes", {}).values()
+        for e in rt.values()
+        for c in e["contexts"].values()
+        for x in c["load"]
+    ]
     if loads:
         ones = [v for x in loads for v in (x["before"][0], x["after"][0])]
-        lines.append(f"Machine load (1-minute load average, before/after each round, {len(loads)} rounds): "
-                     f"{min(ones):.2f} to {max(ones):.2f} on {m.get('cores')} cores; other agents ran jobs on this "
-                     "machine during the run, so the times carry their noise (hence the interleaved rounds and the "
-                     f"paired ratios). Random: {data.get('random', '')} No GPU was used. The run took "
-                     f"{data.get('minutes', 0):.0f} min.")
+        lines.append(
+            f"Machine load (1-minute load average, before/after each round, {len(loads)} rounds): "
+            f"{min(ones):.2f} to {max(ones):.2f} on {m.get('cores')} cores; other agents ran jobs on this "
+            "machine during the run, so the times carry their noise (hence the interleaved rounds and the "
+            f"paired ratios). Random: {data.get('random', '')} No GPU was used. The run took "
+            f"{data.get('minutes', 0):.0f} min."
+        )
     return "\n".join(lines) + "\n"

@@ -98,6 +98,7 @@ from headcut.pruning import plan_prune
 STUDY_SCRIPTS = BENCHMARKS / "studies"
 # ---- studies ------------------------------------------------------------------------------------------
 
+
 def peer_ks(task: Task) -> list[int]:
     """Every number of heads the peer study's TextPruner runs kept on ``task`` (largest first)."""
     path = RESULTS / "peer.json"
@@ -119,8 +120,13 @@ def _measured(task: Task, method: str, k: int, options: dict[str, Any] | None = 
     accs, secs = [], []
     for seed in range(seeds):
         start = time.perf_counter()
-        r = plan_prune(task.model, None if method == "random" else task.cal,
-                       PruneConfig(method=method, keep=k, seed=seed), options, progress=ticker(f"{method} K={k}"))
+        r = plan_prune(
+            task.model,
+            None if method == "random" else task.cal,
+            PruneConfig(method=method, keep=k, seed=seed),
+            options,
+            progress=ticker(f"{method} K={k}"),
+        )
         secs.append(time.perf_counter() - start)
         accs.append(task.accuracy(r.mask))
     row = {"accuracy": statistics.mean(accs), "seconds": statistics.mean(secs)}
@@ -129,8 +135,7 @@ def _measured(task: Task, method: str, k: int, options: dict[str, Any] | None = 
     return row
 
 
-def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any],
-                ks: list[int] = KS) -> None:
+def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[str, Any], ks: list[int] = KS) -> None:
     """One iterative run of ``method`` down to the smallest K, its accuracy read off the trajectory at every K
     of ``ks`` and of :func:`peer_kept` (rows named ``name``; the run's wall time on the smallest K's row)."""
     if any(r["method"] == name for r in store.data["rows"]):
@@ -140,9 +145,13 @@ def _trajectory(task: Task, store: Store, name: str, method: str, options: dict[
     r = plan_prune(task.model, task.cal, PruneConfig(method=method, keep=min(ks)), options, progress=ticker(name))
     seconds = time.perf_counter() - start
     for k in sorted({*ks, *peer_kept(task)}, reverse=True):
-        store.row({"method": name, "k": k}, lambda k=k: {
-            "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
-            "seconds": seconds if k == min(ks) else None})
+        store.row(
+            {"method": name, "k": k},
+            lambda k=k: {
+                "accuracy": task.accuracy(trajectory_mask(blocks, r.trajectory, k)),
+                "seconds": seconds if k == min(ks) else None,
+            },
+        )
     log(f"{name}: done ({seconds:.0f} s to {min(ks)} heads)")
 
 
@@ -152,6 +161,7 @@ def _oneshot(task: Task, store: Store, methods: Iterable[str], ks: list[int] = K
             _trajectory(task, store, method, method, {"step": 1}, ks)
             continue
         for k in sorted({*ks, *peer_kept(task)}, reverse=True):
+
             def measure(method: str = method, k: int = k) -> dict[str, Any]:
                 row = _measured(task, method, k, seeds=RANDOM_SEEDS if method == "random" else 1)
                 log(f"{method} K={k}: {row['accuracy']:.2f} %")
@@ -178,8 +188,10 @@ def _write_batches(task: Task, path: Path) -> None:
 
 def study_peer(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
     if not args.peer_python:
-        raise SystemExit("the peer study needs --peer-python (a Python with textpruner and transformers 4: "
-                         "see benchmarks/studies/peer_textpruner.py)")
+        raise SystemExit(
+            "the peer study needs --peer-python (a Python with textpruner and transformers 4: "
+            "see benchmarks/studies/peer_textpruner.py)"
+        )
     task = tasks("rt")
     ks = [k for k in KS if k % len(headcut.model_blocks(task.model)) == 0]
     runs = store.data.setdefault("runs", {})
@@ -191,8 +203,18 @@ def study_peer(tasks: Callable[[str], Task], store: Store, args: argparse.Namesp
                 continue
             log(f"TextPruner iterative ({args.peer_iters} iterations), {variant} heads per layer, K in {ks}")
             result = Path(tmp) / f"peer-{variant}.json"
-            cmd = [args.peer_python, str(STUDY_SCRIPTS / "peer_textpruner.py"), str(task.path), str(batches),
-                   "--ks", ",".join(map(str, ks)), "--n-iters", str(args.peer_iters), "--out", str(result)]
+            cmd = [
+                args.peer_python,
+                str(STUDY_SCRIPTS / "peer_textpruner.py"),
+                str(task.path),
+                str(batches),
+                "--ks",
+                ",".join(map(str, ks)),
+                "--n-iters",
+                str(args.peer_iters),
+                "--out",
+                str(result),
+            ]
             cmd += ["--even"] if variant == "even" else []
             subprocess.run(cmd, check=True)
             peer = json.loads(result.read_text())
@@ -235,8 +257,15 @@ def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) ->
     if recovery is None:
         return task.prune(keep, method, seed=seed, **options)
     start = time.perf_counter()
-    pruned = headcut.prune(task.path, method, keep=keep, data=task.splits["train"], seed=seed,
-                           data_options=TRAIN_OPTIONS, progress=task.progress)
+    pruned = headcut.prune(
+        task.path,
+        method,
+        keep=keep,
+        data=task.splits["train"],
+        seed=seed,
+        data_options=TRAIN_OPTIONS,
+        progress=task.progress,
+    )
     recovery = dict(recovery)
     teacher = recovery.pop("teacher", task.path)
     data, extra = task.splits["train"], {}
@@ -245,13 +274,29 @@ def _lever(task: Task, spec: dict[str, Any], recovery: dict[str, Any] | None) ->
             data, dev = _fixed_split(task, Path(tmp))
             if "patience" in recovery:
                 extra["eval_data"] = dev
-        tuned = headcut.finetune(pruned.model, data, teacher=teacher, checkpoint_every=None, seed=seed,
-                                 data_options=TRAIN_OPTIONS, progress=task.progress, **extra, **recovery)
+        tuned = headcut.finetune(
+            pruned.model,
+            data,
+            teacher=teacher,
+            checkpoint_every=None,
+            seed=seed,
+            data_options=TRAIN_OPTIONS,
+            progress=task.progress,
+            **extra,
+            **recovery,
+        )
     after = task.held_out(tuned.model)
-    row = {"k": keep, "method": method, "seed": seed, "options": {**options, "finetune": recovery},
-           "before": task.accuracy(),
-           "after": after, "seconds": time.perf_counter() - start, "train_steps": 0,
-           "recover_steps": recovery["max_steps"]}
+    row = {
+        "k": keep,
+        "method": method,
+        "seed": seed,
+        "options": {**options, "finetune": recovery},
+        "before": task.accuracy(),
+        "after": after,
+        "seconds": time.perf_counter() - start,
+        "train_steps": 0,
+        "recover_steps": recovery["max_steps"],
+    }
     if tuned.result.early_stopping is not None:
         row["early_stopping"] = tuned.result.early_stopping
     return row
@@ -270,8 +315,9 @@ MODELS = Path(tempfile.gettempdir()) / "headcut-page-models"
 
 def _learned(task: Task, store: Store, method: str, k: int, save_to: Path | None = None) -> None:
     """One learned-gate run as the page measures them all: 500 steps of batch 8, the papers' loss."""
-    row = store.row({"method": method, "k": k},
-                    lambda: task.prune(k, method, max_steps=500, alpha=0.0, save_to=save_to))
+    row = store.row(
+        {"method": method, "k": k}, lambda: task.prune(k, method, max_steps=500, alpha=0.0, save_to=save_to)
+    )
     log(f"{task.name} {method} K={k}: {row['after']:.2f} %")
 
 
@@ -286,10 +332,21 @@ def study_learned(tasks: Callable[[str], Task], store: Store, args: argparse.Nam
         for method, folder in kept.items():
             if not (folder / "model.safetensors").is_file():  # a resumed study: measure it again
                 task.prune(16, method, max_steps=500, alpha=0.0, save_to=folder)
-        result = headcut.bench([task.path, *kept.values()], names=["72", *kept], batch_size=8, seq_len=128,
-                               runs=30, warmup=3)
-        return {"models": [{"name": r.name, "median_ms": r.median_ms, "speedup": r.speedup, "flop_ratio": r.flop_ratio,
-                            "heads": r.heads} for r in result.results]}
+        result = headcut.bench(
+            [task.path, *kept.values()], names=["72", *kept], batch_size=8, seq_len=128, runs=30, warmup=3
+        )
+        return {
+            "models": [
+                {
+                    "name": r.name,
+                    "median_ms": r.median_ms,
+                    "speedup": r.speedup,
+                    "flop_ratio": r.flop_ratio,
+                    "heads": r.heads,
+                }
+                for r in result.results
+            ]
+        }
 
     store.row({"bench": "pass-vs-passconc-16"}, speed)
 
@@ -331,16 +388,33 @@ def _lottery(task: Task) -> dict[str, Any]:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         data, dev = _fixed_split(task, Path(tmp))
-        pruned = headcut.prune(task.path, "lottery", keep=16, data=data, eval_data=dev, control="reinit",
-                               alpha=0.0, data_options=TRAIN_OPTIONS, progress=task.progress)
-    row = {"k": 16, "method": "lottery", "options": {"control": "reinit", "alpha": 0.0, "eval_data": "dev-500"},
-           "before": task.accuracy(),
-           "after": task.held_out(pruned.model),
-           "seconds": time.perf_counter() - start, "heads_after": pruned.report["heads"]["after"],
-           "train_steps": (pruned.report.get("training") or {}).get("steps", 0), "recover_steps": 0,
-           "lottery": report_summary("lottery", pruned.report["lottery"])}
+        pruned = headcut.prune(
+            task.path,
+            "lottery",
+            keep=16,
+            data=data,
+            eval_data=dev,
+            control="reinit",
+            alpha=0.0,
+            data_options=TRAIN_OPTIONS,
+            progress=task.progress,
+        )
+    row = {
+        "k": 16,
+        "method": "lottery",
+        "options": {"control": "reinit", "alpha": 0.0, "eval_data": "dev-500"},
+        "before": task.accuracy(),
+        "after": task.held_out(pruned.model),
+        "seconds": time.perf_counter() - start,
+        "heads_after": pruned.report["heads"]["after"],
+        "train_steps": (pruned.report.get("training") or {}).get("steps", 0),
+        "recover_steps": 0,
+        "lottery": report_summary("lottery", pruned.report["lottery"]),
+    }
     row["lottery"]["dev_metric"], row["lottery"]["dev_control_metric"] = (
-        pruned.report["metric"]["after"], row["lottery"]["control_metric"])
+        pruned.report["metric"]["after"],
+        row["lottery"]["control_metric"],
+    )
     row["lottery"]["control_metric"] = task.held_out(pruned.result.details.control_model) / 100.0
     return row
 
@@ -373,13 +447,23 @@ def study_speed(tasks: Callable[[str], Task], store: Store, args: argparse.Names
         rounds = []
         for i in range(SPEED_ROUNDS):
             log(f"timing {len(models)} models on {device}, round {i + 1} of {SPEED_ROUNDS}")
-            rounds.append(headcut.bench(models, names=names, device=device, batch_size=8, seq_len=128,
-                                        runs=SPEED_RUNS, warmup=3).results)
+            rounds.append(
+                headcut.bench(
+                    models, names=names, device=device, batch_size=8, seq_len=128, runs=SPEED_RUNS, warmup=3
+                ).results
+            )
         rows = []
         for j, n in enumerate(names):
             medians = [r[j].median_ms for r in rounds]
-            rows.append({"heads": int(n), "median_ms": statistics.median(medians), "round_ms": medians,
-                         "flop_ratio": rounds[0][j].flop_ratio, "params": rounds[0][j].params})
+            rows.append(
+                {
+                    "heads": int(n),
+                    "median_ms": statistics.median(medians),
+                    "round_ms": medians,
+                    "flop_ratio": rounds[0][j].flop_ratio,
+                    "params": rounds[0][j].params,
+                }
+            )
         for row in rows:
             row["speedup"] = rows[0]["median_ms"] / row["median_ms"]
         out[device] = rows
@@ -453,15 +537,29 @@ def study_refit(tasks: Callable[[str], Task], store: Store, args: argparse.Names
 
 #: every study; one returning False measured only part of itself (``--methods``/``--ks``)
 STUDIES: dict[str, Callable[[Callable[[str], Task], Store, argparse.Namespace], bool | None]] = {
-    "oneshot": study_oneshot, "peer": study_peer, "recipe": study_recipe, "levers": study_levers,
-    "learned": study_learned, "voita": study_voita, "iterative": study_iterative, "claims": study_claims, "speed": study_speed, "smollm": study_smollm,
-    "gemma3": study_gemma3, "convention": study_convention, "review_plot": study_review_plot,
-    "debates": study_debates, "refit": study_refit, "kv_methods": study_kv_methods, "peer_llm": study_peer_llm,
+    "oneshot": study_oneshot,
+    "peer": study_peer,
+    "recipe": study_recipe,
+    "levers": study_levers,
+    "learned": study_learned,
+    "voita": study_voita,
+    "iterative": study_iterative,
+    "claims": study_claims,
+    "speed": study_speed,
+    "smollm": study_smollm,
+    "gemma3": study_gemma3,
+    "convention": study_convention,
+    "review_plot": study_review_plot,
+    "debates": study_debates,
+    "refit": study_refit,
+    "kv_methods": study_kv_methods,
+    "peer_llm": study_peer_llm,
 }
 
 
-def run_studies(names: list[str], rerun: set[str], args: argparse.Namespace,
-                extend: frozenset[str] = frozenset()) -> None:
+def run_studies(
+    names: list[str], rerun: set[str], args: argparse.Namespace, extend: frozenset[str] = frozenset()
+) -> None:
     loaded: dict[str, Task] = {}
 
     def tasks(name: str) -> Task:

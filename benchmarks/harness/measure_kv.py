@@ -71,12 +71,22 @@ def _kv_timing(name: str, src: Path, store: Store, tmp: Path) -> None:
         folder = tmp / f"{name}-{row['removed']}-timing"
         headcut.export(src, row["mask"], gqa="group").save(folder, force=True)
         folders.append(folder)
-    log(f"{name}: timing {len(folders)} models interleaved ({KV_ROUNDS} forward rounds, {KV_GEN_ROUNDS} generation "
-        "rounds)")
+    log(
+        f"{name}: timing {len(folders)} models interleaved ({KV_ROUNDS} forward rounds, {KV_GEN_ROUNDS} generation "
+        "rounds)"
+    )
     load_before = os.getloadavg()
     start = time.perf_counter()
-    bench = headcut.bench(folders, names=[str(r["removed"]) for r in rows], batch_size=1, seq_len=128, gen_tokens=32,
-                          runs=KV_ROUNDS, gen_runs=KV_GEN_ROUNDS, warmup=KV_WARMUP)
+    bench = headcut.bench(
+        folders,
+        names=[str(r["removed"]) for r in rows],
+        batch_size=1,
+        seq_len=128,
+        gen_tokens=32,
+        runs=KV_ROUNDS,
+        gen_runs=KV_GEN_ROUNDS,
+        warmup=KV_WARMUP,
+    )
     seconds = time.perf_counter() - start
     load_after = os.getloadavg()
     for row, r in zip(rows, bench.results, strict=True):
@@ -86,19 +96,40 @@ def _kv_timing(name: str, src: Path, store: Store, tmp: Path) -> None:
         for stale in ("tokens_per_s", "forward_ms"):  # the earlier back-to-back times
             row.pop(stale, None)
         row["timing"] = {
-            "forward_ms": r.median_ms, "forward_p25_ms": r.p25_ms, "forward_p75_ms": r.p75_ms,
-            "forward_runs_ms": r.runs_ms, "speedup": r.speedup, "speedup_p25": r.speedup_p25,
-            "speedup_p75": r.speedup_p75, "within_noise": r.within_noise,
-            "tokens_per_s": gen.tokens_per_s, "tokens_per_s_p25": 1e3 * tokens / gen.p75_ms,
-            "tokens_per_s_p75": 1e3 * tokens / gen.p25_ms, "generation_runs_ms": gen.runs_ms,
-            "generation_speedup": gen.speedup, "generation_speedup_p25": gen.speedup_p25,
-            "generation_speedup_p75": gen.speedup_p75, "generation_within_noise": gen.within_noise,
-            "dtype": r.dtype, "attn_implementation": r.attn_implementation, "threads": r.threads,
+            "forward_ms": r.median_ms,
+            "forward_p25_ms": r.p25_ms,
+            "forward_p75_ms": r.p75_ms,
+            "forward_runs_ms": r.runs_ms,
+            "speedup": r.speedup,
+            "speedup_p25": r.speedup_p25,
+            "speedup_p75": r.speedup_p75,
+            "within_noise": r.within_noise,
+            "tokens_per_s": gen.tokens_per_s,
+            "tokens_per_s_p25": 1e3 * tokens / gen.p75_ms,
+            "tokens_per_s_p75": 1e3 * tokens / gen.p25_ms,
+            "generation_runs_ms": gen.runs_ms,
+            "generation_speedup": gen.speedup,
+            "generation_speedup_p25": gen.speedup_p25,
+            "generation_speedup_p75": gen.speedup_p75,
+            "generation_within_noise": gen.within_noise,
+            "dtype": r.dtype,
+            "attn_implementation": r.attn_implementation,
+            "threads": r.threads,
         }
-    store.data["timing"] = {"interleaved": True, "rounds": KV_ROUNDS, "gen_rounds": KV_GEN_ROUNDS,
-                            "warmup": KV_WARMUP, "batch_size": 1, "seq_len": 128, "gen_tokens": 32,
-                            "rows": [r["removed"] for r in rows], "load_before": list(load_before),
-                            "load_after": list(load_after), "seconds": seconds, "machine": machine()}
+    store.data["timing"] = {
+        "interleaved": True,
+        "rounds": KV_ROUNDS,
+        "gen_rounds": KV_GEN_ROUNDS,
+        "warmup": KV_WARMUP,
+        "batch_size": 1,
+        "seq_len": 128,
+        "gen_tokens": 32,
+        "rows": [r["removed"] for r in rows],
+        "load_before": list(load_before),
+        "load_after": list(load_after),
+        "seconds": seconds,
+        "machine": machine(),
+    }
     store.save()
 
 
@@ -159,8 +190,16 @@ def _kv_cut(name: str, method: str, removed: int, before: float | None, data: tu
     report: dict[str, Any] = {}
     if removed:
         folder = tmp / f"{name}-{method.replace(' ', '-')}-{removed}"
-        pruned = headcut.prune(src, chosen, keep=(groups - removed) * size, gqa="group", data=cal,
-                               data_options=cal_options, out=folder, **extra)
+        pruned = headcut.prune(
+            src,
+            chosen,
+            keep=(groups - removed) * size,
+            gqa="group",
+            data=cal,
+            data_options=cal_options,
+            out=folder,
+            **extra,
+        )
         mask, report = pruned.mask.to_json(), pruned.report
     else:
         folder, mask = src, None
@@ -168,9 +207,15 @@ def _kv_cut(name: str, method: str, removed: int, before: float | None, data: tu
     seconds = time.perf_counter() - start
     if removed:
         shutil.rmtree(folder)  # a gigabyte each for Gemma 3
-    out = {"perplexity_before": before if removed else after, "perplexity": after,
-           "prune_seconds": seconds, "cal_examples": spec.cal_examples,
-           "eval_examples": spec.eval_examples, "batch_size": spec.batch_size, "mask": mask}
+    out = {
+        "perplexity_before": before if removed else after,
+        "perplexity": after,
+        "prune_seconds": seconds,
+        "cal_examples": spec.cal_examples,
+        "eval_examples": spec.eval_examples,
+        "batch_size": spec.batch_size,
+        "mask": mask,
+    }
     if "layerwise" in report:
         out["layerwise"] = report["layerwise"]
     if extra:
@@ -185,9 +230,10 @@ def _kv_study(name: str, store: Store) -> None:
             return store.row({"removed": 0}, lambda: _kv_cut(name, "gradient", 0, None, data))["perplexity"]
 
         for removed in KV_STUDIES[name].removed:
-            row = store.row({"removed": removed},
-                            lambda removed=removed: _kv_cut(name, "gradient", removed, unpruned() if removed else None,
-                                                            data))
+            row = store.row(
+                {"removed": removed},
+                lambda removed=removed: _kv_cut(name, "gradient", removed, unpruned() if removed else None, data),
+            )
             log(f"{name}: {removed} KV groups removed, perplexity {row['perplexity']:.2f}")
         if not _timed(store):
             _kv_timing(name, data[0], store, data[-1])
@@ -205,6 +251,7 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
         with _kv_data(name) as data:
             for method in methods:
                 for removed in [r for r in KV_STUDIES[name].removed if r]:
+
                     def measure(m: str = method, r: int = removed) -> dict[str, Any]:
                         try:
                             return _kv_cut(name, m, r, None, data)
@@ -212,8 +259,10 @@ def study_kv_methods(tasks: Callable[[str], Task], store: Store, args: argparse.
                             return {"refused": str(refused)}
 
                     row = store.row({"study": name, "method": method, "removed": removed}, measure)
-                    log(f"{name} {method}: {removed} KV groups removed, " + (
-                        f"refused: {row['refused']}" if "refused" in row else f"perplexity {row['perplexity']:.2f}"))
+                    log(
+                        f"{name} {method}: {removed} KV groups removed, "
+                        + (f"refused: {row['refused']}" if "refused" in row else f"perplexity {row['perplexity']:.2f}")
+                    )
 
 
 #: the KV groups removed by headcut's costly rows in the LLM peer study (iterative: three gradient scorings;
@@ -223,19 +272,23 @@ PEER_LLM_COSTLY_REMOVED = [18, 45, 6, 30, 12]
 #: the LLM peer study's cuts, in order: (tool, variant, KV groups removed); ``probe``: what Torch-Pruning's
 #: ``BasePruner`` removes at each head ratio (no model measured); ``native``: its LLM example's GQA head pruning at
 #: the one ratio it carries out (a third of the query heads, no KV head)
-PEER_LLM_CUTS = [("headcut", "unpruned", 0), ("torch-pruning", "unpruned", 0), ("torch-pruning", "probe", 0),
-                 ("torch-pruning", "native", 0),
-                 *[("torch-pruning", "kv-magnitude", r) for r in KV_STUDIES["smollm"].removed if r],
-                 *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r],
-                 # issue 34's other headcut rows (``peer_llm.HEADCUT_VARIANTS``), in the order they are measured: the
-                 # layer-wise runs with bias compensation (a few minutes a cut) at every budget, the iterative and
-                 # recipe runs (ten minutes or more each) at two of PEER_LLM_COSTLY_REMOVED, the layer-wise runs
-                 # without it (the one-shot fluctuation cut, read layer by layer) at every budget, then the last
-                 *[("headcut", "fluctuation+bias layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
-                 *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[:2] for m in ("gradient iterative", "recipe")],
-                 ("headcut", "unpruned+recovery", 0),  # the recipe's control: its recovery on the uncut model
-                 *[("headcut", "fluctuation layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
-                 *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[2:] for m in ("gradient iterative", "recipe")]]
+PEER_LLM_CUTS = [
+    ("headcut", "unpruned", 0),
+    ("torch-pruning", "unpruned", 0),
+    ("torch-pruning", "probe", 0),
+    ("torch-pruning", "native", 0),
+    *[("torch-pruning", "kv-magnitude", r) for r in KV_STUDIES["smollm"].removed if r],
+    *[("headcut", m, r) for m in ("gradient", "fluctuation") for r in KV_STUDIES["smollm"].removed if r],
+    # issue 34's other headcut rows (``peer_llm.HEADCUT_VARIANTS``), in the order they are measured: the
+    # layer-wise runs with bias compensation (a few minutes a cut) at every budget, the iterative and
+    # recipe runs (ten minutes or more each) at two of PEER_LLM_COSTLY_REMOVED, the layer-wise runs
+    # without it (the one-shot fluctuation cut, read layer by layer) at every budget, then the last
+    *[("headcut", "fluctuation+bias layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
+    *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[:2] for m in ("gradient iterative", "recipe")],
+    ("headcut", "unpruned+recovery", 0),  # the recipe's control: its recovery on the uncut model
+    *[("headcut", "fluctuation layer-wise", r) for r in KV_STUDIES["smollm"].removed if r],
+    *[("headcut", m, r) for r in PEER_LLM_COSTLY_REMOVED[2:] for m in ("gradient iterative", "recipe")],
+]
 
 
 def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Namespace) -> None:
@@ -245,17 +298,36 @@ def study_peer_llm(tasks: Callable[[str], Task], store: Store, args: argparse.Na
     with _kv_data("smollm") as data:
         src, groups, size, cal_options, eval_options, cal, held, tmp = data
         tok = load_tokenizer(src)
-        cal_blocks = torch.cat([b["input_ids"] for b in
-                                load_calibration(headcut.load(src), tok, DataConfig(path=str(cal), **cal_options)).batches])
+        cal_blocks = torch.cat(
+            [
+                b["input_ids"]
+                for b in load_calibration(headcut.load(src), tok, DataConfig(path=str(cal), **cal_options)).batches
+            ]
+        )
         ids = tmp / "ids.safetensors"
         held_tokens = peer_llm.write_ids(ids, tok, held.read_text(), cal_blocks)
-        store.data.update(eval_tokens=peer_llm.EVAL_TOKENS, held_tokens=held_tokens, windows=peer_llm.WINDOWS,
-                          cal_blocks=list(cal_blocks.shape), groups=groups, query_per_group=size,
-                          peer_python=python, peer_versions=peer_llm.peer_versions(python))
+        store.data.update(
+            eval_tokens=peer_llm.EVAL_TOKENS,
+            held_tokens=held_tokens,
+            windows=peer_llm.WINDOWS,
+            cal_blocks=list(cal_blocks.shape),
+            groups=groups,
+            query_per_group=size,
+            peer_python=python,
+            peer_versions=peer_llm.peer_versions(python),
+        )
         for tool, variant, removed in PEER_LLM_CUTS:
-            spec = {"tool": tool, "variant": variant, "removed": removed, "src": str(src), "ids": str(ids),
-                    "keep": (groups - removed) * size, "cal_text": str(cal), "cal_options": cal_options,
-                    "head_ratio": 1 / 3}
+            spec = {
+                "tool": tool,
+                "variant": variant,
+                "removed": removed,
+                "src": str(src),
+                "ids": str(ids),
+                "keep": (groups - removed) * size,
+                "cal_text": str(cal),
+                "cal_options": cal_options,
+                "head_ratio": 1 / 3,
+            }
             work = tmp / f"{tool}-{variant}-{removed}"
 
             def measure(spec: dict[str, Any] = spec, work: Path = work, tool: str = tool) -> dict[str, Any]:

@@ -50,20 +50,46 @@ STUDIES: tuple[Study, ...] = (
     Study("small_data_diagnosis", SMALL_DATA, "Small data: where the recipe loses accuracy"),
     Study("small_data_h200", SMALL_DATA + " (on an H200)", "Small data: more inputs for the recovery"),
     Study("small_data_h100", SMALL_DATA + " (on an H100)", "Small data: a smaller part of the model trained"),
-    Study("small_data_cli", "python -m benchmarks.studies.small_data --reports", "Small data: the recipe with another "
-          "method's cut, and the default; Targets on every task"),
-    Study("small_data_averaging", "benchmarks/archive/averaging.py (archived: see benchmarks/archive/README.md)",
-          "Small data: weight averaging in the recovery"),
-    Study("fluctuation_units", "python -m benchmarks.studies.fluctuation_units",
-          "One-shot methods at equal KV budgets (Gemma 3's note)", listed=False),
-    Study("layerwise_memory", "python -m benchmarks.studies.layerwise_memory", "Layer-wise pruning: memory flat in depth",
-          listed=False),
-    Study("long_context", "python -m benchmarks.studies.long_context", "Long context: decode speed and KV cache",
-          listed=False),
-    Study("refit_choice", "python -m benchmarks.studies.refit_choice", "What the measurements show (small data)",
-          listed=False),
-    Study("engines_h200", "torchrun --nproc_per_node 2 benchmarks/engines.py --device cuda",
-          "docs/distributed.md, Measured (not on this page)", listed=False),
+    Study(
+        "small_data_cli",
+        "python -m benchmarks.studies.small_data --reports",
+        "Small data: the recipe with another method's cut, and the default; Targets on every task",
+    ),
+    Study(
+        "small_data_averaging",
+        "benchmarks/archive/averaging.py (archived: see benchmarks/archive/README.md)",
+        "Small data: weight averaging in the recovery",
+    ),
+    Study(
+        "fluctuation_units",
+        "python -m benchmarks.studies.fluctuation_units",
+        "One-shot methods at equal KV budgets (Gemma 3's note)",
+        listed=False,
+    ),
+    Study(
+        "layerwise_memory",
+        "python -m benchmarks.studies.layerwise_memory",
+        "Layer-wise pruning: memory flat in depth",
+        listed=False,
+    ),
+    Study(
+        "long_context",
+        "python -m benchmarks.studies.long_context",
+        "Long context: decode speed and KV cache",
+        listed=False,
+    ),
+    Study(
+        "refit_choice",
+        "python -m benchmarks.studies.refit_choice",
+        "What the measurements show (small data)",
+        listed=False,
+    ),
+    Study(
+        "engines_h200",
+        "torchrun --nproc_per_node 2 benchmarks/engines.py --device cuda",
+        "docs/distributed.md, Measured (not on this page)",
+        listed=False,
+    ),
 )
 
 BY_NAME = {study.name: study for study in STUDIES}

@@ -54,10 +54,15 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "headcut": headcut.__version__, "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "headcut": headcut.__version__,
+        "date": datetime.date.today().isoformat(),
     }
 
 

@@ -31,8 +31,18 @@ from headcut.pruning import Metric, eval_metric
 #: heads kept (of 72) in the accuracy curves
 KS = [60, 48, 36, 24, 16, 12, 8, 6, 4]
 #: the training-free methods, in the plot's legend order
-ONESHOT = ["greedy-gnorm", "michel", "gradient", "gnorm", "confidence", "entropy", "value-l1", "fluctuation", "magnitude",
-           "random"]
+ONESHOT = [
+    "greedy-gnorm",
+    "michel",
+    "gradient",
+    "gnorm",
+    "confidence",
+    "entropy",
+    "value-l1",
+    "fluctuation",
+    "magnitude",
+    "random",
+]
 #: the learned-gate methods and the heads they are run at (one epoch each, about 5 minutes a run on 2 CPU
 #: cores: the target's 16 heads and the papers' high-sparsity end); voita (up to 5 training runs per K for
 #: its lambda search) is a study of its own
@@ -95,8 +105,16 @@ class Task:
         tok = load_tokenizer(path)
         cal = load_calibration(model, tok, DataConfig(path=str(splits["train"]), max_examples=CAL_EXAMPLES))
         dev = load_calibration(model, tok, DataConfig(path=str(splits["test"]), batch_size=64))
-        return cls(name=name, path=path, splits=splits, model=model, cal=cal, dev=dev,
-                   metric=eval_metric(model, dev), progress=Reporter("lines"))
+        return cls(
+            name=name,
+            path=path,
+            splits=splits,
+            model=model,
+            cal=cal,
+            dev=dev,
+            metric=eval_metric(model, dev),
+            progress=Reporter("lines"),
+        )
 
     def accuracy(self, mask: HeadMask | None = None) -> float:
         return 100.0 * self.metric.measure(mask or HeadMask.full(headcut.model_blocks(self.model)))
@@ -108,19 +126,37 @@ class Task:
     def mask_of_layers(self, rows: list[list[int]]) -> HeadMask:
         """A mask from a (layers x heads) 0/1 table, layer i being the model's i-th block."""
         blocks = headcut.model_blocks(self.model)
-        return HeadMask({b.name: [h for h, keep in enumerate(row) if keep] for b, row in zip(blocks, rows, strict=True)})
+        return HeadMask(
+            {b.name: [h for h, keep in enumerate(row) if keep] for b, row in zip(blocks, rows, strict=True)}
+        )
 
     def prune(self, k: int, method: str, seed: int = 0, save_to: Path | None = None, **options: Any) -> dict[str, Any]:
         """One ``headcut.prune`` run on the training snippets (the CLI's path): accuracies, steps and time;
         ``save_to``: also save the pruned model there."""
         start = time.perf_counter()
-        pruned = headcut.prune(self.path, method, keep=k, data=self.splits["train"], eval_data=self.splits["test"],
-                               seed=seed, data_options=TRAIN_OPTIONS, progress=self.progress, **options)
+        pruned = headcut.prune(
+            self.path,
+            method,
+            keep=k,
+            data=self.splits["train"],
+            eval_data=self.splits["test"],
+            seed=seed,
+            data_options=TRAIN_OPTIONS,
+            progress=self.progress,
+            **options,
+        )
         if save_to is not None:
             pruned.save(save_to, force=True)
         metric = pruned.report["metric"]
-        row = {"k": k, "method": method, "seed": seed, "options": options, "before": 100 * metric["before"],
-               "after": 100 * metric["after"], "seconds": time.perf_counter() - start}
+        row = {
+            "k": k,
+            "method": method,
+            "seed": seed,
+            "options": options,
+            "before": 100 * metric["before"],
+            "after": 100 * metric["after"],
+            "seconds": time.perf_counter() - start,
+        }
         if "after_pruning" in metric:
             row["after_pruning"] = 100 * metric["after_pruning"]
         row["heads_after"] = pruned.report["heads"]["after"]
@@ -139,8 +175,12 @@ def report_summary(key: str, entry: dict[str, Any]) -> dict[str, Any]:
     if key == "lottery":
         control = entry.get("control") or {}
         converge = {k: v for k, v in (entry.get("converge") or {}).items() if k != "history"}  # per step: too long
-        return {"iterations": len(entry.get("iterations", [])), "converge": converge,
-                "control_metric": control.get("metric"), "control_steps": control.get("steps")}
+        return {
+            "iterations": len(entry.get("iterations", [])),
+            "converge": converge,
+            "control_metric": control.get("metric"),
+            "control_steps": control.get("steps"),
+        }
     return {"reward_metric": entry.get("reward_metric")}
 
 

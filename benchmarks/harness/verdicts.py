@@ -49,8 +49,10 @@ class Target:
 #: issue 16's targets for the gradient recipe on the README's classifier (one row per seed)
 TARGETS = {16: Target(16, 1.0, 500), 8: Target(8, 3.0, 1000)}
 #: issue 33's targets on every task (seed 0): within the points or the test set's standard error, whichever is larger
-TASK_TARGETS = {16: Target(16, 1.0, 1000, minutes=15, standard_error=True),
-                8: Target(8, 2.0, 1000, minutes=15, standard_error=True)}
+TASK_TARGETS = {
+    16: Target(16, 1.0, 1000, minutes=15, standard_error=True),
+    8: Target(8, 2.0, 1000, minutes=15, standard_error=True),
+}
 
 
 @dataclass(frozen=True)
@@ -71,34 +73,46 @@ TIMING_NOISE = 0.10
 #: the papers' claims, with their own figures quoted from their text (shared/papers)
 CLAIMS = {
     "pass>=dsp": Claim(
-        "PASS (TMLR 2024)", "PASS >= DSP at the same budget",
+        "PASS (TMLR 2024)",
+        "PASS >= DSP at the same budget",
         "BERT-base, GLUE average, 16 of 144 heads: PASS 86.27 %, DSP 84.47 % (Table 1); DSP ahead at 32 and 64 heads, "
         "and on MNLI and QQP at 16 (Table 7)",
-        Rule(">=")),  # PASS's accuracy against DSP's, at 16 heads
+        Rule(">="),
+    ),  # PASS's accuracy against DSP's, at 16 heads
     "passconc": Claim(
-        "PASS", "PASSCONC faster than PASS at equal K (it empties layers)",
+        "PASS",
+        "PASSCONC faster than PASS at equal K (it empties layers)",
         "16 of 144 heads: attention speed-up 185.2 % against PASS's 114.4 % (Table 2, P100 GPU, attention only); "
         "accuracy 85.25 % against 86.27 %",
-        Rule(">", TIMING_NOISE)),  # 1 - PASSCONC's time / PASS's against 0: faster by more than the timing noise
+        Rule(">", TIMING_NOISE),
+    ),  # 1 - PASSCONC's time / PASS's against 0: faster by more than the timing noise
     "dsp>michel": Claim(
-        "DSP (TACL 2021)", "joint DSP far above Michel et al. at high sparsity",
+        "DSP (TACL 2021)",
+        "joint DSP far above Michel et al. at high sparsity",
         "BERT-base, MNLI-mm, 12 of 144 heads: joint DSP 79.74 %, Michel et al. 40.59 % (24 heads: 81.54 % vs 47.54 %; "
         "Table 3a)",
-        Rule(">", 3.0)),  # DSP's accuracy against Michel et al.'s: "far above" is more than 3 points
+        Rule(">", 3.0),
+    ),  # DSP's accuracy against Michel et al.'s: "far above" is more than 3 points
     "gnorm": Claim(
-        "Greedy-Gnorm (arXiv 2026)", "Greedy-Gnorm above attention entropy and random pruning",
+        "Greedy-Gnorm (arXiv 2026)",
+        "Greedy-Gnorm above attention entropy and random pruning",
         "no number in the text (Figures 3-4): attention entropy below Greedy-Gnorm on all four models; BERT keeps about "
         "90 % accuracy with under 20 % of its heads (§4.2.2)",
-        Rule(">")),  # at each K, against both: yes at every K, partly at some
+        Rule(">"),
+    ),  # at each K, against both: yes at every K, partly at some
     "lottery": Claim(
-        "Lottery (EMNLP 2020)", "the ticket above the same structure re-initialised",
+        "Lottery (EMNLP 2020)",
+        "the ticket above the same structure re-initialised",
         "En-De student, 75 % of 48 encoder heads removed: the ticket 37.0 average BLEU, the same structure "
         "re-initialised 36.6, unpruned 37.2 (Tables 4, 5)",
-        Rule(">")),  # the ticket's accuracy against its control's
+        Rule(">"),
+    ),  # the ticket's accuracy against its control's
     "auber": Claim(
-        "AUBER (PLOS ONE 2021)", "no loss (a gain) on small data",
+        "AUBER (PLOS ONE 2021)",
+        "no loss (a gain) on small data",
         "bert-base-cased, MRPC, CoLA, RTE, WNLI dev sets: gains on all four, up to 9.58 % on MRPC and CoLA (Results)",
-        Rule(">=")),  # the pruned accuracy against the unpruned one (else within AUBER_ERROR: one standard error)
+        Rule(">="),
+    ),  # the pruned accuracy against the unpruned one (else within AUBER_ERROR: one standard error)
 }
 #: AUBER's loss still called "within one standard error" of the 2,808 held-out snippets (points)
 AUBER_ERROR = 0.8

@@ -40,8 +40,12 @@ def main() -> None:
         cal, held = Path(tmp) / "a.txt", Path(tmp) / "b.txt"
         cal.write_text(text[:half])
         held.write_text(text[half:])
-        scores = headcut.score(str(src), scorer="fluctuation", data=str(cal),
-                               data_options={"seq_len": 256, "max_examples": spec.cal_examples, **batch})
+        scores = headcut.score(
+            str(src),
+            scorer="fluctuation",
+            data=str(cal),
+            data_options={"seq_len": 256, "max_examples": spec.cal_examples, **batch},
+        )
         blocks = {name: [float(x) for x in v] for name, v in scores.scores.blocks.items()}
         out["head_scores"] = blocks
         out["unit_means"] = {name: sum(v) / len(v) for name, v in blocks.items()}
@@ -49,30 +53,44 @@ def main() -> None:
         out["smallest_head_spread"] = min(max(v) - min(v) for v in blocks.values())
         checks = {}
         for method in ("fluctuation", "fluctuation layer-wise bf16"):
-            row = next((r for r in kv["rows"] if r["study"] == "gemma3" and r["method"] == method
-                        and r["removed"] == 4), None)
+            row = next(
+                (r for r in kv["rows"] if r["study"] == "gemma3" and r["method"] == method and r["removed"] == 4), None
+            )
             if row is None:
                 continue
             folder = Path(tmp) / "cut"
             headcut.export(str(src), row["mask"], gqa="group").save(folder, force=True)
-            ppl = headcut.evaluate(folder, held, data_options={"seq_len": 256, "max_examples": spec.eval_examples,
-                                                               **batch}).value
-            checks[method] = {"emptied": sorted(k for k, v in row["mask"]["keep"].items() if not v),
-                              "perplexity_float32": ppl, "perplexity_in_row": row["perplexity"]}
+            ppl = headcut.evaluate(
+                folder, held, data_options={"seq_len": 256, "max_examples": spec.eval_examples, **batch}
+            ).value
+            checks[method] = {
+                "emptied": sorted(k for k, v in row["mask"]["keep"].items() if not v),
+                "perplexity_float32": ppl,
+                "perplexity_in_row": row["perplexity"],
+            }
         out["float32_cut_by_mask_at_4"] = checks
         # the layer-wise path on the float32 checkpoint: the same scores' ranking as the whole model's?
-        whole = next((r for r in kv["rows"] if r["study"] == "gemma3" and r["method"] == "fluctuation"
-                      and r["removed"] == 4), None)
+        whole = next(
+            (r for r in kv["rows"] if r["study"] == "gemma3" and r["method"] == "fluctuation" and r["removed"] == 4),
+            None,
+        )
         try:  # a headcut that refuses fluctuation where every block is one unit says so instead
-            lw = headcut.prune(str(src), "fluctuation", keep=(18 - 4) * 4, gqa="group", data=str(cal),
-                               layerwise=True,
-                               data_options={"seq_len": 256, "max_examples": spec.cal_examples, **batch})
+            lw = headcut.prune(
+                str(src),
+                "fluctuation",
+                keep=(18 - 4) * 4,
+                gqa="group",
+                data=str(cal),
+                layerwise=True,
+                data_options={"seq_len": 256, "max_examples": spec.cal_examples, **batch},
+            )
         except HeadcutError as error:
             out["layerwise_float32_at_4"] = {"refused": str(error)}
         else:
             out["layerwise_float32_at_4"] = {
                 "emptied": sorted(k for k, v in lw.mask.to_json()["keep"].items() if not v),
-                "same_as_whole_model_float32": None if whole is None else lw.mask.to_json() == whole["mask"]}
+                "same_as_whole_model_float32": None if whole is None else lw.mask.to_json() == whole["mask"],
+            }
     out["seconds"] = time.perf_counter() - start
     out["machine"] = machine()
     (RESULTS / "fluctuation_units.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -36,16 +36,41 @@ sys.path.insert(0, str(BENCHMARKS.parent / "src"))
 #: name -> Llama config fields (width 2048 for the depth pair: TinyLlama's shape; llama-3b: Llama 3.2 3B's shape
 #: with SmolLM2's vocabulary)
 MODELS: dict[str, dict[str, int]] = {
-    "depth-8": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
-                "num_hidden_layers": 8},
-    "depth-24": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
-                 "num_hidden_layers": 24},
-    "depth-16": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
-                 "num_hidden_layers": 16},
-    "depth-48": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 32, "num_key_value_heads": 4,
-                 "num_hidden_layers": 48},
-    "llama-3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_attention_heads": 24, "num_key_value_heads": 8,
-                 "num_hidden_layers": 28},
+    "depth-8": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 8,
+    },
+    "depth-24": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 24,
+    },
+    "depth-16": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 16,
+    },
+    "depth-48": {
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 48,
+    },
+    "llama-3b": {
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "num_hidden_layers": 28,
+    },
 }
 SHARD = 1_000_000_000
 
@@ -57,8 +82,15 @@ def build(folder: Path, fields: dict[str, int], tokenizer_dir: Path, seed: int =
 
     from headcut.model.streamed import params_on_meta
 
-    config = transformers.LlamaConfig(vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
-                                      rope_theta=100000.0, bos_token_id=1, eos_token_id=2, **fields)
+    config = transformers.LlamaConfig(
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        bos_token_id=1,
+        eos_token_id=2,
+        **fields,
+    )
     config.dtype = "bfloat16"
     config.architectures = ["LlamaForCausalLM"]
     with params_on_meta():
@@ -95,8 +127,9 @@ def build(folder: Path, fields: dict[str, int], tokenizer_dir: Path, seed: int =
         final = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
         (folder / name).rename(folder / final)
         weight_map.update({k: final for k in keys})
-    (folder / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     config.save_pretrained(folder)
     for f in tokenizer_dir.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
@@ -107,8 +140,12 @@ def build(folder: Path, fields: dict[str, int], tokenizer_dir: Path, seed: int =
 def machine() -> dict[str, Any]:
     import os
 
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")}
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+    }
 
 
 def run(name: str, work: Path, calibration: Path) -> dict[str, Any]:
@@ -117,16 +154,42 @@ def run(name: str, work: Path, calibration: Path) -> dict[str, Any]:
     start = time.perf_counter()
     # built in a process of its own: this one stays small while headcut runs
     subprocess.run([sys.executable, __file__, "--build", name, "--work", str(work)], check=True)
-    size = int((folder / "model.safetensors.index.json").exists() and
-               json.loads((folder / "model.safetensors.index.json").read_text())["metadata"]["total_size"])
+    size = int(
+        (folder / "model.safetensors.index.json").exists()
+        and json.loads((folder / "model.safetensors.index.json").read_text())["metadata"]["total_size"]
+    )
     built = time.perf_counter() - start
     out = work / f"{name}-cut"
     groups = fields["num_hidden_layers"] * fields["num_key_value_heads"]
     size_group = fields["num_attention_heads"] // fields["num_key_value_heads"]
     keep = (groups - groups // 4) * size_group  # a quarter of the KV groups removed
-    cmd = [sys.executable, "-m", "headcut", "prune", str(folder), "--layerwise", "--method", "fluctuation", "--keep",
-           str(keep), "--gqa", "group", "--data", str(calibration), "--seq-len", "128", "--max-examples", "16",
-           "--batch-size", "4", "--out", str(out), "--json", "-", "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "headcut",
+        "prune",
+        str(folder),
+        "--layerwise",
+        "--method",
+        "fluctuation",
+        "--keep",
+        str(keep),
+        "--gqa",
+        "group",
+        "--data",
+        str(calibration),
+        "--seq-len",
+        "128",
+        "--max-examples",
+        "16",
+        "--batch-size",
+        "4",
+        "--out",
+        str(out),
+        "--json",
+        "-",
+        "--quiet",
+    ]
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -135,15 +198,28 @@ def run(name: str, work: Path, calibration: Path) -> dict[str, Any]:
     report = json.loads(done.stdout)
     layerwise = report["layerwise"]
     written = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    row = {"model": name, **fields, "checkpoint_bytes": size, "build_seconds": round(built, 1),
-           "keep": keep, "heads_before": report["heads"]["before"], "heads_after": report["heads"]["after"],
-           "prune_wall_seconds": round(wall, 1), "score_seconds": layerwise["score_seconds"],
-           "write_seconds": layerwise["write_seconds"], "peak_rss_bytes": layerwise["peak_rss_bytes"],
-           "peak_fraction_of_checkpoint": round(layerwise["peak_rss_bytes"] / size, 3),
-           "largest_layer_bytes": layerwise["largest_layer_bytes"], "activations": layerwise["activations"],
-           "activation_bytes": layerwise["activation_bytes"], "written_bytes": written, "shards": layerwise["shards"],
-           "form": report["checkpoint"]["form"], "command": " ".join(cmd[1:]).replace(str(work), "WORK"),
-           "machine": machine()}
+    row = {
+        "model": name,
+        **fields,
+        "checkpoint_bytes": size,
+        "build_seconds": round(built, 1),
+        "keep": keep,
+        "heads_before": report["heads"]["before"],
+        "heads_after": report["heads"]["after"],
+        "prune_wall_seconds": round(wall, 1),
+        "score_seconds": layerwise["score_seconds"],
+        "write_seconds": layerwise["write_seconds"],
+        "peak_rss_bytes": layerwise["peak_rss_bytes"],
+        "peak_fraction_of_checkpoint": round(layerwise["peak_rss_bytes"] / size, 3),
+        "largest_layer_bytes": layerwise["largest_layer_bytes"],
+        "activations": layerwise["activations"],
+        "activation_bytes": layerwise["activation_bytes"],
+        "written_bytes": written,
+        "shards": layerwise["shards"],
+        "form": report["checkpoint"]["form"],
+        "command": " ".join(cmd[1:]).replace(str(work), "WORK"),
+        "machine": machine(),
+    }
     shutil.rmtree(folder)
     shutil.rmtree(out)
     return row
@@ -171,8 +247,11 @@ def main() -> None:
             row = run(name, work, calibration)
             rows = [r for r in rows if r["model"] != name] + [row]
             RESULTS.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-            print(f"{name}: {row['checkpoint_bytes'] / 1e9:.2f} GB, peak {row['peak_rss_bytes'] / 1e9:.2f} GB "
-                  f"({row['peak_fraction_of_checkpoint']:.2f} of it), {row['prune_wall_seconds']:.0f} s", flush=True)
+            print(
+                f"{name}: {row['checkpoint_bytes'] / 1e9:.2f} GB, peak {row['peak_rss_bytes'] / 1e9:.2f} GB "
+                f"({row['peak_fraction_of_checkpoint']:.2f} of it), {row['prune_wall_seconds']:.0f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -122,10 +122,21 @@ PREFILL_CHUNK = 2048
 #: cut name -> fraction of the KV groups removed
 CUTS = {"unpruned": 0, "1/3": 1 / 3, "1/2": 1 / 2}
 #: the synthetic model's shape (Llama-3.2-1B)
-LLAMA1B = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-           "head_dim": 64, "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True,
-           "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-           "bos_token_id": 1, "eos_token_id": 2}
+LLAMA1B = {
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 BASES = {
     "smollm": "SmolLM2-135M-Instruct (real weights)",
     "gemma3": "Gemma 3 270M (real weights)",
@@ -137,8 +148,11 @@ _LAST = [0.0]
 
 def log(message: str) -> None:
     _LAST[0] = time.monotonic()
-    print(f"[long_context {time.strftime('%H:%M:%S')} +{(time.monotonic() - _START) / 60:.1f} min] {message}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[long_context {time.strftime('%H:%M:%S')} +{(time.monotonic() - _START) / 60:.1f} min] {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def heartbeat(every: float = 28.0) -> None:
@@ -267,8 +281,18 @@ def _describe(base: str, name: str, folder: Path, mask: dict[str, Any] | None, h
     del model
     gc.collect()
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
-    return Cut(base=base, name=name, folder=folder, kv_heads=kv, heads=heads, groups_removed=total - sum(kv),
-               groups_total=total, emptied_layers=[i for i, k in enumerate(kv) if k == 0], mask=mask, how=how)
+    return Cut(
+        base=base,
+        name=name,
+        folder=folder,
+        kv_heads=kv,
+        heads=heads,
+        groups_removed=total - sum(kv),
+        groups_total=total,
+        emptied_layers=[i for i, k in enumerate(kv) if k == 0],
+        mask=mask,
+        how=how,
+    )
 
 
 def _groups_mask(config: Any, groups: list[tuple[int, int]]) -> dict[str, Any]:
@@ -308,17 +332,31 @@ def make_cuts(base: str) -> list[Cut]:
         else:
             uniform = base == "smollm" and name == "1/3"
             cal_blocks = 64 if base == "smollm" else 8
-            data_options = {"seq_len": 256, "max_examples": cal_blocks, **({"batch_size": 2} if base == "gemma3" else {})}
-            how = (f"headcut.prune(method='gradient', keep={(total - removed) * size}, gqa='group'"
-                   f"{', uniform=True' if uniform else ''}), one-shot scores of {cal_blocks} blocks of 256 tokens of "
-                   "the first half of hamlet.txt")
+            data_options = {
+                "seq_len": 256,
+                "max_examples": cal_blocks,
+                **({"batch_size": 2} if base == "gemma3" else {}),
+            }
+            how = (
+                f"headcut.prune(method='gradient', keep={(total - removed) * size}, gqa='group'"
+                f"{', uniform=True' if uniform else ''}), one-shot scores of {cal_blocks} blocks of 256 tokens of "
+                "the first half of hamlet.txt"
+            )
             if not _done(folder):
                 log(f"{base} {name}: pruning ({how})")
                 shutil.rmtree(folder, ignore_errors=True)
                 cal, _ = _hamlet_halves()
                 t0 = time.perf_counter()
-                res = headcut.prune(src, "gradient", keep=(total - removed) * size, gqa="group", uniform=uniform,
-                                    data=str(cal), data_options=data_options, out=folder)
+                res = headcut.prune(
+                    src,
+                    "gradient",
+                    keep=(total - removed) * size,
+                    gqa="group",
+                    uniform=uniform,
+                    data=str(cal),
+                    data_options=data_options,
+                    out=folder,
+                )
                 _mark(folder, {"mask": res.mask.to_json(), "seconds": round(time.perf_counter() - t0, 1)})
                 log(f"{base} {name}: pruned in {time.perf_counter() - t0:.0f} s")
             mask = json.loads((folder / ".long-context-done").read_text())["mask"]
@@ -388,8 +426,14 @@ def model_shape(model: Any) -> Shape:
             one += p.numel()
             counted.add(id(p))
     dtype = next(model.parameters()).dtype
-    return Shape(kv_heads=[b.kv_heads for b in blocks], head_dim=blocks[0].head_dim, windows=windows,
-                 weight_values_2d=two, weight_values_1d=one, dtype_bytes=torch.finfo(dtype).bits // 8)
+    return Shape(
+        kv_heads=[b.kv_heads for b in blocks],
+        head_dim=blocks[0].head_dim,
+        windows=windows,
+        weight_values_2d=two,
+        weight_values_1d=one,
+        dtype_bytes=torch.finfo(dtype).bits // 8,
+    )
 
 
 def run_work_bytes(shape: Shape, prompt: int, gen: int, bytes_2d: int, bytes_1d: int, kv_bytes: int) -> int:
@@ -399,8 +443,10 @@ def run_work_bytes(shape: Shape, prompt: int, gen: int, bytes_2d: int, bytes_1d:
     total = 0
     for step in range(gen):
         attended = prompt + step + 1
-        kv = sum(k * shape.head_dim * 2 * (min(attended, w) if w else attended) * kv_bytes
-                 for k, w in zip(shape.kv_heads, shape.windows))
+        kv = sum(
+            k * shape.head_dim * 2 * (min(attended, w) if w else attended) * kv_bytes
+            for k, w in zip(shape.kv_heads, shape.windows)
+        )
         total += weights + kv
     return total
 
@@ -461,11 +507,13 @@ def prefill(model: Any, ids: list[int], what: str) -> tuple[Any, int]:
     logits = None
     with torch.inference_mode():
         for start in range(0, len(ids), PREFILL_CHUNK):
-            chunk = torch.tensor([ids[start:start + PREFILL_CHUNK]])
+            chunk = torch.tensor([ids[start : start + PREFILL_CHUNK]])
             t0 = time.perf_counter()
             logits = model(input_ids=chunk, cache=cache, use_cache=True, logits_to_keep=1).logits
-            log(f"{what}: prefilled {min(start + PREFILL_CHUNK, len(ids))}/{len(ids)} tokens "
-                f"({time.perf_counter() - t0:.1f} s for this chunk)")
+            log(
+                f"{what}: prefilled {min(start + PREFILL_CHUNK, len(ids))}/{len(ids)} tokens "
+                f"({time.perf_counter() - t0:.1f} s for this chunk)"
+            )
     assert logits is not None
     return cache, int(logits[0, -1].argmax())
 
@@ -529,8 +577,13 @@ def summarize(base_rows: list[dict[str, Any]]) -> None:
         row.update(tokens_per_s=med, tokens_per_s_p25=p25, tokens_per_s_p75=p75)
         ratios = [a / b for a, b in zip(tps, ref)]
         r25, rmed, r75 = quartiles(ratios)
-        row.update(paired_ratios=ratios, paired_ratio_median=rmed, paired_ratio_p25=r25, paired_ratio_p75=r75,
-                   speedup=med / quartiles(ref)[1])
+        row.update(
+            paired_ratios=ratios,
+            paired_ratio_median=rmed,
+            paired_ratio_p25=r25,
+            paired_ratio_p75=r75,
+            speedup=med / quartiles(ref)[1],
+        )
         row["within_noise"] = None if row is base_rows[0] else bool(r25 <= 1.0 <= r75)
         row["faster_beyond_noise"] = None if row is base_rows[0] else bool(r25 > 1.0)
         row["speedup_over_ideal"] = row["speedup"] / row["ideal"]
@@ -548,8 +601,9 @@ def profile_decode(model: Any, cache: Any, first: int, steps: int = 16) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=48)
 
 
-def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, threads: int, gen: int,
-              profile: bool) -> dict[str, Any]:
+def run_torch(
+    base: str, cuts: list[Cut], contexts: list[int], rounds: int, threads: int, gen: int, profile: bool
+) -> dict[str, Any]:
     import torch
 
     import headcut
@@ -561,11 +615,14 @@ def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, thre
         model = headcut.load(cut.folder)
         models.append(model)
         shapes.append(model_shape(model))
-    out: dict[str, Any] = {"dtype": str(next(models[0].parameters()).dtype).removeprefix("torch."),
-                           "attn_implementation": models[0].config._attn_implementation,
-                           "prefill": "random cache values (no prefill)" if base == "llama1b"
-                           else f"real prefill of hamlet.txt token ids in chunks of {PREFILL_CHUNK}",
-                           "contexts": {}}
+    out: dict[str, Any] = {
+        "dtype": str(next(models[0].parameters()).dtype).removeprefix("torch."),
+        "attn_implementation": models[0].config._attn_implementation,
+        "prefill": "random cache values (no prefill)"
+        if base == "llama1b"
+        else f"real prefill of hamlet.txt token ids in chunks of {PREFILL_CHUNK}",
+        "contexts": {},
+    }
     for ctx in contexts:
         log(f"torch {base} @ {ctx}: preparing the caches")
         caches = []
@@ -583,19 +640,29 @@ def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, thre
         rows = []
         for cut, shape in zip(cuts, shapes):
             exp = expected_torch_kv(shape, ctx + gen)
-            rows.append({"cut": cut.name, "kv_heads_kept": sum(cut.kv_heads), "kv_heads_total": cut.groups_total,
-                         "heads_kept": sum(cut.heads), "emptied_layers": cut.emptied_layers, "context": ctx,
-                         "tokens_per_s_rounds": [], "kv_expected_bytes": exp["heads"] + exp["placeholder"],
-                         "kv_expected_heads_bytes": exp["heads"], "kv_expected_placeholder_bytes": exp["placeholder"],
-                         "work_bytes": run_work_bytes(shape, ctx, gen, shape.dtype_bytes, shape.dtype_bytes,
-                                                      shape.dtype_bytes),
-                         "weight_bytes_per_token": shape.weight_values_2d * shape.dtype_bytes
-                         + shape.weight_values_1d * shape.dtype_bytes})
+            rows.append(
+                {
+                    "cut": cut.name,
+                    "kv_heads_kept": sum(cut.kv_heads),
+                    "kv_heads_total": cut.groups_total,
+                    "heads_kept": sum(cut.heads),
+                    "emptied_layers": cut.emptied_layers,
+                    "context": ctx,
+                    "tokens_per_s_rounds": [],
+                    "kv_expected_bytes": exp["heads"] + exp["placeholder"],
+                    "kv_expected_heads_bytes": exp["heads"],
+                    "kv_expected_placeholder_bytes": exp["placeholder"],
+                    "work_bytes": run_work_bytes(
+                        shape, ctx, gen, shape.dtype_bytes, shape.dtype_bytes, shape.dtype_bytes
+                    ),
+                    "weight_bytes_per_token": shape.weight_values_2d * shape.dtype_bytes
+                    + shape.weight_values_1d * shape.dtype_bytes,
+                }
+            )
         for row in rows:
             row["ideal"] = rows[0]["work_bytes"] / row["work_bytes"]
 
-        def one(j: int, r: int, models: list[Any] = models,
-                caches: list[Any] = caches) -> tuple[float, list[int], str]:
+        def one(j: int, r: int, models: list[Any] = models, caches: list[Any] = caches) -> tuple[float, list[int], str]:
             cut, model, (cache, first) = cuts[j], models[j], caches[j]
             work = fresh_copy(cache)
             seconds, toks = decode(model, work, first, gen, f"torch {base} {cut.name} @ {ctx} round {r + 1}")
@@ -606,8 +673,11 @@ def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, thre
             row["kv_cache_bytes"] = kv["heads"] + kv["placeholder"]
             row["kv_cache_heads_bytes"] = kv["heads"]
             row["kv_cache_placeholder_bytes"] = kv["placeholder"]
-            return seconds, toks, (f", KV {kv['heads'] / 2**20:.2f} MiB (+{kv['placeholder'] / 2**10:.1f} KiB "
-                                   "placeholders)")
+            return (
+                seconds,
+                toks,
+                (f", KV {kv['heads'] / 2**20:.2f} MiB (+{kv['placeholder'] / 2**10:.1f} KiB placeholders)"),
+            )
 
         loads = interleaved_rounds([c.name for c in cuts], rows, rounds, gen, f"torch {base}", ctx, one)
         entry: dict[str, Any] = {"rows": rows, "load": loads}
@@ -616,8 +686,11 @@ def run_torch(base: str, cuts: list[Cut], contexts: list[int], rounds: int, thre
             for cut, model, (cache, first) in zip(cuts, models, caches):
                 log(f"profiling {base} {cut.name} @ {ctx}")
                 entry["profile"][cut.name] = profile_decode(model, fresh_copy(cache), first)
-                print(f"\n### profile: torch {base} {cut.name} @ {ctx}, 16 decode steps\n"
-                      f"{entry['profile'][cut.name]}", file=sys.stderr, flush=True)
+                print(
+                    f"\n### profile: torch {base} {cut.name} @ {ctx}, 16 decode steps\n{entry['profile'][cut.name]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         out["contexts"][str(ctx)] = entry
         del caches
         gc.collect()
@@ -658,8 +731,9 @@ def llamacpp_kv_bytes(cut: Cut, head_dim: int, n_ctx: int, flash_attn: bool) -> 
     return {"k": k, "v": v, "total": k + v, "per_layer_heads": 2 * k}
 
 
-def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, threads: int,
-                 gen: int, flash_attn: bool = False) -> dict[str, Any]:
+def run_llamacpp(
+    base: str, cuts: list[Cut], contexts: list[int], rounds: int, threads: int, gen: int, flash_attn: bool = False
+) -> dict[str, Any]:
     import llama_cpp
     from llama_cpp import Llama
 
@@ -680,15 +754,26 @@ def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, t
         for cut, shape in zip(cuts, shapes):
             log(f"llama.cpp {base} {cut.name} @ {ctx}: loading {cut.gguf.name} ({cut.gguf_info.get('arch')})")
             with captured_stderr_fd() as box:
-                llm = Llama(str(cut.gguf), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                            n_threads_batch=threads, flash_attn=flash_attn, verbose=True)
+                llm = Llama(
+                    str(cut.gguf),
+                    n_ctx=n_ctx,
+                    n_batch=512,
+                    n_ubatch=512,
+                    n_threads=threads,
+                    n_threads_batch=threads,
+                    flash_attn=flash_attn,
+                    verbose=True,
+                )
             llama_cpp._logger.set_verbose(False)
             llm.verbose = False
-            kv_lines = [ln.strip() for ln in box["text"].splitlines()
-                        if ("MiB" in ln and ("KV" in ln or "kv" in ln)) or "padding V cache" in ln]
+            kv_lines = [
+                ln.strip()
+                for ln in box["text"].splitlines()
+                if ("MiB" in ln and ("KV" in ln or "kv" in ln)) or "padding V cache" in ln
+            ]
             t0 = time.perf_counter()
             for start in range(0, ctx, 512):
-                llm.eval(ids[start:start + 512])
+                llm.eval(ids[start : start + 512])
                 tick(lambda: f"llama.cpp {base} {cut.name} @ {ctx}: prefill {min(start + 512, ctx)}/{ctx}")
             prefill_s = time.perf_counter() - t0
             log(f"llama.cpp {base} {cut.name} @ {ctx}: prefilled in {prefill_s:.1f} s")
@@ -696,20 +781,34 @@ def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, t
             states.append(_save_state(llm))
             llms.append(llm)
             kv = llamacpp_kv_bytes(cut, shape.head_dim, llm.n_ctx(), flash_attn)
-            rows.append({"cut": cut.name, "kv_heads_kept": sum(cut.kv_heads), "kv_heads_total": cut.groups_total,
-                         "heads_kept": sum(cut.heads), "emptied_layers": cut.emptied_layers, "context": ctx,
-                         "n_ctx": llm.n_ctx(), "arch": cut.gguf_info.get("arch"),
-                         "gguf_bytes": cut.gguf_info.get("bytes"), "kv_cache_bytes": kv["total"],
-                         "kv_k_bytes": kv["k"], "kv_v_bytes": kv["v"], "kv_per_layer_heads_bytes": kv["per_layer_heads"],
-                         "llamacpp_log_kv": kv_lines, "tokens_per_s_rounds": [], "prefill_seconds": round(prefill_s, 2),
-                         "work_bytes": run_work_bytes(shape, ctx, gen, 2, 4, 2),
-                         "weight_bytes_per_token": shape.weight_values_2d * 2 + shape.weight_values_1d * 4})
+            rows.append(
+                {
+                    "cut": cut.name,
+                    "kv_heads_kept": sum(cut.kv_heads),
+                    "kv_heads_total": cut.groups_total,
+                    "heads_kept": sum(cut.heads),
+                    "emptied_layers": cut.emptied_layers,
+                    "context": ctx,
+                    "n_ctx": llm.n_ctx(),
+                    "arch": cut.gguf_info.get("arch"),
+                    "gguf_bytes": cut.gguf_info.get("bytes"),
+                    "kv_cache_bytes": kv["total"],
+                    "kv_k_bytes": kv["k"],
+                    "kv_v_bytes": kv["v"],
+                    "kv_per_layer_heads_bytes": kv["per_layer_heads"],
+                    "llamacpp_log_kv": kv_lines,
+                    "tokens_per_s_rounds": [],
+                    "prefill_seconds": round(prefill_s, 2),
+                    "work_bytes": run_work_bytes(shape, ctx, gen, 2, 4, 2),
+                    "weight_bytes_per_token": shape.weight_values_2d * 2 + shape.weight_values_1d * 4,
+                }
+            )
         for row in rows:
             row["ideal"] = rows[0]["work_bytes"] / row["work_bytes"]
             row["kv_log_matches"] = _kv_log_matches(row)
             assert row["kv_log_matches"] is not False, (base, row["cut"], row["kv_cache_bytes"], row["llamacpp_log_kv"])
-        def one(j: int, r: int, llms: list[Any] = llms,
-                states: list[Any] = states) -> tuple[float, list[int], str]:
+
+        def one(j: int, r: int, llms: list[Any] = llms, states: list[Any] = states) -> tuple[float, list[int], str]:
             llm, cut = llms[j], cuts[j]
             _load_state(llm, states[j], ctx)
             tok, toks = firsts[j], []
@@ -731,8 +830,15 @@ def run_llamacpp(base: str, cuts: list[Cut], contexts: list[int], rounds: int, t
     return out
 
 
-def interleaved_rounds(names: list[str], rows: list[dict[str, Any]], rounds: int, gen: int, what: str, ctx: int,
-                       one: Callable[[int, int], tuple[float, list[int], str]]) -> list[dict[str, Any]]:
+def interleaved_rounds(
+    names: list[str],
+    rows: list[dict[str, Any]],
+    rounds: int,
+    gen: int,
+    what: str,
+    ctx: int,
+    one: Callable[[int, int], tuple[float, list[int], str]],
+) -> list[dict[str, Any]]:
     """``rounds`` rounds of one greedy decode of every cut, the order rotated each round (headcut bench's
     ``round_order``): ``one(j, r)`` decodes cut ``j`` in round ``r`` and returns (seconds, tokens, more for the log
     line). Appends each round's tokens/s to ``rows[j]["tokens_per_s_rounds"]``, checks that a cut's greedy tokens
@@ -807,8 +913,10 @@ def thread_probe(runtimes: list[str], reps: int = 2) -> dict[str, Any]:
     import headcut
     import headcut_offline as offline
 
-    out: dict[str, Any] = {"what": "unpruned SmolLM2; torch: 8 tokens after a random 2048-position cache; llama.cpp: "
-                                   "16 tokens after a 512-token prompt; 1 and 2 threads alternated"}
+    out: dict[str, Any] = {
+        "what": "unpruned SmolLM2; torch: 8 tokens after a random 2048-position cache; llama.cpp: "
+        "16 tokens after a 512-token prompt; 1 and 2 threads alternated"
+    }
     src = offline.smollm_dir()
     if "torch" in runtimes:
         model = headcut.load(src)
@@ -820,7 +928,9 @@ def thread_probe(runtimes: list[str], reps: int = 2) -> dict[str, Any]:
                 torch.set_num_threads(th)
                 before = load_avg()
                 seconds, _ = decode(model, fresh_copy(cache), first, 8, f"thread probe torch {th} threads")
-                rows.append({"threads": th, "tokens_per_s": 8 / seconds, "load_before": before, "load_after": load_avg()})
+                rows.append(
+                    {"threads": th, "tokens_per_s": 8 / seconds, "load_before": before, "load_after": load_avg()}
+                )
                 log(f"thread probe: torch, {th} thread(s): {8 / seconds:.2f} tokens/s (load {before[0]})")
         out["torch"] = rows
         del model, cache
@@ -828,8 +938,18 @@ def thread_probe(runtimes: list[str], reps: int = 2) -> dict[str, Any]:
     if any(r.startswith("llamacpp") for r in runtimes):
         from llama_cpp import Llama
 
-        cut = Cut(base="smollm", name="unpruned", folder=src, kv_heads=[], heads=[], groups_removed=0, groups_total=0,
-                  emptied_layers=[], mask=None, how="")
+        cut = Cut(
+            base="smollm",
+            name="unpruned",
+            folder=src,
+            kv_heads=[],
+            heads=[],
+            groups_removed=0,
+            groups_total=0,
+            emptied_layers=[],
+            mask=None,
+            how="",
+        )
         write_gguf(cut)
         ids = prompt_ids(src, 512)
         rows = []
@@ -846,7 +966,9 @@ def thread_probe(runtimes: list[str], reps: int = 2) -> dict[str, Any]:
                     tick(lambda: f"thread probe llama.cpp {th} threads: {i + 1}/16")
                 seconds = time.perf_counter() - t0
                 llm.close()
-                rows.append({"threads": th, "tokens_per_s": 16 / seconds, "load_before": before, "load_after": load_avg()})
+                rows.append(
+                    {"threads": th, "tokens_per_s": 16 / seconds, "load_before": before, "load_after": load_avg()}
+                )
                 log(f"thread probe: llama.cpp, {th} thread(s): {16 / seconds:.2f} tokens/s (load {before[0]})")
         out["llamacpp"] = rows
     return out
@@ -869,9 +991,11 @@ def quality_notes(data: dict[str, Any]) -> list[str]:
         for cut in data["models"][base]["cuts"]:
             for row in rows:
                 if isinstance(row, dict) and cut["mask"] is not None and row.get("mask") == cut["mask"]:
-                    notes.append(f"{base} {cut['name']}: the same mask as benchmarks/results/{study} "
-                                 f"({row.get('removed')} removed): perplexity {row['perplexity']:.2f} "
-                                 f"(unpruned {row.get('perplexity_before'):.2f}) on the second half of hamlet.txt")
+                    notes.append(
+                        f"{base} {cut['name']}: the same mask as benchmarks/results/{study} "
+                        f"({row.get('removed')} removed): perplexity {row['perplexity']:.2f} "
+                        f"(unpruned {row.get('perplexity_before'):.2f}) on the second half of hamlet.txt"
+                    )
     return notes
 
 
@@ -889,10 +1013,18 @@ def machine() -> dict[str, Any]:
         llamacpp = llama_cpp.__version__
     except ImportError:
         llamacpp = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
-            else None, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "headcut": headcut.__version__, "llama_cpp_python": llamacpp,
-            "date": datetime.date.today().isoformat(), "shared_machine": "other agents run jobs on this machine"}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "headcut": headcut.__version__,
+        "llama_cpp_python": llamacpp,
+        "date": datetime.date.today().isoformat(),
+        "shared_machine": "other agents run jobs on this machine",
+    }
 
 
 def main() -> None:
@@ -901,21 +1033,39 @@ def main() -> None:
     ap.add_argument("--contexts", default="2048,8192")
     ap.add_argument("--llamacpp-contexts", default=None, help="contexts of the llama.cpp runtime (default: --contexts)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--runtimes", default="torch,llamacpp,llamacpp-fa",
-                    help="torch, llamacpp (flash attention off, llama-cpp-python's default), llamacpp-fa (on)")
+    ap.add_argument(
+        "--runtimes",
+        default="torch,llamacpp,llamacpp-fa",
+        help="torch, llamacpp (flash attention off, llama-cpp-python's default), llamacpp-fa (on)",
+    )
     ap.add_argument("--gen", type=int, default=GEN_TOKENS)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="PyTorch intra-op threads (default 1: see --thread-probe; 2 threads on this shared 2-core "
-                         "machine were several times slower)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="PyTorch intra-op threads (default 1: see --thread-probe; 2 threads on this shared 2-core "
+        "machine were several times slower)",
+    )
     ap.add_argument("--llamacpp-threads", type=int, default=1, help="llama.cpp n_threads and n_threads_batch")
-    ap.add_argument("--thread-probe", action=argparse.BooleanOptionalAction, default=True,
-                    help="first measure decode with 1 and with 2 threads (SmolLM2, both runtimes) and record it")
+    ap.add_argument(
+        "--thread-probe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first measure decode with 1 and with 2 threads (SmolLM2, both runtimes) and record it",
+    )
     ap.add_argument("--out", default=str(DEFAULT_OUT))
-    ap.add_argument("--skip", default="", help="RUNTIME:MODEL:CONTEXT entries to leave out, comma-separated "
-                                                  "(e.g. torch:llama1b:2048)")
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="RUNTIME:MODEL:CONTEXT entries to leave out, comma-separated (e.g. torch:llama1b:2048)",
+    )
     ap.add_argument("--profile", action="store_true", help="torch.profiler of 16 decode steps per torch model")
-    ap.add_argument("--render", metavar="JSON", default=None,
-                    help="only render a results file (after adding the quality notes) and print it")
+    ap.add_argument(
+        "--render",
+        metavar="JSON",
+        default=None,
+        help="only render a results file (after adding the quality notes) and print it",
+    )
     args = ap.parse_args()
     if args.render:
         data = json.loads(Path(args.render).read_text())
@@ -933,15 +1083,29 @@ def main() -> None:
     heartbeat()
     t_start = time.monotonic()
     data: dict[str, Any] = {
-        "settings": {"contexts": contexts, "llamacpp_contexts": cpp_contexts if any(r.startswith("llamacpp") for r in runtimes) else [],
-                     "gen_tokens": args.gen, "rounds": args.rounds, "threads": args.threads,
-                     "llamacpp_threads": args.llamacpp_threads, "batch": 1,
-                     "runtimes": runtimes, "models": bases, "prefill_chunk": PREFILL_CHUNK,
-                     "skipped": [x for x in args.skip.split(",") if x]},
-        "machine": machine(), "ideal_definition": IDEAL_TEXT, "models": {}, "runtimes": {}, "notes": [],
-        "random": ("the synthetic 1B model's weights (seed 0) and its cuts (seeded random KV-group masks); its PyTorch "
-                   "KV cache is filled with random values instead of a prefill (seeded); every other input is "
-                   "hamlet.txt's real token ids."),
+        "settings": {
+            "contexts": contexts,
+            "llamacpp_contexts": cpp_contexts if any(r.startswith("llamacpp") for r in runtimes) else [],
+            "gen_tokens": args.gen,
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "llamacpp_threads": args.llamacpp_threads,
+            "batch": 1,
+            "runtimes": runtimes,
+            "models": bases,
+            "prefill_chunk": PREFILL_CHUNK,
+            "skipped": [x for x in args.skip.split(",") if x],
+        },
+        "machine": machine(),
+        "ideal_definition": IDEAL_TEXT,
+        "models": {},
+        "runtimes": {},
+        "notes": [],
+        "random": (
+            "the synthetic 1B model's weights (seed 0) and its cuts (seeded random KV-group masks); its PyTorch "
+            "KV cache is filled with random values instead of a prefill (seeded); every other input is "
+            "hamlet.txt's real token ids."
+        ),
     }
     data["load_start"] = load_avg()
     all_cuts = {}
@@ -949,16 +1113,30 @@ def main() -> None:
         log(f"{base}: preparing the cuts")
         cuts = make_cuts(base)
         all_cuts[base] = cuts
-        data["models"][base] = {"label": BASES[base], "source": str(cuts[0].folder), "cuts": [
-            {"name": c.name, "kv_heads_per_layer": c.kv_heads, "heads_per_layer": c.heads,
-             "groups_removed": c.groups_removed, "groups_total": c.groups_total, "emptied_layers": c.emptied_layers,
-             "how": c.how, "mask": c.mask} for c in cuts]}
+        data["models"][base] = {
+            "label": BASES[base],
+            "source": str(cuts[0].folder),
+            "cuts": [
+                {
+                    "name": c.name,
+                    "kv_heads_per_layer": c.kv_heads,
+                    "heads_per_layer": c.heads,
+                    "groups_removed": c.groups_removed,
+                    "groups_total": c.groups_total,
+                    "emptied_layers": c.emptied_layers,
+                    "how": c.how,
+                    "mask": c.mask,
+                }
+                for c in cuts
+            ],
+        }
     data["notes"].append(THREAD_NOTE)
     if "gemma3" in bases:
         data["notes"].append(
             "Gemma 3: sliding-window layers (all but 5, 11, 17) cache at most 512 positions, so at 8k the three "
             "global layers hold most of the KV cache; emptying a layer's attention removes its cache (headcut keeps "
-            "a placeholder of one value per position for K and for V so transformers can count positions).")
+            "a placeholder of one value per position for K and for V so transformers can count positions)."
+        )
     if args.thread_probe:
         data["thread_probe"] = thread_probe(runtimes)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -967,21 +1145,32 @@ def main() -> None:
         data["runtimes"][runtime] = {}
         for base in bases:
             if runtime.startswith("llamacpp") and base == "gemma3":
-                note = ("llama.cpp: Gemma 3 skipped: its GGUF holds only the same head counts in every layer, and the "
-                        "Gemma cuts empty whole layers' attention, which cannot be written.")
+                note = (
+                    "llama.cpp: Gemma 3 skipped: its GGUF holds only the same head counts in every layer, and the "
+                    "Gemma cuts empty whole layers' attention, which cannot be written."
+                )
                 if note not in data["notes"]:
                     data["notes"].append(note)
                 continue
             t0 = time.monotonic()
             skip = set(args.skip.split(","))
-            ctxs = [c for c in (contexts if runtime == "torch" else cpp_contexts) if f"{runtime}:{base}:{c}" not in skip]
+            ctxs = [
+                c for c in (contexts if runtime == "torch" else cpp_contexts) if f"{runtime}:{base}:{c}" not in skip
+            ]
             if not ctxs:
                 continue
             if runtime == "torch":
                 res = run_torch(base, all_cuts[base], ctxs, args.rounds, args.threads, args.gen, args.profile)
             elif runtime in ("llamacpp", "llamacpp-fa"):
-                res = run_llamacpp(base, all_cuts[base], ctxs, args.rounds, args.llamacpp_threads, args.gen,
-                                   flash_attn=runtime == "llamacpp-fa")
+                res = run_llamacpp(
+                    base,
+                    all_cuts[base],
+                    ctxs,
+                    args.rounds,
+                    args.llamacpp_threads,
+                    args.gen,
+                    flash_attn=runtime == "llamacpp-fa",
+                )
                 data["machine"]["llama_cpp_python"] = res.get("llama_cpp_python")
             else:
                 raise SystemExit(f"unknown runtime {runtime!r}")

@@ -102,10 +102,13 @@ def perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int, tokens_pe
     model.eval()
     with torch.no_grad():
         for start in range(0, len(windows), per_batch):
-            x = windows[start:start + per_batch]
+            x = windows[start : start + per_batch]
             logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
-            nll += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                           x[:, 1:].reshape(-1), reduction="sum"))
+            nll += float(
+                torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"
+                )
+            )
             count += x[:, 1:].numel()
     return math.exp(nll / count)
 
@@ -129,6 +132,7 @@ def _first_line(error: BaseException) -> str:
 
 # ---- the peer (Torch-Pruning, in its own environment) ------------------------------------------------------
 
+
 def _load_peer_model(src: str) -> torch.nn.Module:
     """SmolLM2 in transformers 4: its config (written by transformers 5) states RoPE's base as
     ``rope_parameters``, which transformers 4 does not read (it would use 10,000 instead of 100,000)."""
@@ -146,14 +150,21 @@ def _shapes(model: torch.nn.Module) -> dict[str, list[int]]:
     """Query and KV heads per layer, from the projections' sizes."""
     hd = model.config.head_dim
     layers = model.model.layers
-    return {"query_heads": [a.self_attn.q_proj.weight.shape[0] // hd for a in layers],
-            "kv_heads": [a.self_attn.k_proj.weight.shape[0] // hd for a in layers],
-            "hidden": [a.self_attn.q_proj.weight.shape[1] for a in layers],
-            "mlp": [a.mlp.gate_proj.weight.shape[0] for a in layers]}
+    return {
+        "query_heads": [a.self_attn.q_proj.weight.shape[0] // hd for a in layers],
+        "kv_heads": [a.self_attn.k_proj.weight.shape[0] // hd for a in layers],
+        "hidden": [a.self_attn.q_proj.weight.shape[1] for a in layers],
+        "mlp": [a.mlp.gate_proj.weight.shape[0] for a in layers],
+    }
 
 
-def _native_pruner(model: torch.nn.Module, example: torch.Tensor, head_ratio: float, kv_as_heads: bool = False,
-                   global_pruning: bool = False) -> Any:
+def _native_pruner(
+    model: torch.nn.Module,
+    example: torch.Tensor,
+    head_ratio: float,
+    kv_as_heads: bool = False,
+    global_pruning: bool = False,
+) -> Any:
     """``BasePruner`` as the LLM example builds it, attention only: ``num_heads`` per projection (the model's
     query and KV heads, or the KV groups for all three with ``kv_as_heads``), whole heads removed, head size
     kept, the channel ratio set on the query projections alone so that the hidden size and the MLPs stay."""
@@ -169,10 +180,19 @@ def _native_pruner(model: torch.nn.Module, example: torch.Tensor, head_ratio: fl
     queries = tuple(layer.self_attn.q_proj for layer in model.model.layers)
     ratios = {queries: 0.5} if global_pruning else {q: 0.5 for q in queries}
     return tp.pruner.BasePruner(
-        model, example_inputs=example, importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
-        global_pruning=global_pruning, pruning_ratio=0.0, pruning_ratio_dict=ratios, ignored_layers=[model.lm_head],
-        num_heads=num_heads, prune_num_heads=True, prune_head_dims=False, head_pruning_ratio=head_ratio,
-        output_transform=lambda out: out.logits)
+        model,
+        example_inputs=example,
+        importance=tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean"),
+        global_pruning=global_pruning,
+        pruning_ratio=0.0,
+        pruning_ratio_dict=ratios,
+        ignored_layers=[model.lm_head],
+        num_heads=num_heads,
+        prune_num_heads=True,
+        prune_head_dims=False,
+        head_pruning_ratio=head_ratio,
+        output_transform=lambda out: out.logits,
+    )
 
 
 def _sync_attention(model: torch.nn.Module) -> None:
@@ -193,7 +213,9 @@ def _kv_cut(model: torch.nn.Module, removed: int, example: torch.Tensor) -> dict
     (see the module's doc); returns what was removed."""
     import torch_pruning as tp
 
-    graph = tp.DependencyGraph().build_dependency(model, example_inputs=example, output_transform=lambda out: out.logits)
+    graph = tp.DependencyGraph().build_dependency(
+        model, example_inputs=example, output_transform=lambda out: out.logits
+    )
     scorer = tp.importance.GroupMagnitudeImportance(p=2, group_reduction="mean")
     cfg = model.config
     kv, width = cfg.num_key_value_heads, cfg.head_dim * (cfg.num_attention_heads // cfg.num_key_value_heads)
@@ -225,8 +247,11 @@ def _kv_cut(model: torch.nn.Module, removed: int, example: torch.Tensor) -> dict
             if (proj.out_features, proj.in_features) != tuple(proj.weight.shape):
                 proj.out_features, proj.in_features = proj.weight.shape
                 fixed += 1
-    return {"removed_groups": {str(i): sorted(g) for i, g in sorted(chosen.items())},
-            "skipped_emptying": skipped, "linear_sizes_fixed": fixed}
+    return {
+        "removed_groups": {str(i): sorted(g) for i, g in sorted(chosen.items())},
+        "skipped_emptying": skipped,
+        "linear_sizes_fixed": fixed,
+    }
 
 
 def _masked_gap(model: torch.nn.Module, src: str, removed_groups: dict[str, list[int]], check: torch.Tensor) -> float:
@@ -239,7 +264,7 @@ def _masked_gap(model: torch.nn.Module, src: str, removed_groups: dict[str, list
         for i, groups in removed_groups.items():
             weight = reference.model.layers[int(i)].self_attn.o_proj.weight
             for g in groups:
-                weight[:, g * width:(g + 1) * width] = 0
+                weight[:, g * width : (g + 1) * width] = 0
     return _logits_gap(model, reference, check)
 
 
@@ -283,8 +308,12 @@ def run_peer(spec: dict[str, Any]) -> dict[str, Any]:
     model = _load_peer_model(spec["src"])
     loaded_rss = peak_rss_mib()
     # the installed package's version (torch_pruning.__version__ of 1.6.1 still says 1.6.0)
-    row: dict[str, Any] = {"torch_pruning": version("torch-pruning"), "torch_pruning_module_version": tp.__version__,
-                           "transformers": transformers.__version__, "torch": torch.__version__}
+    row: dict[str, Any] = {
+        "torch_pruning": version("torch-pruning"),
+        "torch_pruning_module_version": tp.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
     start = time.perf_counter()
     variant = spec["variant"]
     if variant == "native":
@@ -332,18 +361,31 @@ def probe(spec: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:
             error = _first_line(e)
         shapes = _shapes(model)
-        runs.append({"num_heads": name, "global": global_pruning, "head_ratio": ratio, "groups_pruned": pruned,
-                     "error": error, "seconds": time.perf_counter() - start,
-                     "query_heads_removed": 270 - sum(shapes["query_heads"]),
-                     "kv_heads_removed": 90 - sum(shapes["kv_heads"]),
-                     "query_heads": shapes["query_heads"], "kv_heads": shapes["kv_heads"]})
-        print(json.dumps({k: v for k, v in runs[-1].items() if k not in ("query_heads", "kv_heads")}),
-              file=sys.stderr, flush=True)
+        runs.append(
+            {
+                "num_heads": name,
+                "global": global_pruning,
+                "head_ratio": ratio,
+                "groups_pruned": pruned,
+                "error": error,
+                "seconds": time.perf_counter() - start,
+                "query_heads_removed": 270 - sum(shapes["query_heads"]),
+                "kv_heads_removed": 90 - sum(shapes["kv_heads"]),
+                "query_heads": shapes["query_heads"],
+                "kv_heads": shapes["kv_heads"],
+            }
+        )
+        print(
+            json.dumps({k: v for k, v in runs[-1].items() if k not in ("query_heads", "kv_heads")}),
+            file=sys.stderr,
+            flush=True,
+        )
         del pruner, model
     return {"runs": runs}
 
 
 # ---- headcut (in the harness's environment) ----------------------------------------------------------------
+
 
 def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
     """One of :data:`HEADCUT_VARIANTS`: pruned, saved, reloaded with ``headcut.load`` and measured. A layer-wise
@@ -357,30 +399,50 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
 
     ids = load_file(spec["ids"])["eval"]
     method, extra = HEADCUT_VARIANTS[spec["variant"]]
-    row: dict[str, Any] = {"headcut": headcut.__version__, "transformers": transformers.__version__,
-                           "torch": torch.__version__, "method": method, "options": extra}
+    row: dict[str, Any] = {
+        "headcut": headcut.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "method": method,
+        "options": extra,
+    }
     folder = Path(spec["work"]) / "cut"
     if method == "finetune":  # the recipe's control: no cut, the same recovery on the unpruned model
         start = time.perf_counter()
-        tuned = headcut.finetune(spec["src"], data=spec["cal_text"], teacher=spec["src"], checkpoint_every=None,
-                                 data_options=spec["cal_options"], **extra)
+        tuned = headcut.finetune(
+            spec["src"],
+            data=spec["cal_text"],
+            teacher=spec["src"],
+            checkpoint_every=None,
+            data_options=spec["cal_options"],
+            **extra,
+        )
         row["train_seconds"] = time.perf_counter() - start
         row["prune_seconds"] = None
         row["rss_pruned_mib"] = peak_rss_mib()
         tuned.save(folder)
-        row["recovery"] = _brief({k: tuned.report.get(k) for k in ("steps", "history_summary", "config",
-                                                                      "train_seconds")})
+        row["recovery"] = _brief(
+            {k: tuned.report.get(k) for k in ("steps", "history_summary", "config", "train_seconds")}
+        )
         in_memory = tuned.model
         del tuned
         model = headcut.load(folder)
-        row["reload"] = {"headcut_load": {"ok": True, "max_logit_gap": _logits_gap(in_memory, model,
-                                                                                   ids[:128].view(1, -1))}}
+        row["reload"] = {
+            "headcut_load": {"ok": True, "max_logit_gap": _logits_gap(in_memory, model, ids[:128].view(1, -1))}
+        }
         del in_memory
     elif spec["removed"]:
         layerwise = bool(extra.get("layerwise"))
         start = time.perf_counter()
-        pruned = headcut.prune(spec["src"], method, keep=spec["keep"], gqa="group", data=spec["cal_text"],
-                               data_options=spec["cal_options"], **extra)
+        pruned = headcut.prune(
+            spec["src"],
+            method,
+            keep=spec["keep"],
+            gqa="group",
+            data=spec["cal_text"],
+            data_options=spec["cal_options"],
+            **extra,
+        )
         scored = time.perf_counter() - start
         if not layerwise:
             row["prune_seconds"] = scored
@@ -413,7 +475,10 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
         config = json.loads((folder / "config.json").read_text())
         row["reload"]["form"] = "headcut" if "auto_map" in config else "stock"
         del in_memory
-        for name, kwargs in (("from_pretrained", {}), ("from_pretrained_trust_remote_code", {"trust_remote_code": True})):
+        for name, kwargs in (
+            ("from_pretrained", {}),
+            ("from_pretrained_trust_remote_code", {"trust_remote_code": True}),
+        ):
             try:
                 back = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
                 row["reload"][name] = {"ok": True, "max_logit_gap": _logits_gap(model, back, check)}
@@ -426,7 +491,9 @@ def run_headcut(spec: dict[str, Any]) -> dict[str, Any]:
         row["rss_pruned_mib"] = peak_rss_mib()
     hd = model.config.head_dim
     layers = model.model.layers
-    row["query_heads"] = [a.self_attn.q_proj.out_features // hd if hasattr(a.self_attn, "q_proj") else 0 for a in layers]
+    row["query_heads"] = [
+        a.self_attn.q_proj.out_features // hd if hasattr(a.self_attn, "q_proj") else 0 for a in layers
+    ]
     row["kv_heads"] = [a.self_attn.k_proj.out_features // hd if hasattr(a.self_attn, "k_proj") else 0 for a in layers]
     row["perplexity"] = {str(w): perplexity(model, ids, w) for w in WINDOWS}
     return row
@@ -465,6 +532,7 @@ def cut(spec_path: str) -> None:
 
 # ---- the environment and the orchestration (the harness's side) ------------------------------------------------
 
+
 def ensure_venv(venv: Path = DEFAULT_VENV) -> Path:
     """The peer's Python: the venv made with :data:`PEER_PACKAGES` when absent, and its versions checked."""
     python = venv / "bin" / "python"
@@ -483,8 +551,16 @@ def ensure_venv(venv: Path = DEFAULT_VENV) -> Path:
 def peer_versions(python: str) -> dict[str, str]:
     """The installed versions of the peer's packages in the environment of ``python``."""
     names = sorted({p.split("==")[0] for group in PEER_PACKAGES for p in group})
-    got = subprocess.run([python, "-c", "import json, importlib.metadata as m; print(json.dumps({p: m.version(p) "
-                          f"for p in {names!r}}}))"], check=True, capture_output=True, text=True).stdout
+    got = subprocess.run(
+        [
+            python,
+            "-c",
+            f"import json, importlib.metadata as m; print(json.dumps({{p: m.version(p) for p in {names!r}}}))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return json.loads(got)
 
 

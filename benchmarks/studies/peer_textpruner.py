@@ -81,27 +81,48 @@ def run(args: argparse.Namespace) -> None:
     cal, dev = batches(tensors, "cal"), batches(tensors, "eval")
     base = AutoModelForSequenceClassification.from_pretrained(args.model)
     layers, heads = base.config.num_hidden_layers, base.config.num_attention_heads
-    out: dict = {"textpruner": textpruner.__version__, "transformers": transformers.__version__,
-                 "n_iters": args.n_iters, "even": args.even, "unpruned_accuracy": accuracy(base, dev), "ks": {}}
+    out: dict = {
+        "textpruner": textpruner.__version__,
+        "transformers": transformers.__version__,
+        "n_iters": args.n_iters,
+        "even": args.even,
+        "unpruned_accuracy": accuracy(base, dev),
+        "ks": {},
+    }
     for k in (int(x) for x in args.ks.split(",")):
         if k % layers:
             print(f"skipping K={k}: not a multiple of {layers} layers", file=sys.stderr)
             continue
         model = AutoModelForSequenceClassification.from_pretrained(args.model)
         config = TransformerPruningConfig(
-            target_ffn_size=model.config.intermediate_size, target_num_of_heads=k // layers,
-            pruning_method="iterative", n_iters=args.n_iters, head_even_masking=args.even)
-        pruner = TransformerPruner(model, transformer_pruning_config=config,
-                                   general_config=GeneralConfig(use_device="cpu", output_dir="/tmp/textpruner-peer"))
+            target_ffn_size=model.config.intermediate_size,
+            target_num_of_heads=k // layers,
+            pruning_method="iterative",
+            n_iters=args.n_iters,
+            head_even_masking=args.even,
+        )
+        pruner = TransformerPruner(
+            model,
+            transformer_pruning_config=config,
+            general_config=GeneralConfig(use_device="cpu", output_dir="/tmp/textpruner-peer"),
+        )
         start = time.perf_counter()
         pruner.prune(dataloader=cal, save_model=False, keep_shape=False)
         seconds = time.perf_counter() - start
         mask = pruner.head_mask.to(torch.int64).tolist()
         # TextPruner's last iteration may keep more heads than asked (seen: 13 for 12, 9 for 6): record them
-        kept = sum(model.config.num_attention_heads - len(model.config.pruned_heads.get(i, ()))
-                   for i in range(layers)) if model.config.pruned_heads else heads * layers
-        out["ks"][k] = {"accuracy": accuracy(model, dev), "seconds": round(seconds, 2), "mask": mask,
-                        "kept": sum(map(sum, mask)), "heads_in_pruned_model": kept}
+        kept = (
+            sum(model.config.num_attention_heads - len(model.config.pruned_heads.get(i, ())) for i in range(layers))
+            if model.config.pruned_heads
+            else heads * layers
+        )
+        out["ks"][k] = {
+            "accuracy": accuracy(model, dev),
+            "seconds": round(seconds, 2),
+            "mask": mask,
+            "kept": sum(map(sum, mask)),
+            "heads_in_pruned_model": kept,
+        }
         print(f"K={k}: {out['ks'][k]['accuracy']:.4f} ({seconds:.1f} s)", file=sys.stderr, flush=True)
         with open(args.out, "w") as f:
             json.dump(out, f)

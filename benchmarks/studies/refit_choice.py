@@ -45,11 +45,13 @@ def grams(model: nn.Module, cal: Calibration) -> dict[str, torch.Tensor]:
     """Per block, ``G = z^T z`` (float64) of its output projection's input on the real tokens, with a ones column."""
     base, out, hooks, current = model.base_model, {}, [], {}
     for block in headcut.model_blocks(model):
+
         def pre(m: nn.Module, args: tuple, block: Block = block) -> None:
             z = args[0].detach()
             z = z[real_queries(current["batch"], block.kind, z.shape[0], z.shape[1], z.device)].double()
             z = torch.cat([z, z.new_ones(len(z), 1)], 1)
             out[block.name] = out.get(block.name, 0) + z.T @ z
+
         hooks.append(base.get_submodule(block.o).register_forward_pre_hook(pre))
     model.eval()
     try:
@@ -134,10 +136,19 @@ def main() -> None:
     for k in map(int, args.ks.split(",")):
         start = time.time()
         cut = plan_prune(model, cal, PruneConfig(method="fluctuation", keep=k)).mask
-        for name, mask in (("fluctuation", cut), ("per layer", per_layer(model, g, cut)),
-                           ("global", global_choice(model, g, k))):
-            row = {"task": args.task, "k": k, "choice": name, "keep": dict(mask.keep),
-                   "after_refit": after_refit(model, mask, cal, dev), "seconds": round(time.time() - start, 1)}
+        for name, mask in (
+            ("fluctuation", cut),
+            ("per layer", per_layer(model, g, cut)),
+            ("global", global_choice(model, g, k)),
+        ):
+            row = {
+                "task": args.task,
+                "k": k,
+                "choice": name,
+                "keep": dict(mask.keep),
+                "after_refit": after_refit(model, mask, cal, dev),
+                "seconds": round(time.time() - start, 1),
+            }
             rows = [r for r in rows if (r["task"], r["k"], r["choice"]) != (args.task, k, name)] + [row]
             print(json.dumps(row), file=sys.stderr, flush=True)
             RESULTS.write_text(json.dumps({"study": "refit_choice", "rows": rows}, indent=1) + "\n")

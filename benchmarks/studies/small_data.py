@@ -64,14 +64,20 @@ def stability(task: Task, k: int) -> dict[str, Any]:
     tok = load_tokenizer(task.path)
     masks = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path in (("all", task.splits["train"]), ("half 0", _half(task.splits["train"], Path(tmp), 0)),
-                           ("half 1", _half(task.splits["train"], Path(tmp), 1))):
+        for name, path in (
+            ("all", task.splits["train"]),
+            ("half 0", _half(task.splits["train"], Path(tmp), 0)),
+            ("half 1", _half(task.splits["train"], Path(tmp), 1)),
+        ):
             cal = load_calibration(task.model, tok, DataConfig(path=str(path), batch_size=8))
             masks[name] = plan_prune(task.model, cal, PruneConfig(method="gradient", keep=k)).mask
-    return {"k": k, "after_cut": {n: task.accuracy(m) for n, m in masks.items()},
-            "kept_per_layer": {n: _kept_per_layer(m) for n, m in masks.items()},
-            "overlap_halves": _overlap(masks["half 0"], masks["half 1"]),
-            "overlap_all_half0": _overlap(masks["all"], masks["half 0"])}
+    return {
+        "k": k,
+        "after_cut": {n: task.accuracy(m) for n, m in masks.items()},
+        "kept_per_layer": {n: _kept_per_layer(m) for n, m in masks.items()},
+        "overlap_halves": _overlap(masks["half 0"], masks["half 1"]),
+        "overlap_all_half0": _overlap(masks["all"], masks["half 0"]),
+    }
 
 
 #: the one-shot scorers compared right after the cut
@@ -88,7 +94,9 @@ def scorers(task: Task) -> dict[str, Any]:
     held = load_calibration(task.model, tok, DataConfig(path=str(task.splits["test"]), batch_size=8, max_examples=512))
     for scorer in SCORERS:
         for k in (16, 8):
-            out[f"{scorer} {k}"] = task.accuracy(plan_prune(task.model, task.cal, PruneConfig(method=scorer, keep=k)).mask)
+            out[f"{scorer} {k}"] = task.accuracy(
+                plan_prune(task.model, task.cal, PruneConfig(method=scorer, keep=k)).mask
+            )
             if scorer == "gradient":
                 mask = plan_prune(task.model, held, PruneConfig(method=scorer, keep=k)).mask
                 out[f"gradient (held-out scores) {k}"] = task.accuracy(mask)
@@ -102,12 +110,20 @@ def _train_accuracy(task: Task, model: Any) -> float:
 
 
 def _curve(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"step": h["step"], **{k: v for k, v in h.items() if k.startswith("eval")}}
-            for h in history if any(k.startswith("eval") for k in h)]
+    return [
+        {"step": h["step"], **{k: v for k, v in h.items() if k.startswith("eval")}}
+        for h in history
+        if any(k.startswith("eval") for k in h)
+    ]
 
 
-def _with_copies(path: Path, out: Path, copies: int, seed: int,
-                 make: Callable[[dict[str, str], list[dict[str, str]], random.Random], str]) -> Path:
+def _with_copies(
+    path: Path,
+    out: Path,
+    copies: int,
+    seed: int,
+    make: Callable[[dict[str, str], list[dict[str, str]], random.Random], str],
+) -> Path:
     """The training file with ``copies`` rows after every row, each with the text ``make(row, rows, rng)`` and the
     row's label, written to ``out``."""
     with path.open(newline="") as f:
@@ -150,7 +166,7 @@ def spliced(path: Path, folder: Path, copies: int, seed: int = 0) -> Path:
 
     def splice(r: dict[str, str], rows: list[dict[str, str]], rng: random.Random) -> str:
         head, tail = r["text"].split(), rng.choice(rows)["text"].split()
-        return " ".join(head[:rng.randint(1, len(head))] + tail[rng.randint(0, max(len(tail) - 1, 0)):])
+        return " ".join(head[: rng.randint(1, len(head))] + tail[rng.randint(0, max(len(tail) - 1, 0)) :])
 
     return _with_copies(path, folder / f"spliced-{copies}.csv", copies, seed, splice)
 
@@ -166,10 +182,19 @@ def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     seed = finetune.pop("seed", 0)
     train_only = finetune.pop("train_only", None)
     method, cut_options = finetune.pop("method", "gradient"), finetune.pop("cut_options", {})
-    pruned = headcut.prune(task.path, method, keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
-                           seed=seed,
-                           progress=task.progress, min_heads_per_block=finetune.pop("min_heads_per_block", 0),
-                           refit=refit, eval_data=task.splits["test"] if refit else None, **cut_options)
+    pruned = headcut.prune(
+        task.path,
+        method,
+        keep=k,
+        data=task.splits["train"],
+        data_options=TRAIN_OPTIONS,
+        seed=seed,
+        progress=task.progress,
+        min_heads_per_block=finetune.pop("min_heads_per_block", 0),
+        refit=refit,
+        eval_data=task.splits["test"] if refit else None,
+        **cut_options,
+    )
     after_cut = task.held_out(pruned.model)
     cut_only = {"after_cut": 100 * pruned.report["metric"]["after_pruning"], "after_refit": after_cut} if refit else {}
     if train_only is not None:  # the other parameters frozen (the trainer leaves out those without a gradient)
@@ -178,11 +203,27 @@ def recovery(task: Task, k: int, steps: int, **finetune: Any) -> dict[str, Any]:
     teacher = finetune.pop("teacher", task.path)
     data = finetune.pop("data", task.splits["train"])
     data_options = dict(TRAIN_OPTIONS, max_examples=finetune.pop("max_examples", TRAIN_OPTIONS["max_examples"]))
-    tuned = headcut.finetune(pruned.model, data, eval_data=task.splits["test"], teacher=teacher,
-                             max_steps=steps, eval_every=CURVE_EVERY, checkpoint_every=None, seed=seed,
-                             data_options=data_options, progress=task.progress, **finetune)
-    return {"after_cut": after_cut, "after": task.held_out(tuned.model), "train_accuracy": _train_accuracy(task, tuned.model),
-            "curve": _curve(tuned.result.history), "seconds": time.perf_counter() - start, **cut_only}
+    tuned = headcut.finetune(
+        pruned.model,
+        data,
+        eval_data=task.splits["test"],
+        teacher=teacher,
+        max_steps=steps,
+        eval_every=CURVE_EVERY,
+        checkpoint_every=None,
+        seed=seed,
+        data_options=data_options,
+        progress=task.progress,
+        **finetune,
+    )
+    return {
+        "after_cut": after_cut,
+        "after": task.held_out(tuned.model),
+        "train_accuracy": _train_accuracy(task, tuned.model),
+        "curve": _curve(tuned.result.history),
+        "seconds": time.perf_counter() - start,
+        **cut_only,
+    }
 
 
 def rounds(task: Task, ks: list[int], steps: int) -> dict[str, Any]:
@@ -192,11 +233,20 @@ def rounds(task: Task, ks: list[int], steps: int) -> dict[str, Any]:
     model: Any = task.path
     stages = []
     for k in ks:
-        pruned = headcut.prune(model, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
-                               progress=task.progress)
+        pruned = headcut.prune(
+            model, "gradient", keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS, progress=task.progress
+        )
         after_cut = task.held_out(pruned.model)  # finetune trains the model in place
-        tuned = headcut.finetune(pruned.model, task.splits["train"], teacher=task.path, max_steps=steps,
-                                 checkpoint_every=None, seed=0, data_options=TRAIN_OPTIONS, progress=task.progress)
+        tuned = headcut.finetune(
+            pruned.model,
+            task.splits["train"],
+            teacher=task.path,
+            max_steps=steps,
+            checkpoint_every=None,
+            seed=0,
+            data_options=TRAIN_OPTIONS,
+            progress=task.progress,
+        )
         model = tuned.model
         stages.append({"k": k, "after_cut": after_cut, "after": task.held_out(model)})
     return {"stages": stages, "after": stages[-1]["after"], "seconds": time.perf_counter() - start}
@@ -205,10 +255,24 @@ def rounds(task: Task, ks: list[int], steps: int) -> dict[str, Any]:
 def learned_then_recovery(task: Task, k: int, method: str, gate_steps: int, steps: int) -> dict[str, Any]:
     """Learned gates (``gate_steps`` distilled from the unpruned model, alpha 0.9), then ``steps`` of recovery."""
     start = time.perf_counter()
-    pruned = headcut.prune(task.path, method, keep=k, data=task.splits["train"], data_options=TRAIN_OPTIONS,
-                           max_steps=gate_steps, alpha=0.9, recover_steps=steps, progress=task.progress)
-    return {"after": task.held_out(pruned.model), "after_gates": 100 * pruned.report["metric"].get("after_pruning", float("nan"))
-            if pruned.report.get("metric") else None, "seconds": time.perf_counter() - start}
+    pruned = headcut.prune(
+        task.path,
+        method,
+        keep=k,
+        data=task.splits["train"],
+        data_options=TRAIN_OPTIONS,
+        max_steps=gate_steps,
+        alpha=0.9,
+        recover_steps=steps,
+        progress=task.progress,
+    )
+    return {
+        "after": task.held_out(pruned.model),
+        "after_gates": 100 * pruned.report["metric"].get("after_pruning", float("nan"))
+        if pruned.report.get("metric")
+        else None,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def _other_snippets(task: Task, shuffle: bool = True) -> list[dict[str, str]]:
@@ -219,8 +283,11 @@ def _other_snippets(task: Task, shuffle: bool = True) -> list[dict[str, str]]:
 
     taken = {r["text"] for p in task.splits.values() for r in csv.DictReader(p.open(newline=""))}
     with bz2.open(offline.data_dir() / "rotten_tomatoes_corpus_full.csv.bz2", "rt", newline="") as f:
-        other = [{"text": r["text"].strip(), "label": r["category"]} for r in csv.DictReader(f)
-                 if r["category"] in offline.REVIEW_LABELS and r["text"].strip() not in taken]
+        other = [
+            {"text": r["text"].strip(), "label": r["category"]}
+            for r in csv.DictReader(f)
+            if r["category"] in offline.REVIEW_LABELS and r["text"].strip() not in taken
+        ]
     if shuffle:
         random.Random(0).shuffle(other)
     return other
@@ -232,7 +299,7 @@ def _unlabelled(task: Task, folder: Path, n: int) -> Path:
     with task.splits["train"].open(newline="") as f:
         train = list(csv.DictReader(f))
     other = _other_snippets(task)
-    rows = train + other[:max(n - len(train), 0)]
+    rows = train + other[: max(n - len(train), 0)]
     random.Random(1).shuffle(rows)
     out = folder / "more.csv"
     with out.open("w", newline="") as f:
@@ -268,17 +335,31 @@ def with_recover_data(task: Task, k: int, steps: int = 1000) -> dict[str, Any]:
             w = csv.writer(f)
             w.writerow(["text"])
             w.writerows([t] for t in texts)
-        pruned = headcut.prune(task.path, "gradient", keep=k, data=task.splits["train"],
-                               eval_data=task.splits["test"], data_options=TRAIN_OPTIONS, refit=True,
-                               recover_steps=steps, recover_data=extra, progress=task.progress)
+        pruned = headcut.prune(
+            task.path,
+            "gradient",
+            keep=k,
+            data=task.splits["train"],
+            eval_data=task.splits["test"],
+            data_options=TRAIN_OPTIONS,
+            refit=True,
+            recover_steps=steps,
+            recover_data=extra,
+            progress=task.progress,
+        )
     metric = pruned.report["metric"]
-    return {"after_cut": 100 * metric["after_pruning"], "after_refit": 100 * metric["after_refit"],
-            "after": 100 * metric["after"], "examples": pruned.report["recovery"]["recover_data"]["examples"],
-            "seconds": time.perf_counter() - start}
+    return {
+        "after_cut": 100 * metric["after_pruning"],
+        "after_refit": 100 * metric["after_refit"],
+        "after": 100 * metric["after"],
+        "examples": pruned.report["recovery"]["recover_data"]["examples"],
+        "seconds": time.perf_counter() - start,
+    }
 
 
-def _with_augmented(task: Task, k: int, copies: int, finetune: dict[str, Any], how: Any = augmented,
-                    steps: int | None = None) -> dict[str, Any]:
+def _with_augmented(
+    task: Task, k: int, copies: int, finetune: dict[str, Any], how: Any = augmented, steps: int | None = None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         data = how(task.splits["train"], Path(tmp), copies)
         return recovery(task, k, steps or (1000 if k < 12 else 500), data=data, **finetune)
@@ -290,12 +371,14 @@ _MADE = {"alpha": 1.0, "refit": True, "max_examples": 10**6}
 
 #: recovery with part of the model frozen: (refit first, what is trained, the trained parameters' names: those of
 #: the page's classifiers, all BERT-architecture MiniLMs; a benchmark of these tasks, not headcut's own code)
-FROZEN = [(False, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
-          (True, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
-          (True, "attention outputs and LayerNorms trained", r"attention\.output\.|LayerNorm|classifier"),
-          (False, "embeddings frozen", r"encoder\.|pooler|classifier"),
-          (True, "embeddings frozen", r"encoder\.|pooler|classifier"),
-          (True, "biases and LayerNorms trained", r"bias|LayerNorm|classifier")]
+FROZEN = [
+    (False, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
+    (True, "attention and LayerNorms trained", r"attention\.|LayerNorm|pooler|classifier"),
+    (True, "attention outputs and LayerNorms trained", r"attention\.output\.|LayerNorm|classifier"),
+    (False, "embeddings frozen", r"encoder\.|pooler|classifier"),
+    (True, "embeddings frozen", r"encoder\.|pooler|classifier"),
+    (True, "biases and LayerNorms trained", r"bias|LayerNorm|classifier"),
+]
 
 RUNS = {
     "stability": lambda task, k: stability(task, k),
@@ -311,42 +394,67 @@ RUNS = {
     "rounds 36-16-K": lambda task, k: rounds(task, [36, 16, k], 333),
     "refit + recipe": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, refit=True),
     "refit + every in-domain input 2000 steps (distillation only)": lambda task, k: _with_all_inputs(task, k, 2000),
-    "refit + 2000 steps on the training rows (distillation only)": lambda task, k: recovery(task, k, 2000, alpha=1.0,
-                                                                                             refit=True),
+    "refit + 2000 steps on the training rows (distillation only)": lambda task, k: recovery(
+        task, k, 2000, alpha=1.0, refit=True
+    ),
     "refit + recipe 1000 steps": lambda task, k: recovery(task, k, 1000, refit=True),
     "refit + every in-domain input 1000 steps (distillation only)": lambda task, k: _with_all_inputs(task, k, 1000),
     "refit + recipe 1000 steps seed 1": lambda task, k: recovery(task, k, 1000, refit=True, seed=1),
-    "refit + every in-domain input 1000 steps (distillation only) seed 1":
-        lambda task, k: _with_all_inputs(task, k, 1000, seed=1),
+    "refit + every in-domain input 1000 steps (distillation only) seed 1": lambda task, k: _with_all_inputs(
+        task, k, 1000, seed=1
+    ),
     "refit + --recover-data 1000 steps": with_recover_data,
-    "refit + word-augmented x10 1000 steps (distillation only)":
-        lambda task, k: _with_augmented(task, k, 10, dict(_MADE), steps=1000),
-    "refit + spliced x10 1000 steps (distillation only)":
-        lambda task, k: _with_augmented(task, k, 10, dict(_MADE), how=spliced, steps=1000),
-    "refit + word-augmented x10 + hidden states 1000 steps (distillation only)":
-        lambda task, k: _with_augmented(task, k, 10, dict(_MADE, hidden_weight=1.0), steps=1000),
+    "refit + word-augmented x10 1000 steps (distillation only)": lambda task, k: _with_augmented(
+        task, k, 10, dict(_MADE), steps=1000
+    ),
+    "refit + spliced x10 1000 steps (distillation only)": lambda task, k: _with_augmented(
+        task, k, 10, dict(_MADE), how=spliced, steps=1000
+    ),
+    "refit + word-augmented x10 + hidden states 1000 steps (distillation only)": lambda task, k: _with_augmented(
+        task, k, 10, dict(_MADE, hidden_weight=1.0), steps=1000
+    ),
     "dsp 500 + recovery 500": lambda task, k: learned_then_recovery(task, k, "dsp", 500, 500),
-    **{f"{'refit + ' if refit else ''}recipe, {what}": (
-        lambda task, k, refit=refit, pattern=pattern: recovery(task, k, 1000 if k < 12 else 500, refit=refit,
-                                                               train_only=pattern))
-       for refit, what, pattern in FROZEN},
+    **{
+        f"{'refit + ' if refit else ''}recipe, {what}": (
+            lambda task, k, refit=refit, pattern=pattern: recovery(
+                task, k, 1000 if k < 12 else 500, refit=refit, train_only=pattern
+            )
+        )
+        for refit, what, pattern in FROZEN
+    },
     "recipe lr 2e-5": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, lr=2e-5),
-    "recipe with temperature 5 and alpha 0.9": lambda task, k: recovery(task, k, 1000 if k < 12 else 500,
-                                                                        temperature=5.0, alpha=0.9),
+    "recipe with temperature 5 and alpha 0.9": lambda task, k: recovery(
+        task, k, 1000 if k < 12 else 500, temperature=5.0, alpha=0.9
+    ),
     "refit + recipe with fluctuation scores and hidden states": lambda task, k: recovery(
-        task, k, 1000 if k < 12 else 500, method="fluctuation", refit=True, hidden_weight=1.0),
+        task, k, 1000 if k < 12 else 500, method="fluctuation", refit=True, hidden_weight=1.0
+    ),
     "recipe with mixup 0.4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, mixup=0.4),
-    "recipe with fluctuation scores and mixup 0.4": lambda task, k: recovery(task, k, 1000 if k < 12 else 500,
-                                                                      method="fluctuation", mixup=0.4),
+    "recipe with fluctuation scores and mixup 0.4": lambda task, k: recovery(
+        task, k, 1000 if k < 12 else 500, method="fluctuation", mixup=0.4
+    ),
     "recipe, fluctuation scores": lambda task, k: recovery(task, k, 1000 if k < 12 else 500, method="fluctuation"),
     "recipe, fluctuation scores and bias compensation": lambda task, k: recovery(
-        task, k, 1000 if k < 12 else 500, method="fluctuation", cut_options={"bias_compensation": True}),
+        task, k, 1000 if k < 12 else 500, method="fluctuation", cut_options={"bias_compensation": True}
+    ),
 }
 
 
 #: ``headcut prune`` arguments a report's command line repeats (the data paths are the task's splits)
-_FLAGS = ("method", "keep", "via", "via_steps", "max_examples", "batch_size", "recover_steps",
-          "recover_hidden_weight", "recover_average", "refit", "bias_compensation", "seed")
+_FLAGS = (
+    "method",
+    "keep",
+    "via",
+    "via_steps",
+    "max_examples",
+    "batch_size",
+    "recover_steps",
+    "recover_hidden_weight",
+    "recover_average",
+    "refit",
+    "bias_compensation",
+    "seed",
+)
 
 
 def report_row(path: Path) -> dict[str, Any]:
@@ -357,19 +465,32 @@ def report_row(path: Path) -> dict[str, Any]:
 
     report = json.loads(path.read_text())
     args = report["arguments"]
-    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k in _FLAGS
-             if (v := args.get(k)) not in (None, False) and not (k == "seed" and v == 0)]
+    flags = [
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k in _FLAGS
+        if (v := args.get(k)) not in (None, False) and not (k == "seed" and v == 0)
+    ]
     metric = report["metric"]
-    rounds = [{"k": r["keep"], **{k: 100 * v for k, v in r["metric"].items() if v is not None}}
-              for r in report.get("rounds", [])]
+    rounds = [
+        {"k": r["keep"], **{k: 100 * v for k, v in r["metric"].items() if v is not None}}
+        for r in report.get("rounds", [])
+    ]
     steps = sum((r.get("recovery") or {}).get("steps", 0) for r in [*report.get("rounds", []), report])
     extra = args.get("recover_data")
     flags += [f"--recover-data {Path(extra).name}"] if extra else []
-    return {"k": args["keep"], "steps": steps, **({"rounds": rounds} if rounds else {}),
-            "before": 100 * metric["before"], "after_cut": 100 * metric["after_pruning"], "after": 100 * metric["after"],
-            "seconds": report["seconds"], "command": " ".join(["headcut prune", Path(args["model"]).name, *flags,
-                                                                "--data train.csv --eval-data test.csv"]),
-            **({"after_refit": 100 * metric["after_refit"]} if metric.get("after_refit") is not None else {})}
+    return {
+        "k": args["keep"],
+        "steps": steps,
+        **({"rounds": rounds} if rounds else {}),
+        "before": 100 * metric["before"],
+        "after_cut": 100 * metric["after_pruning"],
+        "after": 100 * metric["after"],
+        "seconds": report["seconds"],
+        "command": " ".join(
+            ["headcut prune", Path(args["model"]).name, *flags, "--data train.csv --eval-data test.csv"]
+        ),
+        **({"after_refit": 100 * metric["after_refit"]} if metric.get("after_refit") is not None else {}),
+    }
 
 
 def run_names(arg: str) -> list[str]:
@@ -393,20 +514,39 @@ def main() -> None:
     ap.add_argument("--tasks", default="review-plot,debates")
     ap.add_argument("--ks", default="8")
     ap.add_argument("--runs", default=",".join(RUNS), help="runs to measure, comma-separated (names of RUNS)")
-    ap.add_argument("--results", default=None,
-                    help="the results file's name (one per process when several run at once; default: "
-                         "small_data_diagnosis, with --reports small_data_cli)")
+    ap.add_argument(
+        "--results",
+        default=None,
+        help="the results file's name (one per process when several run at once; default: "
+        "small_data_diagnosis, with --reports small_data_cli)",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    ap.add_argument("--reports", nargs="*", default=[], metavar="FILE",
-                    help="keep rows of command-line runs instead of measuring: `headcut prune` --json reports "
-                         "of the one task of --tasks, run name --report-run")
-    ap.add_argument("--report-run", default="recipe with fluctuation's cut (command line)",
-                    help="the run name of the --reports rows")
-    ap.add_argument("--report-timing", default=None, metavar="TEXT",
-                    help="how the --reports runs were timed, where not alone on the machine (the rows' 'timing')")
-    ap.add_argument("--report-device", default=None, metavar="NAME",
-                    help="the GPU the --reports runs ran on (the rows' 'device'; the page judges no GPU time "
-                         "against the CPU limit)")
+    ap.add_argument(
+        "--reports",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="keep rows of command-line runs instead of measuring: `headcut prune` --json reports "
+        "of the one task of --tasks, run name --report-run",
+    )
+    ap.add_argument(
+        "--report-run",
+        default="recipe with fluctuation's cut (command line)",
+        help="the run name of the --reports rows",
+    )
+    ap.add_argument(
+        "--report-timing",
+        default=None,
+        metavar="TEXT",
+        help="how the --reports runs were timed, where not alone on the machine (the rows' 'timing')",
+    )
+    ap.add_argument(
+        "--report-device",
+        default=None,
+        metavar="NAME",
+        help="the GPU the --reports runs ran on (the rows' 'device'; the page judges no GPU time "
+        "against the CPU limit)",
+    )
     args = ap.parse_args()
     args.results = args.results or ("small_data_cli" if args.reports else "small_data_diagnosis")
     if args.reports:
@@ -414,8 +554,11 @@ def main() -> None:
             raise SystemExit("--reports: name their task with --tasks (one task)")
         store = Store(args.results, rerun=False)
         for path in map(Path, args.reports):
-            row = report_row(path) | ({"timing": args.report_timing} if args.report_timing else {}) | (
-                {"device": args.report_device} if args.report_device else {})
+            row = (
+                report_row(path)
+                | ({"timing": args.report_timing} if args.report_timing else {})
+                | ({"device": args.report_device} if args.report_device else {})
+            )
             store.data.setdefault("unpruned", {})[args.tasks] = row.pop("before")
             key = {"task": args.tasks, "k": row.pop("k"), "run": args.report_run}
             if not any(all(r.get(k) == v for k, v in key.items()) for r in store.data["rows"]):

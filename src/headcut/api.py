@@ -46,5 +46,23 @@ from .jobs.prune import prune
 from .jobs.results import Pruned, Written
 from .jobs.score import Scores, score
 
-__all__ = ["Benchmark", "Evaluation", "Exported", "Finetuned", "ModelLike", "Pruned", "Scores", "Written", "bench",
-           "evaluate", "export", "finetune", "info", "load", "prune", "same_data", "save", "score"]
+__all__ = [
+    "Benchmark",
+    "Evaluation",
+    "Exported",
+    "Finetuned",
+    "ModelLike",
+    "Pruned",
+    "Scores",
+    "Written",
+    "bench",
+    "evaluate",
+    "export",
+    "finetune",
+    "info",
+    "load",
+    "prune",
+    "same_data",
+    "save",
+    "score",
+]

@@ -42,6 +42,7 @@ Rule = Callable[[str, Any], None]
 
 # ---- how a value is shown --------------------------------------------------------------------------------
 
+
 def _got(value: Any) -> str:
     """``value`` as the end of a message: its type, and its value when that is short."""
     if value is None or isinstance(value, bool):
@@ -62,6 +63,7 @@ def _wrong(name: str, what: str, value: Any) -> HeadcutTypeError:
 
 
 # ---- rules ---------------------------------------------------------------------------------------------
+
 
 def optional(rule: Rule) -> Rule:
     """``rule``, or None."""
@@ -177,8 +179,10 @@ def model(name: str, value: Any) -> None:
     if isinstance(value, nn.Module) and _transformers_model(value):
         return
     kind = " (a torch module that is not a transformers model)" if isinstance(value, nn.Module) else ""
-    raise HeadcutTypeError(f"{name} must be a checkpoint folder, a Hub id or a loaded transformers model "
-                           f"(PreTrainedModel), got {_got(value)}{kind}")
+    raise HeadcutTypeError(
+        f"{name} must be a checkpoint folder, a Hub id or a loaded transformers model "
+        f"(PreTrainedModel), got {_got(value)}{kind}"
+    )
 
 
 def model_list(name: str, value: Any) -> None:
@@ -208,8 +212,10 @@ def _is_datasets(value: Any) -> bool:
     return isinstance(value, (datasets.Dataset, datasets.DatasetDict))
 
 
-_DATA_KINDS = ("a data file or datasets name (str or os.PathLike), a headcut.DataConfig, a datasets.Dataset or "
-               "DatasetDict, or a list of dict rows")
+_DATA_KINDS = (
+    "a data file or datasets name (str or os.PathLike), a headcut.DataConfig, a datasets.Dataset or "
+    "DatasetDict, or a list of dict rows"
+)
 
 
 def data(name: str, value: Any) -> None:
@@ -425,8 +431,9 @@ def bench_models(models: Any, names: Any) -> None:
     if names is not None:
         strings("names", names)
         if len(names) != len(models):
-            raise HeadcutValueError(f"names must match models one to one: {len(names)} name(s) for "
-                                    f"{len(models)} model(s)")
+            raise HeadcutValueError(
+                f"names must match models one to one: {len(names)} name(s) for {len(models)} model(s)"
+            )
 
 
 def _bench_settings(given: Mapping[str, Any]) -> None:
@@ -438,6 +445,7 @@ def _bench_settings(given: Mapping[str, Any]) -> None:
 
 
 # ---- the table -------------------------------------------------------------------------------------------
+
 
 def _catalog(name: str) -> Callable[[], Any]:
     def read() -> Any:
@@ -461,55 +469,135 @@ def _scorer(value: str) -> Any:
 
 
 _MODEL_IN = {"task": optional(choice(_catalog("TASKS"))), "allow_pickle": boolean, "trust_remote_code": boolean}
-_DATA_IN = {"tokenizer": optional(tokenizer), "split": text, "data_options": optional(data_options), "seed": integer,
-            "progress": optional(reporter)}
+_DATA_IN = {
+    "tokenizer": optional(tokenizer),
+    "split": text,
+    "data_options": optional(data_options),
+    "seed": integer,
+    "progress": optional(reporter),
+}
 _WRITES = {"formats": optional(formats), "gguf_type": text, "arguments": optional(a_dict)}
-_TRAINS = {"device": optional(text), "checkpoint_dir": optional(checkpoint_dir), "resume": boolean,
-           "restart": boolean, "eval_data": optional(data), "eval_split": text}
+_TRAINS = {
+    "device": optional(text),
+    "checkpoint_dir": optional(checkpoint_dir),
+    "resume": boolean,
+    "restart": boolean,
+    "eval_data": optional(data),
+    "eval_split": text,
+}
 
 #: function -> argument -> rule; every parameter of each function has one (tests/test_hostile_api.py checks)
 RULES: dict[str, dict[str, Rule]] = {
     "prune": {
-        "model": model, "method": registered(_method), "keep": optional(integer), "sparsity": optional(number),
-        "max_drop": optional(number), "data": optional(data), "uniform": boolean, "min_heads_per_block": integer,
-        "via": optional(integer), "gqa": text, "trajectory": bool_or_path, "recover_steps": integer, "refit": boolean,
-        "recover_data": optional(data), "recover_hidden_weight": number, "recover_average": number,
-        "via_steps": optional(integer), "layerwise": boolean,
+        "model": model,
+        "method": registered(_method),
+        "keep": optional(integer),
+        "sparsity": optional(number),
+        "max_drop": optional(number),
+        "data": optional(data),
+        "uniform": boolean,
+        "min_heads_per_block": integer,
+        "via": optional(integer),
+        "gqa": text,
+        "trajectory": bool_or_path,
+        "recover_steps": integer,
+        "refit": boolean,
+        "recover_data": optional(data),
+        "recover_hidden_weight": number,
+        "recover_average": number,
+        "via_steps": optional(integer),
+        "layerwise": boolean,
         "max_memory": optional(size),
-        "out": optional(output), "force": boolean, "options": anything,
-        **_MODEL_IN, **_DATA_IN, **_WRITES, **_TRAINS,
+        "out": optional(output),
+        "force": boolean,
+        "options": anything,
+        **_MODEL_IN,
+        **_DATA_IN,
+        **_WRITES,
+        **_TRAINS,
     },
     "score": {
-        "model": model, "scorer": registered(_scorer), "data": optional(data), "normalize": text, "abs_per": text,
-        "objective": text, "per": text, **_MODEL_IN, **_DATA_IN,
+        "model": model,
+        "scorer": registered(_scorer),
+        "data": optional(data),
+        "normalize": text,
+        "abs_per": text,
+        "objective": text,
+        "per": text,
+        **_MODEL_IN,
+        **_DATA_IN,
     },
     "finetune": {
-        "model": model, "data": data, "teacher": optional(model), "epochs": optional(integer),
-        "max_steps": optional(integer), "lr": number, "grad_accum": integer, "warmup_steps": integer,
-        "weight_decay": number, "eval_every": optional(integer), "checkpoint_every": optional(integer),
-        "alpha": number, "temperature": number, "hidden_weight": number, "mixup": number,
+        "model": model,
+        "data": data,
+        "teacher": optional(model),
+        "epochs": optional(integer),
+        "max_steps": optional(integer),
+        "lr": number,
+        "grad_accum": integer,
+        "warmup_steps": integer,
+        "weight_decay": number,
+        "eval_every": optional(integer),
+        "checkpoint_every": optional(integer),
+        "alpha": number,
+        "temperature": number,
+        "hidden_weight": number,
+        "mixup": number,
         "patience": optional(integer),
-        "engine": choice(_catalog("ENGINES")), "labels": optional(strings), "out": optional(output), "force": boolean, **_MODEL_IN, **_DATA_IN,
-        **_WRITES, **_TRAINS,
+        "engine": choice(_catalog("ENGINES")),
+        "labels": optional(strings),
+        "out": optional(output),
+        "force": boolean,
+        **_MODEL_IN,
+        **_DATA_IN,
+        **_WRITES,
+        **_TRAINS,
     },
     "evaluate": {"model": model, "data": optional(data), "options": eval_settings, **_MODEL_IN, **_DATA_IN},
-    "export": {"model": model, "mask": mask, "gqa": text, "out": optional(output), "force": boolean, **_MODEL_IN,
-               **_WRITES},
+    "export": {
+        "model": model,
+        "mask": mask,
+        "gqa": text,
+        "out": optional(output),
+        "force": boolean,
+        **_MODEL_IN,
+        **_WRITES,
+    },
     "bench": {
-        "models": model_list, "config": optional(bench_config), "names": optional(strings),
-        "progress": optional(reporter), "update_cards": boolean, "settings": anything, **_MODEL_IN,
+        "models": model_list,
+        "config": optional(bench_config),
+        "names": optional(strings),
+        "progress": optional(reporter),
+        "update_cards": boolean,
+        "settings": anything,
+        **_MODEL_IN,
     },
     "info": {"model": model, **_MODEL_IN},
     "load": {
-        "path": checkpoint, "dtype": optional(dtype), "device": optional(text), "attn_implementation": optional(text),
-        "notes": optional(a_list), "labels": optional(strings), **_MODEL_IN,
+        "path": checkpoint,
+        "dtype": optional(dtype),
+        "device": optional(text),
+        "attn_implementation": optional(text),
+        "notes": optional(a_list),
+        "labels": optional(strings),
+        **_MODEL_IN,
     },
     "save": {
-        "model": transformers_model, "out": output, "source": optional(path), "force": boolean,
-        "extra": optional(function), "trust_remote_code": boolean, "form": optional(checkpoint_form),
+        "model": transformers_model,
+        "out": output,
+        "source": optional(path),
+        "force": boolean,
+        "extra": optional(function),
+        "trust_remote_code": boolean,
+        "form": optional(checkpoint_form),
     },
-    "Written.save": {"self": anything, "out": output, "force": boolean, "formats": optional(formats),
-                     "gguf_type": optional(text)},
+    "Written.save": {
+        "self": anything,
+        "out": output,
+        "force": boolean,
+        "formats": optional(formats),
+        "gguf_type": optional(text),
+    },
     "Pruned.write_trajectory": {"self": anything, "csv_path": output_file, "png": boolean, "force": boolean},
 }
 

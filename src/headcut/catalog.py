@@ -19,22 +19,27 @@ PAPERS: dict[str, str] = {
     "voita": "Voita et al., Analyzing Multi-Head Self-Attention, ACL 2019 (arXiv:1905.09418)",
     "dsp": "Li, Cotterell & Sachan, Differentiable Subset Pruning of Transformer Heads, TACL 2021 (arXiv:2108.04657)",
     "gnorm": "Guo & Sheridan, Greedy-Gnorm: A Gradient Matrix Norm-Based Alternative to Attention Entropy for "
-             "Head Pruning, 2026 (arXiv:2602.04491)",
+    "Head Pruning, 2026 (arXiv:2602.04491)",
     "pass": "Ding, Jawahar & Lakshmanan, PASS: Pruning Attention Heads with Almost-sure Sparsity Targets, TMLR 2024 "
-            "(openreview.net/forum?id=S4duStTKGL)",
+    "(openreview.net/forum?id=S4duStTKGL)",
     "auber": "Lee, Lee & Kang, AUBER: Automated BERT Regularization, PLOS ONE 2021 (arXiv:2009.14409)",
     "lottery": "Behnke & Heafield, Losing Heads in the Lottery: Pruning Transformer Attention in Neural Machine "
-               "Translation, EMNLP 2020 (doi:10.18653/v1/2020.emnlp-main.211)",
+    "Translation, EMNLP 2020 (doi:10.18653/v1/2020.emnlp-main.211)",
     "flap": "An et al., Fluctuation-based Adaptive Structured Pruning for Large Language Models, AAAI 2024 "
-            "(arXiv:2312.11983)",
+    "(arXiv:2312.11983)",
     "headcut": "headcut's own baseline (no paper)",
 }
 
 #: the same, short (for ``--help``)
 SHORT: dict[str, str] = {
-    "michel": "Michel et al., NeurIPS 2019", "voita": "Voita et al., ACL 2019", "dsp": "Li et al., TACL 2021",
-    "gnorm": "Greedy-Gnorm, arXiv:2602.04491", "pass": "PASS, TMLR 2024", "auber": "AUBER, PLOS ONE 2021",
-    "lottery": "Behnke & Heafield, EMNLP 2020", "flap": "FLAP, AAAI 2024",
+    "michel": "Michel et al., NeurIPS 2019",
+    "voita": "Voita et al., ACL 2019",
+    "dsp": "Li et al., TACL 2021",
+    "gnorm": "Greedy-Gnorm, arXiv:2602.04491",
+    "pass": "PASS, TMLR 2024",
+    "auber": "AUBER, PLOS ONE 2021",
+    "lottery": "Behnke & Heafield, EMNLP 2020",
+    "flap": "FLAP, AAAI 2024",
     "headcut": "headcut's baseline",
 }
 
@@ -120,26 +125,60 @@ class MethodEntry:
         return SHORT[key] + (f" {section}" if section else "")
 
 
-SCORERS: dict[str, ScorerEntry] = {s.name: s for s in (
-    ScorerEntry("gradient", "headcut.scoring.gradient:SCORER",
-                "mean |dL/dg| of each head's gate (Michel et al.); --abs-per example|batch", True),
-    ScorerEntry("gnorm", "headcut.scoring.gnorm:SCORER",
-                "product of the norms of each head's Q, K, V weight gradients (Greedy-Gnorm); "
-                "--objective logits-norm|loss", True),
-    ScorerEntry("confidence", "headcut.scoring.confidence:SCORER",
-                "mean of each head's maximum attention weight over real query tokens (Voita et al.)", True),
-    ScorerEntry("entropy", "headcut.scoring.entropy:SCORER",
-                "epsilon-rectified attention entropy over real query tokens (Greedy-Gnorm's AE); low = important", True),
-    ScorerEntry("value-l1", "headcut.scoring.value_l1:SCORER", "L1 norm of each head's value matrix (AUBER); data-free",
-                False),
-    ScorerEntry("fluctuation", "headcut.scoring.fluctuation:SCORER",
-                "variance of each head's output-projection input times its columns' squared norms, standardised "
-                "per layer (FLAP's WIFV); forward only", True),
-    ScorerEntry("magnitude", "headcut.scoring.magnitude:SCORER",
-                "L2 norm of each head's q, k, v and output-projection weights; data-free baseline", False),
-    ScorerEntry("random", "headcut.scoring.random_baseline:SCORER",
-                "uniform random scores from a seeded generator (--seed); baseline", False),
-)}
+SCORERS: dict[str, ScorerEntry] = {
+    s.name: s
+    for s in (
+        ScorerEntry(
+            "gradient",
+            "headcut.scoring.gradient:SCORER",
+            "mean |dL/dg| of each head's gate (Michel et al.); --abs-per example|batch",
+            True,
+        ),
+        ScorerEntry(
+            "gnorm",
+            "headcut.scoring.gnorm:SCORER",
+            "product of the norms of each head's Q, K, V weight gradients (Greedy-Gnorm); --objective logits-norm|loss",
+            True,
+        ),
+        ScorerEntry(
+            "confidence",
+            "headcut.scoring.confidence:SCORER",
+            "mean of each head's maximum attention weight over real query tokens (Voita et al.)",
+            True,
+        ),
+        ScorerEntry(
+            "entropy",
+            "headcut.scoring.entropy:SCORER",
+            "epsilon-rectified attention entropy over real query tokens (Greedy-Gnorm's AE); low = important",
+            True,
+        ),
+        ScorerEntry(
+            "value-l1",
+            "headcut.scoring.value_l1:SCORER",
+            "L1 norm of each head's value matrix (AUBER); data-free",
+            False,
+        ),
+        ScorerEntry(
+            "fluctuation",
+            "headcut.scoring.fluctuation:SCORER",
+            "variance of each head's output-projection input times its columns' squared norms, standardised "
+            "per layer (FLAP's WIFV); forward only",
+            True,
+        ),
+        ScorerEntry(
+            "magnitude",
+            "headcut.scoring.magnitude:SCORER",
+            "L2 norm of each head's q, k, v and output-projection weights; data-free baseline",
+            False,
+        ),
+        ScorerEntry(
+            "random",
+            "headcut.scoring.random_baseline:SCORER",
+            "uniform random scores from a seeded generator (--seed); baseline",
+            False,
+        ),
+    )
+}
 
 
 def _rank_options(scorer: str) -> str:
@@ -151,66 +190,158 @@ def _rank_options(scorer: str) -> str:
 def _one_shot(scorer: str, paper: str) -> MethodEntry:
     what = "a seeded random mask (--seed)" if scorer == "random" else f"remove the heads {scorer} ranks least important"
     data = "calibration" if SCORERS[scorer].needs_data else "none"
-    return MethodEntry(scorer, f"headcut.pruning.oneshot:{scorer.replace('-', '_').upper()}", f"one-shot: {what}",
-                       paper, data, "score", _rank_options(scorer))
+    return MethodEntry(
+        scorer,
+        f"headcut.pruning.oneshot:{scorer.replace('-', '_').upper()}",
+        f"one-shot: {what}",
+        paper,
+        data,
+        "score",
+        _rank_options(scorer),
+    )
 
 
 def _inverse(scorer: str) -> MethodEntry:
     data = "calibration" if SCORERS[scorer].needs_data else "none"
-    return MethodEntry(f"inverse-{scorer}", f"headcut.pruning.oneshot:INVERSE_{scorer.replace('-', '_').upper()}",
-                       f"one-shot, reversed: remove the heads {scorer} ranks most important first (diagnostic)",
-                       "gnorm §4.1, §4.2.2", data, "score", _rank_options(scorer))
+    return MethodEntry(
+        f"inverse-{scorer}",
+        f"headcut.pruning.oneshot:INVERSE_{scorer.replace('-', '_').upper()}",
+        f"one-shot, reversed: remove the heads {scorer} ranks most important first (diagnostic)",
+        "gnorm §4.1, §4.2.2",
+        data,
+        "score",
+        _rank_options(scorer),
+    )
 
 
 #: every method, in the order ``headcut prune --help`` lists them
-METHODS: dict[str, MethodEntry] = {m.name: m for m in (
-    _one_shot("gradient", "dsp §4.2.1 (eq. 21, Michel et al.'s score)"),
-    _one_shot("gnorm", "gnorm §3.1.2"),
-    _one_shot("confidence", "lottery §4.2 (after Voita et al.)"),
-    _one_shot("entropy", "gnorm §2.2.1, §3.3"),
-    _one_shot("value-l1", "auber \"State representation\""),
-    _one_shot("fluctuation", "flap §3.2-3.3"),
-    _one_shot("magnitude", "headcut"),
-    _one_shot("random", "gnorm §4.1"),
-    *(_inverse(s) for s in ("gradient", "confidence", "entropy", "value-l1", "magnitude")),
-    MethodEntry("michel", "headcut.pruning.michel:METHOD",
-                "iterative: remove the lowest |dL/dg| heads in steps of 10 %, re-scoring each step (Michel et al.)",
-                "michel (as DSP §4.2.1 states it)", "calibration", "score", _rank_options("gradient")),
-    MethodEntry("greedy-gnorm", "headcut.pruning.greedy_gnorm:METHOD",
-                "iterative: remove the lowest-Gnorm head, re-compute, repeat (Greedy-Gnorm, Algorithm 1)",
-                "gnorm §3.1", "calibration", "score", _rank_options("gnorm")),
-    MethodEntry("greedy-entropy", "headcut.pruning.greedy_entropy:METHOD", "iterative: remove the highest-entropy head, re-compute, repeat (Greedy-Gnorm's loop over attention entropy; headcut's variant)", "gnorm §3.1, §3.3", "calibration", "score", "headcut.pruning.greedy_entropy:GreedyEntropyOptions"),
-    MethodEntry("inverse-gnorm", "headcut.pruning.greedy_gnorm:INVERSE",
-                "iterative, reversed: remove the highest-Gnorm head, re-compute, repeat (diagnostic)",
-                "gnorm §4.1", "calibration", "score", _rank_options("gnorm")),
-    MethodEntry("pass", "headcut.pruning.pass_gates:METHOD",
-                "learned: Hard Concrete gates driven to almost-sure sparsity by R_pass, with clipping and re-opening "
-                "(PASS)", "pass §3.2, §3.4", "training", "learned", "headcut.pruning.pass_gates:PassOptions"),
-    MethodEntry("passconc", "headcut.pruning.passconc:METHOD",
-                "learned: PASS plus the concentrator, which gathers the kept heads in few layers (PASSCONC)",
-                "pass §3.3", "training", "learned", "headcut.pruning.pass_gates:PassOptions"),
-    MethodEntry("dsp", "headcut.pruning.dsp:METHOD",
-                "learned: Gumbel soft top-K gates with an annealed temperature, exactly K heads (DSP)",
-                "dsp §3", "training", "learned", "headcut.pruning.dsp:DSPOptions"),
-    MethodEntry("ste", "headcut.pruning.ste:METHOD",
-                "learned: hard top-K gates with straight-through gradients, exactly K heads (DSP's STE baseline)",
-                "dsp §4.2.3", "training", "learned", "headcut.pruning.gate_training:GateOptions"),
-    MethodEntry("voita", "headcut.pruning.voita:METHOD",
-                "learned: Hard Concrete gates with an L0 penalty whose lambda is searched to reach K (Voita et al.)",
-                "dsp §4.2.2", "training", "learned", "headcut.pruning.voita:VoitaOptions"),
-    MethodEntry("auber", "headcut.pruning.auber:METHOD",
-                "agent: a DQN prunes each layer in turn, rewarded by the change of a held-out metric, and decides "
-                "how many heads go; fine-tunes after each layer (AUBER; for small data)",
-                "auber §4, §5.1", "training", "agent", "headcut.pruning.auber:AuberOptions",
-                budget="optional"),
-    MethodEntry("lottery", "headcut.pruning.lottery:METHOD",
-                "iterative with late resetting: train, remove the least confident heads (encoder, decoder and cross "
-                "ranked together), rewind to an early checkpoint, repeat; then converge (lottery ticket)",
-                "lottery §4, §7", "training", "rewind", "headcut.pruning.lottery:LotteryOptions"),
-    MethodEntry("lag", "headcut.pruning.lag:METHOD",
-                "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)",
-                "pass §4.1.2", "training", "learned", "headcut.pruning.lag:LAGOptions"),
-)}
+METHODS: dict[str, MethodEntry] = {
+    m.name: m
+    for m in (
+        _one_shot("gradient", "dsp §4.2.1 (eq. 21, Michel et al.'s score)"),
+        _one_shot("gnorm", "gnorm §3.1.2"),
+        _one_shot("confidence", "lottery §4.2 (after Voita et al.)"),
+        _one_shot("entropy", "gnorm §2.2.1, §3.3"),
+        _one_shot("value-l1", 'auber "State representation"'),
+        _one_shot("fluctuation", "flap §3.2-3.3"),
+        _one_shot("magnitude", "headcut"),
+        _one_shot("random", "gnorm §4.1"),
+        *(_inverse(s) for s in ("gradient", "confidence", "entropy", "value-l1", "magnitude")),
+        MethodEntry(
+            "michel",
+            "headcut.pruning.michel:METHOD",
+            "iterative: remove the lowest |dL/dg| heads in steps of 10 %, re-scoring each step (Michel et al.)",
+            "michel (as DSP §4.2.1 states it)",
+            "calibration",
+            "score",
+            _rank_options("gradient"),
+        ),
+        MethodEntry(
+            "greedy-gnorm",
+            "headcut.pruning.greedy_gnorm:METHOD",
+            "iterative: remove the lowest-Gnorm head, re-compute, repeat (Greedy-Gnorm, Algorithm 1)",
+            "gnorm §3.1",
+            "calibration",
+            "score",
+            _rank_options("gnorm"),
+        ),
+        MethodEntry(
+            "greedy-entropy",
+            "headcut.pruning.greedy_entropy:METHOD",
+            "iterative: remove the highest-entropy head, re-compute, repeat (Greedy-Gnorm's loop over attention entropy; headcut's variant)",
+            "gnorm §3.1, §3.3",
+            "calibration",
+            "score",
+            "headcut.pruning.greedy_entropy:GreedyEntropyOptions",
+        ),
+        MethodEntry(
+            "inverse-gnorm",
+            "headcut.pruning.greedy_gnorm:INVERSE",
+            "iterative, reversed: remove the highest-Gnorm head, re-compute, repeat (diagnostic)",
+            "gnorm §4.1",
+            "calibration",
+            "score",
+            _rank_options("gnorm"),
+        ),
+        MethodEntry(
+            "pass",
+            "headcut.pruning.pass_gates:METHOD",
+            "learned: Hard Concrete gates driven to almost-sure sparsity by R_pass, with clipping and re-opening "
+            "(PASS)",
+            "pass §3.2, §3.4",
+            "training",
+            "learned",
+            "headcut.pruning.pass_gates:PassOptions",
+        ),
+        MethodEntry(
+            "passconc",
+            "headcut.pruning.passconc:METHOD",
+            "learned: PASS plus the concentrator, which gathers the kept heads in few layers (PASSCONC)",
+            "pass §3.3",
+            "training",
+            "learned",
+            "headcut.pruning.pass_gates:PassOptions",
+        ),
+        MethodEntry(
+            "dsp",
+            "headcut.pruning.dsp:METHOD",
+            "learned: Gumbel soft top-K gates with an annealed temperature, exactly K heads (DSP)",
+            "dsp §3",
+            "training",
+            "learned",
+            "headcut.pruning.dsp:DSPOptions",
+        ),
+        MethodEntry(
+            "ste",
+            "headcut.pruning.ste:METHOD",
+            "learned: hard top-K gates with straight-through gradients, exactly K heads (DSP's STE baseline)",
+            "dsp §4.2.3",
+            "training",
+            "learned",
+            "headcut.pruning.gate_training:GateOptions",
+        ),
+        MethodEntry(
+            "voita",
+            "headcut.pruning.voita:METHOD",
+            "learned: Hard Concrete gates with an L0 penalty whose lambda is searched to reach K (Voita et al.)",
+            "dsp §4.2.2",
+            "training",
+            "learned",
+            "headcut.pruning.voita:VoitaOptions",
+        ),
+        MethodEntry(
+            "auber",
+            "headcut.pruning.auber:METHOD",
+            "agent: a DQN prunes each layer in turn, rewarded by the change of a held-out metric, and decides "
+            "how many heads go; fine-tunes after each layer (AUBER; for small data)",
+            "auber §4, §5.1",
+            "training",
+            "agent",
+            "headcut.pruning.auber:AuberOptions",
+            budget="optional",
+        ),
+        MethodEntry(
+            "lottery",
+            "headcut.pruning.lottery:METHOD",
+            "iterative with late resetting: train, remove the least confident heads (encoder, decoder and cross "
+            "ranked together), rewind to an early checkpoint, repeat; then converge (lottery ticket)",
+            "lottery §4, §7",
+            "training",
+            "rewind",
+            "headcut.pruning.lottery:LotteryOptions",
+        ),
+        MethodEntry(
+            "lag",
+            "headcut.pruning.lag:METHOD",
+            "learned: Hard Concrete gates with trainable Lagrangian multipliers on the expected sparsity (LAG)",
+            "pass §4.1.2",
+            "training",
+            "learned",
+            "headcut.pruning.lag:LAGOptions",
+        ),
+    )
+}
+
 
 def method_entry(name: str) -> MethodEntry:
     """The registry entry of method ``name``, or a one-line error listing the available methods."""

@@ -50,8 +50,9 @@ def _field(flag: str) -> str:
 def check_choice(flag: str, value: Any, valid: tuple[str, ...] | list[str]) -> None:
     """Refuse a value that is not one of ``valid`` (one line naming the option and the choices)."""
     if value not in valid:
-        raise OptionError("unknown {%s} {v!r}; choose one of {c}" % _field(flag), v=value,
-                          c=", ".join(str(v) for v in valid))
+        raise OptionError(
+            "unknown {%s} {v!r}; choose one of {c}" % _field(flag), v=value, c=", ".join(str(v) for v in valid)
+        )
 
 
 def _count(flag: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
@@ -59,8 +60,9 @@ def _count(flag: str, value: Any, low: int, high: int = 2**63 - 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise OptionError("{%s} must be an integer >= %d (got {v!r})" % (_field(flag), low), v=value)
     if value > high:
-        raise OptionError("{%s} must be at most {h} (got {v!r})" % _field(flag), v=value,
-                          h="2**63 - 1" if high == 2**63 - 1 else high)
+        raise OptionError(
+            "{%s} must be at most {h} (got {v!r})" % _field(flag), v=value, h="2**63 - 1" if high == 2**63 - 1 else high
+        )
 
 
 def _seed(flag: str, value: Any) -> None:
@@ -83,17 +85,28 @@ class ScoreConfig:
     rectification constant."""
 
     scorer: str = "gradient"
-    normalize: str = option("none", choices=NORMALIZE, help="Divide each block's scores by their L2 norm "
-                            "(Michel et al. 4.1).")
-    abs_per: str = option("example", choices=ABS_PER, help="gradient: |dL/dg| per example (Michel et al.) or per "
-                          "batch (TextPruner).")
-    objective: str = option("logits-norm", choices=OBJECTIVES, help="gnorm: gradient of the logits' norm (the "
-                            "paper's) or of the task loss.")
-    per: str = option("batch", choices=GNORM_PER, help="gnorm: gradient norms of every batch (the authors' code) or "
-                      "every example.")
+    normalize: str = option(
+        "none", choices=NORMALIZE, help="Divide each block's scores by their L2 norm (Michel et al. 4.1)."
+    )
+    abs_per: str = option(
+        "example", choices=ABS_PER, help="gradient: |dL/dg| per example (Michel et al.) or per batch (TextPruner)."
+    )
+    objective: str = option(
+        "logits-norm", choices=OBJECTIVES, help="gnorm: gradient of the logits' norm (the paper's) or of the task loss."
+    )
+    per: str = option(
+        "batch", choices=GNORM_PER, help="gnorm: gradient norms of every batch (the authors' code) or every example."
+    )
     seed: int = 0
-    epsilon: float = option(DEFAULT_EPSILON, low=0, high=1, low_open=True, high_open=True, cli=False,
-                            help="entropy: the rectification constant.")
+    epsilon: float = option(
+        DEFAULT_EPSILON,
+        low=0,
+        high=1,
+        low_open=True,
+        high_open=True,
+        cli=False,
+        help="entropy: the rectification constant.",
+    )
 
     def validate(self) -> None:
         from .catalog import scorer_entry
@@ -126,16 +139,23 @@ class PruneConfig:
 
     method: str = "gradient"
     keep: int | None = option(None, low=0, metavar="K", panel=B, help="Heads to keep (exactly; auber: at most).")
-    sparsity: float | None = option(None, low=0, high=1, metavar="S", panel=B, help="Fraction of heads to remove: K = "
-                                    "floor((1 - S) x heads).")
-    max_drop: float | None = option(None, low=0, metavar="D", panel=B, help="Score-based: remove heads while the "
-                                    "--eval-data metric stays within D.")
-    uniform: bool = option(False, panel=B, help="Keep the same number of heads in every block (most decoders: a stock "
-                           "transformers checkpoint, no remote code).")
+    sparsity: float | None = option(
+        None, low=0, high=1, metavar="S", panel=B, help="Fraction of heads to remove: K = floor((1 - S) x heads)."
+    )
+    max_drop: float | None = option(
+        None, low=0, metavar="D", panel=B, help="Score-based: remove heads while the --eval-data metric stays within D."
+    )
+    uniform: bool = option(
+        False,
+        panel=B,
+        help="Keep the same number of heads in every block (most decoders: a stock "
+        "transformers checkpoint, no remote code).",
+    )
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
     gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", panel=B, help="Grouped-query attention policy.")
-    via: int | None = option(None, low=1, metavar="K", panel=B, help="Score-based: cut to K first (refit, recovery), "
-                             "then to the budget.")
+    via: int | None = option(
+        None, low=1, metavar="K", panel=B, help="Score-based: cut to K first (refit, recovery), then to the budget."
+    )
     seed: int = 0
     trajectory: bool = False
 
@@ -150,8 +170,10 @@ class PruneConfig:
         if not budget_given and entry.budget == "required":
             raise OptionError("no budget: give {keep}, {sparsity} or {max_drop}")
         if self.via is not None and (self.max_drop is not None or self.trajectory):
-            raise OptionError("{via} cuts to a number of heads in two rounds: give {keep} or {sparsity}, not "
-                              "{max_drop} or {trajectory}")
+            raise OptionError(
+                "{via} cuts to a number of heads in two rounds: give {keep} or {sparsity}, not "
+                "{max_drop} or {trajectory}"
+            )
         if self.via is not None and self.keep is None and self.sparsity is None:
             raise OptionError("{via} needs the final budget: {keep} or {sparsity}")
         check_fields(self)
@@ -177,42 +199,88 @@ class TrainConfig:
     sampling. ``mode``: ``joint`` (model and gates trained) or ``pipelined`` (model frozen, gates
     only); None: the method's default. ``gates_first``: see the field."""
 
-    epochs: int | None = option(None, low=1, panel=T, help="Passes over --data (default: finetune 3; learned gates "
-                                "3 joint, 1 pipelined; auber's final fine-tune at most 2).")
-    max_steps: int | None = option(None, low=1, panel=T, help="Optimizer steps in all (instead of --epochs; "
-                                   "lottery: the most its convergence may take, default 15 x --prune-every).")
-    lr: float = option(5e-5, low=0, low_open=True, metavar="LR", panel=T,
-                       help="Peak learning rate of the model's weights (AdamW, linear decay).")
-    gate_lr: float | None = option(None, low=0, low_open=True, metavar="LR",
-                                   help="Learned gates: the gates' learning rate (default: the paper's).")
+    epochs: int | None = option(
+        None,
+        low=1,
+        panel=T,
+        help="Passes over --data (default: finetune 3; learned gates "
+        "3 joint, 1 pipelined; auber's final fine-tune at most 2).",
+    )
+    max_steps: int | None = option(
+        None,
+        low=1,
+        panel=T,
+        help="Optimizer steps in all (instead of --epochs; "
+        "lottery: the most its convergence may take, default 15 x --prune-every).",
+    )
+    lr: float = option(
+        5e-5,
+        low=0,
+        low_open=True,
+        metavar="LR",
+        panel=T,
+        help="Peak learning rate of the model's weights (AdamW, linear decay).",
+    )
+    gate_lr: float | None = option(
+        None, low=0, low_open=True, metavar="LR", help="Learned gates: the gates' learning rate (default: the paper's)."
+    )
     weight_decay: float = option(0.0, low=0, cli=False, help="AdamW weight decay.")
     warmup_steps: int = option(0, low=0, panel=T, help="Linear warmup steps.")
-    warmup_ratio: float | None = option(None, low=0, high=1, high_open=True, cli=False,
-                                        help="Warmup as a fraction of the steps (instead of warmup_steps).")
-    schedule: str = option("linear", choices=("linear", "constant"), cli=False,
-                           help="Learning-rate schedule after warmup.")
+    warmup_ratio: float | None = option(
+        None,
+        low=0,
+        high=1,
+        high_open=True,
+        cli=False,
+        help="Warmup as a fraction of the steps (instead of warmup_steps).",
+    )
+    schedule: str = option(
+        "linear", choices=("linear", "constant"), cli=False, help="Learning-rate schedule after warmup."
+    )
     grad_accum: int = option(1, low=1, panel=T, help="Batches per optimizer step.")
     #: stochastic weight averaging (Izmailov et al. 2018): the model's weights at the end are the mean of its
     #: weights after each of the last ``average_last`` x steps (0: off, the last step's weights)
-    average_last: float = option(0.0, low=0, high=1, cli=False,
-                                 help="Average the model's weights over the last fraction F of the steps; 0: off.")
-    max_grad_norm: float | None = option(1.0, low=0, low_open=True, cli=False,
-                                         help="Gradient clipping per parameter group (None: off).")
-    eval_every: int | None = option(None, low=1, panel=T, help="Evaluate --eval-data every N steps (lottery's "
-                                    "convergence: default --prune-every / 2).")
-    checkpoint_every: int | None = option(100, low=1, panel=T, help="Write the resume checkpoint every N steps "
-                                          "(lottery writes one after every iteration instead).")
+    average_last: float = option(
+        0.0, low=0, high=1, cli=False, help="Average the model's weights over the last fraction F of the steps; 0: off."
+    )
+    max_grad_norm: float | None = option(
+        1.0, low=0, low_open=True, cli=False, help="Gradient clipping per parameter group (None: off)."
+    )
+    eval_every: int | None = option(
+        None,
+        low=1,
+        panel=T,
+        help="Evaluate --eval-data every N steps (lottery's convergence: default --prune-every / 2).",
+    )
+    checkpoint_every: int | None = option(
+        100,
+        low=1,
+        panel=T,
+        help="Write the resume checkpoint every N steps (lottery writes one after every iteration instead).",
+    )
     seed: int = 0
     shuffle: bool = option(True, cli=False, help="Shuffle the batches every epoch.")
-    mode: str | None = option("joint", choices=MODES, help="Learned gates: joint (train the model with the gates) "
-                              "or pipelined (frozen model).")
+    mode: str | None = option(
+        "joint",
+        choices=MODES,
+        help="Learned gates: joint (train the model with the gates) or pipelined (frozen model).",
+    )
     #: ``joint`` training with gates: the model's weights stay fixed for the first N steps (the gates
     #: learn alone, as in ``pipelined``), then train with the gates (``--gates-first``; 0: joint from the start)
-    gates_first: int = option(0, low=0, help="Learned gates, joint mode: the model's weights stay fixed for the "
-                              "first N steps (the gates learn alone); 0: joint from the start.")
+    gates_first: int = option(
+        0,
+        low=0,
+        help="Learned gates, joint mode: the model's weights stay fixed for the "
+        "first N steps (the gates learn alone); 0: joint from the start.",
+    )
 
-    engine: str = option("auto", choices=ENGINES, panel=T, help="Several processes: ddp, or fsdp (weights, gradients, "
-                         "optimizer state sharded); auto: fsdp under accelerate --use_fsdp.")
+    engine: str = option(
+        "auto",
+        choices=ENGINES,
+        panel=T,
+        help="Several processes: ddp, or fsdp (weights, gradients, "
+        "optimizer state sharded); auto: fsdp under accelerate --use_fsdp.",
+    )
 
     def validate(self) -> None:
         if self.epochs is not None and self.max_steps is not None:
@@ -253,10 +321,15 @@ class DistillOptions(TrainConfig):
     method received it (:func:`headcut.training.finetuning.unpruned_teacher`); ``alpha`` 0 (the default): the paper's
     task loss alone."""
 
-    alpha: float = option(0.0, low=0, high=1, metavar="A", help="Weight in [0, 1] of distillation from the unpruned "
-                          "model (logit KL at --temperature) in every step; 0: the paper's task loss.")
-    temperature: float = option(2.0, low=0, low_open=True, metavar="T",
-                                help="Distillation temperature with --alpha.")
+    alpha: float = option(
+        0.0,
+        low=0,
+        high=1,
+        metavar="A",
+        help="Weight in [0, 1] of distillation from the unpruned "
+        "model (logit KL at --temperature) in every step; 0: the paper's task loss.",
+    )
+    temperature: float = option(2.0, low=0, low_open=True, metavar="T", help="Distillation temperature with --alpha.")
 
 
 @dataclass
@@ -267,21 +340,37 @@ class FinetuneConfig(TrainConfig):
     ``temperature``: softmax temperature of the distillation term; both need a teacher. ``alpha=0.5``
     and ``temperature=2.0`` are the usual distillation defaults (Hinton et al., 2015)."""
 
-    alpha: float = option(0.5, low=0, high=1, metavar="A", help="Weight of the distillation loss (0: task loss "
-                          "only, 1: distillation only); needs --distill-from.")
-    temperature: float = option(2.0, low=0, low_open=True, metavar="T",
-                                help="Softmax temperature of the distillation loss.")
+    alpha: float = option(
+        0.5,
+        low=0,
+        high=1,
+        metavar="A",
+        help="Weight of the distillation loss (0: task loss only, 1: distillation only); needs --distill-from.",
+    )
+    temperature: float = option(
+        2.0, low=0, low_open=True, metavar="T", help="Softmax temperature of the distillation loss."
+    )
     #: weight of hidden-state matching to the teacher (:func:`headcut.training.finetuning.hidden_matching`); 0: off
-    hidden_weight: float = option(0.0, low=0, metavar="W", help="Weight of hidden-state matching to the teacher "
-                                  "(needs --distill-from); 0: off.")
+    hidden_weight: float = option(
+        0.0, low=0, metavar="W", help="Weight of hidden-state matching to the teacher (needs --distill-from); 0: off."
+    )
     #: MixKD's Beta(a, a) mixing of pairs of examples' input embeddings, a distillation term on them
     #: (:meth:`headcut.training.finetuning.DistillationLoss.mixed_kl`); 0: off
-    mixup: float = option(0.0, low=0, metavar="A", help="Also distil on pairs of the batch's examples mixed in the "
-                          "embedding space, weights from Beta(A, A) (MixKD; needs --distill-from, classifiers); 0: off.")
+    mixup: float = option(
+        0.0,
+        low=0,
+        metavar="A",
+        help="Also distil on pairs of the batch's examples mixed in the "
+        "embedding space, weights from Beta(A, A) (MixKD; needs --distill-from, classifiers); 0: off.",
+    )
     #: early stopping: stop after this many evaluations (every ``eval_every`` steps) without a better eval
     #: metric and keep the best weights; None: train to the end
-    patience: int | None = option(None, low=1, help="Early stopping: stop after N evaluations without a better "
-                                  "--eval-data metric and keep the best weights (needs --eval-every).")
+    patience: int | None = option(
+        None,
+        low=1,
+        help="Early stopping: stop after N evaluations without a better "
+        "--eval-data metric and keep the best weights (needs --eval-every).",
+    )
 
     HIDDEN = ("mode", "gate_lr", "gates_first")
 
@@ -317,25 +406,38 @@ class BenchConfig:
     gen_runs: int = 3
     seed: int = 0
     runtime: str = "torch"
-    interleave: bool = option(True, flag="--interleave/--no-interleave", panel="Options", help="Time the MODELs "
-                              "in rounds of one forward (and generation) of each, the order rotated each round (the "
-                              "default); this holds every MODEL in memory at once. --no-interleave times one MODEL "
-                              "after the other, one in memory at a time: back to back, the speed-ups are not "
-                              "comparable under a changing load.")
+    interleave: bool = option(
+        True,
+        flag="--interleave/--no-interleave",
+        panel="Options",
+        help="Time the MODELs "
+        "in rounds of one forward (and generation) of each, the order rotated each round (the "
+        "default); this holds every MODEL in memory at once. --no-interleave times one MODEL "
+        "after the other, one in memory at a time: back to back, the speed-ups are not "
+        "comparable under a changing load.",
+    )
 
     def runtimes(self) -> tuple[str, ...]:
         """The runtimes of ``runtime`` in a stable order (torch first); one-line errors."""
         parts = [p.strip().lower() for p in str(self.runtime).split(",") if p.strip()]
         unknown = [p for p in parts if p not in BENCH_RUNTIMES]
         if not parts or unknown:
-            raise HeadcutValueError(f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
-                               f"{', '.join(BENCH_RUNTIMES)} or both comma-separated (torch,onnxruntime)")
+            raise HeadcutValueError(
+                f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
+                f"{', '.join(BENCH_RUNTIMES)} or both comma-separated (torch,onnxruntime)"
+            )
         return tuple(r for r in BENCH_RUNTIMES if r in parts)
 
     def validate(self) -> list[str]:
         """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
-        for name, low in (("batch_size", 1), ("seq_len", 1), ("runs", 1), ("warmup", 0), ("gen_tokens", 0),
-                          ("gen_runs", 1)):
+        for name, low in (
+            ("batch_size", 1),
+            ("seq_len", 1),
+            ("runs", 1),
+            ("warmup", 0),
+            ("gen_tokens", 0),
+            ("gen_runs", 1),
+        ):
             _count(f"--{name.replace('_', '-')}", getattr(self, name), low)
         if self.threads is not None:
             # more threads than CPUs only slows the timing down; many more make OpenMP abort the process
@@ -360,8 +462,9 @@ class BenchConfig:
 
         hint = "pip install 'headcut[onnx]' (onnx, onnxscript, onnxruntime)"
         try:
-            onnxruntime = imported("onnxruntime", "--runtime onnxruntime", hint,
-                                   missing=f"--runtime onnxruntime needs onnxruntime: {hint}")
+            onnxruntime = imported(
+                "onnxruntime", "--runtime onnxruntime", hint, missing=f"--runtime onnxruntime needs onnxruntime: {hint}"
+            )
         except HeadcutError as exc:
             raise HeadcutValueError(Exception.__str__(exc)) from None
         if self.device.startswith("cuda"):
@@ -380,8 +483,10 @@ class BenchConfig:
 LM_EVAL_DEFAULT = ("boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 #: the most digits of a ``--windows`` length (longer than any model's positions)
 WINDOW_DIGITS = 9
-WINDOWS_RULE = ("{windows} takes window lengths of at least 2 tokens (and at most %d) in ASCII digits, "
-                "comma-separated (e.g. 128,2048); got {v!r}" % (10 ** WINDOW_DIGITS - 1))
+WINDOWS_RULE = (
+    "{windows} takes window lengths of at least 2 tokens (and at most %d) in ASCII digits, "
+    "comma-separated (e.g. 128,2048); got {v!r}" % (10**WINDOW_DIGITS - 1)
+)
 #: the --help sections of ``headcut eval``'s own options
 PERPLEXITY_PANEL = "Perplexity"
 LM_EVAL_PANEL = "lm-evaluation-harness (extra \\[lm-eval])"
@@ -399,24 +504,54 @@ class EvalOptions:
     ``lm_eval_include`` (a folder of custom task YAML files), ``lm_eval_fewshot``, ``lm_eval_limit`` and
     ``lm_eval_batch_size``. ``device``: where the evaluation runs (None: where the model is)."""
 
-    windows: str | None = option(None, metavar="N[,N...]", panel=PERPLEXITY_PANEL, help="Causal LM: perplexity over "
-                                 "non-overlapping N-token windows of the whole --data text (rows joined by blank "
-                                 "lines), one result per N; 128,2048 gives both conventions of the pruning papers.")
-    lm_eval: str | None = option(None, metavar="TASKS", panel=LM_EVAL_PANEL, help="Run lm-evaluation-harness tasks "
-                                 "(comma-separated) on the model; 'default': boolq, piqa, hellaswag, winogrande, "
-                                 "arc_easy, arc_challenge, openbookqa, the pruning papers' zero-shot seven (their "
-                                 "datasets come from the Hub).")
-    lm_eval_include: str | None = option(None, metavar="DIR", panel=LM_EVAL_PANEL, help="A folder of custom task YAML "
-                                         "files, found beside the harness's own tasks.")
-    lm_eval_fewshot: int | None = option(None, low=0, metavar="N", panel=LM_EVAL_PANEL, help="Few-shot examples per "
-                                         "task; default: each task's own (0 for the seven).")
-    lm_eval_limit: int | None = option(None, low=1, metavar="N", panel=LM_EVAL_PANEL, help="At most N examples per "
-                                       "task (a quick look: the papers use them all).")
-    lm_eval_batch_size: int = option(8, low=1, metavar="N", panel=LM_EVAL_PANEL,
-                                     help="Requests per forward in the harness.")
-    device: str | None = option(None, metavar="DEVICE", panel="Options", help="Evaluate on this device: auto (CUDA "
-                                "when available), cpu, cuda, cuda:N or mps; default: where the model is loaded (the "
-                                "CPU).")
+    windows: str | None = option(
+        None,
+        metavar="N[,N...]",
+        panel=PERPLEXITY_PANEL,
+        help="Causal LM: perplexity over "
+        "non-overlapping N-token windows of the whole --data text (rows joined by blank "
+        "lines), one result per N; 128,2048 gives both conventions of the pruning papers.",
+    )
+    lm_eval: str | None = option(
+        None,
+        metavar="TASKS",
+        panel=LM_EVAL_PANEL,
+        help="Run lm-evaluation-harness tasks "
+        "(comma-separated) on the model; 'default': boolq, piqa, hellaswag, winogrande, "
+        "arc_easy, arc_challenge, openbookqa, the pruning papers' zero-shot seven (their "
+        "datasets come from the Hub).",
+    )
+    lm_eval_include: str | None = option(
+        None,
+        metavar="DIR",
+        panel=LM_EVAL_PANEL,
+        help="A folder of custom task YAML files, found beside the harness's own tasks.",
+    )
+    lm_eval_fewshot: int | None = option(
+        None,
+        low=0,
+        metavar="N",
+        panel=LM_EVAL_PANEL,
+        help="Few-shot examples per task; default: each task's own (0 for the seven).",
+    )
+    lm_eval_limit: int | None = option(
+        None,
+        low=1,
+        metavar="N",
+        panel=LM_EVAL_PANEL,
+        help="At most N examples per task (a quick look: the papers use them all).",
+    )
+    lm_eval_batch_size: int = option(
+        8, low=1, metavar="N", panel=LM_EVAL_PANEL, help="Requests per forward in the harness."
+    )
+    device: str | None = option(
+        None,
+        metavar="DEVICE",
+        panel="Options",
+        help="Evaluate on this device: auto (CUDA "
+        "when available), cpu, cuda, cuda:N or mps; default: where the model is loaded (the "
+        "CPU).",
+    )
 
     def window_sizes(self) -> tuple[int, ...]:
         """The window lengths of ``windows`` in the order given, each once; one-line errors."""
@@ -438,7 +573,7 @@ class EvalOptions:
         names: list[str] = []
         for part in str(self.lm_eval).split(","):
             name = part.strip()
-            for one in (LM_EVAL_DEFAULT if name == "default" else (name,)):
+            for one in LM_EVAL_DEFAULT if name == "default" else (name,):
                 if one and one not in names:
                     names.append(one)
         if not names:
@@ -451,8 +586,11 @@ class EvalOptions:
         self.window_sizes()
         self.task_names()
         if self.lm_eval is None:
-            alone = [name for name in ("lm_eval_include", "lm_eval_fewshot", "lm_eval_limit")
-                     if getattr(self, name) is not None]
+            alone = [
+                name
+                for name in ("lm_eval_include", "lm_eval_fewshot", "lm_eval_limit")
+                if getattr(self, name) is not None
+            ]
             if self.lm_eval_batch_size != EvalOptions.lm_eval_batch_size:
                 alone.append("lm_eval_batch_size")
             if alone:
@@ -460,8 +598,10 @@ class EvalOptions:
         if self.lm_eval_include is not None:
             folder = os.path.expanduser(self.lm_eval_include)
             if not os.path.isdir(folder):
-                raise OptionError("{lm_eval_include} {p}: not a folder (give the folder of the task YAML files)",
-                                  p=self.lm_eval_include)
+                raise OptionError(
+                    "{lm_eval_include} {p}: not a folder (give the folder of the task YAML files)",
+                    p=self.lm_eval_include,
+                )
         if self.device is not None:
             from .devices import check_device
 
@@ -482,10 +622,13 @@ def eval_options(given: Mapping[str, Any]) -> EvalOptions:
     values = dict(given)
     windows = values.get("windows")
     whole = [windows] if isinstance(windows, numbers.Integral) else windows
-    if isinstance(whole, (list, tuple)) and whole and all(
-            isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in whole):
+    if (
+        isinstance(whole, (list, tuple))
+        and whole
+        and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) for w in whole)
+    ):
         for w in whole:
-            if abs(int(w)) >= 10 ** WINDOW_DIGITS:  # window_sizes refuses the rest; str() of a long one fails
+            if abs(int(w)) >= 10**WINDOW_DIGITS:  # window_sizes refuses the rest; str() of a long one fails
                 raise OptionError(WINDOWS_RULE, v=Shown(w))
         values["windows"] = ",".join(str(int(w)) for w in whole)
     tasks = values.get("lm_eval")
@@ -511,17 +654,22 @@ class RecoveryConfig:
     round before the last of a ``via`` schedule (None: ``recover_steps``). Their checks, in the order their
     messages are given, are :func:`headcut.jobs.request.prune_request`'s."""
 
-    recover_steps: int = option(0, low=0, metavar="N", panel=R,
-                                help="N distilled recovery steps on --data after the cut.")
+    recover_steps: int = option(
+        0, low=0, metavar="N", panel=R, help="N distilled recovery steps on --data after the cut."
+    )
     refit: bool = option(False, panel=R, help="Refit the output projections on --data after the cut.")
-    recover_data: str | None = option(None, metavar="FILE|NAME[:CONFIG]", panel=R,
-                                      help="Unlabelled text for --recover-steps (alpha 1).")
-    recover_hidden_weight: float = option(0.0, low=0, metavar="W", panel=R,
-                                          help="Hidden-state matching weight in --recover-steps (0: off).")
-    recover_average: float = option(0.0, low=0, high=1, metavar="F", panel=R,
-                                    help="SWA in --recover-steps: last F averaged, constant LR; 0: off.")
-    via_steps: int | None = option(None, low=0, metavar="M", panel=R,
-                                   help="--via's first-round recovery steps (default: --recover-steps).")
+    recover_data: str | None = option(
+        None, metavar="FILE|NAME[:CONFIG]", panel=R, help="Unlabelled text for --recover-steps (alpha 1)."
+    )
+    recover_hidden_weight: float = option(
+        0.0, low=0, metavar="W", panel=R, help="Hidden-state matching weight in --recover-steps (0: off)."
+    )
+    recover_average: float = option(
+        0.0, low=0, high=1, metavar="F", panel=R, help="SWA in --recover-steps: last F averaged, constant LR; 0: off."
+    )
+    via_steps: int | None = option(
+        None, low=0, metavar="M", panel=R, help="--via's first-round recovery steps (default: --recover-steps)."
+    )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -534,5 +682,6 @@ class LayerwiseConfig:
     None: the machine's available memory)."""
 
     layerwise: bool = option(False, panel=R, help="Score and cut one layer at a time; automatic past --max-memory.")
-    max_memory: str | None = option(None, metavar="SIZE", panel=R,
-                                    help="Memory headcut may use, e.g. 12GB (default: what is available).")
+    max_memory: str | None = option(
+        None, metavar="SIZE", panel=R, help="Memory headcut may use, e.g. 12GB (default: what is available)."
+    )

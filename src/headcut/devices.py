@@ -29,8 +29,9 @@ def check_device(requested: str, *, auto: bool = True) -> str:
     forms = [f for f in DEVICE_FORMS if auto or f != "auto"]
     # the index in ASCII digits without leading zeros, as torch reads it (``\d`` takes other scripts' digits,
     # which torch refuses), and short: torch wraps an index past 127 round to a negative one
-    form = re.fullmatch(r"auto|cpu|cuda(?::(0|[1-9][0-9]{0,3}))?|mps", requested) if isinstance(requested, str) \
-        else None
+    form = (
+        re.fullmatch(r"auto|cpu|cuda(?::(0|[1-9][0-9]{0,3}))?|mps", requested) if isinstance(requested, str) else None
+    )
     if form is None or (requested == "auto" and not auto):
         raise HeadcutValueError(f"unknown {label('device')} {shown(requested)}; choose {', '.join(forms)}")
     if requested in ("auto", "cpu"):
@@ -43,16 +44,20 @@ def check_device(requested: str, *, auto: bool = True) -> str:
             raise HeadcutValueError(f"{label('device')} mps: this torch ({torch.__version__}) has no MPS device here")
         return requested
     if not torch.cuda.is_available():
-        raise HeadcutValueError(f"{label('device')} {requested}: CUDA is not available to torch "
-                                f"{torch.__version__} here")
+        raise HeadcutValueError(
+            f"{label('device')} {requested}: CUDA is not available to torch {torch.__version__} here"
+        )
     index = None if form.group(1) is None else int(form.group(1))
     if index is not None and index >= torch.cuda.device_count():
-        raise HeadcutValueError(f"{label('device')} {requested}: this machine has {torch.cuda.device_count()} CUDA "
-                                f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+        raise HeadcutValueError(
+            f"{label('device')} {requested}: this machine has {torch.cuda.device_count()} CUDA "
+            f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+        )
     return requested
 
 
 # ---- memory ---------------------------------------------------------------------------------------------------
+
 
 def _proc_kib(path: str, key: str) -> int | None:
     """The ``key`` line of a ``/proc`` file (a size in kB), in bytes; None where there is no such file or line."""
@@ -85,8 +90,22 @@ def available_memory() -> int:
         return 8 * 1024**3
 
 
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-          "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
 
 
 #: the largest size :func:`parse_size` takes (8 EiB: more than any machine's memory, and still a 64-bit count)
@@ -102,7 +121,7 @@ def parse_size(text: str | int) -> int:
     else:
         s = str(text).strip().lower().replace(" ", "")
         digits = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-        value_text, unit = digits, s[len(digits):]
+        value_text, unit = digits, s[len(digits) :]
         try:
             value = float(value_text) if value_text.isascii() else -1.0
         except ValueError:
@@ -110,8 +129,9 @@ def parse_size(text: str | int) -> int:
         if unit not in _UNITS:
             value = -1.0
     if not (value > 0 and (isinstance(value, int) or math.isfinite(value)) and value * _UNITS[unit] <= MAX_SIZE):
-        raise HeadcutError(f"{label('max_memory')} must be a size such as 12GB, 12GiB or 500MB, at most 8 EiB "
-                           f"(got {shown(text)})")
+        raise HeadcutError(
+            f"{label('max_memory')} must be a size such as 12GB, 12GiB or 500MB, at most 8 EiB (got {shown(text)})"
+        )
     return int(value * _UNITS[unit])
 
 

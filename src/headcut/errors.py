@@ -37,7 +37,7 @@ def shown(value: Any, limit: int = 60) -> str:
     except ValueError:  # a container holding such an integer
         text = f"<a {type(value).__name__}>"
     text = " ".join(text.splitlines())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Shown:

@@ -36,8 +36,9 @@ def imported(name: str, what: str, install: str, missing: str | None = None) -> 
         return importlib.import_module(name)
     except (Exception, SystemExit) as exc:  # a package may raise anything on import, or even exit
         why = f"{type(exc).__name__}: {first_line(exc)}" if str(exc).strip() else type(exc).__name__
-        raise HeadcutError(f"{what} needs {name}, which is installed but fails on import ({why[:200]}); "
-                           f"reinstall it: {install}") from None
+        raise HeadcutError(
+            f"{what} needs {name}, which is installed but fails on import ({why[:200]}); reinstall it: {install}"
+        ) from None
 
 
 def usable(name: str) -> bool:

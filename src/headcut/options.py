@@ -55,13 +55,34 @@ class Option:
     cli: bool = True
 
 
-def option(default: Any = MISSING, *, help: str, flag: str | None = None, metavar: str | None = None,
-           choices: tuple[str, ...] | None = None, low: float | None = None, high: float | None = None,
-           low_open: bool = False, high_open: bool = False, panel: str = METHOD_PANEL, cli: bool = True) -> Any:
+def option(
+    default: Any = MISSING,
+    *,
+    help: str,
+    flag: str | None = None,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    panel: str = METHOD_PANEL,
+    cli: bool = True,
+) -> Any:
     """A dataclass field declaring an option (see the module's doc). Its arguments must be literals, or names
     of module-level literals, so that :func:`static_specs` can read them without importing the module."""
-    meta = Option(help=help, flag=flag, metavar=metavar, choices=tuple(choices) if choices is not None else None,
-                  low=low, high=high, low_open=low_open, high_open=high_open, panel=panel, cli=cli)
+    meta = Option(
+        help=help,
+        flag=flag,
+        metavar=metavar,
+        choices=tuple(choices) if choices is not None else None,
+        low=low,
+        high=high,
+        low_open=low_open,
+        high_open=high_open,
+        panel=panel,
+        cli=cli,
+    )
     return field(default=default, metadata={KEY: meta})
 
 
@@ -101,6 +122,7 @@ class OptionSpec:
 
 # ---- errors that name an option ----------------------------------------------------------------------------
 
+
 class OptionError(HeadcutValueError):
     """A refusal naming options: ``template`` holds ``{field}`` placeholders (and ``values`` the other
     ``{...}``), each option :func:`headcut.errors.label`-led, so ``str(error)`` names the Python keyword
@@ -109,8 +131,9 @@ class OptionError(HeadcutValueError):
     def __init__(self, template: str, **values: Any) -> None:
         names = [name for _, name, _, _ in string.Formatter().parse(template) if name and name not in values]
         # a value too long to print (an integer of more than 4300 digits) by its length
-        safe = {k: Shown(v) if isinstance(v, int) and v.bit_length() > LONGEST_SHOWN_INT else v
-                for k, v in values.items()}
+        safe = {
+            k: Shown(v) if isinstance(v, int) and v.bit_length() > LONGEST_SHOWN_INT else v for k, v in values.items()
+        }
         super().__init__(template.format(**{n: label(n) for n in names}, **safe))
 
 
@@ -120,6 +143,7 @@ def cli_name(name: str) -> str:
 
 
 # ---- run-time specs and checks ------------------------------------------------------------------------------
+
 
 def _kind(annotation: Any) -> tuple[str, bool]:
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
@@ -195,8 +219,9 @@ def _rule(spec: OptionSpec) -> str:
     if low is not None and high is not None:
         return f"in {'(' if meta.low_open else '['}{low:g}, {high:g}{')' if meta.high_open else ']'}"
     if low is not None:
-        return ("positive" if low == 0 and meta.low_open else f"{'>' if meta.low_open else '>='} {low:g}") + \
-            " and finite"
+        return (
+            "positive" if low == 0 and meta.low_open else f"{'>' if meta.low_open else '>='} {low:g}"
+        ) + " and finite"
     if high is not None:
         return f"{'<' if meta.high_open else '<='} {high:g} and finite"
     return "a finite number"
@@ -217,6 +242,7 @@ def check_fields(obj: Any, names: tuple[str, ...] | None = None) -> None:
 
 
 # ---- the same specs, read from the source -----------------------------------------------------------------
+
 
 class StaticError(Exception):
     """An option declaration :func:`static_specs` cannot read (it must be a literal)."""
@@ -300,12 +326,18 @@ def _value(module: str, node: ast.AST) -> Any:
         return "".join(out)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult, ast.Sub, ast.Div)):
         left, right = _value(module, node.left), _value(module, node.right)
-        return {ast.Add: lambda: left + right, ast.Mult: lambda: left * right, ast.Sub: lambda: left - right,
-                ast.Div: lambda: left / right}[type(node.op)]()
+        return {
+            ast.Add: lambda: left + right,
+            ast.Mult: lambda: left * right,
+            ast.Sub: lambda: left - right,
+            ast.Div: lambda: left / right,
+        }[type(node.op)]()
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_value(module, node.operand)
-    raise StaticError(f"{module}, line {getattr(node, 'lineno', '?')}: an option declaration must be a literal "
-                      f"(not {ast.unparse(node)})")
+    raise StaticError(
+        f"{module}, line {getattr(node, 'lineno', '?')}: an option declaration must be a literal "
+        f"(not {ast.unparse(node)})"
+    )
 
 
 def _class_fields(module: str, name: str) -> tuple[dict[str, tuple[str, Any, Option | None]], tuple[str, ...]]:

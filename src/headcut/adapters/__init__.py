@@ -64,9 +64,7 @@ def adapter_for_model_type(model_type: Any) -> Adapter:
     supported types."""
     adapter = _REGISTRY.adapters.get(model_type) if isinstance(model_type, str) else None
     if adapter is None:
-        raise HeadcutError(
-            f"unsupported architecture {model_type!r}; supported: {', '.join(supported_model_types())}"
-        )
+        raise HeadcutError(f"unsupported architecture {model_type!r}; supported: {', '.join(supported_model_types())}")
     return adapter
 
 
@@ -94,6 +92,15 @@ def runtime_mixins() -> dict[str, type]:
 
 
 __all__ = [
-    "MISSING", "Adapter", "Block", "BlockCut", "EmptyStyle", "Stack", "adapter_for", "adapter_for_config",
-    "adapter_for_model_type", "runtime_mixins", "supported_model_types",
+    "MISSING",
+    "Adapter",
+    "Block",
+    "BlockCut",
+    "EmptyStyle",
+    "Stack",
+    "adapter_for",
+    "adapter_for_config",
+    "adapter_for_model_type",
+    "runtime_mixins",
+    "supported_model_types",
 ]

@@ -87,10 +87,21 @@ class AlbertAdapter(Adapter):
                 shared = None
                 if uses.count(g) > 1:
                     shared = str(g) if len(inner) == 1 else f"{g}.{j}"
-                out.append(make_block(
-                    base, f"self.{n}", "self", n, layer.attention.attention_head_size,
-                    attn=p, q=f"{p}.query", k=f"{p}.key", v=f"{p}.value", o=f"{p}.dense", shared=shared,
-                ))
+                out.append(
+                    make_block(
+                        base,
+                        f"self.{n}",
+                        "self",
+                        n,
+                        layer.attention.attention_head_size,
+                        attn=p,
+                        q=f"{p}.query",
+                        k=f"{p}.key",
+                        v=f"{p}.value",
+                        o=f"{p}.dense",
+                        shared=shared,
+                    )
+                )
         return out
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
@@ -116,7 +127,7 @@ class AlbertAdapter(Adapter):
 
         # per layer: the old group it runs and the cuts of its inner layers
         layers = [
-            (group_of_layer(i, num_layers, old_groups), tuple(key(b) for b in blocks[i * inner:(i + 1) * inner]))
+            (group_of_layer(i, num_layers, old_groups), tuple(key(b) for b in blocks[i * inner : (i + 1) * inner]))
             for i in range(num_layers)
         ]
         new_groups = _fewest_groups(layers, old_groups)

@@ -38,8 +38,10 @@ _ATTENTIONS = (
 class BartAdapter(Adapter):
     family = "bart"
     model_types = ("bart", "marian")
-    stacks = (Stack(("encoder_layers",), "d_model", "encoder_attention_heads", kind="encoder"),
-              Stack(("decoder_layers",), "d_model", "decoder_attention_heads", kind="decoder"))
+    stacks = (
+        Stack(("encoder_layers",), "d_model", "encoder_attention_heads", kind="encoder"),
+        Stack(("decoder_layers",), "d_model", "decoder_attention_heads", kind="decoder"),
+    )
     count_fields = ("encoder_ffn_dim", "decoder_ffn_dim", "vocab_size", "decoder_vocab_size", "max_position_embeddings")
     optional_fields = {"decoder_vocab_size": "vocab_size"}
     cached_kinds = ("decoder",)
@@ -48,8 +50,15 @@ class BartAdapter(Adapter):
         out: list[Block] = []
         for kind, stack, attn in _ATTENTIONS:
             out += stack_blocks(
-                base, stack, attn=attn, q=f"{attn}.q_proj", k=f"{attn}.k_proj", v=f"{attn}.v_proj",
-                o=f"{attn}.out_proj", head_dim="head_dim", kind=kind,
+                base,
+                stack,
+                attn=attn,
+                q=f"{attn}.q_proj",
+                k=f"{attn}.k_proj",
+                v=f"{attn}.v_proj",
+                o=f"{attn}.out_proj",
+                head_dim="head_dim",
+                kind=kind,
             )
         return out
 

@@ -111,8 +111,11 @@ class EmptyStyle:
 
     def attrs(self) -> dict[str, Any]:
         return {
-            "_hc_o": self.o, "_hc_dropout": self.dropout, "_hc_norm": self.norm,
-            "_hc_cache": self.cache, "_hc_outputs": self.outputs,
+            "_hc_o": self.o,
+            "_hc_dropout": self.dropout,
+            "_hc_norm": self.norm,
+            "_hc_cache": self.cache,
+            "_hc_outputs": self.outputs,
         }
 
 
@@ -217,8 +220,17 @@ def out_features(mod: nn.Module) -> int:
 
 
 def make_block(
-    base: nn.Module, name: str, kind: str, layer: int, head_dim: int,
-    attn: str, q: str, k: str, v: str, o: str, shared: str | None = None,
+    base: nn.Module,
+    name: str,
+    kind: str,
+    layer: int,
+    head_dim: int,
+    attn: str,
+    q: str,
+    k: str,
+    v: str,
+    o: str,
+    shared: str | None = None,
 ) -> Block:
     """A Block whose head counts are read off the current widths of its q and k projections
     (paths relative to ``base``; a fused q|k|v projection, given as q == k == v, is a third each)."""
@@ -227,13 +239,31 @@ def make_block(
     heads = out_features(base.get_submodule(q)) // parts // head_dim
     kv_heads = out_features(base.get_submodule(k)) // parts // head_dim
     return Block(
-        name=name, kind=kind, layer=layer, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-        attn=attn, q=q, k=k, v=v, o=o, fused_qkv=fused, shared=shared,
+        name=name,
+        kind=kind,
+        layer=layer,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        attn=attn,
+        q=q,
+        k=k,
+        v=v,
+        o=o,
+        fused_qkv=fused,
+        shared=shared,
     )
 
 
 def stack_blocks(
-    base: nn.Module, layers: str, attn: str, q: str, k: str, v: str, o: str, head_dim: str,
+    base: nn.Module,
+    layers: str,
+    attn: str,
+    q: str,
+    k: str,
+    v: str,
+    o: str,
+    head_dim: str,
     kind: str = "self",
 ) -> list[Block]:
     """Blocks ``{kind}.{i}`` of one stack of layers (the module list at ``layers``; none if absent).
@@ -251,9 +281,20 @@ def stack_blocks(
             size = getattr(base.get_submodule(f"{p}.{attn}"), head_dim)
         except AttributeError:
             continue  # a layer without this attention (e.g. no cross-attention)
-        out.append(make_block(
-            base, f"{kind}.{i}", kind, i, size, attn=f"{p}.{attn}", q=f"{p}.{q}", k=f"{p}.{k}", v=f"{p}.{v}", o=f"{p}.{o}",
-        ))
+        out.append(
+            make_block(
+                base,
+                f"{kind}.{i}",
+                kind,
+                i,
+                size,
+                attn=f"{p}.{attn}",
+                q=f"{p}.{q}",
+                k=f"{p}.{k}",
+                v=f"{p}.{v}",
+                o=f"{p}.{o}",
+            )
+        )
     return out
 
 

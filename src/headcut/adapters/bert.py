@@ -23,8 +23,14 @@ class BertAdapter(Adapter):
 
     def blocks(self, base: nn.Module) -> list[Block]:
         return stack_blocks(
-            base, "encoder.layer", attn="attention.self", q="attention.self.query", k="attention.self.key",
-            v="attention.self.value", o="attention.output.dense", head_dim="attention_head_size",
+            base,
+            "encoder.layer",
+            attn="attention.self",
+            q="attention.self.query",
+            k="attention.self.key",
+            v="attention.self.value",
+            o="attention.output.dense",
+            head_dim="attention_head_size",
         )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

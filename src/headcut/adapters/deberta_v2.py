@@ -38,8 +38,14 @@ class DebertaV2Adapter(Adapter):
 
     def blocks(self, base: nn.Module) -> list[Block]:
         return stack_blocks(
-            base, "encoder.layer", attn="attention.self", q="attention.self.query_proj", k="attention.self.key_proj",
-            v="attention.self.value_proj", o="attention.output.dense", head_dim="attention_head_size",
+            base,
+            "encoder.layer",
+            attn="attention.self",
+            q="attention.self.query_proj",
+            k="attention.self.key_proj",
+            v="attention.self.value_proj",
+            o="attention.output.dense",
+            head_dim="attention_head_size",
         )
 
     def stock_spec(self, model_type: str) -> StockSpec:

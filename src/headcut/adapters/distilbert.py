@@ -27,8 +27,14 @@ class DistilBertAdapter(Adapter):
 
     def blocks(self, base: nn.Module) -> list[Block]:
         return stack_blocks(
-            base, "transformer.layer", attn="attention", q="attention.q_lin", k="attention.k_lin", v="attention.v_lin",
-            o="attention.out_lin", head_dim="attention_head_size",
+            base,
+            "transformer.layer",
+            attn="attention",
+            q="attention.q_lin",
+            k="attention.k_lin",
+            v="attention.v_lin",
+            o="attention.out_lin",
+            head_dim="attention_head_size",
         )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

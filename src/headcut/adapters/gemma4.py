@@ -141,8 +141,10 @@ def _per_layer_values(get: Callable[[str], Any]) -> list[tuple[str, dict[str, An
 class Gemma4Adapter(Adapter):
     family = "gemma4"
     model_types = ("gemma4_text",)
-    no_stock = ("headcut does not write Gemma 4's per-layer config (layers whose K/V other layers reuse keep "
-                "placeholder query rows)")
+    no_stock = (
+        "headcut does not write Gemma 4's per-layer config (layers whose K/V other layers reuse keep "
+        "placeholder query rows)"
+    )
     stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "head_dim"),)
     count_fields = ("num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings")
     optional_fields = {"num_key_value_heads": "num_attention_heads"}
@@ -161,9 +163,11 @@ class Gemma4Adapter(Adapter):
         stored = {t for t, m in zip(types, modes) if m == "store"}
         orphans = sorted({t for t, m in zip(types, modes) if m == "reuse"} - stored)
         if orphans:
-            raise ValueError(f"Gemma 4 config: layers of type {orphans[0]} reuse keys and values that no layer "
-                             f"stores (num_kv_shared_layers {config.num_kv_shared_layers} of "
-                             f"{config.num_hidden_layers} layers)")
+            raise ValueError(
+                f"Gemma 4 config: layers of type {orphans[0]} reuse keys and values that no layer "
+                f"stores (num_kv_shared_layers {config.num_kv_shared_layers} of "
+                f"{config.num_hidden_layers} layers)"
+            )
 
     def config_numbers(self, get: Callable[[str], Any]) -> dict[str, int | None]:
         """As :meth:`Adapter.config_numbers`, with the per-layer ``head_dim`` and ``num_key_value_heads`` of
@@ -191,11 +195,13 @@ class Gemma4Adapter(Adapter):
         numbers = super().config_numbers(value)
         heads = numbers.get("num_attention_heads")
         if heads:
-            for (layer, overrides) in layers:
+            for layer, overrides in layers:
                 kv = overrides.get("num_key_value_heads")
                 if isinstance(kv, int) and heads % kv:
-                    raise ValueError(f"num_attention_heads {heads} is not a multiple of "
-                                     f"per_layer_config[{layer}].num_key_value_heads {kv}")
+                    raise ValueError(
+                        f"num_attention_heads {heads} is not a multiple of "
+                        f"per_layer_config[{layer}].num_key_value_heads {kv}"
+                    )
         return numbers
 
     # ---- the blocks -------------------------------------------------------------------------------------
@@ -238,12 +244,27 @@ class Gemma4Adapter(Adapter):
                     slots = tuple(pos // groups for pos in (real if real is not None else range(heads)))
                     kv = heads
                     q_order = tuple(real) if real is not None and heads else None
-                    layout = (Rows(f"{p}.q_proj", order=q_order), Rows(k, order=slots or None),
-                              Rows(v, order=slots or None))
-            out.append(Block(
-                name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=kv, head_dim=d, attn=p,
-                q=f"{p}.q_proj", k=k, v=v, o=f"{p}.o_proj", layout=layout,
-            ))
+                    layout = (
+                        Rows(f"{p}.q_proj", order=q_order),
+                        Rows(k, order=slots or None),
+                        Rows(v, order=slots or None),
+                    )
+            out.append(
+                Block(
+                    name=f"self.{i}",
+                    kind="self",
+                    layer=i,
+                    heads=heads,
+                    kv_heads=kv,
+                    head_dim=d,
+                    attn=p,
+                    q=f"{p}.q_proj",
+                    k=k,
+                    v=v,
+                    o=f"{p}.o_proj",
+                    layout=layout,
+                )
+            )
         return out
 
     # ---- the cut ----------------------------------------------------------------------------------------
@@ -269,8 +290,7 @@ class Gemma4Adapter(Adapter):
             ops.append(mixin_op(block.attn, "HeadcutEmptyAttention", style.attrs()))
         elif mode == "reuse":
             current = _attr_list(attn, "_hc_kv_select") or list(range(block.kv_heads))
-            ops.append(mixin_op(block.attn, "HeadcutGemma4Attention",
-                                {"_hc_kv_select": [current[j] for j in cut.kv]}))
+            ops.append(mixin_op(block.attn, "HeadcutGemma4Attention", {"_hc_kv_select": [current[j] for j in cut.kv]}))
         return ops
 
     def _store_ops(self, attn: nn.Module, block: Block, q: list[int]) -> list[dict[str, Any]]:
@@ -314,6 +334,8 @@ class Gemma4Adapter(Adapter):
                 values += extra * b.head_dim * attn.q_proj.in_features
         if not padded:
             return []
-        return [f"Gemma 4 layers that store keys and values for KV sharing ({', '.join(padded)}) keep every KV head; "
-                f"their kept query heads are padded to the same number per KV head with placeholder query rows "
-                f"({values:,} values) whose outputs are dropped"]
+        return [
+            f"Gemma 4 layers that store keys and values for KV sharing ({', '.join(padded)}) keep every KV head; "
+            f"their kept query heads are padded to the same number per KV head with placeholder query rows "
+            f"({values:,} values) whose outputs are dropped"
+        ]

@@ -29,11 +29,23 @@ class GPTNeoXAdapter(Adapter):
             d = layer.attention.head_size
             qkv = f"layers.{i}.attention.query_key_value"
             heads = layer.attention.query_key_value.out_features // (3 * d)
-            out.append(Block(
-                name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=heads, head_dim=d,
-                attn=f"layers.{i}.attention", q=qkv, k=qkv, v=qkv, o=f"layers.{i}.attention.dense", fused_qkv=True,
-                layout=(Rows(qkv, 0, 3 * d), Rows(qkv, d, 3 * d), Rows(qkv, 2 * d, 3 * d)),
-            ))
+            out.append(
+                Block(
+                    name=f"self.{i}",
+                    kind="self",
+                    layer=i,
+                    heads=heads,
+                    kv_heads=heads,
+                    head_dim=d,
+                    attn=f"layers.{i}.attention",
+                    q=qkv,
+                    k=qkv,
+                    v=qkv,
+                    o=f"layers.{i}.attention.dense",
+                    fused_qkv=True,
+                    layout=(Rows(qkv, 0, 3 * d), Rows(qkv, d, 3 * d), Rows(qkv, 2 * d, 3 * d)),
+                )
+            )
         return out
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:

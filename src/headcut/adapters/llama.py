@@ -25,8 +25,14 @@ class LlamaAdapter(Adapter):
 
     def blocks(self, base: nn.Module) -> list[Block]:
         return stack_blocks(
-            base, "layers", attn="self_attn", q="self_attn.q_proj", k="self_attn.k_proj", v="self_attn.v_proj",
-            o="self_attn.o_proj", head_dim="head_dim",
+            base,
+            "layers",
+            attn="self_attn",
+            q="self_attn.q_proj",
+            k="self_attn.k_proj",
+            v="self_attn.v_proj",
+            o="self_attn.o_proj",
+            head_dim="head_dim",
         )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
@@ -37,9 +43,11 @@ class LlamaAdapter(Adapter):
         # (transformers #46082); Mistral's config holds Llama's weights under the same names and computes the
         # same thing when Llama's extras are off and the sliding window is off
         if model_type == "llama":
-            return StockSpec(fallbacks=("mistral",),
-                             fallback_fields=(("attention_bias", False), ("mlp_bias", False), ("pretraining_tp", 1)),
-                             fallback_sets=(("sliding_window", None),))
+            return StockSpec(
+                fallbacks=("mistral",),
+                fallback_fields=(("attention_bias", False), ("mlp_bias", False), ("pretraining_tp", 1)),
+                fallback_sets=(("sliding_window", None),),
+            )
         return StockSpec()
 
     def empty_style(self, block: Block) -> EmptyStyle:

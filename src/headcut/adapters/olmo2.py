@@ -52,8 +52,10 @@ class Olmo2Adapter(LlamaAdapter):
 
     family = "olmo2"
     model_types = ("olmo2",)
-    no_stock = ("its q/k norms run over all heads, so the cut keeps every q_proj/k_proj row, which a stock config "
-                "cannot describe")
+    no_stock = (
+        "its q/k norms run over all heads, so the cut keeps every q_proj/k_proj row, which a stock config "
+        "cannot describe"
+    )
     runtime_mixins = (HeadcutNormThenSelect,)
 
     def stock_spec(self, model_type: str) -> None:
@@ -66,30 +68,54 @@ class Olmo2Adapter(LlamaAdapter):
             d = attn.head_dim
             p = f"layers.{i}.self_attn"
             q_order, k_order = _selected(attn.q_norm), _selected(attn.k_norm)
-            out.append(Block(
-                name=f"self.{i}", kind="self", layer=i, heads=attn.o_proj.in_features // d,
-                kv_heads=attn.v_proj.out_features // d, head_dim=d, attn=p, q=f"{p}.q_proj", k=f"{p}.k_proj",
-                v=f"{p}.v_proj", o=f"{p}.o_proj",
-                layout=(Rows(f"{p}.q_proj", order=None if q_order is None else tuple(q_order)),
-                        Rows(f"{p}.k_proj", order=None if k_order is None else tuple(k_order)), Rows(f"{p}.v_proj")),
-            ))
+            out.append(
+                Block(
+                    name=f"self.{i}",
+                    kind="self",
+                    layer=i,
+                    heads=attn.o_proj.in_features // d,
+                    kv_heads=attn.v_proj.out_features // d,
+                    head_dim=d,
+                    attn=p,
+                    q=f"{p}.q_proj",
+                    k=f"{p}.k_proj",
+                    v=f"{p}.v_proj",
+                    o=f"{p}.o_proj",
+                    layout=(
+                        Rows(f"{p}.q_proj", order=None if q_order is None else tuple(q_order)),
+                        Rows(f"{p}.k_proj", order=None if k_order is None else tuple(k_order)),
+                        Rows(f"{p}.v_proj"),
+                    ),
+                )
+            )
         return out
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:
         d = block.head_dim
         if not cut.q:  # no attention runs at all: the q and k rows can go too
-            return [rows_op(block.q, [], d), rows_op(block.k, [], d), rows_op(block.v, [], d), cols_op(block.o, [], d),
-                    set_op(block.attn, num_key_value_groups=cut.groups),
-                    mixin_op(block.attn, "HeadcutEmptyAttention", self.empty_style(block).attrs())]
+            return [
+                rows_op(block.q, [], d),
+                rows_op(block.k, [], d),
+                rows_op(block.v, [], d),
+                cols_op(block.o, [], d),
+                set_op(block.attn, num_key_value_groups=cut.groups),
+                mixin_op(block.attn, "HeadcutEmptyAttention", self.empty_style(block).attrs()),
+            ]
         attn = base.get_submodule(block.attn)
         # the norms' current selections (a model cut before) compose with this cut
         q_now = _selected(attn.q_norm) or list(range(block.heads))
         k_now = _selected(attn.k_norm) or list(range(block.kv_heads))
         ops = [
-            mixin_op(f"{block.attn}.q_norm", "HeadcutNormThenSelect",
-                     {"_hc_heads": [q_now[h] for h in cut.q], "_hc_head_dim": d}),
-            mixin_op(f"{block.attn}.k_norm", "HeadcutNormThenSelect",
-                     {"_hc_heads": [k_now[h] for h in cut.kv], "_hc_head_dim": d}),
+            mixin_op(
+                f"{block.attn}.q_norm",
+                "HeadcutNormThenSelect",
+                {"_hc_heads": [q_now[h] for h in cut.q], "_hc_head_dim": d},
+            ),
+            mixin_op(
+                f"{block.attn}.k_norm",
+                "HeadcutNormThenSelect",
+                {"_hc_heads": [k_now[h] for h in cut.kv], "_hc_head_dim": d},
+            ),
             rows_op(block.v, list(cut.kv), d),
             cols_op(block.o, list(cut.q), d),
             set_op(block.attn, num_key_value_groups=cut.groups),
@@ -109,6 +135,8 @@ class Olmo2Adapter(LlamaAdapter):
                 kept += (held - used) * b.head_dim * proj.in_features
         if not kept:
             return []
-        return [f"OLMo 2 normalises q and k over all heads together: q_proj and k_proj keep the rows of removed "
-                f"heads ({kept:,} values) so the kept heads are normalised exactly as before; the attention, the "
-                "KV cache and the v/o projections of removed heads are gone"]
+        return [
+            f"OLMo 2 normalises q and k over all heads together: q_proj and k_proj keep the rows of removed "
+            f"heads ({kept:,} values) so the kept heads are normalised exactly as before; the attention, the "
+            "KV cache and the v/o projections of removed heads are gone"
+        ]

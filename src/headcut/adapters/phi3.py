@@ -38,11 +38,23 @@ class Phi3Adapter(LlamaAdapter):
             kv = (attn.qkv_proj.out_features // d - heads) // 2
             qkv = f"layers.{i}.self_attn.qkv_proj"
             layout = (Rows(qkv), Rows(qkv, offset=heads * d), Rows(qkv, offset=(heads + kv) * d))
-            out.append(Block(
-                name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=kv, head_dim=d,
-                attn=f"layers.{i}.self_attn", q=qkv, k=qkv, v=qkv, o=f"layers.{i}.self_attn.o_proj",
-                fused_qkv=True, layout=layout,
-            ))
+            out.append(
+                Block(
+                    name=f"self.{i}",
+                    kind="self",
+                    layer=i,
+                    heads=heads,
+                    kv_heads=kv,
+                    head_dim=d,
+                    attn=f"layers.{i}.self_attn",
+                    q=qkv,
+                    k=qkv,
+                    v=qkv,
+                    o=f"layers.{i}.self_attn.o_proj",
+                    fused_qkv=True,
+                    layout=layout,
+                )
+            )
         return out
 
     def cut_ops(self, base: nn.Module, block: Block, cut: BlockCut) -> list[dict[str, Any]]:

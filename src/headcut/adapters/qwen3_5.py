@@ -96,8 +96,14 @@ class Qwen35Adapter(Adapter):
     no_stock = "headcut does not write Qwen3.5's stock config for a cut yet (attention and DeltaNet heads)"
     stacks = (Stack(("num_hidden_layers",), "hidden_size", "num_attention_heads", "head_dim"),)
     count_fields = (
-        "num_key_value_heads", "intermediate_size", "vocab_size", "max_position_embeddings",
-        "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim", "linear_value_head_dim",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "linear_num_value_heads",
+        "linear_num_key_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
         "linear_conv_kernel_dim",
     )
     multiples = (("num_attention_heads", "num_key_value_heads"), ("linear_num_value_heads", "linear_num_key_heads"))
@@ -125,8 +131,18 @@ class Qwen35Adapter(Adapter):
         kv_heads = base.get_submodule(k).weight.shape[0] // d
         layout = (Rows(q, stride=2 * d), Rows(k), Rows(f"{a}.v_proj"))
         return Block(
-            name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=kv_heads, head_dim=d, attn=a,
-            q=q, k=k, v=f"{a}.v_proj", o=f"{a}.o_proj", layout=layout,
+            name=f"self.{i}",
+            kind="self",
+            layer=i,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=d,
+            attn=a,
+            q=q,
+            k=k,
+            v=f"{a}.v_proj",
+            o=f"{a}.o_proj",
+            layout=layout,
         )
 
     def _linear_block(self, base: nn.Module, p: str, i: int) -> Block:
@@ -137,11 +153,26 @@ class Qwen35Adapter(Adapter):
         heads = mod.in_proj_z.weight.shape[0] // dv
         kv_heads = (mod.in_proj_qkv.weight.shape[0] - heads * dv) // (2 * dk)
         # q rows: each value head's v channels; k and v rows: each key head's k and q channels
-        layout = (Rows(qkv, offset=2 * kv_heads * dk, stride=dv), Rows(qkv, offset=kv_heads * dk, stride=dk),
-                  Rows(qkv, stride=dk))
+        layout = (
+            Rows(qkv, offset=2 * kv_heads * dk, stride=dv),
+            Rows(qkv, offset=kv_heads * dk, stride=dk),
+            Rows(qkv, stride=dk),
+        )
         return Block(
-            name=f"self.{i}", kind="self", layer=i, heads=heads, kv_heads=kv_heads, head_dim=dv, attn=a,
-            q=qkv, k=qkv, v=qkv, o=f"{a}.out_proj", fused_qkv=True, layout=layout, mixer=LINEAR,
+            name=f"self.{i}",
+            kind="self",
+            layer=i,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=dv,
+            attn=a,
+            q=qkv,
+            k=qkv,
+            v=qkv,
+            o=f"{a}.out_proj",
+            fused_qkv=True,
+            layout=layout,
+            mixer=LINEAR,
         )
 
     @staticmethod
@@ -161,7 +192,9 @@ class Qwen35Adapter(Adapter):
         if not self._is_linear(block):
             ops = [
                 rows_op(block.q, q, 2 * d),  # each head's query and its output gate
-                rows_op(block.k, kv, d), rows_op(block.v, kv, d), cols_op(block.o, q, d),
+                rows_op(block.k, kv, d),
+                rows_op(block.v, kv, d),
+                cols_op(block.o, q, d),
                 set_op(block.attn, **self.head_attrs(block, cut)),
             ]
         else:
@@ -186,8 +219,14 @@ class Qwen35Adapter(Adapter):
             param_op(a, "dt_bias", q, 1),
             param_op(a, "A_log", q, 1),
             cols_op(block.o, q, dv),
-            set_op(a, num_v_heads=len(q), num_k_heads=len(kv), key_dim=len(kv) * dk, value_dim=len(q) * dv,
-                   conv_dim=2 * len(kv) * dk + len(q) * dv),
+            set_op(
+                a,
+                num_v_heads=len(q),
+                num_k_heads=len(kv),
+                key_dim=len(kv) * dk,
+                value_dim=len(q) * dv,
+                conv_dim=2 * len(kv) * dk + len(q) * dv,
+            ),
         ]
 
     def notes(self, base: nn.Module, blocks: list[Block]) -> list[str]:

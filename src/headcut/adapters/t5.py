@@ -67,7 +67,9 @@ class HeadcutT5Attention:
             return super().compute_bias(query_length, key_length, device=like.device, past_seen_tokens=past_seen)
         return torch.zeros((1, self._hc_total, query_length, key_length), device=like.device, dtype=like.dtype)
 
-    def compute_bias(self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0) -> torch.Tensor:
+    def compute_bias(
+        self, query_length: int, key_length: int, device: Any = None, past_seen_tokens: Any = 0
+    ) -> torch.Tensor:
         return self._hc_select(super().compute_bias(query_length, key_length, device, past_seen_tokens))
 
     def forward(
@@ -87,7 +89,11 @@ class HeadcutT5Attention:
         if self._hc_heads:
             selected = None if position_bias is None else self._hc_select(position_bias)
             out, used, weights = super().forward(
-                hidden_states, mask=mask, key_value_states=key_value_states, position_bias=selected, **kwargs,
+                hidden_states,
+                mask=mask,
+                key_value_states=key_value_states,
+                position_bias=selected,
+                **kwargs,
             )
             if position_bias is None:
                 position_bias = self._hc_full_bias(used.shape[-2], used.shape[-1], used, past_seen)
@@ -111,10 +117,14 @@ class HeadcutT5Attention:
 class T5Adapter(Adapter):
     family = "t5"
     model_types = ("t5",)
-    no_stock = ("every layer reuses layer 0's relative position bias per head, which a stock T5 config holds only "
-                "for the same heads in every layer; headcut does not write that form yet")
-    stacks = (Stack(("num_layers",), "d_model", "num_heads", "d_kv", kind="encoder"),
-              Stack(("num_decoder_layers",), "d_model", "num_heads", "d_kv", kind="decoder"))
+    no_stock = (
+        "every layer reuses layer 0's relative position bias per head, which a stock T5 config holds only "
+        "for the same heads in every layer; headcut does not write that form yet"
+    )
+    stacks = (
+        Stack(("num_layers",), "d_model", "num_heads", "d_kv", kind="encoder"),
+        Stack(("num_decoder_layers",), "d_model", "num_heads", "d_kv", kind="decoder"),
+    )
     count_fields = ("d_ff", "vocab_size", "relative_attention_num_buckets", "relative_attention_max_distance")
     optional_fields = {"num_decoder_layers": "num_layers"}
     runtime_mixins = (HeadcutT5Attention,)
@@ -124,8 +134,15 @@ class T5Adapter(Adapter):
         out: list[Block] = []
         for kind, stack, attn in _ATTENTIONS:
             out += stack_blocks(
-                base, stack, attn=attn, q=f"{attn}.q", k=f"{attn}.k", v=f"{attn}.v", o=f"{attn}.o",
-                head_dim="key_value_proj_dim", kind=kind,
+                base,
+                stack,
+                attn=attn,
+                q=f"{attn}.q",
+                k=f"{attn}.k",
+                v=f"{attn}.v",
+                o=f"{attn}.o",
+                head_dim="key_value_proj_dim",
+                kind=kind,
             )
         return out
 
@@ -147,10 +164,16 @@ class T5Adapter(Adapter):
             current = list(range(block.heads))
         total = getattr(attn, "_hc_total", 0) or attn.config.num_heads
         q, d = list(cut.q), block.head_dim
-        attrs = {"_hc_heads": [int(current[h]) for h in q], "_hc_total": int(total),
-                 "_hc_cache": block.kind in self.cached_kinds}
+        attrs = {
+            "_hc_heads": [int(current[h]) for h in q],
+            "_hc_total": int(total),
+            "_hc_cache": block.kind in self.cached_kinds,
+        }
         return [
-            rows_op(block.q, q, d), rows_op(block.k, q, d), rows_op(block.v, q, d), cols_op(block.o, q, d),
+            rows_op(block.q, q, d),
+            rows_op(block.k, q, d),
+            rows_op(block.v, q, d),
+            cols_op(block.o, q, d),
             set_op(block.attn, **self.head_attrs(block, cut)),
             mixin_op(block.attn, "HeadcutT5Attention", attrs),
         ]

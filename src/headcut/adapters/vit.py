@@ -28,8 +28,14 @@ class ViTAdapter(Adapter):
 
     def blocks(self, base: nn.Module) -> list[Block]:
         return stack_blocks(
-            base, "layers", attn="attention", q="attention.q_proj", k="attention.k_proj", v="attention.v_proj",
-            o="attention.o_proj", head_dim="head_dim",
+            base,
+            "layers",
+            attn="attention",
+            q="attention.q_proj",
+            k="attention.k_proj",
+            v="attention.v_proj",
+            o="attention.o_proj",
+            head_dim="head_dim",
         )
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:

@@ -27,92 +27,155 @@ from .common import (
 
 _D = BenchConfig()
 
-BENCH_HELP = "\n\n".join([
-    "Benchmark models on synthetic inputs; with two models or more, speed-up and FLOP ratio are relative to the "
-    "first MODEL.",
-    f"Each MODEL gets --warmup ({_D.warmup}) untimed and --runs ({_D.runs}) timed forwards of one batch of "
-    "--batch-size x --seq-len random tokens (image models: random images of the config's size) under inference "
-    "mode. CPU forwards are timed with perf_counter, CUDA forwards with CUDA events after a synchronise. Models "
-    "that generate also run cached greedy decoding of exactly --gen-tokens new tokens from the same prompt (one "
-    "untimed call, then --gen-runs timed ones).",
-    "The models are timed interleaved: all are loaded and warmed up first, then each of --runs rounds runs one "
-    "timed forward of every MODEL (and every runtime row), the order rotated by one each round (A B C, B C A, "
-    "C A B, ...), and the same for generation; a change in the machine's load then hits every model of a round "
-    "alike. This holds every MODEL in memory at once; --no-interleave times one MODEL after the other (back to "
-    "back), whose speed-ups are not comparable on a loaded machine.",
-    "\n".join([
-        "Columns:",
-        "runtime (with --runtime onnxruntime): torch, or onnxruntime running the ONNX graph.",
-        "heads: attention heads left in the model.",
-        "params: distinct parameters (tied weights once).",
-        "GFLOPs: one forward of the whole batch, counted by torch's FlopCounterMode (matmuls and attention "
-        "kernels, 2 per multiply-add; element-wise ops not counted).",
-        "FLOP ratio: first model's FLOPs / this model's (1.25 = 20 % fewer FLOPs); only with a baseline.",
-        "median ms, p90 ms: time per forward of the batch; p25-p75 ms: the interquartile range of the runs.",
-        "examples/s: batch size / median time.",
-        "speed-up: first model's median / this model's; only with a baseline. In brackets, interleaved: the 25th "
-        "to 75th percentile of the per-round speed-ups (first model's time / this model's, in the same round); "
-        "'within noise' when that interval contains 1: the difference is within this machine's run-to-run noise.",
-        "peak MiB: CUDA: max memory allocated during the forwards (weights included); CPU (Linux): peak "
-        "resident memory the forwards add on top of the loaded model.",
-        "gen tok/s: batch size x new tokens / median generation time (prefill included).",
-        "gen speed-up: this model's gen tok/s / the first model's, with the same interval and verdict.",
-        "KV B/token: bytes of the keys and values in the returned KV cache / batch size / cached positions.",
-    ]),
-    "--runtime onnxruntime times the folder's model.onnx in onnxruntime (written by --format onnx; a folder "
-    "without one is exported to a temporary folder first, with a note) on the same inputs, with the same "
-    "statistics, in rows beside the PyTorch ones; --runtime torch,onnxruntime gives both rows for every MODEL. "
-    "The ONNX graph is float32 whatever --dtype says; --device cuda uses onnxruntime's CUDAExecutionProvider "
-    "(onnxruntime-gpu). FLOPs, params and heads are the PyTorch model's; the first row is the baseline.",
-    "--json PATH|- writes the same numbers and more: every run's time, tokens/s, FLOPs per op, weights bytes, "
-    "cache sizes, encoder-decoder cross-attention cache per encoder token, generation speed-up.",
-])
+BENCH_HELP = "\n\n".join(
+    [
+        "Benchmark models on synthetic inputs; with two models or more, speed-up and FLOP ratio are relative to the "
+        "first MODEL.",
+        f"Each MODEL gets --warmup ({_D.warmup}) untimed and --runs ({_D.runs}) timed forwards of one batch of "
+        "--batch-size x --seq-len random tokens (image models: random images of the config's size) under inference "
+        "mode. CPU forwards are timed with perf_counter, CUDA forwards with CUDA events after a synchronise. Models "
+        "that generate also run cached greedy decoding of exactly --gen-tokens new tokens from the same prompt (one "
+        "untimed call, then --gen-runs timed ones).",
+        "The models are timed interleaved: all are loaded and warmed up first, then each of --runs rounds runs one "
+        "timed forward of every MODEL (and every runtime row), the order rotated by one each round (A B C, B C A, "
+        "C A B, ...), and the same for generation; a change in the machine's load then hits every model of a round "
+        "alike. This holds every MODEL in memory at once; --no-interleave times one MODEL after the other (back to "
+        "back), whose speed-ups are not comparable on a loaded machine.",
+        "\n".join(
+            [
+                "Columns:",
+                "runtime (with --runtime onnxruntime): torch, or onnxruntime running the ONNX graph.",
+                "heads: attention heads left in the model.",
+                "params: distinct parameters (tied weights once).",
+                "GFLOPs: one forward of the whole batch, counted by torch's FlopCounterMode (matmuls and attention "
+                "kernels, 2 per multiply-add; element-wise ops not counted).",
+                "FLOP ratio: first model's FLOPs / this model's (1.25 = 20 % fewer FLOPs); only with a baseline.",
+                "median ms, p90 ms: time per forward of the batch; p25-p75 ms: the interquartile range of the runs.",
+                "examples/s: batch size / median time.",
+                "speed-up: first model's median / this model's; only with a baseline. In brackets, interleaved: the 25th "
+                "to 75th percentile of the per-round speed-ups (first model's time / this model's, in the same round); "
+                "'within noise' when that interval contains 1: the difference is within this machine's run-to-run noise.",
+                "peak MiB: CUDA: max memory allocated during the forwards (weights included); CPU (Linux): peak "
+                "resident memory the forwards add on top of the loaded model.",
+                "gen tok/s: batch size x new tokens / median generation time (prefill included).",
+                "gen speed-up: this model's gen tok/s / the first model's, with the same interval and verdict.",
+                "KV B/token: bytes of the keys and values in the returned KV cache / batch size / cached positions.",
+            ]
+        ),
+        "--runtime onnxruntime times the folder's model.onnx in onnxruntime (written by --format onnx; a folder "
+        "without one is exported to a temporary folder first, with a note) on the same inputs, with the same "
+        "statistics, in rows beside the PyTorch ones; --runtime torch,onnxruntime gives both rows for every MODEL. "
+        "The ONNX graph is float32 whatever --dtype says; --device cuda uses onnxruntime's CUDAExecutionProvider "
+        "(onnxruntime-gpu). FLOPs, params and heads are the PyTorch model's; the first row is the baseline.",
+        "--json PATH|- writes the same numbers and more: every run's time, tokens/s, FLOPs per op, weights bytes, "
+        "cache sizes, encoder-decoder cross-attention cache per encoder token, generation speed-up.",
+    ]
+)
 
 
-@app.command(cls=TidyCommand, help=BENCH_HELP, epilog=examples(
-    "headcut bench model/ slim/ --device cpu",
-    "headcut bench model/ slim/ --device cuda --dtype float16 --batch-size 32 --json -",
-    "headcut bench lm/ lm-slim/ --batch-size 1 --seq-len 128 --gen-tokens 64",
-    "headcut bench model/ slim/ --runtime torch,onnxruntime",
-    "headcut bench model/ slim/ --update-card"))
+@app.command(
+    cls=TidyCommand,
+    help=BENCH_HELP,
+    epilog=examples(
+        "headcut bench model/ slim/ --device cpu",
+        "headcut bench model/ slim/ --device cuda --dtype float16 --batch-size 32 --json -",
+        "headcut bench lm/ lm-slim/ --batch-size 1 --seq-len 128 --gen-tokens 64",
+        "headcut bench model/ slim/ --runtime torch,onnxruntime",
+        "headcut bench model/ slim/ --update-card",
+    ),
+)
 @handle_errors
 @with_specs(BenchConfig, "settings")
 def bench(
-    models: Annotated[list[str], typer.Argument(
-        help="Checkpoint folders (or Hugging Face Hub ids); the first is the baseline.", metavar="MODEL...",
-        show_default=False, autocompletion=complete_folders)],
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or mps.", metavar="DEVICE",
-                                        autocompletion=_choices(("cpu", "cuda", "mps")))] = _D.device,
+    models: Annotated[
+        list[str],
+        typer.Argument(
+            help="Checkpoint folders (or Hugging Face Hub ids); the first is the baseline.",
+            metavar="MODEL...",
+            show_default=False,
+            autocompletion=complete_folders,
+        ),
+    ],
+    device: Annotated[
+        str,
+        typer.Option(
+            "--device",
+            help="cpu, cuda, cuda:N or mps.",
+            metavar="DEVICE",
+            autocompletion=_choices(("cpu", "cuda", "mps")),
+        ),
+    ] = _D.device,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward.", metavar="N")] = _D.batch_size,
-    seq_len: Annotated[int, typer.Option(
-        "--seq-len", help="Tokens per example (the prompt length for generation).", metavar="N")] = _D.seq_len,
-    runs: Annotated[int, typer.Option(
-        "--runs", help="Timed forwards per model (interleaved: rounds of one forward of each).",
-        metavar="N")] = _D.runs,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed forwards before the timed ones.",
-                                        metavar="N")] = _D.warmup,
-    threads: Annotated[int | None, typer.Option(
-        "--threads", metavar="N", help="CPU threads (torch.set_num_threads) during the runs; default: torch's.")] = None,
-    dtype: Annotated[str | None, typer.Option(
-        "--dtype", metavar="DTYPE", autocompletion=_choices(DTYPE_NAMES),
-        help=f"Load in this dtype ({', '.join(DTYPE_NAMES)}); default: the checkpoint's.")] = None,
-    attn_implementation: Annotated[str | None, typer.Option(
-        "--attn", metavar="IMPL", autocompletion=_choices(ATTN_IMPLEMENTATIONS),
-        help=f"Attention implementation ({', '.join(ATTN_IMPLEMENTATIONS)}); default: transformers'.")] = None,
-    gen_tokens: Annotated[int, typer.Option(
-        "--gen-tokens", metavar="N",
-        help="New tokens per cached greedy generation (models that generate); 0: skip.")] = _D.gen_tokens,
-    gen_runs: Annotated[int, typer.Option(
-        "--gen-runs", help="Timed generations per model (interleaved: rounds of one generation of each).",
-        metavar="N")] = _D.gen_runs,
+    seq_len: Annotated[
+        int, typer.Option("--seq-len", help="Tokens per example (the prompt length for generation).", metavar="N")
+    ] = _D.seq_len,
+    runs: Annotated[
+        int,
+        typer.Option(
+            "--runs", help="Timed forwards per model (interleaved: rounds of one forward of each).", metavar="N"
+        ),
+    ] = _D.runs,
+    warmup: Annotated[
+        int, typer.Option("--warmup", help="Untimed forwards before the timed ones.", metavar="N")
+    ] = _D.warmup,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            "--threads", metavar="N", help="CPU threads (torch.set_num_threads) during the runs; default: torch's."
+        ),
+    ] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            metavar="DTYPE",
+            autocompletion=_choices(DTYPE_NAMES),
+            help=f"Load in this dtype ({', '.join(DTYPE_NAMES)}); default: the checkpoint's.",
+        ),
+    ] = None,
+    attn_implementation: Annotated[
+        str | None,
+        typer.Option(
+            "--attn",
+            metavar="IMPL",
+            autocompletion=_choices(ATTN_IMPLEMENTATIONS),
+            help=f"Attention implementation ({', '.join(ATTN_IMPLEMENTATIONS)}); default: transformers'.",
+        ),
+    ] = None,
+    gen_tokens: Annotated[
+        int,
+        typer.Option(
+            "--gen-tokens", metavar="N", help="New tokens per cached greedy generation (models that generate); 0: skip."
+        ),
+    ] = _D.gen_tokens,
+    gen_runs: Annotated[
+        int,
+        typer.Option(
+            "--gen-runs",
+            help="Timed generations per model (interleaved: rounds of one generation of each).",
+            metavar="N",
+        ),
+    ] = _D.gen_runs,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.", metavar="N")] = _D.seed,
-    runtime: Annotated[str, typer.Option(
-        "--runtime", metavar="RUNTIME", autocompletion=_choices(BENCH_RUNTIMES + ("torch,onnxruntime",)),
-        help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
-             "folder's model.onnx, else a temporary export; extra \\[onnx]).")] = _D.runtime,
-    update_card: Annotated[bool, typer.Option(
-        "--update-card", metavar="", help="Write the measured speed-up into the model card (README.md) of every "
-        "headcut output after the first MODEL (the baseline); replaced atomically.")] = False,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            metavar="RUNTIME",
+            autocompletion=_choices(BENCH_RUNTIMES + ("torch,onnxruntime",)),
+            help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
+            "folder's model.onnx, else a temporary export; extra \\[onnx]).",
+        ),
+    ] = _D.runtime,
+    update_card: Annotated[
+        bool,
+        typer.Option(
+            "--update-card",
+            metavar="",
+            help="Write the measured speed-up into the model card (README.md) of every "
+            "headcut output after the first MODEL (the baseline); replaced atomically.",
+        ),
+    ] = False,
     json_out: JsonOut = None,
     task: Task = None,
     quiet: Quiet = False,
@@ -127,16 +190,33 @@ def bench(
     from .render import bench_table
 
     config = BenchConfig(
-        device=device, batch_size=batch_size, seq_len=seq_len, runs=runs, warmup=warmup, threads=threads,
-        dtype=dtype, attn_implementation=attn_implementation, gen_tokens=gen_tokens, gen_runs=gen_runs, seed=seed,
-        runtime=runtime, **(settings or {}),
+        device=device,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        runs=runs,
+        warmup=warmup,
+        threads=threads,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        gen_tokens=gen_tokens,
+        gen_runs=gen_runs,
+        seed=seed,
+        runtime=runtime,
+        **(settings or {}),
     )
     for warning in config.validate():
         log.log.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
     try:
-        measured = api.bench(models, config=config, task=task, progress=log.progress, allow_pickle=allow_pickle,
-                             trust_remote_code=trust_remote_code, update_cards=update_card)
+        measured = api.bench(
+            models,
+            config=config,
+            task=task,
+            progress=log.progress,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            update_cards=update_card,
+        )
     finally:
         log.close()
     log.show(bench_table(measured.results, config, device_name(config.device)))

@@ -42,6 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # ---- help -------------------------------------------------------------------------------------------------
 
+
 def _tidy(params: list[Any]) -> list[Any]:
     """Show arguments as their metavar (``MODEL``) and flags without a ``<bool>`` type in --help."""
     for param in params:
@@ -87,6 +88,7 @@ class TidyGroup(TyperGroup):
 
 
 # ---- output ---------------------------------------------------------------------------------------------
+
 
 def _console(stream: Any) -> Console:
     # outside a terminal (a pipe, a file, CI) rich would wrap at 80 columns: give tables the room they need
@@ -143,6 +145,7 @@ def write_json(data: Any, dest: str | None) -> None:
 
 
 # ---- errors and signals -----------------------------------------------------------------------------------
+
 
 def fail(message: str) -> None:
     """Print a one-line error and exit with code 2."""
@@ -279,6 +282,7 @@ def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None
 
 # ---- completion -------------------------------------------------------------------------------------------
 
+
 def complete_folders(incomplete: str) -> list[str]:
     """Folders whose path starts with ``incomplete`` (checkpoint folders for MODEL)."""
     typed_dir, prefix = os.path.split(incomplete)
@@ -286,8 +290,11 @@ def complete_folders(incomplete: str) -> list[str]:
         entries = list(os.scandir(os.path.expanduser(typed_dir) or "."))
     except OSError:
         return []
-    names = sorted(e.name for e in entries if e.is_dir() and e.name.startswith(prefix)
-                   and (prefix.startswith(".") or not e.name.startswith(".")))
+    names = sorted(
+        e.name
+        for e in entries
+        if e.is_dir() and e.name.startswith(prefix) and (prefix.startswith(".") or not e.name.startswith("."))
+    )
     return [os.path.join(typed_dir, n) + "/" for n in names]
 
 
@@ -300,48 +307,111 @@ def _choices(values: Any) -> Callable[[str], list[str]]:
 
 # ---- shared options ---------------------------------------------------------------------------------------
 
-DATA_HELP = ("Data: a .csv, .tsv, .json, .jsonl, .parquet or .txt file (maybe compressed), a pipe with --data-format, "
-             "or a datasets name NAME[:CONFIG] (docs/data.md).")
+DATA_HELP = (
+    "Data: a .csv, .tsv, .json, .jsonl, .parquet or .txt file (maybe compressed), a pipe with --data-format, "
+    "or a datasets name NAME[:CONFIG] (docs/data.md)."
+)
 JSON_HELP = "Also write the result as JSON to PATH ('-' for stdout alone; the tables then go to stderr)."
-FORCE_HELP = ("Replace an existing non-empty --out, but only a folder headcut wrote; never an input (docs/outputs.md).")
+FORCE_HELP = "Replace an existing non-empty --out, but only a folder headcut wrote; never an input (docs/outputs.md)."
 
-ModelArg = Annotated[str, typer.Argument(help="Checkpoint folder (or Hugging Face Hub id).", metavar="MODEL",
-                                         show_default=False, autocompletion=complete_folders)]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="Checkpoint folder (or Hugging Face Hub id).",
+        metavar="MODEL",
+        show_default=False,
+        autocompletion=complete_folders,
+    ),
+]
 JsonOut = Annotated[str | None, typer.Option("--json", help=JSON_HELP, metavar="PATH")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or lines, no notes.", metavar="")]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.",
-                                           metavar="")]
-TrustRemote = Annotated[bool, typer.Option("--trust-remote-code", metavar="",
-                                           help="Allow checkpoints that ship their own model code.")]
-Task = Annotated[str | None, typer.Option(
-    "--task", help=f"Task head: {', '.join(TASKS)} (default: the model's).", metavar="TASK",
-    autocompletion=_choices(TASKS))]
+AllowPickle = Annotated[
+    bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights; they can run code.", metavar="")
+]
+TrustRemote = Annotated[
+    bool, typer.Option("--trust-remote-code", metavar="", help="Allow checkpoints that ship their own model code.")
+]
+Task = Annotated[
+    str | None,
+    typer.Option(
+        "--task",
+        help=f"Task head: {', '.join(TASKS)} (default: the model's).",
+        metavar="TASK",
+        autocompletion=_choices(TASKS),
+    ),
+]
 Force = Annotated[bool, typer.Option("--force", help=FORCE_HELP, metavar="")]
-OutputFormat = Annotated[str, typer.Option(
-    "--format", metavar="FORMATS", autocompletion=_choices(OUTPUT_FORMATS),
-    help="What --out holds, comma-separated: safetensors, onnx (extra \\[onnx]), gguf (llama.cpp; extra \\[gguf]).")]
-GgufType = Annotated[str, typer.Option(
-    "--gguf-type", metavar="TYPE", autocompletion=_choices(GGUF_TYPES),
-    help=f"GGUF tensor type of the weight matrices with --format gguf: {', '.join(GGUF_TYPES)}.")]
-Gqa = Annotated[str, typer.Option(
-    "--gqa", metavar="POLICY", autocompletion=_choices(GQA_POLICIES),
-    help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
-         "remaining group), duplicate (any query head; KV heads copied).")]
-Out_ = Annotated[Path | None, typer.Option("--out", help="Output folder (written atomically).", metavar="DIR",
-                                              show_default=False)]
-MethodOpt = Annotated[str | None, typer.Option(
-    "--method", help="Pruning method (headcut methods lists them).", metavar="METHOD", show_default=False,
-    autocompletion=_choices(METHODS))]
-Resume = Annotated[bool, typer.Option(
-    "--resume", metavar="", rich_help_panel="Training options",
-    help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps may grow).")]
-Device = Annotated[str | None, typer.Option(
-    "--device", metavar="DEVICE", rich_help_panel="Training options", autocompletion=_choices(("auto", "cpu", "cuda", "mps")),
-    help="auto (CUDA when available; the default), cpu, cuda, cuda:N or mps; under accelerate launch/torchrun each "
-         "process takes its own GPU.")]
-ScorerOpt = Annotated[str, typer.Option(
-    "--scorer", help=f"Scorer: {', '.join(SCORERS)} (see above).", metavar="SCORER",
-    autocompletion=_choices(SCORERS))]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        metavar="FORMATS",
+        autocompletion=_choices(OUTPUT_FORMATS),
+        help="What --out holds, comma-separated: safetensors, onnx (extra \\[onnx]), gguf (llama.cpp; extra \\[gguf]).",
+    ),
+]
+GgufType = Annotated[
+    str,
+    typer.Option(
+        "--gguf-type",
+        metavar="TYPE",
+        autocompletion=_choices(GGUF_TYPES),
+        help=f"GGUF tensor type of the weight matrices with --format gguf: {', '.join(GGUF_TYPES)}.",
+    ),
+]
+Gqa = Annotated[
+    str,
+    typer.Option(
+        "--gqa",
+        metavar="POLICY",
+        autocompletion=_choices(GQA_POLICIES),
+        help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
+        "remaining group), duplicate (any query head; KV heads copied).",
+    ),
+]
+Out_ = Annotated[
+    Path | None, typer.Option("--out", help="Output folder (written atomically).", metavar="DIR", show_default=False)
+]
+MethodOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--method",
+        help="Pruning method (headcut methods lists them).",
+        metavar="METHOD",
+        show_default=False,
+        autocompletion=_choices(METHODS),
+    ),
+]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        metavar="",
+        rich_help_panel="Training options",
+        help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps may grow).",
+    ),
+]
+Device = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        metavar="DEVICE",
+        rich_help_panel="Training options",
+        autocompletion=_choices(("auto", "cpu", "cuda", "mps")),
+        help="auto (CUDA when available; the default), cpu, cuda, cuda:N or mps; under accelerate launch/torchrun each "
+        "process takes its own GPU.",
+    ),
+]
+ScorerOpt = Annotated[
+    str,
+    typer.Option(
+        "--scorer",
+        help=f"Scorer: {', '.join(SCORERS)} (see above).",
+        metavar="SCORER",
+        autocompletion=_choices(SCORERS),
+    ),
+]
+
 
 @dataclass
 class DataOptions:
@@ -361,8 +431,11 @@ class DataOptions:
 
     def for_api(self) -> dict[str, Any]:
         """The options :func:`headcut.api` functions take as ``data_options`` (``split`` apart)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "split"
-                and getattr(self, f.name) is not None}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "split" and getattr(self, f.name) is not None
+        }
 
 
 def _data_option_params() -> list[inspect.Parameter]:
@@ -370,39 +443,101 @@ def _data_option_params() -> list[inspect.Parameter]:
 
     def opt(name: str, annotation: Any, default: Any, *flags: str, help: str, metavar: str) -> inspect.Parameter:
         info = typer.Option(*flags, help=help, metavar=metavar, rich_help_panel="Data options")
-        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                 annotation=Annotated[annotation, info])
+        return inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, info]
+        )
 
     d = DataOptions()
     return [
-        opt("split", str, d.split, "--split", help="Split of a datasets name (a local file is one split).",
-            metavar="SPLIT"),
-        opt("text_col", str | None, None, "--text-col", metavar="COLUMN",
-            help=f"Text column; default: the first of {', '.join(TEXT_COLUMNS)}."),
-        opt("text_pair_col", str | None, None, "--text-pair-col", metavar="COLUMN",
-            help=f"Second text of sentence pairs; default: {', '.join(PAIR_COLUMNS)} if any."),
-        opt("label_col", str | None, None, "--label-col", metavar="COLUMN",
+        opt(
+            "split",
+            str,
+            d.split,
+            "--split",
+            help="Split of a datasets name (a local file is one split).",
+            metavar="SPLIT",
+        ),
+        opt(
+            "text_col",
+            str | None,
+            None,
+            "--text-col",
+            metavar="COLUMN",
+            help=f"Text column; default: the first of {', '.join(TEXT_COLUMNS)}.",
+        ),
+        opt(
+            "text_pair_col",
+            str | None,
+            None,
+            "--text-pair-col",
+            metavar="COLUMN",
+            help=f"Second text of sentence pairs; default: {', '.join(PAIR_COLUMNS)} if any.",
+        ),
+        opt(
+            "label_col",
+            str | None,
+            None,
+            "--label-col",
+            metavar="COLUMN",
             help=f"Label column (ids, or names from the model's label2id); default: the first of "
-                 f"{', '.join(LABEL_COLUMNS)}."),
-        opt("source_col", str | None, None, "--source-col", metavar="COLUMN",
-            help=f"Seq2seq source column; default: the first of {', '.join(SOURCE_COLUMNS)} (then the text columns)."),
-        opt("target_col", str | None, None, "--target-col", metavar="COLUMN",
-            help=f"Seq2seq target column; default: the first of {', '.join(TARGET_COLUMNS)}."),
-        opt("max_examples", int | None, None, "--max-examples", metavar="N",
-            help="Use at most this many examples (after shuffling with --seed); default: all."),
-        opt("seq_len", int, d.seq_len, "--seq-len", metavar="N",
-            help="Tokens per example: truncation length, or causal-LM block size."),
+            f"{', '.join(LABEL_COLUMNS)}.",
+        ),
+        opt(
+            "source_col",
+            str | None,
+            None,
+            "--source-col",
+            metavar="COLUMN",
+            help=f"Seq2seq source column; default: the first of {', '.join(SOURCE_COLUMNS)} (then the text columns).",
+        ),
+        opt(
+            "target_col",
+            str | None,
+            None,
+            "--target-col",
+            metavar="COLUMN",
+            help=f"Seq2seq target column; default: the first of {', '.join(TARGET_COLUMNS)}.",
+        ),
+        opt(
+            "max_examples",
+            int | None,
+            None,
+            "--max-examples",
+            metavar="N",
+            help="Use at most this many examples (after shuffling with --seed); default: all.",
+        ),
+        opt(
+            "seq_len",
+            int,
+            d.seq_len,
+            "--seq-len",
+            metavar="N",
+            help="Tokens per example: truncation length, or causal-LM block size.",
+        ),
         opt("batch_size", int, d.batch_size, "--batch-size", metavar="N", help="Examples per forward."),
-        opt("data_format", str | None, None, "--data-format", metavar="FORMAT",
+        opt(
+            "data_format",
+            str | None,
+            None,
+            "--data-format",
+            metavar="FORMAT",
             help="Format of data whose name does not say it (a pipe, /dev/stdin): csv, tsv, json, jsonl, parquet or "
-                 "txt, optionally compressed (csv.gz)."),
-        opt("encoding", str, d.encoding, "--encoding", metavar="ENCODING",
-            help="Text encoding of csv, tsv, json, jsonl and txt data, e.g. latin-1, cp1252, utf-16."),
+            "txt, optionally compressed (csv.gz).",
+        ),
+        opt(
+            "encoding",
+            str,
+            d.encoding,
+            "--encoding",
+            metavar="ENCODING",
+            help="Text encoding of csv, tsv, json, jsonl and txt data, e.g. latin-1, cp1252, utf-16.",
+        ),
     ]
 
 
-def spec_parameters(specs: list[OptionSpec], *, hidden: bool = False,
-                    skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+def spec_parameters(
+    specs: list[OptionSpec], *, hidden: bool = False, skip: tuple[str, ...] = ()
+) -> list[inspect.Parameter]:
     """Command parameters for declared options (:mod:`headcut.options`): flag, help, metavar, choices and panel
     from the declaration, the default shown in the help; every default is None (not given: the library
     applies the declared default)."""
@@ -413,11 +548,20 @@ def spec_parameters(specs: list[OptionSpec], *, hidden: bool = False,
         kind = {"int": int, "float": float, "str": str, "bool": bool}[spec.kind]
         shown = spec.default_text()
         text = escape(spec.help) + (f" Default: {escape(shown)}." if shown is not None else "")
-        info = typer.Option(spec.flag, help=text, metavar=spec.metavar, rich_help_panel=spec.meta.panel,
-                            hidden=hidden, show_default=False,
-                            autocompletion=_choices(spec.meta.choices) if spec.meta.choices else None)
-        out.append(inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                                     annotation=Annotated[kind | None, info]))
+        info = typer.Option(
+            spec.flag,
+            help=text,
+            metavar=spec.metavar,
+            rich_help_panel=spec.meta.panel,
+            hidden=hidden,
+            show_default=False,
+            autocompletion=_choices(spec.meta.choices) if spec.meta.choices else None,
+        )
+        out.append(
+            inspect.Parameter(
+                spec.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind | None, info]
+            )
+        )
     return out
 
 

@@ -28,43 +28,61 @@ from .common import (
     with_specs,
 )
 
-EVAL_HELP = "\n\n".join([
-    "Evaluate MODEL on a data file (the metrics of its task head), on non-overlapping perplexity windows "
-    "(--windows), and on lm-evaluation-harness tasks (--lm-eval).",
-    "\n".join([
-        "Metrics:",
-        "sequence classification: accuracy, macro-F1 (classes in the labels or predictions), mean cross-entropy.",
-        "causal LM: perplexity = exp(mean negative log-likelihood of every next token, token-weighted), loss; a .txt "
-        "file is cut into --seq-len blocks (the tokenizer's special tokens in each), a table gives one example per "
-        "row.",
-        "seq2seq LM: loss and perplexity of the target tokens; BLEU of greedy generations if sacrebleu is installed.",
-        "masked LM: perplexity over the masked tokens (BERT masking with --seed).",
-    ]),
-    "--windows 128,2048: the pruning papers' perplexity of a causal LM: the whole --data text (a table's or "
-    "datasets split's rows joined by blank lines, as wikitext-2 is read) tokenized once and cut into "
-    "non-overlapping windows of each length, one row per length. --lm-eval TASKS runs the harness on the "
-    "model as headcut loads it (extra \\[lm-eval]).",
-    "Padding is never scored. The tables go to stdout (stderr with --json -); --json PATH|- writes the same "
-    "numbers.",
-])
+EVAL_HELP = "\n\n".join(
+    [
+        "Evaluate MODEL on a data file (the metrics of its task head), on non-overlapping perplexity windows "
+        "(--windows), and on lm-evaluation-harness tasks (--lm-eval).",
+        "\n".join(
+            [
+                "Metrics:",
+                "sequence classification: accuracy, macro-F1 (classes in the labels or predictions), mean cross-entropy.",
+                "causal LM: perplexity = exp(mean negative log-likelihood of every next token, token-weighted), loss; a .txt "
+                "file is cut into --seq-len blocks (the tokenizer's special tokens in each), a table gives one example per "
+                "row.",
+                "seq2seq LM: loss and perplexity of the target tokens; BLEU of greedy generations if sacrebleu is installed.",
+                "masked LM: perplexity over the masked tokens (BERT masking with --seed).",
+            ]
+        ),
+        "--windows 128,2048: the pruning papers' perplexity of a causal LM: the whole --data text (a table's or "
+        "datasets split's rows joined by blank lines, as wikitext-2 is read) tokenized once and cut into "
+        "non-overlapping windows of each length, one row per length. --lm-eval TASKS runs the harness on the "
+        "model as headcut loads it (extra \\[lm-eval]).",
+        "Padding is never scored. The tables go to stdout (stderr with --json -); --json PATH|- writes the same "
+        "numbers.",
+    ]
+)
 
 
-@app.command(cls=TidyCommand, name="eval", help=EVAL_HELP, epilog=examples(
-    "headcut eval slim/ --data dev.csv", "headcut eval model/ --data dev.csv --max-examples 1000 --json -",
-    "headcut eval lm/ --data hamlet.txt --seq-len 512",
-    "headcut eval lm/ --data wikitext:wikitext-2-raw-v1 --split test --windows 128,2048",
-    "headcut eval lm/ --lm-eval default --lm-eval-batch-size 16 --device cuda --json results.json",
-    "headcut eval lm/ --lm-eval my_task --lm-eval-include tasks/"))
+@app.command(
+    cls=TidyCommand,
+    name="eval",
+    help=EVAL_HELP,
+    epilog=examples(
+        "headcut eval slim/ --data dev.csv",
+        "headcut eval model/ --data dev.csv --max-examples 1000 --json -",
+        "headcut eval lm/ --data hamlet.txt --seq-len 512",
+        "headcut eval lm/ --data wikitext:wikitext-2-raw-v1 --split test --windows 128,2048",
+        "headcut eval lm/ --lm-eval default --lm-eval-batch-size 16 --device cuda --json results.json",
+        "headcut eval lm/ --lm-eval my_task --lm-eval-include tasks/",
+    ),
+)
 @handle_errors
 @with_data_options
 @with_specs(EvalOptions, "options")
 def eval_(
     model: ModelArg,
-    data: Annotated[str | None, typer.Option(
-        "--data", help=DATA_HELP + " Needed unless --lm-eval is given.", metavar="FILE|NAME[:CONFIG]",
-        show_default=False)] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="N",
-                                      help="Seed for shuffling the examples and choosing masked tokens.")] = 0,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            help=DATA_HELP + " Needed unless --lm-eval is given.",
+            metavar="FILE|NAME[:CONFIG]",
+            show_default=False,
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed for shuffling the examples and choosing masked tokens.")
+    ] = 0,
     json_out: JsonOut = None,
     task: Task = None,
     quiet: Quiet = False,
@@ -81,15 +99,24 @@ def eval_(
     spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
     plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out})
     try:
-        ev = api.evaluate(model, spec, task=task, seed=seed, progress=out.progress, allow_pickle=allow_pickle,
-                          trust_remote_code=trust_remote_code, **(options or {}))
+        ev = api.evaluate(
+            model,
+            spec,
+            task=task,
+            seed=seed,
+            progress=out.progress,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            **(options or {}),
+        )
     finally:
         out.close()
     if ev.data is not None:
         cols = ", ".join(f"{role}: {name}" for role, name in ev.data["columns"].items())
         if ev.windows:
-            out.show(f"{model} on {ev.data['source']}: {ev.data['text_tokens']:,} tokens, cut into non-overlapping "
-                     "windows")
+            out.show(
+                f"{model} on {ev.data['source']}: {ev.data['text_tokens']:,} tokens, cut into non-overlapping windows"
+            )
             out.show(windows_table(f"causal-lm perplexity ({cols})", ev.windows))
         else:
             out.show(f"{model} on {ev.data['source']}{_layout(ev.data)}")

@@ -28,19 +28,29 @@ from .common import (
 from .render import checkpoint_lines, formats_lines
 
 
-@app.command(cls=TidyCommand, epilog=examples(
-    'echo \'{"drop": {"self.0": [0, 3], "self.5": [1]}}\' > mask.json',
-    "headcut export model/ --mask mask.json --out slim/",
-    "headcut export model/ --mask prune-report-mask.json --out slim/ --force --json -",
-))
+@app.command(
+    cls=TidyCommand,
+    epilog=examples(
+        'echo \'{"drop": {"self.0": [0, 3], "self.5": [1]}}\' > mask.json',
+        "headcut export model/ --mask mask.json --out slim/",
+        "headcut export model/ --mask prune-report-mask.json --out slim/ --force --json -",
+    ),
+)
 @handle_errors
 def export(
     model: ModelArg,
-    mask: Annotated[Path, typer.Option("--mask", metavar="MASK.json", show_default=False,
-                                       help='Mask JSON: {"keep": {block: [heads]}} or {"drop": ...} (a prune '
-                                            'report\'s "mask" entry works too).')],
-    out: Annotated[Path, typer.Option("--out", metavar="DIR", show_default=False,
-                                      help="Output folder (written atomically).")],
+    mask: Annotated[
+        Path,
+        typer.Option(
+            "--mask",
+            metavar="MASK.json",
+            show_default=False,
+            help='Mask JSON: {"keep": {block: [heads]}} or {"drop": ...} (a prune report\'s "mask" entry works too).',
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", metavar="DIR", show_default=False, help="Output folder (written atomically).")
+    ],
     gqa: Gqa = "auto",
     output_format: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
@@ -59,14 +69,34 @@ def export(
 
     plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
     log = Out(json_out, quiet)
-    arguments = {"model": model, "mask": str(mask), "out": str(out), "gqa": gqa, "force": force, "task": task,
-                 "format": output_format, "gguf_type": gguf_type if "gguf" in output_format else None}
-    exported = api.export(model, mask, gqa=gqa, task=task, allow_pickle=allow_pickle,
-                          trust_remote_code=trust_remote_code, formats=output_format, gguf_type=gguf_type,
-                          out=out, force=force, arguments=arguments)
+    arguments = {
+        "model": model,
+        "mask": str(mask),
+        "out": str(out),
+        "gqa": gqa,
+        "force": force,
+        "task": task,
+        "format": output_format,
+        "gguf_type": gguf_type if "gguf" in output_format else None,
+    }
+    exported = api.export(
+        model,
+        mask,
+        gqa=gqa,
+        task=task,
+        allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+        formats=output_format,
+        gguf_type=gguf_type,
+        out=out,
+        force=force,
+        arguments=arguments,
+    )
     s = exported.slim
-    log.show(f"kept {s.total_after} of {s.total_before} heads; parameters {s.params_before:,} -> {s.params_after:,}; "
-             f"saved to {out}")
+    log.show(
+        f"kept {s.total_after} of {s.total_before} heads; parameters {s.params_before:,} -> {s.params_after:,}; "
+        f"saved to {out}"
+    )
     if s.unshared_params:
         log.note(f"unsharing weights added {s.unshared_params:,} parameters before the cut")
     for line in checkpoint_lines(exported.report) + formats_lines(exported.report):

@@ -38,22 +38,30 @@ from .common import (
 )
 from .prune_cmd import _arguments
 
-FINETUNE_HELP = "\n\n".join([
-    "Fine-tune MODEL (original or slimmed) on --data to recover accuracy; its heads are kept, and it is saved "
-    "the same way (it still loads with headcut.load and with transformers' trust_remote_code).",
-    "Loss: the task loss; with --distill-from TEACHER, alpha * T^2 * KL(teacher/T || model/T) + (1 - alpha) * "
-    "task loss over the labelled positions (the teacher needs the same vocabulary or labels).",
-    "Checkpoints go to OUT.headcut-checkpoint/ (every --checkpoint-every steps and at the end); if a run is "
-    "interrupted, run the same command with --resume to continue it exactly (other settings are refused and "
-    "listed). The folder is removed after a successful save.",
-])
+FINETUNE_HELP = "\n\n".join(
+    [
+        "Fine-tune MODEL (original or slimmed) on --data to recover accuracy; its heads are kept, and it is saved "
+        "the same way (it still loads with headcut.load and with transformers' trust_remote_code).",
+        "Loss: the task loss; with --distill-from TEACHER, alpha * T^2 * KL(teacher/T || model/T) + (1 - alpha) * "
+        "task loss over the labelled positions (the teacher needs the same vocabulary or labels).",
+        "Checkpoints go to OUT.headcut-checkpoint/ (every --checkpoint-every steps and at the end); if a run is "
+        "interrupted, run the same command with --resume to continue it exactly (other settings are refused and "
+        "listed). The folder is removed after a successful save.",
+    ]
+)
 
 
-@app.command(cls=TidyCommand, name="finetune", help=FINETUNE_HELP, epilog=examples(
-    "headcut finetune slim/ --data train.csv --eval-data dev.csv --out tuned/ --epochs 3",
-    "headcut finetune slim/ --data train.csv --out tuned/ --distill-from model/ --alpha 0.5 --temperature 2",
-    "headcut finetune slim/ --data train.csv --out tuned/ --resume   # after an interruption",
-    "headcut finetune encoder/ --task sequence-classification --labels neg,pos --data train.csv --out classifier/"))
+@app.command(
+    cls=TidyCommand,
+    name="finetune",
+    help=FINETUNE_HELP,
+    epilog=examples(
+        "headcut finetune slim/ --data train.csv --eval-data dev.csv --out tuned/ --epochs 3",
+        "headcut finetune slim/ --data train.csv --out tuned/ --distill-from model/ --alpha 0.5 --temperature 2",
+        "headcut finetune slim/ --data train.csv --out tuned/ --resume   # after an interruption",
+        "headcut finetune encoder/ --task sequence-classification --labels neg,pos --data train.csv --out classifier/",
+    ),
+)
 @handle_errors
 @with_data_options
 @with_specs(FinetuneConfig, "settings")
@@ -61,21 +69,42 @@ def finetune_cmd(
     model: ModelArg,
     data: Annotated[str, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)],
     out: Out_ = None,
-    eval_data: Annotated[str | None, typer.Option(
-        "--eval-data", metavar="FILE|NAME[:CONFIG]", help="Evaluation data, in the formats of --data (and must "
-        "differ from it): the metric before/after, and every --eval-every steps.")] = None,
-    eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
-                                            metavar="SPLIT")] = "validation",
-    teacher: Annotated[str | None, typer.Option(
-        "--distill-from", metavar="TEACHER", autocompletion=complete_folders,
-        help="Teacher checkpoint (same vocabulary or labels): distil its outputs.")] = None,
-    labels: Annotated[str | None, typer.Option(
-        "--labels", metavar="NAME,NAME,...", help="The classes of a new classification head (with --task "
-        "sequence-classification on a checkpoint without one): train a classifier from a base encoder.")] = None,
-    force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also starts over from a stale "
-                                        "checkpoint folder.")] = False,
-    seed: Annotated[int, typer.Option("--seed", metavar="N",
-                                      help="Seed: data shuffling and masking, batch order and dropout.")] = 0,
+    eval_data: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-data",
+            metavar="FILE|NAME[:CONFIG]",
+            help="Evaluation data, in the formats of --data (and must "
+            "differ from it): the metric before/after, and every --eval-every steps.",
+        ),
+    ] = None,
+    eval_split: Annotated[
+        str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.", metavar="SPLIT")
+    ] = "validation",
+    teacher: Annotated[
+        str | None,
+        typer.Option(
+            "--distill-from",
+            metavar="TEACHER",
+            autocompletion=complete_folders,
+            help="Teacher checkpoint (same vocabulary or labels): distil its outputs.",
+        ),
+    ] = None,
+    labels: Annotated[
+        str | None,
+        typer.Option(
+            "--labels",
+            metavar="NAME,NAME,...",
+            help="The classes of a new classification head (with --task "
+            "sequence-classification on a checkpoint without one): train a classifier from a base encoder.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also starts over from a stale checkpoint folder.")
+    ] = False,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed: data shuffling and masking, batch order and dropout.")
+    ] = 0,
     resume: Resume = False,
     device: Device = None,
     formats: OutputFormat = "safetensors",
@@ -101,11 +130,28 @@ def finetune_cmd(
     try:
         plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         tuned = api.finetune(
-            model, data_cfg, eval_data=eval_cfg, teacher=teacher, seed=seed, task=task,
-            labels=labels.split(",") if labels is not None else None, split=data_options.split,
-            eval_split=eval_split, data_options=data_options.for_api(), device=device, resume=resume, restart=force,
-            progress=log.progress, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, formats=formats,
-            gguf_type=gguf_type, out=out, force=force, arguments=arguments, **settings,
+            model,
+            data_cfg,
+            eval_data=eval_cfg,
+            teacher=teacher,
+            seed=seed,
+            task=task,
+            labels=labels.split(",") if labels is not None else None,
+            split=data_options.split,
+            eval_split=eval_split,
+            data_options=data_options.for_api(),
+            device=device,
+            resume=resume,
+            restart=force,
+            progress=log.progress,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            formats=formats,
+            gguf_type=gguf_type,
+            out=out,
+            force=force,
+            arguments=arguments,
+            **settings,
         )
     finally:
         log.close()

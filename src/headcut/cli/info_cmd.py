@@ -18,8 +18,12 @@ from .common import (
 )
 
 
-@app.command(cls=TidyCommand, epilog=examples("headcut info model/", "headcut info slim/ --json - | jq .total_heads",
-                             "headcut info model/ > blocks.txt"))
+@app.command(
+    cls=TidyCommand,
+    epilog=examples(
+        "headcut info model/", "headcut info slim/ --json - | jq .total_heads", "headcut info model/ > blocks.txt"
+    ),
+)
 @handle_errors
 def info(
     model: ModelArg,

@@ -12,28 +12,56 @@ from ..options import static_specs
 from .app import app
 from .common import JsonOut, Out, TidyCommand, _choices, examples, handle_errors
 
-KIND = {"score": "ranked by a scorer", "learned": "gates trained with the model", "agent": "a DQN agent, layer by "
-        "layer", "rewind": "train, prune, rewind (lottery ticket)"}
-DATA = {"none": "none (data-free)", "calibration": "calibration data (--data)",
-        "training": "labelled training data (--data)"}
+KIND = {
+    "score": "ranked by a scorer",
+    "learned": "gates trained with the model",
+    "agent": "a DQN agent, layer by layer",
+    "rewind": "train, prune, rewind (lottery ticket)",
+}
+DATA = {
+    "none": "none (data-free)",
+    "calibration": "calibration data (--data)",
+    "training": "labelled training data (--data)",
+}
 
 
 def describe(name: str) -> dict:
     """Method ``name`` as ``headcut methods NAME --json`` writes it."""
     entry = method_entry(name)
-    options = [{"flag": s.flag, "keyword": s.name, "default": s.default, "help": s.help,
-                **({"choices": list(s.meta.choices)} if s.meta.choices else {})}
-               for s in static_specs(entry.options) if s.meta.cli]
-    return {"name": entry.name, "summary": entry.summary, "paper": entry.citation, "kind": entry.kind,
-            "data": entry.data, "budget": entry.budget, "resumable": entry.resumable, "options": options}
+    options = [
+        {
+            "flag": s.flag,
+            "keyword": s.name,
+            "default": s.default,
+            "help": s.help,
+            **({"choices": list(s.meta.choices)} if s.meta.choices else {}),
+        }
+        for s in static_specs(entry.options)
+        if s.meta.cli
+    ]
+    return {
+        "name": entry.name,
+        "summary": entry.summary,
+        "paper": entry.citation,
+        "kind": entry.kind,
+        "data": entry.data,
+        "budget": entry.budget,
+        "resumable": entry.resumable,
+        "options": options,
+    }
 
 
-@app.command(cls=TidyCommand, name="methods", epilog=examples(
-    "headcut methods", "headcut methods pass", "headcut methods --json - | jq -r '.[].name'"))
+@app.command(
+    cls=TidyCommand,
+    name="methods",
+    epilog=examples("headcut methods", "headcut methods pass", "headcut methods --json - | jq -r '.[].name'"),
+)
 @handle_errors
 def methods_cmd(
-    name: Annotated[str | None, typer.Argument(help="A method to describe in full.", metavar="NAME",
-                                                  autocompletion=_choices(METHODS))] = None,
+    name: Annotated[
+        str | None,
+        typer.Argument(help="A method to describe in full.", metavar="NAME", autocompletion=_choices(METHODS)),
+    ] = None,
     json_out: JsonOut = None,
 ) -> None:
     """List the pruning methods (kind, data, paper), or describe one: its paper and section, the data it reads,
@@ -56,9 +84,11 @@ def methods_cmd(
     entry = method_entry(name)
     log.show(f"{entry.name}: {entry.summary}")
     log.show(f"paper: {entry.citation}")
-    log.show(f"kind: {entry.kind} ({KIND[entry.kind]}); data: {DATA[entry.data]}; budget: "
-             + ("--keep/--sparsity/--max-drop" if entry.budget == "required" else "optional (an upper bound)")
-             + ("; resumable (--resume)" if entry.resumable else ""))
+    log.show(
+        f"kind: {entry.kind} ({KIND[entry.kind]}); data: {DATA[entry.data]}; budget: "
+        + ("--keep/--sparsity/--max-drop" if entry.budget == "required" else "optional (an upper bound)")
+        + ("; resumable (--resume)" if entry.resumable else "")
+    )
     table = Table(box=box.SIMPLE_HEAD, title=f"options of {name} (Python: headcut.prune(..., keyword=value))")
     for column in ("flag", "keyword", "default", "what"):
         table.add_column(column, overflow="fold")

@@ -49,29 +49,36 @@ from .common import (
 #: where the parsed method options wait for the command (``ctx.meta``)
 GIVEN = "headcut.method_options"
 
-PRUNE_HELP = "\n\n".join([
-    "Remove attention heads of MODEL with a pruning method and save the slimmed model to --out, with "
-    f"{PRUNE_REPORT} inside it (the mask, heads, parameters, sizes, metric before/after).",
-    f"Methods: {', '.join(METHODS)}. headcut methods lists them with their papers; headcut methods NAME describes "
-    "one; headcut prune --method NAME --help shows its own options.",
-    "Budget: --keep K heads, or --sparsity S (K = floor((1 - S) x heads)), met exactly in whole units "
-    "(layers sharing weights lose a head together; --gqa group/auto removes whole KV groups) or refused "
-    "with the nearest valid budgets; or --max-drop D (score-based methods): remove heads step by step while the "
-    "--eval-data metric stays within D of the unpruned model (absolute, in the metric's units), --keep/--sparsity "
-    "then being a floor. --data and --eval-data must differ.",
-])
+PRUNE_HELP = "\n\n".join(
+    [
+        "Remove attention heads of MODEL with a pruning method and save the slimmed model to --out, with "
+        f"{PRUNE_REPORT} inside it (the mask, heads, parameters, sizes, metric before/after).",
+        f"Methods: {', '.join(METHODS)}. headcut methods lists them with their papers; headcut methods NAME describes "
+        "one; headcut prune --method NAME --help shows its own options.",
+        "Budget: --keep K heads, or --sparsity S (K = floor((1 - S) x heads)), met exactly in whole units "
+        "(layers sharing weights lose a head together; --gqa group/auto removes whole KV groups) or refused "
+        "with the nearest valid budgets; or --max-drop D (score-based methods): remove heads step by step while the "
+        "--eval-data metric stays within D of the unpruned model (absolute, in the metric's units), --keep/--sparsity "
+        "then being a floor. --data and --eval-data must differ.",
+    ]
+)
 
 
 def _method_help(name: str) -> str:
     entry = METHODS[name]
-    data = {"training": "Trains on --data (labelled training data), keeps a resume checkpoint in OUT.headcut-checkpoint/ "
-            "(--resume continues an interrupted run) and runs under accelerate launch / torchrun.",
-            "calibration": "Scores on --data (calibration data).", "none": "Reads no data."}[entry.data]
-    return "\n\n".join([
-        f"Prune MODEL with {name}: {entry.summary} [{entry.citation}]. The slimmed model goes to --out with "
-        f"{PRUNE_REPORT} inside it.",
-        f"{data} headcut methods {name} describes it; headcut prune --help lists every method.",
-    ])
+    data = {
+        "training": "Trains on --data (labelled training data), keeps a resume checkpoint in OUT.headcut-checkpoint/ "
+        "(--resume continues an interrupted run) and runs under accelerate launch / torchrun.",
+        "calibration": "Scores on --data (calibration data).",
+        "none": "Reads no data.",
+    }[entry.data]
+    return "\n\n".join(
+        [
+            f"Prune MODEL with {name}: {entry.summary} [{entry.citation}]. The slimmed model goes to --out with "
+            f"{PRUNE_REPORT} inside it.",
+            f"{data} headcut methods {name} describes it; headcut prune --help lists every method.",
+        ]
+    )
 
 
 def _peek(args: list[str]) -> str | None:
@@ -97,7 +104,9 @@ class MethodCommand(TidyCommand):
             entry = METHODS[name]
             data = {"none": "", "calibration": " --data cal.csv", "training": " --data train.csv"}[entry.data]
             budget = " --keep 16" if entry.budget == "required" else ""
-            self.epilog = examples(f"headcut prune model/ --method {name}{budget}{data} --eval-data dev.csv --out slim/")
+            self.epilog = examples(
+                f"headcut prune model/ --method {name}{budget}{data} --eval-data dev.csv --out slim/"
+            )
         return super().parse_args(ctx, args)
 
     def _method_params(self, ctx: Any) -> list[Any]:
@@ -130,13 +139,19 @@ class MethodCommand(TidyCommand):
         return super().invoke(ctx)
 
 
-@app.command(cls=MethodCommand, name="prune", help=PRUNE_HELP, epilog=examples(
-    "headcut prune model/ --method pass --keep 16 --data train.csv --eval-data dev.csv --out slim/",
-    "headcut prune model/ --method greedy-gnorm --keep 48 --data cal.csv --eval-data dev.csv --out slim/",
-    "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "
-    "--trajectory curve.csv",
-    "headcut prune model/ --method auber --data train.csv --eval-data dev.csv --out slim/   # small data",
-    "headcut prune model/ --method pass --help   # pass's own options"))
+@app.command(
+    cls=MethodCommand,
+    name="prune",
+    help=PRUNE_HELP,
+    epilog=examples(
+        "headcut prune model/ --method pass --keep 16 --data train.csv --eval-data dev.csv --out slim/",
+        "headcut prune model/ --method greedy-gnorm --keep 48 --data cal.csv --eval-data dev.csv --out slim/",
+        "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "
+        "--trajectory curve.csv",
+        "headcut prune model/ --method auber --data train.csv --eval-data dev.csv --out slim/   # small data",
+        "headcut prune model/ --method pass --help   # pass's own options",
+    ),
+)
 @handle_errors
 @with_data_options
 @with_specs(PruneConfig, "budget")
@@ -146,22 +161,35 @@ def prune_cmd(
     ctx: typer.Context,
     model: ModelArg,
     method: MethodOpt = None,
-    data: Annotated[str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
-                                                show_default=False)] = None,
-    eval_data: Annotated[str | None, typer.Option(
-        "--eval-data", metavar="FILE|NAME[:CONFIG]",
-        help="Held-out data: metric, --max-drop, --trajectory, --eval-every.")] = None,
-    eval_split: Annotated[str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.",
-                                            metavar="SPLIT")] = "validation",
+    data: Annotated[
+        str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)
+    ] = None,
+    eval_data: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-data",
+            metavar="FILE|NAME[:CONFIG]",
+            help="Held-out data: metric, --max-drop, --trajectory, --eval-every.",
+        ),
+    ] = None,
+    eval_split: Annotated[
+        str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.", metavar="SPLIT")
+    ] = "validation",
     out: Out_ = None,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
-    trajectory: Annotated[str | None, typer.Option(
-        "--trajectory", metavar="FILE.csv", help="Per-step metric to FILE.csv and a PNG (needs --eval-data).")] = None,
-    force: Annotated[bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale "
-                                        "checkpoint.")] = False,
-    seed: Annotated[int, typer.Option("--seed", metavar="N", help="Seed: data order and masking, dropout, the method's "
-                                      "choices.")] = 0,
+    trajectory: Annotated[
+        str | None,
+        typer.Option(
+            "--trajectory", metavar="FILE.csv", help="Per-step metric to FILE.csv and a PNG (needs --eval-data)."
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale checkpoint.")
+    ] = False,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed: data order and masking, dropout, the method's choices.")
+    ] = 0,
     resume: Resume = False,
     device: Device = None,
     json_out: JsonOut = None,
@@ -180,10 +208,18 @@ def prune_cmd(
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
     budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
-    given = {k: v for k, v in locals().items()
-             if k not in ("ctx", "options", "budget", "recovery", "layerwise_options", "api", "log")}
-    arguments = _arguments({**_after_out(given, _declared(RecoveryConfig, recovery),
-                                         _declared(LayerwiseConfig, layerwise_options)), **budget, **options})
+    given = {
+        k: v
+        for k, v in locals().items()
+        if k not in ("ctx", "options", "budget", "recovery", "layerwise_options", "api", "log")
+    }
+    arguments = _arguments(
+        {
+            **_after_out(given, _declared(RecoveryConfig, recovery), _declared(LayerwiseConfig, layerwise_options)),
+            **budget,
+            **options,
+        }
+    )
     if method is None:
         raise HeadcutError(f"--method is required; choose one of: {', '.join(METHODS)}")
     if out is None:
@@ -195,11 +231,31 @@ def prune_cmd(
     try:
         plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         pruned = api.prune(
-            model, method, data=data_cfg, eval_data=eval_cfg, seed=seed, trajectory=trajectory or False, task=task,
-            split=data_options.split, eval_split=eval_split, data_options=data_options.for_api(), device=device,
-            resume=resume, restart=force, progress=log.progress, allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code, formats=formats, gguf_type=gguf_type, out=out, force=force,
-            arguments=arguments, **recovery, **layerwise_options, **budget, **options,
+            model,
+            method,
+            data=data_cfg,
+            eval_data=eval_cfg,
+            seed=seed,
+            trajectory=trajectory or False,
+            task=task,
+            split=data_options.split,
+            eval_split=eval_split,
+            data_options=data_options.for_api(),
+            device=device,
+            resume=resume,
+            restart=force,
+            progress=log.progress,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            formats=formats,
+            gguf_type=gguf_type,
+            out=out,
+            force=force,
+            arguments=arguments,
+            **recovery,
+            **layerwise_options,
+            **budget,
+            **options,
         )
     finally:
         log.close()
@@ -210,8 +266,12 @@ def prune_cmd(
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
         log.show(item)
     if pruned.written:
-        log.log.print(f"trajectory written to {' and '.join(map(str, pruned.written))}", highlight=False,
-                      markup=False, soft_wrap=True)
+        log.log.print(
+            f"trajectory written to {' and '.join(map(str, pruned.written))}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
         if len(pruned.written) == 1:
             log.note("no trajectory PNG: matplotlib is not installed (pip install 'headcut[plots]')")
     log.notes(pruned.report["notes"])

@@ -22,8 +22,10 @@ def method_options() -> str:
     """A table of each method's options: flag, Python keyword, default, what it does."""
     out = []
     for entry in METHODS.values():
-        out.append(f"### {entry.name}\n\n{entry.summary} ({entry.short_citation}); "
-                   f"`headcut methods {entry.name}` shows the same.\n")
+        out.append(
+            f"### {entry.name}\n\n{entry.summary} ({entry.short_citation}); "
+            f"`headcut methods {entry.name}` shows the same.\n"
+        )
         rows = [s for s in static_specs(entry.options) if s.meta.cli]
         out.append("| flag | Python keyword | default | what |\n|---|---|---|---|")
         for s in rows:

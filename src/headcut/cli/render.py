@@ -20,6 +20,7 @@ def _mib(n: int | None) -> str:
 
 # ---- info ---------------------------------------------------------------------------------------------
 
+
 def info_table(model: str, result: Any) -> list[Any]:
     table = Table(box=box.SIMPLE_HEAD)
     for col in ("block", "kind", "layer", "heads", "kv heads", "head dim"):
@@ -27,12 +28,14 @@ def info_table(model: str, result: Any) -> list[Any]:
     for b in result.blocks:
         kind = b.kind if b.mixer == "attention" else f"{b.kind} ({b.mixer})"
         table.add_row(b.name, kind, str(b.layer), str(b.heads), str(b.kv_heads), str(b.head_dim))
-    total = (f"{result.total_heads} heads in {len(result.blocks)} blocks, {result.params:,} parameters"
-             + (" (slimmed by headcut)" if result.cut else ""))
+    total = f"{result.total_heads} heads in {len(result.blocks)} blocks, {result.params:,} parameters" + (
+        " (slimmed by headcut)" if result.cut else ""
+    )
     return [f"{model}: {result.architecture} ({result.family})", table, total, *(f"note: {n}" for n in result.notes)]
 
 
 # ---- eval ---------------------------------------------------------------------------------------------
+
 
 def _metric(name: str, value: float) -> str:
     if name == "tokens":
@@ -64,9 +67,14 @@ def windows_table(title: str, results: dict[int, Any]) -> Table:
     for col in ("window", "perplexity (lower is better)", "loss", "windows", "tokens scored", "seconds"):
         table.add_column(col, justify="right")
     for window, result in results.items():
-        table.add_row(f"{window:,} tokens", _metric("perplexity", result.metrics["perplexity"]),
-                      _metric("loss", result.metrics["loss"]), f"{result.examples:,}",
-                      _metric("tokens", result.metrics["tokens"]), f"{result.seconds:,.2f}")
+        table.add_row(
+            f"{window:,} tokens",
+            _metric("perplexity", result.metrics["perplexity"]),
+            _metric("loss", result.metrics["loss"]),
+            f"{result.examples:,}",
+            _metric("tokens", result.metrics["tokens"]),
+            f"{result.seconds:,.2f}",
+        )
     return table
 
 
@@ -79,15 +87,20 @@ def harness_table(harness: Any) -> Table:
         shown = f"{name} (group)" if entry["group"] else name
         for metric, numbers in entry["metrics"].items():
             value, stderr = numbers["value"], numbers["stderr"]
-            table.add_row(shown, metric, "-" if value is None else f"{value:.4f}",
-                          "-" if stderr is None else f"± {stderr:.4f}",
-                          "-" if entry["samples"] is None else f"{entry['samples']:,}",
-                          "-" if entry["num_fewshot"] is None else str(entry["num_fewshot"]))
+            table.add_row(
+                shown,
+                metric,
+                "-" if value is None else f"{value:.4f}",
+                "-" if stderr is None else f"± {stderr:.4f}",
+                "-" if entry["samples"] is None else f"{entry['samples']:,}",
+                "-" if entry["num_fewshot"] is None else str(entry["num_fewshot"]),
+            )
             shown = ""
     return table
 
 
 # ---- score --------------------------------------------------------------------------------------------
+
 
 def _importance_colour(value: float, low: float, high: float) -> str:
     share = 0.0 if high <= low else (value - low) / (high - low)
@@ -116,7 +129,7 @@ def heatmap_tables(blocks: list[Any], scores: Any) -> list[Table]:
             cells: list[Any] = []
             for h, raw in enumerate(scores.blocks[b.name]):
                 shade = _importance_colour(importance[b.name][h], low, high)
-                cells.append(Text(f"{raw / 10 ** exp:.2f}", style=shade))
+                cells.append(Text(f"{raw / 10**exp:.2f}", style=shade))
             cells += ["-"] * (width - b.heads)
             table.add_row(str(b.layer), *cells)
         tables.append(table)
@@ -153,13 +166,16 @@ def write_plot(path: str, blocks: list[Any], scores: Any) -> None:
 
 # ---- prune --------------------------------------------------------------------------------------------
 
+
 def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list[Any]:
     """What ``headcut prune`` shows: the stop reason, heads per block, before/after, the trajectory and the
     training curve."""
     out: list[Any] = []
     heads, params, size, metric = report["heads"], report["params"], report["size_bytes"], report["metric"]
-    out.append(f"{report['model']}: {report['method']} kept {heads['after']} of {heads['before']} heads "
-               f"({STOPPED.get(report['stopped'], report['stopped'])})")
+    out.append(
+        f"{report['model']}: {report['method']} kept {heads['after']} of {heads['before']} heads "
+        f"({STOPPED.get(report['stopped'], report['stopped'])})"
+    )
     blocks = Table(title="heads per block", box=box.SIMPLE_HEAD)
     for col in ("block", "before", "after", "kept heads"):
         blocks.add_column(col, justify="left" if col in ("block", "kept heads") else "right")
@@ -181,8 +197,11 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     from ..pruning import get_method
 
     own = get_method(report["method"]).summary(report, result)  # a method's own lines (lottery, auber)
-    if (metric is not None and (own is None or own.trajectory)
-            and any(p.metric is not None and p.step > 0 for p in result.trajectory)):
+    if (
+        metric is not None
+        and (own is None or own.trajectory)
+        and any(p.metric is not None and p.step > 0 for p in result.trajectory)
+    ):
         curve = Table(title="trajectory", box=box.SIMPLE_HEAD)
         for col in ("step", "heads", metric["name"], "within"):
             curve.add_column(col, justify="right")
@@ -196,39 +215,51 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     if run is not None:
         evals = [e for e in run.history if isinstance(e.get("eval"), dict)]
         if evals and metric is not None:
-            curve = Table(title=f"training ({run.mode}): {metric['name']} with the top-K mask of the moment",
-                          box=box.SIMPLE_HEAD)
+            curve = Table(
+                title=f"training ({run.mode}): {metric['name']} with the top-K mask of the moment", box=box.SIMPLE_HEAD
+            )
             for col in ("step", "task loss", "open heads", metric["name"]):
                 curve.add_column(col, justify="right")
             for e in evals:
-                curve.add_row(str(e["step"]), f"{e.get('task_loss', e['loss']):.4f}", f"{e.get('open', 0):g}",
-                              _fmt(e["eval"].get(metric["name"])))
+                curve.add_row(
+                    str(e["step"]),
+                    f"{e.get('task_loss', e['loss']):.4f}",
+                    f"{e.get('open', 0):g}",
+                    _fmt(e["eval"].get(metric["name"])),
+                )
             out.append(curve)
         first, last = run.history[0], run.history[-1]
         resumed = f", resumed at step {run.resumed_from}" if run.resumed_from is not None else ""
         loss = "task_loss" if "task_loss" in last else "loss"
-        out.append(f"trained {run.steps} steps ({run.mode}{resumed}), task loss {first[loss]:.4f} -> "
-                   f"{last[loss]:.4f}, {run.seconds:.1f} s; kept the top {result.target} heads by {run.ranking}; "
-                   f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
+        out.append(
+            f"trained {run.steps} steps ({run.mode}{resumed}), task loss {first[loss]:.4f} -> "
+            f"{last[loss]:.4f}, {run.seconds:.1f} s; kept the top {result.target} heads by {run.ranking}; "
+            f"{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})"
+        )
     elif own is not None:
         out += own.items
         out.append(f"{own.lead}{report['seconds']:.1f} s in all; saved to {report['out']} (with {report_name})")
     else:
-        out.append(f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
-                   f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})")
+        out.append(
+            f"{result.scorings} scoring pass{'es' if result.scorings != 1 else ''}, "
+            f"{report['seconds']:.1f} s; saved to {report['out']} (with {report_name})"
+        )
     layerwise = report.get("layerwise")
     if layerwise is not None:
         peak, size = layerwise["peak_rss_bytes"], layerwise["checkpoint_bytes"]
-        out.append(f"layer-wise ({layerwise['reason']}): {layerwise['layers']} layers read one at a time (the largest "
-                   f"{_mib(layerwise['largest_layer_bytes'])}), activations in {layerwise['activations']}; peak memory "
-                   f"{_mib(peak)} for a checkpoint of {_mib(size)}; scoring {layerwise['score_seconds']:.1f} s, "
-                   f"writing {layerwise['write_seconds']:.1f} s into {layerwise['shards']} shard(s)")
+        out.append(
+            f"layer-wise ({layerwise['reason']}): {layerwise['layers']} layers read one at a time (the largest "
+            f"{_mib(layerwise['largest_layer_bytes'])}), activations in {layerwise['activations']}; peak memory "
+            f"{_mib(peak)} for a checkpoint of {_mib(size)}; scoring {layerwise['score_seconds']:.1f} s, "
+            f"writing {layerwise['write_seconds']:.1f} s into {layerwise['shards']} shard(s)"
+        )
     for i, stage in enumerate(report.get("rounds") or [], 1):
         steps = [f"the cut {_fmt(stage['metric']['after_pruning'])}"]
         steps += [f"the refit {_fmt(stage['metric']['after_refit'])}"] if "after_refit" in stage["metric"] else []
         steps += [f"recovery {_fmt(stage['metric']['after'])}"] if "after" in stage["metric"] else []
-        line = f"round {i}: cut to {stage['keep']} heads" + (f", {stage['recovery']['steps']} recovery steps"
-                                                            if stage.get("recovery") else "")
+        line = f"round {i}: cut to {stage['keep']} heads" + (
+            f", {stage['recovery']['steps']} recovery steps" if stage.get("recovery") else ""
+        )
         if metric is not None:
             line += f"; {metric['name']} after " + ", after ".join(steps)
         out.append(line + f"; round {i + 1}: the cut below")
@@ -238,9 +269,11 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         before = sum(r["error_before"] for r in fitted) / max(len(fitted), 1)
         after = sum(r["error_after"] for r in fitted) / max(len(fitted), 1)
         whose = "first round's model's" if report.get("rounds") else "unpruned model's"
-        line = (f"refit: {len(fitted)} output projection{'s' if len(fitted) != 1 else ''} fitted to the {whose} "
-                f"on {refit['tokens']} tokens, mean relative error {before:.3f} -> {after:.3f}, "
-                f"{refit['seconds']:.1f} s")
+        line = (
+            f"refit: {len(fitted)} output projection{'s' if len(fitted) != 1 else ''} fitted to the {whose} "
+            f"on {refit['tokens']} tokens, mean relative error {before:.3f} -> {after:.3f}, "
+            f"{refit['seconds']:.1f} s"
+        )
         if metric is not None and metric.get("after_refit") is not None:
             line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after the refit {_fmt(metric['after_refit'])}"
         out.append(line)
@@ -249,16 +282,21 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         summary_ = recovery.get("history_summary") or {}
         first, last = summary_.get("first", {}), summary_.get("last", {})
         extra = recovery.get("recover_data")
-        also = (f" (alpha 1, with {extra['examples']} unlabelled rows of {extra['source']})" if extra else "")
+        also = f" (alpha 1, with {extra['examples']} unlabelled rows of {extra['source']})" if extra else ""
         weight = (recovery.get("config") or {}).get("hidden_weight")
         also += f", hidden states matched (weight {weight:g})" if weight else ""
         average = (recovery.get("config") or {}).get("average_last")
         also += f", weights averaged over the last {average:g} of the steps (constant LR)" if average else ""
-        line = (f"recovery: {recovery['steps']} steps distilled from the unpruned model{also}, loss "
-                f"{_fmt(first.get('loss'))} -> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s")
+        line = (
+            f"recovery: {recovery['steps']} steps distilled from the unpruned model{also}, loss "
+            f"{_fmt(first.get('loss'))} -> {_fmt(last.get('loss'))}, {recovery['seconds']:.1f} s"
+        )
         if metric is not None and metric.get("after_pruning") is not None:
-            start, start_name = ((metric["after_refit"], "the refit") if metric.get("after_refit") is not None
-                                 else (metric["after_pruning"], "the cut"))
+            start, start_name = (
+                (metric["after_refit"], "the refit")
+                if metric.get("after_refit") is not None
+                else (metric["after_pruning"], "the cut")
+            )
             line += f"; {metric['name']} after {start_name} {_fmt(start)}, after recovery {_fmt(metric['after'])}"
         out.append(line)
     return out + checkpoint_lines(report) + formats_lines(report)
@@ -272,18 +310,26 @@ def checkpoint_lines(report: dict[str, Any]) -> list[str]:
         return []
     loader = str(form.get("loader")).replace('"OUT"', json.dumps(str(report.get("out") or "OUT")))
     if form.get("form") == "stock":
-        return [f"checkpoint: plain transformers {form.get('architecture')}, loads with {loader} "
-                "(no trust_remote_code, no headcut)"]
-    line = (f"checkpoint: headcut's form, loads with {loader}; not a plain transformers checkpoint "
-            f"because {form.get('why_not_stock')}")
+        return [
+            f"checkpoint: plain transformers {form.get('architecture')}, loads with {loader} "
+            "(no trust_remote_code, no headcut)"
+        ]
+    line = (
+        f"checkpoint: headcut's form, loads with {loader}; not a plain transformers checkpoint "
+        f"because {form.get('why_not_stock')}"
+    )
     near = report.get("uniform_budgets")
     if near:
-        line += ("; --uniform would write a plain one: the nearest uniform budgets are "
-                 + " or ".join(f"--keep {k}" for k in near) + " (their quality was not measured)")
+        line += (
+            "; --uniform would write a plain one: the nearest uniform budgets are "
+            + " or ".join(f"--keep {k}" for k in near)
+            + " (their quality was not measured)"
+        )
     return [line]
 
 
 # ---- finetune -----------------------------------------------------------------------------------------
+
 
 def formats_lines(report: dict[str, Any]) -> list[str]:
     """One line per ONNX / GGUF file an output holds (``report["formats"]``), with its check."""
@@ -292,13 +338,18 @@ def formats_lines(report: dict[str, Any]) -> list[str]:
     onnx = formats.get("onnx")
     if onnx:
         parity = onnx.get("parity")
-        check = (f"max abs difference from PyTorch {parity:.1e} in {onnx.get('checked_with')}"
-                 if isinstance(parity, (int, float)) else "not checked: onnxruntime is not installed")
+        check = (
+            f"max abs difference from PyTorch {parity:.1e} in {onnx.get('checked_with')}"
+            if isinstance(parity, (int, float))
+            else "not checked: onnxruntime is not installed"
+        )
         out.append(f"wrote {onnx['file']} (opset {onnx.get('opset')}; {check})")
     gguf = formats.get("gguf")
     if gguf:
-        out.append(f"wrote {gguf['file']} ({gguf.get('outtype')}, llama.cpp architecture {gguf.get('arch')}, "
-                   f"{gguf.get('bytes', 0) / 2**20:.1f} MiB)")
+        out.append(
+            f"wrote {gguf['file']} ({gguf.get('outtype')}, llama.cpp architecture {gguf.get('arch')}, "
+            f"{gguf.get('bytes', 0) / 2**20:.1f} MiB)"
+        )
     if formats and "safetensors" not in formats:
         out.append("no safetensors weights written (--format leaves them out)")
     return out
@@ -308,23 +359,28 @@ def finetune_summary(report: dict[str, Any], result: Any, report_name: str) -> l
     summary = result.summary()
     first, last = summary.get("first", {}), summary.get("last", {})
     resumed = f" (resumed at step {result.resumed_from})" if result.resumed_from is not None else ""
-    lines = [f"{report['model']}: {result.steps} steps{resumed}, loss {_fmt(first.get('loss'))} -> "
-             f"{_fmt(last.get('loss'))}" + (f", KL {_fmt(first.get('kl'))} -> {_fmt(last.get('kl'))}"
-                                           if "kl" in last else "")]
+    lines = [
+        f"{report['model']}: {result.steps} steps{resumed}, loss {_fmt(first.get('loss'))} -> "
+        f"{_fmt(last.get('loss'))}"
+        + (f", KL {_fmt(first.get('kl'))} -> {_fmt(last.get('kl'))}" if "kl" in last else "")
+    ]
     if result.metric is not None:
         arrow = "higher is better" if result.higher_is_better else "lower is better"
         lines.append(f"{result.metric} ({arrow}): {_fmt(result.metric_before)} -> {_fmt(result.metric_after)}")
     early = getattr(result, "early_stopping", None)
     if early is not None:
         where = f"stopped at step {early['stopped_at']}" if early["stopped_at"] is not None else "ran to the end"
-        lines.append(f"early stopping ({early['patience']} evaluations): {where}; kept step {early['best_step']} "
-                     f"({early['metric']} {_fmt(early['best'])})")
+        lines.append(
+            f"early stopping ({early['patience']} evaluations): {where}; kept step {early['best_step']} "
+            f"({early['metric']} {_fmt(early['best'])})"
+        )
     lines += checkpoint_lines(report) + formats_lines(report)
     lines.append(f"saved to {report['out']} (with {report_name})")
     return lines
 
 
 # ---- bench --------------------------------------------------------------------------------------------
+
 
 def _mib1(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:,.1f}"
@@ -363,26 +419,51 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
     first = results[0] if results else None
     relative = len(results) > 1
     kind = first.peak_memory_kind if first is not None else ""
-    notes = [{
-        "cuda_max_memory_allocated": "peak MiB: max CUDA memory allocated during the forwards (weights included)",
-        "cpu_peak_rss_increase": "peak MiB: resident memory the forwards add on top of the loaded model",
-    }.get(kind, "peak MiB: not measurable here")]
+    notes = [
+        {
+            "cuda_max_memory_allocated": "peak MiB: max CUDA memory allocated during the forwards (weights included)",
+            "cpu_peak_rss_increase": "peak MiB: resident memory the forwards add on top of the loaded model",
+        }.get(kind, "peak MiB: not measurable here")
+    ]
     if relative and getattr(config, "interleave", True):
-        notes.append("timed interleaved (rounds of one run of each model, the order rotated); speed-up (p25-p75 "
-                     "of the per-round speed-ups); within noise: that interval contains 1")
+        notes.append(
+            "timed interleaved (rounds of one run of each model, the order rotated); speed-up (p25-p75 "
+            "of the per-round speed-ups); within noise: that interval contains 1"
+        )
     elif relative:
-        notes.append("timed back to back (--no-interleave): one model after the other, so the speed-ups are not "
-                     "comparable under a changing load")
+        notes.append(
+            "timed back to back (--no-interleave): one model after the other, so the speed-ups are not "
+            "comparable under a changing load"
+        )
     threads = first.threads if first is not None else 0
     dtypes = sorted({r.dtype for r in results})
     dtype = dtypes[0] if len(dtypes) == 1 else "dtypes " + "/".join(dtypes)
     table = Table(
         title=f"{config.device} ({device_name}, {threads} thread{'s' if threads != 1 else ''}), "
-              f"{dtype}, batch {config.batch_size} x {config.seq_len}",
-        caption="\n".join(notes), box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=0,
+        f"{dtype}, batch {config.batch_size} x {config.seq_len}",
+        caption="\n".join(notes),
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        padding=0,
     )
-    columns = ["model", "runtime", "heads", "params", "GFLOPs", "FLOP\nratio", "median\nms", "p25-p75\nms",
-               "p90\nms", "examples\n/s", "speed-\nup", "peak\nMiB", "gen\ntok/s", "gen\nspeed-up", "KV B/\ntoken"]
+    columns = [
+        "model",
+        "runtime",
+        "heads",
+        "params",
+        "GFLOPs",
+        "FLOP\nratio",
+        "median\nms",
+        "p25-p75\nms",
+        "p90\nms",
+        "examples\n/s",
+        "speed-\nup",
+        "peak\nMiB",
+        "gen\ntok/s",
+        "gen\nspeed-up",
+        "KV B/\ntoken",
+    ]
     if not relative:
         columns = [c for c in columns if c not in ("FLOP\nratio", "speed-\nup")]
     if not any(r.generation is not None for r in results):  # no model generates: no generation columns
@@ -399,17 +480,22 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
     for r in results:
         gen = r.generation
         cells: dict[str, Text | str] = {
-            "model": r.name, "runtime": getattr(r, "runtime", "torch"),
-            "heads": "-" if r.heads is None else str(r.heads), "params": _count(r.params),
-            "GFLOPs": f"{r.flops / 1e9:,.3f}", "FLOP\nratio": _num(r.flop_ratio, ".3f"),
-            "median\nms": f"{r.median_ms:,.2f}", "p25-p75\nms": f"{r.p25_ms:,.2f}-{r.p75_ms:,.2f}",
+            "model": r.name,
+            "runtime": getattr(r, "runtime", "torch"),
+            "heads": "-" if r.heads is None else str(r.heads),
+            "params": _count(r.params),
+            "GFLOPs": f"{r.flops / 1e9:,.3f}",
+            "FLOP\nratio": _num(r.flop_ratio, ".3f"),
+            "median\nms": f"{r.median_ms:,.2f}",
+            "p25-p75\nms": f"{r.p25_ms:,.2f}-{r.p75_ms:,.2f}",
             "p90\nms": f"{r.p90_ms:,.2f}",
             "examples\n/s": f"{r.examples_per_s:,.1f}",
             "speed-\nup": _speedup(r.speedup, r.speedup_p25, r.speedup_p75, r.within_noise),
             "peak\nMiB": _mib1(r.peak_memory_bytes),
             "gen\ntok/s": "-" if gen is None else f"{gen.tokens_per_s:,.1f}",
-            "gen\nspeed-up": "-" if gen is None else _speedup(gen.speedup, gen.speedup_p25, gen.speedup_p75,
-                                                              gen.within_noise),
+            "gen\nspeed-up": "-"
+            if gen is None
+            else _speedup(gen.speedup, gen.speedup_p25, gen.speedup_p75, gen.within_noise),
             "KV B/\ntoken": "-" if gen is None else f"{gen.kv_bytes_per_token:,.0f}",
         }
         table.add_row(*(cells[c] for c in columns))

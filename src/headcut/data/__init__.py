@@ -60,9 +60,25 @@ _LAZY = {
 }
 
 __all__ = [
-    "COMPRESSIONS", "FILE_FORMATS", "LABEL_COLUMNS", "PAIR_COLUMNS", "SOURCE_COLUMNS", "SUPPORTED_HEADS",
-    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "Calibration", "DataConfig", "TextStream",
-    "detect_task", "load_calibration", "load_tokenizer", "load_windows", "looks_local", "open_data",
+    "COMPRESSIONS",
+    "FILE_FORMATS",
+    "LABEL_COLUMNS",
+    "PAIR_COLUMNS",
+    "SOURCE_COLUMNS",
+    "SUPPORTED_HEADS",
+    "TARGET_COLUMNS",
+    "TASK_NAMES",
+    "TEXT_COLUMNS",
+    "TOKENIZER_FILES",
+    "Calibration",
+    "DataConfig",
+    "TextStream",
+    "detect_task",
+    "load_calibration",
+    "load_tokenizer",
+    "load_windows",
+    "looks_local",
+    "open_data",
 ]
 
 

@@ -29,8 +29,8 @@ def affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
     plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
     full = tokenizer(probe, add_special_tokens=True)["input_ids"]
     for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
-            return list(full[:start]), list(full[start + len(plain):])
+        if full[start : start + len(plain)] == plain:
+            return list(full[:start]), list(full[start + len(plain) :])
     return [], []
 
 
@@ -56,8 +56,10 @@ def lm_blocks(r: Rows, tokenizer: Any, seq_len: int) -> list[dict[str, Any]]:
     limit = None if r.max_examples is None else max(r.max_examples * body, MIN_TOKENS_READ)
     ids, stopped = token_ids(r.ds.pieces(), tokenizer, limit)
     if stopped:
-        r.notes.append(f"read the first {len(ids)} tokens of {r.source}: enough for --max-examples {r.max_examples} "
-                       "(the rest of the text was not read)")
+        r.notes.append(
+            f"read the first {len(ids)} tokens of {r.source}: enough for --max-examples {r.max_examples} "
+            "(the rest of the text was not read)"
+        )
     n_blocks = len(ids) // body
     if n_blocks == 0:
         raise HeadcutError(
@@ -68,6 +70,6 @@ def lm_blocks(r: Rows, tokenizer: Any, seq_len: int) -> list[dict[str, Any]]:
         r.notes.append(f"dropped the last {len(ids) % body} tokens (less than one block)")
     examples = []
     for b in r.select(n_blocks):
-        block = prefix + list(ids[b * body:(b + 1) * body]) + suffix
+        block = prefix + list(ids[b * body : (b + 1) * body]) + suffix
         examples.append({"input_ids": block, "attention_mask": [1] * len(block), "labels": list(block)})
     return examples

@@ -26,15 +26,21 @@ __all__ = ["Rows", "label_ids", "pick"]
 LABEL_DIGITS = 18
 
 
-def pick(columns: Sequence[str], explicit: str | None, candidates: Sequence[str], role: str, flag: str,
-         source: str, required: bool = True, taken: str | None = None) -> str | None:
+def pick(
+    columns: Sequence[str],
+    explicit: str | None,
+    candidates: Sequence[str],
+    role: str,
+    flag: str,
+    source: str,
+    required: bool = True,
+    taken: str | None = None,
+) -> str | None:
     """The explicit column (which must exist), else the first candidate the data has (other than
     ``taken``); errors list every column of the data."""
     if explicit is not None:
         if explicit not in columns:
-            raise HeadcutError(
-                f"{source} has no column {explicit!r} ({flag}); its columns: {', '.join(columns)}"
-            )
+            raise HeadcutError(f"{source} has no column {explicit!r} ({flag}); its columns: {', '.join(columns)}")
         return explicit
     for name in candidates:
         if name in columns and name != taken:
@@ -102,7 +108,9 @@ def label_ids(values: Sequence[Any], rows: Sequence[int], column: str, source: s
             )
         out.append(value)
     if unknown:
-        shown = ", ".join(shown_value(u, 40) for u in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        shown = ", ".join(shown_value(u, 40) for u in unknown[:5]) + (
+            f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        )
         raise HeadcutError(
             f"{source}: label{'s' if len(unknown) > 1 else ''} {shown} in column {column!r} "
             f"{'are' if len(unknown) > 1 else 'is'} not among the model's labels ({', '.join(names)}); "
@@ -122,7 +130,7 @@ class Rows:
     def select(self, n: int) -> list[int]:
         """A seeded permutation of ``range(n)``, cut to ``max_examples``."""
         order = torch.randperm(n, generator=self.g).tolist()
-        return order[:self.max_examples] if self.max_examples is not None else order
+        return order[: self.max_examples] if self.max_examples is not None else order
 
     def usable(self, *cols: str | None) -> list[int]:
         """Selected rows among those with a value in every used column (the others are skipped)."""
@@ -157,6 +165,8 @@ class Rows:
         if not values:
             raise HeadcutError(f"{self.source} has no usable examples: every line is blank")
         if stopped:
-            self.notes.append(f"read the first {len(values)} non-blank lines of {self.source}: enough for "
-                              f"--max-examples {self.max_examples} (the rest was not read)")
+            self.notes.append(
+                f"read the first {len(values)} non-blank lines of {self.source}: enough for "
+                f"--max-examples {self.max_examples} (the rest was not read)"
+            )
         return [values[i] for i in self.select(len(values))]

@@ -21,8 +21,18 @@ from ..errors import HeadcutError, shown
 from ..sources import COMPRESSIONS
 
 __all__ = [
-    "COMPRESSIONS", "FILE_FORMATS", "LABEL_COLUMNS", "PAIR_COLUMNS", "SOURCE_COLUMNS", "SUPPORTED_HEADS",
-    "TARGET_COLUMNS", "TASK_NAMES", "TEXT_COLUMNS", "TOKENIZER_FILES", "DataConfig", "parse_format",
+    "COMPRESSIONS",
+    "FILE_FORMATS",
+    "LABEL_COLUMNS",
+    "PAIR_COLUMNS",
+    "SOURCE_COLUMNS",
+    "SUPPORTED_HEADS",
+    "TARGET_COLUMNS",
+    "TASK_NAMES",
+    "TEXT_COLUMNS",
+    "TOKENIZER_FILES",
+    "DataConfig",
+    "parse_format",
 ]
 
 #: the tasks :func:`headcut.data.detect_task` returns
@@ -77,8 +87,9 @@ def check_encoding(name: Any) -> None:
     else:
         known = False
     if not known:
-        raise HeadcutError(f"--encoding {shown(name)} is not a text encoding Python knows; use e.g. utf-8, latin-1, "
-                           "cp1252 or utf-16")
+        raise HeadcutError(
+            f"--encoding {shown(name)} is not a text encoding Python knows; use e.g. utf-8, latin-1, cp1252 or utf-16"
+        )
 
 
 def parse_format(text: str) -> tuple[str, str | None]:
@@ -98,8 +109,17 @@ def parse_format(text: str) -> tuple[str, str | None]:
 
 #: names of tokenizer files; a local checkpoint folder needs one of them
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model",
-    "tokenizer.model", "sentencepiece.bpe.model", "source.spm", "target.spm", "spm.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "tokenizer.model",
+    "sentencepiece.bpe.model",
+    "source.spm",
+    "target.spm",
+    "spm.model",
 )
 
 

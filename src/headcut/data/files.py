@@ -65,6 +65,7 @@ TEMP_KIND = "data"
 #: first bytes of compressed data -> its suffix
 MAGIC = {b"\x1f\x8b": ".gz", b"BZh": ".bz2", b"\xfd7zXZ\x00": ".xz", b"\x28\xb5\x2f\xfd": ".zst"}
 
+
 def _root_message(exc: BaseException) -> str:
     """The most specific message of an exception chain (datasets wraps the parser's error)."""
     messages = []
@@ -132,6 +133,7 @@ def data_source(path: str, data_format: str | None = None) -> DataSource:
 
 # ---- reading bytes: files, pipes, compression ---------------------------------------------------------------
 
+
 class _PipeReader(io.RawIOBase):
     """A pipe or device opened without blocking and polled: a pipe with no writer does not hang the open,
     a silent one gets a line on stderr after :data:`FIRST_NOTICE_S` seconds and every :data:`WAIT_NOTICE_S` after, and signals stop the wait."""
@@ -175,7 +177,7 @@ class _PipeReader(io.RawIOBase):
             except BlockingIOError:  # woken without data (a writer connected): wait again
                 time.sleep(0.01)
                 continue
-            buffer[:len(data)] = data
+            buffer[: len(data)] = data
             self.received += len(data)
             return len(data)
 
@@ -194,8 +196,12 @@ def _decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
         return bz2.BZ2File(raw)  # type: ignore[return-value]
     if compression == ".xz":
         return lzma.LZMAFile(raw)  # type: ignore[return-value]
-    zstandard = imported("zstandard", "reading .zst data", "pip install zstandard",
-                         missing="reading .zst data needs the zstandard package: pip install zstandard")
+    zstandard = imported(
+        "zstandard",
+        "reading .zst data",
+        "pip install zstandard",
+        missing="reading .zst data needs the zstandard package: pip install zstandard",
+    )
     return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
 
 
@@ -229,8 +235,10 @@ def _stream_compression(raw: io.BufferedReader, source: DataSource) -> str | Non
         return source.compression
     found = _sniff(raw)
     if source.compression and found != source.compression:
-        raise HeadcutError(f"{source.shown} is not {source.compression.lstrip('.')} data (its first bytes are not "
-                           f"a {source.compression.lstrip('.')} header); drop the compression from --data-format")
+        raise HeadcutError(
+            f"{source.shown} is not {source.compression.lstrip('.')} data (its first bytes are not "
+            f"a {source.compression.lstrip('.')} header); drop the compression from --data-format"
+        )
     return found
 
 
@@ -239,8 +247,10 @@ def _read(f: IO[bytes], source: DataSource, size: int = CHUNK) -> bytes:
     try:
         return f.read(size)
     except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as exc:
-        raise HeadcutError(f"cannot read {source.shown}: its {source.compression or 'compressed'} data is damaged or "
-                           f"truncated ({first_line(exc)})") from None
+        raise HeadcutError(
+            f"cannot read {source.shown}: its {source.compression or 'compressed'} data is damaged or "
+            f"truncated ({first_line(exc)})"
+        ) from None
     except OSError as exc:
         raise HeadcutError(f"cannot read {source.shown}: {exc.strerror or first_line(exc)}") from None
     except Exception as exc:  # zstandard.ZstdError and the like
@@ -248,6 +258,7 @@ def _read(f: IO[bytes], source: DataSource, size: int = CHUNK) -> bytes:
 
 
 # ---- text: decoding, lines, pieces ----------------------------------------------------------------------------
+
 
 def _is_utf8(encoding: str) -> bool:
     return codecs.lookup(encoding).name == "utf-8"
@@ -266,19 +277,24 @@ def guess_encoding(sample: bytes) -> str:
 def _not_text(source: DataSource, encoding: str, exc: UnicodeDecodeError, offset: int) -> HeadcutError:
     """The error for bytes that are not ``encoding`` text (``offset``: of the first bad byte in the file)."""
     byte = exc.object[exc.start] if exc.start < len(exc.object) else None
-    sample = exc.object[:4096] if exc.start < 4096 else exc.object[exc.start - 2048:exc.start + 2048]
+    sample = exc.object[:4096] if exc.start < 4096 else exc.object[exc.start - 2048 : exc.start + 2048]
     where = f"byte 0x{byte:02x} at offset {offset}" if byte is not None else f"offset {offset}"
     if _is_utf8(encoding):
-        return HeadcutError(f"cannot read {source.shown}: it is not UTF-8 text ({where}); pass --encoding "
-                            f"{guess_encoding(sample)} (or the file's encoding)")
-    return HeadcutError(f"cannot read {source.shown}: it is not {encoding} text ({where}); pass the file's encoding "
-                        "with --encoding")
+        return HeadcutError(
+            f"cannot read {source.shown}: it is not UTF-8 text ({where}); pass --encoding "
+            f"{guess_encoding(sample)} (or the file's encoding)"
+        )
+    return HeadcutError(
+        f"cannot read {source.shown}: it is not {encoding} text ({where}); pass the file's encoding with --encoding"
+    )
 
 
 def _nul_error(source: DataSource, encoding: str) -> HeadcutError:
     if _is_utf8(encoding):
-        return HeadcutError(f"cannot read {source.shown}: it holds NUL characters, so it is not UTF-8 text; if it is "
-                            "UTF-16 text, pass --encoding utf-16")
+        return HeadcutError(
+            f"cannot read {source.shown}: it holds NUL characters, so it is not UTF-8 text; if it is "
+            "UTF-16 text, pass --encoding utf-16"
+        )
     return HeadcutError(f"cannot read {source.shown}: it holds NUL characters, so it is not {encoding} text")
 
 
@@ -384,6 +400,7 @@ def pieces_of(chunks: Iterable[str], strip_final_newline: bool = False) -> Itera
 
 # ---- temporary folders -------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def temp_folder() -> Iterator[Path]:
     """A private temporary folder ``headcut-data-PID-*``, removed on exit (those of dead runs are removed first:
@@ -413,8 +430,10 @@ def _copy_stream(source: DataSource, folder: Path, encoding: str) -> DataSource:
                 try:
                     out.write(chunk)
                 except OSError as exc:
-                    raise HeadcutError(f"cannot copy {source.shown} into the temporary folder {folder}: "
-                                       f"{exc.strerror or first_line(exc)}; set TMPDIR to a folder with room") from None
+                    raise HeadcutError(
+                        f"cannot copy {source.shown} into the temporary folder {folder}: "
+                        f"{exc.strerror or first_line(exc)}; set TMPDIR to a folder with room"
+                    ) from None
                 written += len(chunk)
                 if written >= next_check:
                     if shutil.disk_usage(folder).free < reserve:
@@ -459,12 +478,15 @@ def _check_table(source: DataSource, encoding: str) -> None:
                 "object with one field holding them); one record per line is .jsonl"
             )
         if source.suffix == ".jsonl" and start[0] != "{":
-            raise HeadcutError(f"{source.shown}: its first line is not a JSON object; a .jsonl file holds one record "
-                               "({\"column\": value, ...}) per line")
+            raise HeadcutError(
+                f"{source.shown}: its first line is not a JSON object; a .jsonl file holds one record "
+                '({"column": value, ...}) per line'
+            )
         return
 
 
 # ---- datasets ------------------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def _quiet_datasets() -> Iterator[Any]:
@@ -511,11 +533,11 @@ def _load_table(source: DataSource, cache: Path, encoding: str) -> Any:
     with _quiet_datasets() as datasets:
         try:
             ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache), **options)
-            if (source.suffix == ".json" and len(ds.column_names) == 1
-                    and _holds_records(ds[ds.column_names[0]][:1])):
+            if source.suffix == ".json" and len(ds.column_names) == 1 and _holds_records(ds[ds.column_names[0]][:1]):
                 # {"data": [{...}, ...]}: the records are in one field
-                ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache),
-                                           field=ds.column_names[0], **options)
+                ds = datasets.load_dataset(
+                    builder, data_files=files, split="train", cache_dir=str(cache), field=ds.column_names[0], **options
+                )
         except Exception as exc:  # pandas, pyarrow and json parsers raise many kinds
             if _decode_failure(exc):
                 for _ in decoded(source, encoding):  # raises the exact offset and a likely encoding

@@ -100,11 +100,20 @@ class Calibration:
             chosen.sort(key=lambda i: (len(self.items[i]["input_ids"]), i))  # type: ignore[index]
         items = [self.items[i] for i in chosen]
         size = batch_size or self.batch_size
-        batches = [_collate(items[i:i + size], self.pad_id) for i in range(0, len(items), size)]
+        batches = [_collate(items[i : i + size], self.pad_id) for i in range(0, len(items), size)]
         tokens, scored = _counts(self.task, batches)
         references = [self.references[i] for i in chosen] if self.references is not None else None
-        return replace(self, batches=batches, examples=len(items), batch_size=size, tokens=tokens,
-                       scored_tokens=scored, references=references, items=items, notes=list(self.notes))
+        return replace(
+            self,
+            batches=batches,
+            examples=len(items),
+            batch_size=size,
+            tokens=tokens,
+            scored_tokens=scored,
+            references=references,
+            items=items,
+            notes=list(self.notes),
+        )
 
     def majority(self) -> tuple[str, float] | None:
         """Classification: the most frequent label (its name where known) and its share of the examples, the
@@ -124,10 +133,19 @@ class Calibration:
     def to_json(self) -> dict[str, Any]:
         """What a report records of the data (everything but the batches and the tokenizer)."""
         return {
-            "task": self.task, "source": self.source, "examples": self.examples, "batches": len(self.batches),
-            "columns": dict(self.columns), "seq_len": self.seq_len, "batch_size": self.batch_size,
-            "seed": self.seed, "tokens": self.tokens, "scored_tokens": self.scored_tokens,
-            "label_names": self.label_names, "layout": self.layout, "notes": list(self.notes),
+            "task": self.task,
+            "source": self.source,
+            "examples": self.examples,
+            "batches": len(self.batches),
+            "columns": dict(self.columns),
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "tokens": self.tokens,
+            "scored_tokens": self.scored_tokens,
+            "label_names": self.label_names,
+            "layout": self.layout,
+            "notes": list(self.notes),
         }
 
 
@@ -154,13 +172,16 @@ def detect_task(model: nn.Module) -> str:
             f"{name} is an image model: headcut reads text data only (image data is not supported); "
             f"data commands need a {SUPPORTED_HEADS} head"
         )
-    heads = [(_mapping_names(attr), task) for attr, task in (
-        # seq2seq first: transformers also lists encoder-decoder generators as masked LMs
-        ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq"),
-        ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm"),
-        ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm"),
-        ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "classification"),
-    )]
+    heads = [
+        (_mapping_names(attr), task)
+        for attr, task in (
+            # seq2seq first: transformers also lists encoder-decoder generators as masked LMs
+            ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq"),
+            ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal-lm"),
+            ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked-lm"),
+            ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "classification"),
+        )
+    ]
     for cls_name in classes:  # the most specific class that transformers maps to a head
         for names, task in heads:
             if cls_name in names:
@@ -184,8 +205,9 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
                 "files of the original model into it"
             )
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(p) if p.is_dir() else str(path),
-                                                               trust_remote_code=trust_remote_code)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            str(p) if p.is_dir() else str(path), trust_remote_code=trust_remote_code
+        )
     except PermissionError as exc:
         raise os_error("read", exc.filename or path, exc) from None
     except Exception as exc:  # transformers raises OSError, ValueError, TypeError, ImportError ...
@@ -205,8 +227,11 @@ def _max_positions(config: Any) -> int | None:
 
 def _pad_id(model: nn.Module, tokenizer: Any) -> int:
     # the model's own pad id first: some models find padding (or positions) by comparing ids with it
-    for value in (getattr(model.config, "pad_token_id", None), getattr(tokenizer, "pad_token_id", None),
-                  getattr(tokenizer, "eos_token_id", None)):
+    for value in (
+        getattr(model.config, "pad_token_id", None),
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
         if isinstance(value, int):
             return value
     return 0
@@ -223,7 +248,7 @@ def _pad(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     width = max(len(r) for r in rows)
     out = torch.full((len(rows), width), value, dtype=torch.long)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(list(r), dtype=torch.long)
+        out[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
     return out
 
 
@@ -243,8 +268,9 @@ def _collate(examples: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch
     return batch
 
 
-def _mask_tokens(ids: list[int], special: list[int], mask_id: int, vocab: int, p: float,
-                 g: torch.Generator) -> tuple[list[int], list[int]]:
+def _mask_tokens(
+    ids: list[int], special: list[int], mask_id: int, vocab: int, p: float, g: torch.Generator
+) -> tuple[list[int], list[int]]:
     """BERT's masking of one example: (inputs, labels)."""
     x = torch.tensor(ids, dtype=torch.long)
     eligible = torch.tensor(special, dtype=torch.bool).logical_not()
@@ -272,17 +298,18 @@ def _cut(texts: Sequence[str], seq_len: int) -> list[str]:
     return [t[:limit] for t in texts]
 
 
-def _encode(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None, target: bool = False,
-            **options: Any) -> dict[str, list[Any]]:
+def _encode(
+    tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = None, target: bool = False, **options: Any
+) -> dict[str, list[Any]]:
     """``tokenizer(texts[, pairs])`` (``target``: as target texts), :data:`ENCODE_BATCH` texts per call; its
     fields as lists."""
     out: dict[str, list[Any]] = {}
     for i in range(0, max(len(texts), 1), ENCODE_BATCH):
-        part = list(texts[i:i + ENCODE_BATCH])
+        part = list(texts[i : i + ENCODE_BATCH])
         if target:
             enc = tokenizer(text_target=part, **options)
         elif pairs is not None:
-            enc = tokenizer(part, list(pairs[i:i + ENCODE_BATCH]), **options)
+            enc = tokenizer(part, list(pairs[i : i + ENCODE_BATCH]), **options)
         else:
             enc = tokenizer(part, **options)
         for key, values in enc.items():
@@ -290,12 +317,21 @@ def _encode(tokenizer: Any, texts: Sequence[str], pairs: Sequence[str] | None = 
     return out
 
 
-def _classification(r: Rows, model: nn.Module, tokenizer: Any, config: DataConfig,
-                    columns: dict[str, str], unlabelled: bool = False) -> Examples:
+def _classification(
+    r: Rows, model: nn.Module, tokenizer: Any, config: DataConfig, columns: dict[str, str], unlabelled: bool = False
+) -> Examples:
     names, source = r.names, r.source
     text_col = pick(names, config.text_col, TEXT_COLUMNS, "text", "--text-col", source)
-    pair_col = pick(names, config.text_pair_col, PAIR_COLUMNS, "text pair", "--text-pair-col", source,
-                    required=False, taken=text_col)
+    pair_col = pick(
+        names,
+        config.text_pair_col,
+        PAIR_COLUMNS,
+        "text pair",
+        "--text-pair-col",
+        source,
+        required=False,
+        taken=text_col,
+    )
     label_col = None if unlabelled else pick(names, config.label_col, LABEL_COLUMNS, "label", "--label-col", source)
     assert text_col is not None and (unlabelled or label_col is not None)
     columns["text"] = text_col
@@ -321,20 +357,26 @@ def _classification(r: Rows, model: nn.Module, tokenizer: Any, config: DataConfi
     return examples
 
 
-def _seq2seq(r: Rows, tokenizer: Any, config: DataConfig, columns: dict[str, str],
-             references: list[str]) -> Examples:
+def _seq2seq(r: Rows, tokenizer: Any, config: DataConfig, columns: dict[str, str], references: list[str]) -> Examples:
     names, source = r.names, r.source
-    src_col = pick(names, config.source_col or config.text_col, SOURCE_COLUMNS + TEXT_COLUMNS, "source",
-                   "--source-col", source)
+    src_col = pick(
+        names, config.source_col or config.text_col, SOURCE_COLUMNS + TEXT_COLUMNS, "source", "--source-col", source
+    )
     tgt_col = pick(names, config.target_col, TARGET_COLUMNS, "target", "--target-col", source, taken=src_col)
     assert src_col is not None and tgt_col is not None
     columns.update({"source": src_col, "target": tgt_col})
     rows = r.usable(src_col, tgt_col)
     targets = r.texts(tgt_col, rows)
-    enc = _encode(tokenizer, _cut(r.texts(src_col, rows), config.seq_len), truncation=True,
-                  max_length=config.seq_len, verbose=False)
-    tgt = _encode(tokenizer, _cut(targets, config.seq_len), target=True, truncation=True, max_length=config.seq_len,
-                  verbose=False)
+    enc = _encode(
+        tokenizer,
+        _cut(r.texts(src_col, rows), config.seq_len),
+        truncation=True,
+        max_length=config.seq_len,
+        verbose=False,
+    )
+    tgt = _encode(
+        tokenizer, _cut(targets, config.seq_len), target=True, truncation=True, max_length=config.seq_len, verbose=False
+    )
     examples = []
     for ids, target_ids, target in zip(enc["input_ids"], tgt["input_ids"], targets):
         if ids and target_ids:
@@ -346,8 +388,9 @@ def _seq2seq(r: Rows, tokenizer: Any, config: DataConfig, columns: dict[str, str
     return examples
 
 
-def _texts_per_row(r: Rows, task: str, model: nn.Module, tokenizer: Any, config: DataConfig, is_txt: bool,
-                   columns: dict[str, str]) -> Examples:
+def _texts_per_row(
+    r: Rows, task: str, model: nn.Module, tokenizer: Any, config: DataConfig, is_txt: bool, columns: dict[str, str]
+) -> Examples:
     """One example per row (or non-blank line): masked LM, or causal LM from a table."""
     if is_txt:
         columns["text"] = "text"
@@ -358,8 +401,14 @@ def _texts_per_row(r: Rows, task: str, model: nn.Module, tokenizer: Any, config:
         columns["text"] = text_col
         rows = r.usable(text_col)
         texts = _cut(r.texts(text_col, rows), config.seq_len)
-    enc = _encode(tokenizer, texts, truncation=True, max_length=config.seq_len, verbose=False,
-                  return_special_tokens_mask=task == "masked-lm")
+    enc = _encode(
+        tokenizer,
+        texts,
+        truncation=True,
+        max_length=config.seq_len,
+        verbose=False,
+        return_special_tokens_mask=task == "masked-lm",
+    )
     examples = []
     if task == "masked-lm":
         vocab = min(len(tokenizer), model.get_input_embeddings().num_embeddings)
@@ -367,8 +416,9 @@ def _texts_per_row(r: Rows, task: str, model: nn.Module, tokenizer: Any, config:
             if all(special):  # nothing to mask (e.g. an empty text)
                 examples.append({"input_ids": [], "attention_mask": [], "labels": []})
                 continue
-            inputs, labels = _mask_tokens(list(ids), list(special), tokenizer.mask_token_id, vocab,
-                                          config.mlm_probability, r.g)
+            inputs, labels = _mask_tokens(
+                list(ids), list(special), tokenizer.mask_token_id, vocab, config.mlm_probability, r.g
+            )
             examples.append({"input_ids": inputs, "attention_mask": [1] * len(ids), "labels": labels})
     else:
         for ids in enc["input_ids"]:
@@ -404,8 +454,9 @@ def open_rows(config: Any, dataset: Any = None) -> contextlib.AbstractContextMan
     return contextlib.nullcontext((*in_memory(dataset, config.split), False))
 
 
-def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, dataset: Any = None,
-                     unlabelled: bool = False) -> Calibration:
+def load_calibration(
+    model: nn.Module, tokenizer: Any, config: DataConfig, dataset: Any = None, unlabelled: bool = False
+) -> Calibration:
     """Read ``config.path`` and turn it into batches for ``model``'s task (see the module's doc).
 
     ``dataset``: rows given in memory instead of ``config.path`` (which is then ignored): a
@@ -417,8 +468,10 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
     config.validate(need_path=dataset is None)
     task = detect_task(model)
     if unlabelled and task == "seq2seq":
-        raise HeadcutError("unlabelled inputs cannot be distilled into a seq2seq model: the teacher's outputs are "
-                           "read at the target tokens, which these rows do not have")
+        raise HeadcutError(
+            "unlabelled inputs cannot be distilled into a seq2seq model: the teacher's outputs are "
+            "read at the target tokens, which these rows do not have"
+        )
     _check_model(model, tokenizer, task, config)
     notes: list[str] = []
     columns: dict[str, str] = {}
@@ -454,16 +507,28 @@ def load_calibration(model: nn.Module, tokenizer: Any, config: DataConfig, datas
 
     pad_id = _pad_id(model, tokenizer)
     size = config.batch_size
-    batches = [_collate(examples[i:i + size], pad_id) for i in range(0, len(examples), size)]
+    batches = [_collate(examples[i : i + size], pad_id) for i in range(0, len(examples), size)]
     tokens, scored = _counts(task, batches)
     id2label = {int(k): str(v) for k, v in (getattr(model.config, "id2label", None) or {}).items()}
     return Calibration(
-        task=task, batches=batches, examples=len(examples), source=source, columns=columns, seq_len=config.seq_len,
-        batch_size=size, seed=config.seed,
+        task=task,
+        batches=batches,
+        examples=len(examples),
+        source=source,
+        columns=columns,
+        seq_len=config.seq_len,
+        batch_size=size,
+        seed=config.seed,
         label_names=[id2label.get(i, str(i)) for i in range(int(model.config.num_labels))]
-        if task == "classification" else None,
+        if task == "classification"
+        else None,
         references=references if task == "seq2seq" else None,
-        tokens=tokens, scored_tokens=scored, notes=notes, layout=layout, tokenizer=tokenizer, items=examples,
+        tokens=tokens,
+        scored_tokens=scored,
+        notes=notes,
+        layout=layout,
+        tokenizer=tokenizer,
+        items=examples,
         pad_id=pad_id,
     )
 
@@ -489,8 +554,10 @@ def _decoder_only(model: nn.Module) -> bool:
     from transformers.models.auto import modeling_auto
 
     model_type = getattr(config, "model_type", None)
-    return (model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-            and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    return (
+        model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    )
 
 
 def _check_vocab(model: nn.Module, examples: Sequence[dict[str, Any]]) -> None:

@@ -60,23 +60,32 @@ class TextStream:
 
     def to_json(self) -> dict[str, Any]:
         """What a report records of the text."""
-        return {"source": self.source, "columns": dict(self.columns), "text_tokens": len(self.ids),
-                "rows_joined": self.rows, "joined_with": ROW_SEPARATOR if self.rows is not None else None,
-                "complete": self.complete, "layout": "windows", "notes": list(self.notes)}
+        return {
+            "source": self.source,
+            "columns": dict(self.columns),
+            "text_tokens": len(self.ids),
+            "rows_joined": self.rows,
+            "joined_with": ROW_SEPARATOR if self.rows is not None else None,
+            "complete": self.complete,
+            "layout": "windows",
+            "notes": list(self.notes),
+        }
 
 
 def _row_chunks(ds: Any, column: str, source: str, counts: dict[str, int]) -> Iterator[str]:
     """The texts of ``column`` in row order, joined by :data:`ROW_SEPARATOR` (``counts``: rows joined and
     skipped)."""
     for start in range(0, ds.num_rows, ROWS_AT_ONCE):
-        values = ds[start:start + ROWS_AT_ONCE][column]
+        values = ds[start : start + ROWS_AT_ONCE][column]
         for offset, value in enumerate(values):
             if value is None:
                 counts["skipped"] += 1
                 continue
             if not isinstance(value, str):
-                raise HeadcutError(f"{source}: column {column!r} holds {type(value).__name__} values, not text "
-                                   f"(row {start + offset + 1})")
+                raise HeadcutError(
+                    f"{source}: column {column!r} holds {type(value).__name__} values, not text "
+                    f"(row {start + offset + 1})"
+                )
             yield value if counts["joined"] == 0 else ROW_SEPARATOR + value
             counts["joined"] += 1
 
@@ -96,39 +105,57 @@ def _stream(ds: Any, source: str, is_txt: bool, tokenizer: Any, config: DataConf
     if not is_txt and counts["joined"] == 0:
         raise HeadcutError(f"{source} has no text: every row misses a value in {columns['text']!r}")
     if counts["skipped"]:
-        notes.append(f"skipped {counts['skipped']} row{'s' if counts['skipped'] != 1 else ''} without a value in "
-                     f"{columns['text']!r}")
+        notes.append(
+            f"skipped {counts['skipped']} row{'s' if counts['skipped'] != 1 else ''} without a value in "
+            f"{columns['text']!r}"
+        )
     stream = array("q", prefix)
     stream.extend(ids)
     if stopped:
-        notes.append(f"read the first {len(stream)} tokens of {source}: enough for --max-examples "
-                     f"{config.max_examples} windows of {longest} tokens (the rest of the text was not read)")
+        notes.append(
+            f"read the first {len(stream)} tokens of {source}: enough for --max-examples "
+            f"{config.max_examples} windows of {longest} tokens (the rest of the text was not read)"
+        )
     else:
         stream.extend(suffix)
     return TextStream(stream, source, columns, None if is_txt else counts["joined"], not stopped, notes)
 
 
-def _window_calibration(stream: TextStream, window: int, config: DataConfig, pad_id: int,
-                        tokenizer: Any) -> Calibration:
+def _window_calibration(
+    stream: TextStream, window: int, config: DataConfig, pad_id: int, tokenizer: Any
+) -> Calibration:
     available = len(stream.ids) // window
     count = available if config.max_examples is None else min(available, config.max_examples)
     notes = []
     if stream.complete and len(stream.ids) % window:
         notes.append(f"window {window}: dropped the last {len(stream.ids) % window} tokens (less than one window)")
     per_batch = max(1, config.batch_size * config.seq_len // window)
-    ids = torch.frombuffer(stream.ids, dtype=torch.int64)[:count * window].view(count, window)
+    ids = torch.frombuffer(stream.ids, dtype=torch.int64)[: count * window].view(count, window)
     batches = []
     for start in range(0, count, per_batch):
-        part = ids[start:start + per_batch].clone()
+        part = ids[start : start + per_batch].clone()
         batches.append({"input_ids": part, "attention_mask": torch.ones_like(part), "labels": part.clone()})
-    return Calibration(task="causal-lm", batches=batches, examples=count, source=stream.source,
-                       columns=dict(stream.columns), seq_len=window, batch_size=per_batch, seed=config.seed,
-                       tokens=count * window, scored_tokens=count * (window - 1), notes=notes, layout="windows",
-                       tokenizer=tokenizer, pad_id=pad_id)
+    return Calibration(
+        task="causal-lm",
+        batches=batches,
+        examples=count,
+        source=stream.source,
+        columns=dict(stream.columns),
+        seq_len=window,
+        batch_size=per_batch,
+        seed=config.seed,
+        tokens=count * window,
+        scored_tokens=count * (window - 1),
+        notes=notes,
+        layout="windows",
+        tokenizer=tokenizer,
+        pad_id=pad_id,
+    )
 
 
-def load_windows(model: nn.Module, tokenizer: Any, config: DataConfig, windows: Sequence[int],
-                 dataset: Any = None) -> tuple[TextStream, list[Calibration]]:
+def load_windows(
+    model: nn.Module, tokenizer: Any, config: DataConfig, windows: Sequence[int], dataset: Any = None
+) -> tuple[TextStream, list[Calibration]]:
     """The text of ``config.path`` (or of ``dataset``, rows given in memory) as one token stream, and one
     :class:`Calibration` of its non-overlapping windows per length in ``windows`` (see the module's doc)."""
     config.validate(need_path=dataset is None)
@@ -137,8 +164,10 @@ def load_windows(model: nn.Module, tokenizer: Any, config: DataConfig, windows: 
         raise HeadcutError(f"{label('windows')} names no window length")
     task = detect_task(model)
     if task != "causal-lm":
-        raise HeadcutError(f"{label('windows')} measures the perplexity of a causal LM; this model has a {task} head "
-                           "(its metric needs no --windows)")
+        raise HeadcutError(
+            f"{label('windows')} measures the perplexity of a causal LM; this model has a {task} head "
+            "(its metric needs no --windows)"
+        )
     limit = _max_positions(model.config)
     for size in sizes:
         if size < 2:
@@ -151,15 +180,19 @@ def load_windows(model: nn.Module, tokenizer: Any, config: DataConfig, windows: 
         raise HeadcutError(f"{source} has no text to score (no tokens)")
     too_long = [s for s in sizes if len(stream.ids) < s]
     if too_long:
-        raise HeadcutError(f"{source} has {len(stream.ids)} tokens, shorter than one window of {too_long[0]} "
-                           f"({label('windows')}); give a longer text or a shorter window")
+        raise HeadcutError(
+            f"{source} has {len(stream.ids)} tokens, shorter than one window of {too_long[0]} "
+            f"({label('windows')}); give a longer text or a shorter window"
+        )
     try:
         rows = model.get_input_embeddings().num_embeddings
     except (AttributeError, NotImplementedError):
         rows = None
     top = max(stream.ids)
     if rows is not None and top >= rows:
-        raise HeadcutError(f"the tokenizer gives token id {top} but the model has {rows} token embeddings: the "
-                           "tokenizer does not belong to this model")
+        raise HeadcutError(
+            f"the tokenizer gives token id {top} but the model has {rows} token embeddings: the "
+            "tokenizer does not belong to this model"
+        )
     pad_id = _pad_id(model, tokenizer)
     return stream, [_window_calibration(stream, size, config, pad_id, tokenizer) for size in sizes]

@@ -85,8 +85,9 @@ class OutputDir:
     owns the path (headcut's own caches), so any existing content may be replaced, and a second
     process that builds the same cache waits for the first instead of being refused."""
 
-    def __init__(self, path: str | os.PathLike[str], force: bool = False, flag: str = "--out",
-                 owned: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], force: bool = False, flag: str = "--out", owned: bool = False
+    ) -> None:
         self.path = Path(path).expanduser()
         self.force = force
         self.flag = flag
@@ -104,8 +105,10 @@ class OutputDir:
         kind = special_kind(p)
         if kind is not None:
             kind = "descriptor of this process" if kind == "descriptor" else kind
-            raise HeadcutError(f"{self.flag} {p} is a {kind}, not a folder; headcut writes a folder there and never "
-                               "replaces special files: choose another path")
+            raise HeadcutError(
+                f"{self.flag} {p} is a {kind}, not a folder; headcut writes a folder there and never "
+                "replaces special files: choose another path"
+            )
         if not p.is_dir():
             raise HeadcutError(f"{self.flag} {p} exists and is not a folder; headcut writes a folder there")
         if not any(p.iterdir()) or self.owned:
@@ -113,9 +116,11 @@ class OutputDir:
         if not self.force:
             raise HeadcutError(f"{self.flag} {p} already exists and is not empty; pass --force to replace it")
         if not headcut_wrote(p):
-            raise HeadcutError(f"{self.flag} {p} is not empty and headcut did not write it (it holds "
-                               f"{_listing(p)}); --force replaces only folders headcut wrote: choose another "
-                               "path or empty it yourself")
+            raise HeadcutError(
+                f"{self.flag} {p} is not empty and headcut did not write it (it holds "
+                f"{_listing(p)}); --force replaces only folders headcut wrote: choose another "
+                "path or empty it yourself"
+            )
 
     def check(self) -> OutputDir:
         """Refuse what cannot or may not be written, before any work (one-line errors)."""
@@ -221,11 +226,14 @@ class OutputDir:
             os.rename(tmp, final)
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                raise HeadcutError(f"{self.flag} {self.path} was written by another run while this one worked; "
-                                   "nothing was replaced (pass --force to replace it)") from None
+                raise HeadcutError(
+                    f"{self.flag} {self.path} was written by another run while this one worked; "
+                    "nothing was replaced (pass --force to replace it)"
+                ) from None
             if exc.errno == errno.ENOTDIR:
-                raise HeadcutError(f"{self.flag} {self.path} became a file while this run worked; nothing was "
-                                   "written") from None
+                raise HeadcutError(
+                    f"{self.flag} {self.path} became a file while this run worked; nothing was written"
+                ) from None
             raise os_error("write", self.path, exc) from None
 
 
@@ -255,8 +263,10 @@ class OutputFile:
         kind = special_kind(self.path)
         if kind is None or kind in THROUGH:
             return kind
-        raise HeadcutError(f"{self.flag} {self.path} is a {kind}: headcut writes regular files, and writes through "
-                           "character devices (such as /dev/stdout) and pipes, nothing else; give a file path")
+        raise HeadcutError(
+            f"{self.flag} {self.path} is a {kind}: headcut writes regular files, and writes through "
+            "character devices (such as /dev/stdout) and pipes, nothing else; give a file path"
+        )
 
     def check(self) -> OutputFile:
         """Refuse what cannot or may not be written, before any work (one-line errors)."""
@@ -301,8 +311,9 @@ class OutputFile:
             return Path(name)
         check_names(self.path, self.flag)
         final = real_path(self.path)
-        return final.with_name(f".{embedded_name(final.name)}{TMP_TAG}{os.getpid()}-{os.urandom(4).hex()}"
-                               f"{temp_suffix(final.name)}")
+        return final.with_name(
+            f".{embedded_name(final.name)}{TMP_TAG}{os.getpid()}-{os.urandom(4).hex()}{temp_suffix(final.name)}"
+        )
 
     def commit(self, tmp: Path) -> None:
         """Move the finished temporary ``tmp`` into place: a rename over a regular file (or none), or
@@ -360,8 +371,12 @@ class OutputFile:
                     raise
                 now = time.monotonic()
                 if said is None or now - said >= FIFO_NOTICE_S:
-                    print(f"waiting for a reader of the named pipe {self.path} ({self.flag}); open it for reading, "
-                          "or press Ctrl-C", file=sys.stderr, flush=True)
+                    print(
+                        f"waiting for a reader of the named pipe {self.path} ({self.flag}); open it for reading, "
+                        "or press Ctrl-C",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     said = now
                 time.sleep(0.05)
                 continue
@@ -389,7 +404,9 @@ class OutputFile:
         self.write_bytes(text.encode("utf-8"))
 
 
-def atomic_dir(out: str | os.PathLike[str], force: bool = False, owned: bool = False) -> contextlib.AbstractContextManager[Path]:
+def atomic_dir(
+    out: str | os.PathLike[str], force: bool = False, owned: bool = False
+) -> contextlib.AbstractContextManager[Path]:
     """Check, lock and stage ``out`` in one step (for writers whose work is all inside the block)."""
 
     @contextmanager

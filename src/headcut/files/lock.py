@@ -56,8 +56,10 @@ class RunLock:
             return "?"
 
     def _refuse(self) -> HeadcutError:
-        return HeadcutError(f"another headcut run (pid {self._owner()}) is {self.what} {self.target}; wait for it "
-                            "to finish, or choose another path")
+        return HeadcutError(
+            f"another headcut run (pid {self._owner()}) is {self.what} {self.target}; wait for it "
+            "to finish, or choose another path"
+        )
 
     def _open(self) -> int | None:
         if fcntl is None:  # pragma: no cover - Windows: exclusive create, a dead owner's file is taken over

@@ -88,9 +88,13 @@ def check_names(path: str | os.PathLike[str], flag: str) -> None:
         size = len(os.fsencode(part))
         if size > name_max:
             shown = part if len(part) <= 40 else part[:32] + "..." + part[-5:]
-            raise HeadcutError(f"{flag}: the name {shown} is {size} bytes long and the file system allows at most "
-                               f"{name_max}; choose a shorter name")
+            raise HeadcutError(
+                f"{flag}: the name {shown} is {size} bytes long and the file system allows at most "
+                f"{name_max}; choose a shorter name"
+            )
     size = len(os.fsencode(str(full)))
     if size >= path_max:
-        raise HeadcutError(f"{flag}: the path is {size} bytes long and the file system allows at most {path_max - 1}; "
-                           "choose a shorter path")
+        raise HeadcutError(
+            f"{flag}: the path is {size} bytes long and the file system allows at most {path_max - 1}; "
+            "choose a shorter path"
+        )

@@ -31,13 +31,14 @@ def check_paths(
             if w == r:
                 raise HeadcutError(f"{wflag} {w} is the {rflag} input itself: headcut never writes over its inputs")
             if inside(w, r):
-                raise HeadcutError(f"{wflag} {w} lies inside the {rflag} input {r}: headcut never writes into its "
-                                   "inputs")
+                raise HeadcutError(
+                    f"{wflag} {w} lies inside the {rflag} input {r}: headcut never writes into its inputs"
+                )
             if inside(r, w):
                 raise HeadcutError(f"{wflag} {w} contains the {rflag} input {r}: writing it would delete the input")
     outs = list({**real_writes, **real_replaced}.items())
     for i, (flag_a, a) in enumerate(outs):
-        for flag_b, b in outs[i + 1:]:
+        for flag_b, b in outs[i + 1 :]:
             if inside(a, b) or inside(b, a):
                 raise HeadcutError(f"{flag_a} {a} and {flag_b} {b} overlap: give them separate paths")
 

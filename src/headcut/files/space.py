@@ -59,22 +59,40 @@ def free_space(path: str | os.PathLike[str]) -> int | None:
         return None
 
 
-def space_error(action: str, target: str | os.PathLike[str], folder: str | os.PathLike[str], need: int | None,
-                hint: str = "", free: int | None = None) -> HeadcutError:
+def space_error(
+    action: str,
+    target: str | os.PathLike[str],
+    folder: str | os.PathLike[str],
+    need: int | None,
+    hint: str = "",
+    free: int | None = None,
+) -> HeadcutError:
     """The one-line error of a full file system: what could not be written (``target``), the ``folder`` that has no
     room, what is free there (``free``: bytes free before the write began, else now) and about what the write
     needs (``need``: bytes, None when unknown)."""
     now = free is None
     free = free_space(folder) if free is None else free
-    parts = [f"{size_text(free)} free" + ("" if now else " before writing") if free is not None else "",
-             f"at least {size_text(need)} needed" if need else ""]
+    parts = [
+        f"{size_text(free)} free" + ("" if now else " before writing") if free is not None else "",
+        f"at least {size_text(need)} needed" if need else "",
+    ]
     told = ", ".join(p for p in parts if p)
-    return HeadcutError(f"cannot {action} {os.fsdecode(target)}: no space left on the device in {os.fsdecode(folder)}"
-                        + (f" ({told})" if told else "") + (f"; {hint}" if hint else ""))
+    return HeadcutError(
+        f"cannot {action} {os.fsdecode(target)}: no space left on the device in {os.fsdecode(folder)}"
+        + (f" ({told})" if told else "")
+        + (f"; {hint}" if hint else "")
+    )
 
 
-def write_error(exc: BaseException, action: str, target: str | os.PathLike[str], folder: str | os.PathLike[str],
-                need: int | None = None, hint: str = "", free: int | None = None) -> HeadcutError | None:
+def write_error(
+    exc: BaseException,
+    action: str,
+    target: str | os.PathLike[str],
+    folder: str | os.PathLike[str],
+    need: int | None = None,
+    hint: str = "",
+    free: int | None = None,
+) -> HeadcutError | None:
     """The one-line error of a failed write of ``target`` into ``folder``: a full file system (:func:`space_error`,
     with ``hint``), any other ``OSError`` (:func:`os_error`), or safetensors' own I/O error (not an ``OSError``);
     None for anything else (a refusal of headcut's own included)."""

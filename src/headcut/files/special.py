@@ -12,8 +12,10 @@ from pathlib import Path
 #: seconds between the lines a write to a named pipe with no reader prints while it waits
 FIFO_NOTICE_S = 15.0
 
-_DESCRIPTOR = re.compile(r"^/(?:dev/(?:fd/([0-9]{1,9})|(stdin|stdout|stderr))|proc/(self|thread-self|[0-9]{1,9})/fd/"
-                         r"([0-9]{1,9}))$")
+_DESCRIPTOR = re.compile(
+    r"^/(?:dev/(?:fd/([0-9]{1,9})|(stdin|stdout|stderr))|proc/(self|thread-self|[0-9]{1,9})/fd/"
+    r"([0-9]{1,9}))$"
+)
 _STD = {"stdin": 0, "stdout": 1, "stderr": 2}
 
 
@@ -38,8 +40,12 @@ def descriptor_of(path: str | os.PathLike[str]) -> int | None:
 
 
 #: what :func:`special_kind` calls each kind of file that is neither a regular file nor a folder
-_KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISFIFO, "named pipe"), (stat.S_ISSOCK, "socket"),
-          (stat.S_ISBLK, "block device"))
+_KINDS = (
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISFIFO, "named pipe"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISBLK, "block device"),
+)
 #: kinds an output file is written through (never replaced)
 THROUGH = ("descriptor", "character device", "named pipe")
 NOCTTY = getattr(os, "O_NOCTTY", 0)  # opening a terminal never makes it this process's controlling one
@@ -64,7 +70,7 @@ def special_kind(path: str | os.PathLike[str]) -> str | None:
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def flush_std() -> None:

@@ -37,6 +37,7 @@ ModelLike: TypeAlias = str | os.PathLike[str] | nn.Module
 
 # ---- models, tokenizers and data ------------------------------------------------------------------
 
+
 @dataclass
 class LoadedModel:
     """A model the API works on: the module, its name for reports, and its local folder (or None)."""
@@ -53,19 +54,32 @@ def source_folder(model: nn.Module) -> Path | None:
     return p if p is not None and (p / "config.json").is_file() else None
 
 
-def load_model(model: ModelLike, task: str | None, allow_pickle: bool, trust_remote_code: bool, notes: list[str],
-          progress: Reporter, seed: int = 0, **kwargs: Any) -> LoadedModel:
+def load_model(
+    model: ModelLike,
+    task: str | None,
+    allow_pickle: bool,
+    trust_remote_code: bool,
+    notes: list[str],
+    progress: Reporter,
+    seed: int = 0,
+    **kwargs: Any,
+) -> LoadedModel:
     """Load ``model`` (a module is used as it is). Weights the checkpoint lacks (a new task head) are
     initialised from ``seed``, so the same command gives the same model; the global RNG is left as it was."""
     if isinstance(model, nn.Module):
         folder = source_folder(model)
-        return LoadedModel(model, str(folder) if folder is not None else type(model).__name__.removeprefix("Headcut"),
-                      folder, given_module=True)
+        return LoadedModel(
+            model,
+            str(folder) if folder is not None else type(model).__name__.removeprefix("Headcut"),
+            folder,
+            given_module=True,
+        )
     name = str(model)
     with progress.step(f"loading {name}"), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = io.load(model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, notes=notes,
-                         **kwargs)
+        module = io.load(
+            model, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code, notes=notes, **kwargs
+        )
     local = Path(model).expanduser()
     return LoadedModel(module, name, local if local.is_dir() else None)
 
@@ -119,9 +133,18 @@ def model_tokenizer(model: LoadedModel, tokenizer: Any, trust_remote_code: bool)
         return load_tokenizer(source, trust_remote_code=trust_remote_code)
 
 
-def calibration(spec: Any, model: LoadedModel, tokenizer: Any, split: str, data_options: Mapping[str, Any] | None,
-                 seed: int, trust_remote_code: bool, progress: Reporter, what: str,
-                 unlabelled: bool = False) -> Calibration | None:
+def calibration(
+    spec: Any,
+    model: LoadedModel,
+    tokenizer: Any,
+    split: str,
+    data_options: Mapping[str, Any] | None,
+    seed: int,
+    trust_remote_code: bool,
+    progress: Reporter,
+    what: str,
+    unlabelled: bool = False,
+) -> Calibration | None:
     """``spec`` (see the module's doc) as model-ready batches (``unlabelled``: inputs only, see
     :func:`headcut.data.load_calibration`)."""
     if spec is None or isinstance(spec, Calibration):
@@ -164,10 +187,11 @@ def same_data(a: Any, b: Any) -> str | None:
     return None
 
 
-def data_specs(data: Any, eval_data: Any, split: str, eval_split: str, data_options: Mapping[str, Any] | None,
-           seed: int) -> tuple[Any, Any]:
+def data_specs(
+    data: Any, eval_data: Any, split: str, eval_split: str, data_options: Mapping[str, Any] | None, seed: int
+) -> tuple[Any, Any]:
     """The data and eval-data specs as DataConfigs where they are names; refuses the same data twice."""
-    for spec, flag in ((data, label('data')), (eval_data, label('eval_data'))):
+    for spec, flag in ((data, label("data")), (eval_data, label("eval_data"))):
         if spec is not None:
             check_data_spec(spec, flag)
     d = checked_data(data, split, data_options, seed)
@@ -175,9 +199,11 @@ def data_specs(data: Any, eval_data: Any, split: str, eval_split: str, data_opti
     if d is not None and e is not None:
         why = same_data(d, e)
         if why:
-            raise HeadcutError(f"{label('data')} and {label('eval_data')} are the same data ({why}): training or "
-                               "calibration data and evaluation data must differ; hold out part of the data for "
-                               f"{label('eval_data')}")
+            raise HeadcutError(
+                f"{label('data')} and {label('eval_data')} are the same data ({why}): training or "
+                "calibration data and evaluation data must differ; hold out part of the data for "
+                f"{label('eval_data')}"
+            )
     return d, e
 
 
@@ -213,6 +239,7 @@ def plain_arguments(values: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- several processes: the agreement before training ---------------------------------------------------
+
 
 class Agreement:
     """The setup of a job that may run in several processes (``torchrun``, ``accelerate launch``), up to the
@@ -292,9 +319,12 @@ def weights_digest(model: nn.Module) -> str:
     gigabyte)."""
     from ..training.checkpoint import digest
 
-    return digest({name: [str(t.dtype), list(t.shape),
-                          None if t.is_meta else t.detach().reshape(-1)[:SAMPLED_VALUES].cpu()]
-                   for name, t in model.state_dict().items()})
+    return digest(
+        {
+            name: [str(t.dtype), list(t.shape), None if t.is_meta else t.detach().reshape(-1)[:SAMPLED_VALUES].cpu()]
+            for name, t in model.state_dict().items()
+        }
+    )
 
 
 def data_settings(spec: Any, split: str, data_options: Mapping[str, Any] | None, seed: int) -> dict[str, Any]:
@@ -307,8 +337,12 @@ def data_settings(spec: Any, split: str, data_options: Mapping[str, Any] | None,
     return {k: v for k, v in asdict(config).items() if k != "path"}
 
 
-def run_fingerprint(settings: Mapping[str, Any], models: Mapping[str, nn.Module | None],
-                    reads: Mapping[str, Calibration | None], found: str | None = None) -> dict[str, str]:
+def run_fingerprint(
+    settings: Mapping[str, Any],
+    models: Mapping[str, nn.Module | None],
+    reads: Mapping[str, Calibration | None],
+    found: str | None = None,
+) -> dict[str, str]:
     """What must be the same in every process of a run (:meth:`Agreement.agree`), as phrases that complete
     ``process N ...``: the versions of headcut and torch, ``settings`` (keyword: value), each of ``models``
     (keyword: module) by :func:`weights_digest`, each of ``reads`` (keyword: data) by its examples and the
@@ -323,8 +357,9 @@ def run_fingerprint(settings: Mapping[str, Any], models: Mapping[str, nn.Module 
     for name, module in models.items():
         out[f"loaded {label(name)} with"] = "no model" if module is None else f"weights digest {weights_digest(module)}"
     for name, cal in reads.items():
-        out[f"read {label(name)} with"] = "no data" if cal is None else \
-            f"{cal.examples} examples (digest {digest(cal.batches)})"
+        out[f"read {label(name)} with"] = (
+            "no data" if cal is None else f"{cal.examples} examples (digest {digest(cal.batches)})"
+        )
     if found is not None:
         out["found"] = found
     return out
@@ -356,9 +391,19 @@ def _setting(value: Any) -> str:
 
 # ---- saving -----------------------------------------------------------------------------------------
 
-def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source: Path | None, force: bool,
-          report: dict[str, Any], report_name: str, reads: Mapping[str, Any], trust_remote_code: bool,
-          formats: Sequence[str] = ("safetensors",), gguf_type: str = "f16") -> saving.SavedModel:
+
+def save_model(
+    model: nn.Module,
+    out: str | os.PathLike[str] | OutputDir,
+    source: Path | None,
+    force: bool,
+    report: dict[str, Any],
+    report_name: str,
+    reads: Mapping[str, Any],
+    trust_remote_code: bool,
+    formats: Sequence[str] = ("safetensors",),
+    gguf_type: str = "f16",
+) -> saving.SavedModel:
     """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
     ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
     import json
@@ -379,12 +424,20 @@ def save_model(model: nn.Module, out: str | os.PathLike[str] | OutputDir, source
             report["formats"] = write_formats(model, folder, formats, gguf_type)
         if isinstance(report.get("size_bytes"), dict):
             report["size_bytes"]["after"] = weights_bytes(folder) if "safetensors" in formats else None
-        write_card(folder, model, report, source=source, formats=report.get("formats"),
-                   has_weights="safetensors" in formats)
+        write_card(
+            folder, model, report, source=source, formats=report.get("formats"), has_weights="safetensors" in formats
+        )
         (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
 
-    saved = saving.save(model, out if isinstance(out, OutputDir) else target_path, source=source, force=force, extra=write,
-                    trust_remote_code=trust_remote_code, form=form)
+    saved = saving.save(
+        model,
+        out if isinstance(out, OutputDir) else target_path,
+        source=source,
+        force=force,
+        extra=write,
+        trust_remote_code=trust_remote_code,
+        form=form,
+    )
     if saved.notes:
         report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
     return saved
@@ -406,7 +459,6 @@ def spec_path(spec: Any) -> Any:
     return spec if isinstance(spec, (str, os.PathLike)) else None
 
 
-
 # ---- the building blocks' entry points ------------------------------------------------------------------
 
 #: :func:`headcut.model.loading.load` with its arguments checked first (``headcut.load``)
@@ -415,18 +467,29 @@ load = checked("load")(io.load)
 save = checked("save")(saving.save)
 
 
-
 class Bars:
     """``progress(phase, done, total)`` of :func:`headcut.pruning.plan_prune` (and training steps) as
     reporter tasks; ``train``: the label of the training phase."""
 
-    UNITS = {"prune": "heads", "score": "batches", "eval": "batches", "refit": "batches", "train": "steps", "agent": "episodes"}
+    UNITS = {
+        "prune": "heads",
+        "score": "batches",
+        "eval": "batches",
+        "refit": "batches",
+        "train": "steps",
+        "agent": "episodes",
+    }
 
     def __init__(self, reporter: Reporter, method: str, metric: str | None, train: str | None = None) -> None:
         self.reporter = reporter
-        self.labels = {"prune": f"pruning ({method}, heads removed)", "score": "scoring", "eval": "evaluating",
-                       "refit": "refitting the output projections (least squares)",
-                       "train": train or f"training gates ({method})", "agent": f"training the {method} agent"}
+        self.labels = {
+            "prune": f"pruning ({method}, heads removed)",
+            "score": "scoring",
+            "eval": "evaluating",
+            "refit": "refitting the output projections (least squares)",
+            "train": train or f"training gates ({method})",
+            "agent": f"training the {method} agent",
+        }
         self.metric = metric
         self.tasks: dict[str, Task] = {}
         self.last_metric: Any = None

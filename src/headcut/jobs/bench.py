@@ -31,9 +31,18 @@ class Benchmark:
 
 
 @checked("bench")
-def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, names: Sequence[str] | None = None,
-          task: str | None = None, progress: Reporter | None = None, allow_pickle: bool = False,
-          trust_remote_code: bool = False, update_cards: bool = False, **settings: Any) -> Benchmark:
+def bench(
+    models: Sequence[ModelLike],
+    *,
+    config: BenchConfig | None = None,
+    names: Sequence[str] | None = None,
+    task: str | None = None,
+    progress: Reporter | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    update_cards: bool = False,
+    **settings: Any,
+) -> Benchmark:
     """Time ``models`` on synthetic inputs (``headcut bench``): latency, throughput, FLOPs, memory, and
     generation speed and KV-cache size for decoders. ``settings``: fields of :class:`BenchConfig`
     (``device``, ``batch_size``, ``seq_len``, ``runs``, ``runtime="torch,onnxruntime"`` for a row per
@@ -70,20 +79,30 @@ def bench(models: Sequence[ModelLike], *, config: BenchConfig | None = None, nam
         task.update(done, total)
 
     with contextlib.ExitStack() as stack:
+
         def finish_all() -> None:
             for t in tasks.values():
                 t.finish()
 
         stack.callback(finish_all)
-        results = run_bench(list(models), config, names=names, task=task, allow_pickle=allow_pickle,
-                            trust_remote_code=trust_remote_code, progress=on_progress)
+        results = run_bench(
+            list(models),
+            config,
+            names=names,
+            task=task,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+            progress=on_progress,
+        )
     report = report_json(results, config)
     for r in results:
         notes += [f"{r.name}: {n}" for n in r.notes]
     if len(results) > 1 and not config.interleave:
-        notes.append("timed back to back (--no-interleave): one model after the other, so a change in the "
-                     "machine's load between them shows as a speed difference; the speed-ups are not comparable "
-                     "under load")
+        notes.append(
+            "timed back to back (--no-interleave): one model after the other, so a change in the "
+            "machine's load between them shows as a speed difference; the speed-ups are not comparable "
+            "under load"
+        )
     cards: list[Path] = []
     if update_cards:
         from ..outputs.modelcard import update_speed

@@ -40,26 +40,40 @@ def _onnx_dtype_note(model: nn.Module, dtype: str) -> list[str]:
 
 def _onnx_cache(presents: dict[str, Any]) -> dict[str, int | None]:
     positions = int(next(iter(presents.values())).shape[2]) if presents else 0
-    return {"bytes": int(sum(v.nbytes for v in presents.values())), "positions": positions,
-            "cross_bytes": None, "cross_positions": None}
+    return {
+        "bytes": int(sum(v.nbytes for v in presents.values())),
+        "positions": positions,
+        "cross_bytes": None,
+        "cross_positions": None,
+    }
 
 
-def bench_onnx_generation(runner: Any, inputs: dict[str, torch.Tensor], config: BenchConfig,
-                          step: Callable[[int], None] | None = None) -> GenerationResult:
+def bench_onnx_generation(
+    runner: Any, inputs: dict[str, torch.Tensor], config: BenchConfig, step: Callable[[int], None] | None = None
+) -> GenerationResult:
     """Time greedy generation of ``config.gen_tokens`` tokens through an exported graph's KV cache (one graph
     alone: one untimed call, then ``config.gen_runs`` timed ones)."""
     ids, mask = inputs["input_ids"].cpu().numpy(), inputs["attention_mask"].cpu().numpy()
     tokens, presents = runner.generate(ids, mask, config.gen_tokens)
-    times = time_calls(lambda: runner.generate(ids, mask, config.gen_tokens), config.gen_runs, torch.device("cpu"),
-                       step)
+    times = time_calls(
+        lambda: runner.generate(ids, mask, config.gen_tokens), config.gen_runs, torch.device("cpu"), step
+    )
     return generation_result(int(tokens.shape[1]), times, config.batch_size, _onnx_cache(presents))
 
 
 class OnnxRow(Row):
     """An exported graph in an onnxruntime session, with the inputs and FLOPs of its PyTorch model."""
 
-    def __init__(self, model: nn.Module, onnx_file: str | Path, config: BenchConfig, label: str, report: StageFn,
-                 flops: tuple[int, dict[str, int]] | None = None, note: str | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        onnx_file: str | Path,
+        config: BenchConfig,
+        label: str,
+        report: StageFn,
+        flops: tuple[int, dict[str, int]] | None = None,
+        note: str | None = None,
+    ) -> None:
         super().__init__()
         self.model, self.config, self.label = model, config, label
         self.report = lambda stage, done, total: report(f"onnxruntime {stage}", done, total)
@@ -84,8 +98,9 @@ class OnnxRow(Row):
         try:
             return self.call()
         except Exception as exc:  # onnxruntime's own exception types
-            raise HeadcutError(f"{self.label}: onnxruntime fails on inputs {describe_inputs(self.inputs)}: "
-                               f"{first_line(exc)}") from None
+            raise HeadcutError(
+                f"{self.label}: onnxruntime fails on inputs {describe_inputs(self.inputs)}: {first_line(exc)}"
+            ) from None
 
     def measure_memory(self, calls: int, step: Callable[[int], None]) -> None:
         if self.config.device.startswith("cuda"):  # onnxruntime's device memory is not torch's to read
@@ -117,21 +132,37 @@ class OnnxRow(Row):
         heads, kv_heads = head_counts(model)
         files = [self.path] + [f for f in (self.path.with_name(self.path.name + ".data"),) if f.is_file()]
         return BenchResult(
-            name=self.label, architecture=type(model).__name__.removeprefix("Headcut"),
-            model_type=str(getattr(model.config, "model_type", "")), dtype=self.runner.dtype,
-            attn_implementation=None, device=config.device, threads=self.threads,
+            name=self.label,
+            architecture=type(model).__name__.removeprefix("Headcut"),
+            model_type=str(getattr(model.config, "model_type", "")),
+            dtype=self.runner.dtype,
+            attn_implementation=None,
+            device=config.device,
+            threads=self.threads,
             inputs={k: list(v.shape) for k, v in self.feeds.items() if not k.startswith("past_key_values.")},
-            heads=heads, kv_heads=kv_heads, params=count_params(model),
-            weights_bytes=sum(f.stat().st_size for f in files), flops=self.flops[0], flops_by_op=self.flops[1],
+            heads=heads,
+            kv_heads=kv_heads,
+            params=count_params(model),
+            weights_bytes=sum(f.stat().st_size for f in files),
+            flops=self.flops[0],
+            flops_by_op=self.flops[1],
             **latency(times, config, "input_ids" in self.inputs),
-            peak_memory_bytes=self.peak, peak_memory_kind=self.kind, generation=generation, notes=list(self.notes),
+            peak_memory_bytes=self.peak,
+            peak_memory_kind=self.kind,
+            generation=generation,
+            notes=list(self.notes),
             runtime="onnxruntime",
         )
 
 
-def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, name: str | None = None,
-               progress: Callable[[str, int, int], None] | None = None,
-               flops: tuple[int, dict[str, int]] | None = None) -> BenchResult:
+def bench_onnx(
+    model: nn.Module,
+    onnx_file: str | Path,
+    config: BenchConfig,
+    name: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    flops: tuple[int, dict[str, int]] | None = None,
+) -> BenchResult:
     """Benchmark ``onnx_file`` (an export of ``model``) alone in onnxruntime, like :func:`bench_model` does
     PyTorch: same inputs and statistics. ``model`` gives the inputs, FLOPs (unless ``flops`` is given),
     parameters and heads; ``progress(stage, done, total)`` reports the ``onnxruntime ...`` stages."""
@@ -143,8 +174,9 @@ def bench_onnx(model: nn.Module, onnx_file: str | Path, config: BenchConfig, nam
     return result
 
 
-def onnx_for(item: Any, model: nn.Module, stack: contextlib.ExitStack,
-              progress: Callable[[str, int, int], None]) -> tuple[Path, str | None]:
+def onnx_for(
+    item: Any, model: nn.Module, stack: contextlib.ExitStack, progress: Callable[[str, int, int], None]
+) -> tuple[Path, str | None]:
     """The ``model.onnx`` of a checkpoint folder, or an export into a temporary folder (and a note)."""
     folder = Path(item).expanduser() if isinstance(item, (str, os.PathLike)) else None
     if folder is not None and (folder / ONNX_FILE).is_file():
@@ -155,5 +187,6 @@ def onnx_for(item: Any, model: nn.Module, stack: contextlib.ExitStack,
     progress("onnx export", 1, 1)
     where = f"no {ONNX_FILE} in the folder" if folder is not None and folder.is_dir() else "no ONNX file"
     check = f"; max abs difference from PyTorch {exported.parity:.1e}" if exported.parity is not None else ""
-    return tmp / ONNX_FILE, (f"{where}: exported one to a temporary folder for onnxruntime "
-                             f"({exported.seconds:.1f} s{check})")
+    return tmp / ONNX_FILE, (
+        f"{where}: exported one to a temporary folder for onnxruntime ({exported.seconds:.1f} s{check})"
+    )

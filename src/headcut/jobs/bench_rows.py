@@ -38,8 +38,15 @@ def _generate(model: nn.Module, inputs: dict[str, torch.Tensor], tokens: int, **
     pad = (special["pad_token_id"] or special["eos_token_id"] or [0])[0]
     with torch.inference_mode():
         return model.generate(
-            input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=tokens,
-            min_new_tokens=tokens, do_sample=False, num_beams=1, use_cache=True, pad_token_id=pad, **extra,
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+            num_beams=1,
+            use_cache=True,
+            pad_token_id=pad,
+            **extra,
         )
 
 
@@ -47,9 +54,15 @@ def latency(times: list[float], config: BenchConfig, text: bool) -> dict[str, An
     """The latency and throughput fields of a :class:`BenchResult` from its runs."""
     median = statistics.median(times)
     b = config.batch_size
-    return dict(runs_ms=times, median_ms=median, p90_ms=percentile(times, 90), p25_ms=percentile(times, 25),
-                p75_ms=percentile(times, 75), examples_per_s=b / (median / 1000.0),
-                tokens_per_s=b * config.seq_len / (median / 1000.0) if text else None)
+    return dict(
+        runs_ms=times,
+        median_ms=median,
+        p90_ms=percentile(times, 90),
+        p25_ms=percentile(times, 25),
+        p75_ms=percentile(times, 75),
+        examples_per_s=b / (median / 1000.0),
+        tokens_per_s=b * config.seq_len / (median / 1000.0) if text else None,
+    )
 
 
 def generation_result(new_tokens: int, times: list[float], batch: int, size: dict[str, int | None]) -> GenerationResult:
@@ -58,9 +71,14 @@ def generation_result(new_tokens: int, times: list[float], batch: int, size: dic
     positions = int(size["positions"] or 0)
     cache_bytes = int(size["bytes"] or 0)
     result = GenerationResult(
-        new_tokens=int(new_tokens), runs_ms=times, median_ms=median, p25_ms=percentile(times, 25),
-        p75_ms=percentile(times, 75), tokens_per_s=batch * new_tokens / (median / 1000.0),
-        kv_cache_bytes=cache_bytes, kv_cache_positions=positions,
+        new_tokens=int(new_tokens),
+        runs_ms=times,
+        median_ms=median,
+        p25_ms=percentile(times, 25),
+        p75_ms=percentile(times, 75),
+        tokens_per_s=batch * new_tokens / (median / 1000.0),
+        kv_cache_bytes=cache_bytes,
+        kv_cache_positions=positions,
         kv_bytes_per_token=cache_bytes / (batch * positions) if positions else 0.0,
     )
     if size.get("cross_bytes") is not None:
@@ -71,7 +89,9 @@ def generation_result(new_tokens: int, times: list[float], batch: int, size: dic
     return result
 
 
-def _probe_generation(model: nn.Module, prompt: dict[str, torch.Tensor], tokens: int) -> tuple[int, dict[str, int | None]]:
+def _probe_generation(
+    model: nn.Module, prompt: dict[str, torch.Tensor], tokens: int
+) -> tuple[int, dict[str, int | None]]:
     """The untimed generation call: the new tokens it made and the size of the KV cache it returned."""
     out = _generate(model, prompt, tokens, return_dict_in_generate=True)
     if getattr(model.config, "is_encoder_decoder", False):
@@ -83,14 +103,16 @@ def _probe_generation(model: nn.Module, prompt: dict[str, torch.Tensor], tokens:
     return int(new_tokens), size
 
 
-def bench_generation(model: nn.Module, inputs: dict[str, torch.Tensor], config: BenchConfig,
-                     step: Callable[[int], None] | None = None) -> GenerationResult:
+def bench_generation(
+    model: nn.Module, inputs: dict[str, torch.Tensor], config: BenchConfig, step: Callable[[int], None] | None = None
+) -> GenerationResult:
     """Time cached greedy generation of ``config.gen_tokens`` tokens and measure its KV cache (one model
     alone: one untimed call, then ``config.gen_runs`` timed ones)."""
     prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
     new_tokens, size = _probe_generation(model, prompt, config.gen_tokens)
-    times = time_calls(lambda: _generate(model, prompt, config.gen_tokens), config.gen_runs,
-                       torch.device(config.device), step)
+    times = time_calls(
+        lambda: _generate(model, prompt, config.gen_tokens), config.gen_runs, torch.device(config.device), step
+    )
     return generation_result(new_tokens, times, config.batch_size, size)
 
 
@@ -271,8 +293,12 @@ def measure(rows: Sequence[Row], config: BenchConfig, rounds: StageFn | None = N
         for row in rows:
             row.measure_memory(config.warmup, _reporter(row, "warmup", config.warmup))
     report("runs", "rounds", 0, config.runs)
-    times = time_rounds([r.forward for r in rows], config.runs, [r.clock for r in rows],
-                        lambda i: report("runs", "rounds", i, config.runs))
+    times = time_rounds(
+        [r.forward for r in rows],
+        config.runs,
+        [r.clock for r in rows],
+        lambda i: report("runs", "rounds", i, config.runs),
+    )
     if not config.warmup:
         for row in rows:
             row.measure_memory(1, _reporter(row, "memory", 1))
@@ -288,9 +314,12 @@ def measure(rows: Sequence[Row], config: BenchConfig, rounds: StageFn | None = N
             if not single:
                 rows[k].report("generate warmup", 1, 1)
         report("generate", "generate rounds", 0, config.gen_runs)
-        timed = time_rounds([rows[k].generate for k in generating], config.gen_runs,
-                            [rows[k].clock for k in generating],
-                            lambda i: report("generate", "generate rounds", i, config.gen_runs))
+        timed = time_rounds(
+            [rows[k].generate for k in generating],
+            config.gen_runs,
+            [rows[k].clock for k in generating],
+            lambda i: report("generate", "generate rounds", i, config.gen_runs),
+        )
         gen_times = dict(zip(generating, timed))
     return [row.result(times[k], row.generation(gen_times.get(k), config.batch_size)) for k, row in enumerate(rows)]
 
@@ -300,8 +329,12 @@ def _reporter(row: Row, stage: str, total: int) -> Callable[[int], None]:
     return lambda i: row.report(stage, i, total)
 
 
-def bench_model(model: nn.Module, config: BenchConfig, name: str | None = None,
-                progress: Callable[[str, int, int], None] | None = None) -> BenchResult:
+def bench_model(
+    model: nn.Module,
+    config: BenchConfig,
+    name: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> BenchResult:
     """Benchmark a loaded model alone (moved in place to ``config.device`` / ``config.dtype`` if given).
 
     ``progress(stage, done, total)`` is called as the stages advance (a :meth:`headcut.progress.Reporter.stages`

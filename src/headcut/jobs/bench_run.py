@@ -139,8 +139,15 @@ def bench(
     rows: list[Row] = []
     with contextlib.ExitStack() as stack, torch_threads(config):
         for i, item in enumerate(models):
-            name = names[i] if names is not None else (
-                os.fspath(item) if isinstance(item, (str, os.PathLike)) else type(item).__name__.removeprefix("Headcut"))
+            name = (
+                names[i]
+                if names is not None
+                else (
+                    os.fspath(item)
+                    if isinstance(item, (str, os.PathLike))
+                    else type(item).__name__.removeprefix("Headcut")
+                )
+            )
 
             def step(stage: str, done: int, total: int, i: int = i, name: str = name) -> None:
                 if progress is not None:
@@ -150,9 +157,15 @@ def bench(
                 model = item
             else:
                 step("load", 0, 1)
-                model = io.load(item, task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
-                                dtype=config.dtype, device=config.device,
-                                attn_implementation=config.attn_implementation)
+                model = io.load(
+                    item,
+                    task,
+                    allow_pickle=allow_pickle,
+                    trust_remote_code=trust_remote_code,
+                    dtype=config.dtype,
+                    device=config.device,
+                    attn_implementation=config.attn_implementation,
+                )
                 step("load", 1, 1)
             with contextlib.ExitStack() as own:  # back to back: a temporary export lives as long as its model
                 keep = stack if config.interleave else own

@@ -67,17 +67,29 @@ def _quiet(progress: Reporter) -> bool:
 
 def _windows_report(results: dict[int, Any]) -> dict[str, Any]:
     return {
-        "task": "causal-lm", "primary": "perplexity", "higher_is_better": False,
+        "task": "causal-lm",
+        "primary": "perplexity",
+        "higher_is_better": False,
         "perplexity": {str(w): r.value for w, r in results.items()},
         "windows": [{"window": w, **r.to_json()} for w, r in results.items()],
     }
 
 
 @checked("evaluate")
-def evaluate(model: ModelLike, data: Any = None, *, tokenizer: Any = None, task: str | None = None,
-             split: str = "train", data_options: Mapping[str, Any] | None = None, seed: int = 0,
-             progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
-             **options: Any) -> Evaluation:
+def evaluate(
+    model: ModelLike,
+    data: Any = None,
+    *,
+    tokenizer: Any = None,
+    task: str | None = None,
+    split: str = "train",
+    data_options: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    progress: Reporter | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    **options: Any,
+) -> Evaluation:
     """The task metric of ``model`` on ``data`` (``headcut eval``): accuracy and macro-F1, perplexity, seq2seq
     loss (and BLEU with sacrebleu), masked-LM perplexity; examples/s.
 
@@ -94,17 +106,21 @@ def evaluate(model: ModelLike, data: Any = None, *, tokenizer: Any = None, task:
     with values():
         opts: EvalOptions = eval_options(options)
         if data is None and opts.lm_eval is None:
-            raise HeadcutTypeError(f"nothing to evaluate: give {label('data')} (the metric of the model's task head) "
-                                   f"or {label('lm_eval')} TASKS (lm-evaluation-harness)")
+            raise HeadcutTypeError(
+                f"nothing to evaluate: give {label('data')} (the metric of the model's task head) "
+                f"or {label('lm_eval')} TASKS (lm-evaluation-harness)"
+            )
         if data is not None:
-            check_data_spec(data, label('data'))
+            check_data_spec(data, label("data"))
             checked_data(data, split, data_options, seed)
         sizes = opts.window_sizes()
         if sizes and data is None:
             raise OptionError("{windows} needs {data}: the text to measure perplexity on")
         if sizes and isinstance(data, Calibration):
-            raise OptionError("{windows} reads the text of {data} itself: give a file, a datasets name or rows, "
-                              "not a ready Calibration")
+            raise OptionError(
+                "{windows} reads the text of {data} itself: give a file, a datasets name or rows, "
+                "not a ready Calibration"
+            )
         if opts.lm_eval is not None:
             from ..model.harness import check_installed
 
@@ -135,15 +151,27 @@ def evaluate(model: ModelLike, data: Any = None, *, tokenizer: Any = None, task:
             stream, cals = load_windows(loaded.module, tok, config, sizes, dataset=dataset)
         notes += stream.notes
         for window in cals:
-            with progress.task(f"perplexity, windows of {window.seq_len} tokens", len(window.batches), "batches") as bar:
+            with progress.task(
+                f"perplexity, windows of {window.seq_len} tokens", len(window.batches), "batches"
+            ) as bar:
                 windows[window.seq_len] = run_eval(loaded.module, window, progress=lambda d, t: bar.update(d, t))
             notes += window.notes + windows[window.seq_len].notes
         result = windows[sizes[0]]
-        data_json = {**stream.to_json(), "windows": {str(c.seq_len): {"windows": c.examples, "tokens": c.tokens,
-                                                                      "scored_tokens": c.scored_tokens,
-                                                                      "windows_per_batch": c.batch_size,
-                                                                      "notes": list(c.notes)} for c in cals},
-                     "batch_size": config.batch_size, "seq_len": config.seq_len}
+        data_json = {
+            **stream.to_json(),
+            "windows": {
+                str(c.seq_len): {
+                    "windows": c.examples,
+                    "tokens": c.tokens,
+                    "scored_tokens": c.scored_tokens,
+                    "windows_per_batch": c.batch_size,
+                    "notes": list(c.notes),
+                }
+                for c in cals
+            },
+            "batch_size": config.batch_size,
+            "seq_len": config.seq_len,
+        }
         report.update(_windows_report(windows))
         report["data"] = data_json
     elif data is not None:
@@ -160,9 +188,16 @@ def evaluate(model: ModelLike, data: Any = None, *, tokenizer: Any = None, task:
         from ..model.harness import run_harness
 
         with progress.step(f"lm-eval: {', '.join(prepared.expanded)}"):
-            harness = run_harness(loaded.module, harness_tokenizer, detect_task(loaded.module), prepared,
-                                  num_fewshot=opts.lm_eval_fewshot, limit=opts.lm_eval_limit,
-                                  batch_size=opts.lm_eval_batch_size, quiet=_quiet(progress))
+            harness = run_harness(
+                loaded.module,
+                harness_tokenizer,
+                detect_task(loaded.module),
+                prepared,
+                num_fewshot=opts.lm_eval_fewshot,
+                limit=opts.lm_eval_limit,
+                batch_size=opts.lm_eval_batch_size,
+                quiet=_quiet(progress),
+            )
         notes += harness.notes
         report["lm_eval"] = harness.to_json()
     if "notes" not in report or windows:

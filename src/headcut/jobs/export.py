@@ -29,11 +29,20 @@ class Exported(Written):
 
 
 @checked("export")
-def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str], *, gqa: str = "auto",
-           task: str | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
-           formats: str | Sequence[str] | None = None, gguf_type: str = "f16",
-           out: str | os.PathLike[str] | None = None, force: bool = False,
-           arguments: dict[str, Any] | None = None) -> Exported:
+def export(
+    model: ModelLike,
+    mask: HeadMask | Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    gqa: str = "auto",
+    task: str | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    formats: str | Sequence[str] | None = None,
+    gguf_type: str = "f16",
+    out: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    arguments: dict[str, Any] | None = None,
+) -> Exported:
     """Remove the heads ``mask`` drops (``headcut export``): a mask dict ``{"keep"|"drop": {block: [heads]}}``,
     a :class:`HeadMask` or a mask JSON file. ``formats``/``gguf_type``: what ``save`` writes (see
     :mod:`headcut.outputs.formats`), checked here before the work. ``out``/``force``: save the result there, the
@@ -60,19 +69,33 @@ def export(model: ModelLike, mask: HeadMask | Mapping[str, Any] | str | os.PathL
     target = None
     if out is not None:
         with values():
-            target, _ = plan_outputs(reads={label("model"): model if isinstance(model, (str, os.PathLike)) else None,
-                                            label("mask"): mask if isinstance(mask, (str, os.PathLike)) else None},
-                                     out=Path(out), force=force)
+            target, _ = plan_outputs(
+                reads={
+                    label("model"): model if isinstance(model, (str, os.PathLike)) else None,
+                    label("mask"): mask if isinstance(mask, (str, os.PathLike)) else None,
+                },
+                out=Path(out),
+                force=force,
+            )
     with target if target is not None else contextlib.nullcontext():
-        exported = _export(model, raw, reads, gqa, task, allow_pickle, trust_remote_code, chosen, gguf_type,
-                           arguments)
+        exported = _export(model, raw, reads, gqa, task, allow_pickle, trust_remote_code, chosen, gguf_type, arguments)
         if target is not None:
             exported.save(target)
     return exported
 
 
-def _export(model: ModelLike, raw: Any, reads: dict[str, Any], gqa: str, task: str | None, allow_pickle: bool,
-            trust_remote_code: bool, chosen: tuple[str, ...], gguf_type: str, arguments: dict[str, Any]) -> Exported:
+def _export(
+    model: ModelLike,
+    raw: Any,
+    reads: dict[str, Any],
+    gqa: str,
+    task: str | None,
+    allow_pickle: bool,
+    trust_remote_code: bool,
+    chosen: tuple[str, ...],
+    gguf_type: str,
+    arguments: dict[str, Any],
+) -> Exported:
     """The work of :func:`export` on a checked request."""
     from ..model.surgery import slim
 
@@ -84,5 +107,14 @@ def _export(model: ModelLike, raw: Any, reads: dict[str, Any], gqa: str, task: s
     result = slim(loaded.module, raw, gqa=gqa)
     notes += result.notes
     report = export_report(model=loaded.name, arguments=arguments, mask=raw, gqa=gqa, slimmed=result, notes=notes)
-    return Exported(model=loaded.module, slim=result, report=report, source=loaded.folder, notes=notes,
-                    reads=reads, trust_remote_code=trust_remote_code, formats=chosen, gguf_type=gguf_type)
+    return Exported(
+        model=loaded.module,
+        slim=result,
+        report=report,
+        source=loaded.folder,
+        notes=notes,
+        reads=reads,
+        trust_remote_code=trust_remote_code,
+        formats=chosen,
+        gguf_type=gguf_type,
+    )

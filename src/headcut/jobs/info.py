@@ -10,8 +10,9 @@ from .base import ModelLike, load_model
 
 
 @checked("info")
-def info(model: ModelLike, *, task: str | None = None, allow_pickle: bool = False,
-         trust_remote_code: bool = False) -> Any:
+def info(
+    model: ModelLike, *, task: str | None = None, allow_pickle: bool = False, trust_remote_code: bool = False
+) -> Any:
     """The attention blocks (name, kind, layer, heads, KV heads, head size), head total and parameter count
     of ``model`` (``headcut info``); a :class:`headcut.model.info.ModelInfo` whose ``to_json()`` is the JSON."""
     from ..model.info import info as describe

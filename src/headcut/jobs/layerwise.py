@@ -42,8 +42,14 @@ class LayerwisePruned(Pruned):
     means: dict[str, Any] | None = None
 
     @checked("Written.save")
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *, formats: Any = None,
-             gguf_type: str | None = None) -> Any:
+    def save(
+        self,
+        out: str | os.PathLike[str] | OutputDir,
+        force: bool = False,
+        *,
+        formats: Any = None,
+        gguf_type: str | None = None,
+    ) -> Any:
         """Read the checkpoint again layer by layer, cut and write every layer, then the config, the side files,
         the report and the model card (atomically, as any save)."""
         from ..files.plan import check_paths
@@ -56,8 +62,9 @@ class LayerwisePruned(Pruned):
         if formats not in (None, "safetensors", ("safetensors",), ["safetensors"]):
             raise HeadcutError(f"{label('layerwise')} writes safetensors only (convert the output with headcut export)")
         target = out if isinstance(out, OutputDir) else OutputDir(out, force)
-        check_paths(reads={k: v for k, v in self.reads.items() if v is not None}, writes={},
-                    replaces={"--out": target.path})
+        check_paths(
+            reads={k: v for k, v in self.reads.items() if v is not None}, writes={}, replaces={"--out": target.path}
+        )
         held = target.lock.held
         if not held:
             target.check()
@@ -70,8 +77,15 @@ class LayerwisePruned(Pruned):
             before, after, compensate = self._compensation(fresh)
             with target.staging(need=fresh.stored_bytes(self.model)) as tmp:
                 with self.progress.task("cutting and writing, layer by layer", len(fresh.layers), "layers") as bar:
-                    write_layerwise(fresh, cuts, tmp, self.stats, progress=lambda d, t: bar.update(d, t),
-                                       before_cut=before, after_cut=after)
+                    write_layerwise(
+                        fresh,
+                        cuts,
+                        tmp,
+                        self.stats,
+                        progress=lambda d, t: bar.update(d, t),
+                        before_cut=before,
+                        after_cut=after,
+                    )
                 if compensate is not None:
                     compensate()
                 form = stock_form(fresh.model, verify=False, meta=True)
@@ -89,7 +103,6 @@ class LayerwisePruned(Pruned):
         if notes:
             report.setdefault("notes", []).extend(n for n in notes if n not in report.get("notes", []))
         return SavedModel(Path(target.path), notes, form)
-
 
     def _compensation(self, fresh: StreamedModel) -> tuple[Any, Any, Any]:
         """The write pass's hooks of FLAP's bias compensation (None without): each layer's bias increments from
@@ -115,8 +128,11 @@ class LayerwisePruned(Pruned):
             if bias_field is not None:
                 setattr(fresh.model.config, bias_field, True)
             compensation.check_names(fresh.model, bias_field)
-            self.report["bias_compensation"] = {"blocks": sorted(pending), "field": bias_field,
-                                                "metric_uncompensated": None}
+            self.report["bias_compensation"] = {
+                "blocks": sorted(pending),
+                "field": bias_field,
+                "metric_uncompensated": None,
+            }
 
         return before, after, finish
 
@@ -151,8 +167,17 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
 
         compensation.bias_field(streamed.model, streamed.blocks)  # refused before any work
     loaded = LoadedModel(streamed.model, str(src.model), folder)
-    cal = calibration(request.data_spec, loaded, src.tokenizer, data.split, data.data_options, config.seed,
-                      src.trust_remote_code, progress, "data")
+    cal = calibration(
+        request.data_spec,
+        loaded,
+        src.tokenizer,
+        data.split,
+        data.data_options,
+        config.seed,
+        src.trust_remote_code,
+        progress,
+        "data",
+    )
     if cal is not None:
         notes += [f"data: {n}" for n in cal.notes]
     batches = cal.batches if cal is not None else None
@@ -166,8 +191,15 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     stats.activations = "disk" if spill else "memory"
     with spill_folder(None) as tmp:
         with progress.task("scoring, layer by layer", len(streamed.layers), "layers") as bar:
-            scores = score_layerwise(streamed, batches, score_config, stats, Path(tmp) if spill else None,
-                                        progress=lambda d, t: bar.update(d, t), means=means)
+            scores = score_layerwise(
+                streamed,
+                batches,
+                score_config,
+                stats,
+                Path(tmp) if spill else None,
+                progress=lambda d, t: bar.update(d, t),
+                means=means,
+            )
 
     inverse = method.inverse
 
@@ -191,18 +223,59 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     slimmed = slim(streamed.model, result.mask, gqa=request.config.gqa)  # the meta model: shapes and record
     result.slim = slimmed
     notes += slimmed.notes
-    notes.append(f"pruned layer by layer ({choice.reason}): scores from one layer at a time, activations in "
-                 f"{stats.activations}; the weights were never all in memory")
-    arguments = arguments if arguments is not None else plain_arguments(dict(
-        model=src.model, method=config.method, keep=config.keep, sparsity=config.sparsity, data=data.data,
-        uniform=config.uniform, min_heads_per_block=config.min_heads_per_block, gqa=config.gqa, seed=config.seed,
-        task=src.task, split=data.split, data_options=data.data_options, layerwise=True, **request.method_options))
-    report = prune_report(model=str(src.model), arguments=arguments, result=result, slimmed=slimmed,
-                          size_before=weights_bytes(folder), data=cal.to_json() if cal is not None else None,
-                          eval_data=None, seconds=time.perf_counter() - start, notes=notes)
+    notes.append(
+        f"pruned layer by layer ({choice.reason}): scores from one layer at a time, activations in "
+        f"{stats.activations}; the weights were never all in memory"
+    )
+    arguments = (
+        arguments
+        if arguments is not None
+        else plain_arguments(
+            dict(
+                model=src.model,
+                method=config.method,
+                keep=config.keep,
+                sparsity=config.sparsity,
+                data=data.data,
+                uniform=config.uniform,
+                min_heads_per_block=config.min_heads_per_block,
+                gqa=config.gqa,
+                seed=config.seed,
+                task=src.task,
+                split=data.split,
+                data_options=data.data_options,
+                layerwise=True,
+                **request.method_options,
+            )
+        )
+    )
+    report = prune_report(
+        model=str(src.model),
+        arguments=arguments,
+        result=result,
+        slimmed=slimmed,
+        size_before=weights_bytes(folder),
+        data=cal.to_json() if cal is not None else None,
+        eval_data=None,
+        seconds=time.perf_counter() - start,
+        notes=notes,
+    )
     report["layerwise"] = stats.to_json()
     reads = local_reads(**{"MODEL": folder, "--data": request.data_spec})
-    return LayerwisePruned(model=streamed.model, mask=result.mask, report=report, result=result, source=folder,
-                           notes=notes, reads=reads, trust_remote_code=src.trust_remote_code, folder=folder,
-                           config_obj=config_obj, model_cls=cls, gqa=request.config.gqa, stats=stats,
-                           progress=progress, means=means)
+    return LayerwisePruned(
+        model=streamed.model,
+        mask=result.mask,
+        report=report,
+        result=result,
+        source=folder,
+        notes=notes,
+        reads=reads,
+        trust_remote_code=src.trust_remote_code,
+        folder=folder,
+        config_obj=config_obj,
+        model_cls=cls,
+        gqa=request.config.gqa,
+        stats=stats,
+        progress=progress,
+        means=means,
+    )

@@ -13,8 +13,9 @@ from ..errors import HeadcutError, label
 from ..scoring.layerwise import LAYERWISE_SCORERS
 
 
-def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, recover_steps: int,
-            formats: Any) -> str | None:
+def refusal(
+    model: Any, method: str, config: Any, eval_data: Any, refit: bool, recover_steps: int, formats: Any
+) -> str | None:
     """Why a prune request cannot run layer-wise (None: it can). Messages name keywords (:func:`label`)."""
     from ..pruning import get_method
     from ..pruning.ranked import ScoreMethod
@@ -23,16 +24,25 @@ def refusal(model: Any, method: str, config: Any, eval_data: Any, refit: bool, r
     chosen = get_method(method)
     if not isinstance(chosen, ScoreMethod) or chosen.rescoring or chosen.scorer not in LAYERWISE_SCORERS:
         able = ", ".join(LAYERWISE_SCORERS)
-        return (f"method {method} needs the whole model; the methods that run layer-wise ({L('layerwise')}) are the "
-                f"one-shot {able}")
+        return (
+            f"method {method} needs the whole model; the methods that run layer-wise ({L('layerwise')}) are the "
+            f"one-shot {able}"
+        )
     if not isinstance(model, (str, os.PathLike)) or not Path(model).expanduser().is_dir():
         return f"{L('layerwise')} reads a local checkpoint folder of safetensors files, layer by layer"
-    for given, name in ((config.max_drop is not None, "max_drop"), (config.trajectory, "trajectory"),
-                        (config.via is not None, "via"),
-                        (eval_data is not None, "eval_data"), (refit, "refit"), (bool(recover_steps), "recover_steps")):
+    for given, name in (
+        (config.max_drop is not None, "max_drop"),
+        (config.trajectory, "trajectory"),
+        (config.via is not None, "via"),
+        (eval_data is not None, "eval_data"),
+        (refit, "refit"),
+        (bool(recover_steps), "recover_steps"),
+    ):
         if given:
-            return (f"{L(name)} needs the whole model in memory; a {L('layerwise')} run only scores, cuts and writes "
-                    "(evaluate the output with headcut eval)")
+            return (
+                f"{L(name)} needs the whole model in memory; a {L('layerwise')} run only scores, cuts and writes "
+                "(evaluate the output with headcut eval)"
+            )
     if formats is not None and tuple([formats] if isinstance(formats, str) else formats) not in (("safetensors",),):
         return f"{L('layerwise')} writes safetensors only (convert the output with headcut export)"
     return None
@@ -59,8 +69,7 @@ def choose(model: Any, layerwise: bool, max_memory: Any, can: str | None) -> Cho
     ``max_memory`` (default: the machine's available memory) and the request can run layer-wise; refuses a
     request that cannot, for a checkpoint larger than the limit."""
     limit = parse_size(max_memory) if max_memory is not None else available_memory()
-    where = f"{label('max_memory')} {gib(limit)}" if max_memory is not None else \
-        f"the {gib(limit)} of memory available"
+    where = f"{label('max_memory')} {gib(limit)}" if max_memory is not None else f"the {gib(limit)} of memory available"
     if layerwise:
         if can is not None:
             raise HeadcutError(can)

@@ -40,18 +40,46 @@ from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering
 
 @checked("prune")
 def prune(
-    model: ModelLike, method: str, *, keep: int | None = None, sparsity: float | None = None,
-    max_drop: float | None = None, data: Any = None, eval_data: Any = None, uniform: bool = False,
-    min_heads_per_block: int = 0, gqa: str = "auto", via: int | None = None, seed: int = 0, trajectory: bool = False,
-    tokenizer: Any = None, task: str | None = None, split: str = "train", eval_split: str = "validation",
-    data_options: Mapping[str, Any] | None = None, device: str | None = None,
-    checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool = False, restart: bool = False,
-    progress: Reporter | None = None, allow_pickle: bool = False, trust_remote_code: bool = False,
-    formats: str | Sequence[str] | None = None, gguf_type: str = "f16", recover_steps: int = 0, refit: bool = False,
-    recover_data: Any = None, recover_hidden_weight: float = 0.0, recover_average: float = 0.0,
-    via_steps: int | None = None, layerwise: bool = False,
-    max_memory: str | int | None = None, out: str | os.PathLike[str] | None = None, force: bool = False,
-    arguments: dict[str, Any] | None = None, **options: Any,
+    model: ModelLike,
+    method: str,
+    *,
+    keep: int | None = None,
+    sparsity: float | None = None,
+    max_drop: float | None = None,
+    data: Any = None,
+    eval_data: Any = None,
+    uniform: bool = False,
+    min_heads_per_block: int = 0,
+    gqa: str = "auto",
+    via: int | None = None,
+    seed: int = 0,
+    trajectory: bool = False,
+    tokenizer: Any = None,
+    task: str | None = None,
+    split: str = "train",
+    eval_split: str = "validation",
+    data_options: Mapping[str, Any] | None = None,
+    device: str | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    resume: bool = False,
+    restart: bool = False,
+    progress: Reporter | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    formats: str | Sequence[str] | None = None,
+    gguf_type: str = "f16",
+    recover_steps: int = 0,
+    refit: bool = False,
+    recover_data: Any = None,
+    recover_hidden_weight: float = 0.0,
+    recover_average: float = 0.0,
+    via_steps: int | None = None,
+    layerwise: bool = False,
+    max_memory: str | int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    arguments: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
     data. Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
@@ -88,19 +116,46 @@ def prune(
     agreement = Agreement()  # several processes: they agree before the work, or all stop with one line
     with agreement.guard():
         request = prune_request(
-            Source(model, task=task, tokenizer=tokenizer, allow_pickle=allow_pickle,
-                   trust_remote_code=trust_remote_code),
-            PruneConfig(method=method, keep=keep, sparsity=sparsity, max_drop=max_drop, uniform=uniform,
-                        min_heads_per_block=min_heads_per_block, gqa=gqa, via=via, seed=seed,
-                        trajectory=trajectory is not False and trajectory is not None),
+            Source(
+                model, task=task, tokenizer=tokenizer, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code
+            ),
+            PruneConfig(
+                method=method,
+                keep=keep,
+                sparsity=sparsity,
+                max_drop=max_drop,
+                uniform=uniform,
+                min_heads_per_block=min_heads_per_block,
+                gqa=gqa,
+                via=via,
+                seed=seed,
+                trajectory=trajectory is not False and trajectory is not None,
+            ),
             options,
             DataRequest(data=data, eval_data=eval_data, split=split, eval_split=eval_split, data_options=data_options),
-            RecoveryConfig(recover_steps=recover_steps, refit=refit, recover_data=recover_data,
-                           recover_hidden_weight=recover_hidden_weight, recover_average=recover_average,
-                           via_steps=via_steps),
-            RunSettings(device=device, checkpoint_dir=checkpoint_dir, resume=resume, restart=restart, progress=progress,
-                        formats=formats, gguf_type=gguf_type, out=out, force=force, trajectory=trajectory,
-                        layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory)))  # type: ignore[arg-type]  # bytes as an int too
+            RecoveryConfig(
+                recover_steps=recover_steps,
+                refit=refit,
+                recover_data=recover_data,
+                recover_hidden_weight=recover_hidden_weight,
+                recover_average=recover_average,
+                via_steps=via_steps,
+            ),
+            RunSettings(
+                device=device,
+                checkpoint_dir=checkpoint_dir,
+                resume=resume,
+                restart=restart,
+                progress=progress,
+                formats=formats,
+                gguf_type=gguf_type,
+                out=out,
+                force=force,
+                trajectory=trajectory,
+                # max_memory: a size string, or bytes as an int (parse_size reads both)
+                layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory),  # type: ignore[arg-type]
+            ),
+        )
         with request.lock():
             if request.path.layerwise:  # one process only
                 pruned: Pruned = prune_layerwise(request, arguments, request.path)
@@ -133,11 +188,33 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     training = request.entry.resumable
 
     start = time.perf_counter()
-    arguments = arguments if arguments is not None else plain_arguments(dict(
-        model=src.model, method=method, keep=config.keep, sparsity=config.sparsity, max_drop=config.max_drop,
-        data=data.data, eval_data=data.eval_data, uniform=config.uniform, min_heads_per_block=config.min_heads_per_block,
-        gqa=config.gqa, via=config.via, seed=seed, trajectory=run.trajectory, task=src.task, split=split,
-        eval_split=data.eval_split, data_options=data_options, device=run.device, **request.method_options))
+    arguments = (
+        arguments
+        if arguments is not None
+        else plain_arguments(
+            dict(
+                model=src.model,
+                method=method,
+                keep=config.keep,
+                sparsity=config.sparsity,
+                max_drop=config.max_drop,
+                data=data.data,
+                eval_data=data.eval_data,
+                uniform=config.uniform,
+                min_heads_per_block=config.min_heads_per_block,
+                gqa=config.gqa,
+                via=config.via,
+                seed=seed,
+                trajectory=run.trajectory,
+                task=src.task,
+                split=split,
+                eval_split=data.eval_split,
+                data_options=data_options,
+                device=run.device,
+                **request.method_options,
+            )
+        )
+    )
     progress = run.progress or quiet()
     loaded = load_model(src.model, src.task, src.allow_pickle, src.trust_remote_code, notes, progress, seed=seed)
     check_formats(loaded.module, request.formats, run.gguf_type, cut="uniform" if config.uniform else "any")
@@ -147,21 +224,48 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         from ..model import compensation
 
         compensation.bias_field(loaded.module, model_blocks(loaded.module))  # refused before any work
-    cal = calibration(request.data_spec, loaded, src.tokenizer, split, data_options, seed, src.trust_remote_code,
-                      progress, "data")
-    eval_cal = calibration(request.eval_spec, loaded, src.tokenizer, data.eval_split, data_options, seed,
-                           src.trust_remote_code, progress, "eval data")
+    cal = calibration(
+        request.data_spec, loaded, src.tokenizer, split, data_options, seed, src.trust_remote_code, progress, "data"
+    )
+    eval_cal = calibration(
+        request.eval_spec,
+        loaded,
+        src.tokenizer,
+        data.eval_split,
+        data_options,
+        seed,
+        src.trust_remote_code,
+        progress,
+        "eval data",
+    )
     # every row of the unlabelled inputs (--max-examples caps --data and --eval-data)
-    extra = calibration(rec.recover_data, loaded, src.tokenizer, split, dict(data_options or {}, max_examples=None),
-                        seed, src.trust_remote_code, progress, "recover data", unlabelled=True)
+    extra = calibration(
+        rec.recover_data,
+        loaded,
+        src.tokenizer,
+        split,
+        dict(data_options or {}, max_examples=None),
+        seed,
+        src.trust_remote_code,
+        progress,
+        "recover data",
+        unlabelled=True,
+    )
     for c, what in ((cal, "data"), (eval_cal, "eval data"), (extra, "recover data")):
         if c is not None:
             notes += [f"{what}: {n}" for n in c.notes]
-    if rec.recover_steps and extra is None and cal is not None and cal.task == "classification" and (
-            cal.examples < SMALL_DATA):
-        notes.append(f"data: {cal.examples} labelled examples; with under {SMALL_DATA:,} the recovery gained most "
-                     f"from unlabelled text of the same kind given with --recover-data (docs/benchmarks.md, small "
-                     "data)")
+    if (
+        rec.recover_steps
+        and extra is None
+        and cal is not None
+        and cal.task == "classification"
+        and (cal.examples < SMALL_DATA)
+    ):
+        notes.append(
+            f"data: {cal.examples} labelled examples; with under {SMALL_DATA:,} the recovery gained most "
+            f"from unlabelled text of the same kind given with --recover-data (docs/benchmarks.md, small "
+            "data)"
+        )
     if checkpoint_dir is not None and training and dist.main and not run.resume:
         from ..training.checkpoint import clear_checkpoint_dir
 
@@ -171,16 +275,28 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     engine = resolve_engine(getattr(opts, "engine", "auto"), dist)
     # every process's data, model and settings, before the first collective: the same everywhere, or every process
     # stops with one line naming the difference (or the error of a process whose setup failed)
-    agreement.agree(dist, lambda: run_fingerprint(
-        {**asdict(config), **(asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {}),
-         "engine": engine, "recover_steps": rec.recover_steps,
-         "refit": rec.refit, "recover_hidden_weight": float(rec.recover_hidden_weight),
-         "recover_average": float(rec.recover_average),
-         "via_steps": rec.via_steps, "task": src.task, "resume": run.resume,
-         "eval_split": data.eval_split if request.eval_spec is not None else None,
-         **data_settings(request.data_spec, split, data_options, seed)},
-        {"model": loaded.module}, {"data": cal, "eval_data": eval_cal, "recover_data": extra},
-        found=checkpoint_found(checkpoint_dir) if run.resume else None))
+    agreement.agree(
+        dist,
+        lambda: run_fingerprint(
+            {
+                **asdict(config),
+                **(asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {}),
+                "engine": engine,
+                "recover_steps": rec.recover_steps,
+                "refit": rec.refit,
+                "recover_hidden_weight": float(rec.recover_hidden_weight),
+                "recover_average": float(rec.recover_average),
+                "via_steps": rec.via_steps,
+                "task": src.task,
+                "resume": run.resume,
+                "eval_split": data.eval_split if request.eval_spec is not None else None,
+                **data_settings(request.data_spec, split, data_options, seed),
+            },
+            {"model": loaded.module},
+            {"data": cal, "eval_data": eval_cal, "recover_data": extra},
+            found=checkpoint_found(checkpoint_dir) if run.resume else None,
+        ),
+    )
 
     from ..model.evaluation import PRIMARY
     from ..training.finetuning import frozen_teacher
@@ -191,12 +307,27 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         move(loaded.module, torch_device)
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
     state = PruneState(
-        model=loaded.module, config=config, options=opts, recovery=rec, cal=cal, eval_cal=eval_cal, extra=extra,
-        progress=progress, metric=PRIMARY[eval_cal.task][0] if eval_cal is not None else None, device=torch_device,
-        dist=dist, unpruned=frozen_teacher(loaded.module) if rec.recover_steps or rec.refit else None, notes=notes,
-        training=dict(checkpoint_dir=checkpoint_dir if training else None, resume=run.resume, identity=identity,
-                      device=torch_device if sharded else None),
-        train_label={"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(request.entry.kind))
+        model=loaded.module,
+        config=config,
+        options=opts,
+        recovery=rec,
+        cal=cal,
+        eval_cal=eval_cal,
+        extra=extra,
+        progress=progress,
+        metric=PRIMARY[eval_cal.task][0] if eval_cal is not None else None,
+        device=torch_device,
+        dist=dist,
+        unpruned=frozen_teacher(loaded.module) if rec.recover_steps or rec.refit else None,
+        notes=notes,
+        training=dict(
+            checkpoint_dir=checkpoint_dir if training else None,
+            resume=run.resume,
+            identity=identity,
+            device=torch_device if sharded else None,
+        ),
+        train_label={"agent": f"fine-tuning ({method})", "rewind": f"training ({method})"}.get(request.entry.kind),
+    )
     runs: list[RoundRun] = []
     records: list[dict[str, Any]] = []  # the rounds before the last, for the report
     mask: HeadMask | None = None  # the rounds' cut so far, in the input model's numbering
@@ -213,25 +344,56 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     last = runs[-1]
     result, slimmed = as_one_cut(runs, mask, config)
     pruned_metric = result.metric_after
-    result.metric_after = (last.recovered.metric_after if last.recovered is not None
-                           else last.refit_metric if last.refitted is not None else result.metric_after)
+    result.metric_after = (
+        last.recovered.metric_after
+        if last.recovered is not None
+        else last.refit_metric
+        if last.refitted is not None
+        else result.metric_after
+    )
     notes += _majority_note(eval_cal, result.metric_before, result.metric_after)
     report = prune_report(
-        model=loaded.name, arguments=arguments, result=result, slimmed=slimmed,
-        size_before=weights_bytes(loaded.folder), data=cal.to_json() if cal is not None else None,
-        eval_data=eval_cal.to_json() if eval_cal is not None else None, seconds=time.perf_counter() - start,
+        model=loaded.name,
+        arguments=arguments,
+        result=result,
+        slimmed=slimmed,
+        size_before=weights_bytes(loaded.folder),
+        data=cal.to_json() if cal is not None else None,
+        eval_data=eval_cal.to_json() if eval_cal is not None else None,
+        seconds=time.perf_counter() - start,
         notes=notes,
     )
     _add_rounds(report, last, records, pruned_metric, extra, loaded.module)
-    reads = local_reads(**{"MODEL": loaded.folder, "--data": request.data_spec, "--eval-data": request.eval_spec,
-                           "--recover-data": rec.recover_data})
-    return Pruned(model=loaded.module, mask=result.mask, report=report, result=result, source=loaded.folder,
-                  notes=notes, reads=reads, trust_remote_code=src.trust_remote_code, formats=request.formats,
-                  gguf_type=run.gguf_type)
+    reads = local_reads(
+        **{
+            "MODEL": loaded.folder,
+            "--data": request.data_spec,
+            "--eval-data": request.eval_spec,
+            "--recover-data": rec.recover_data,
+        }
+    )
+    return Pruned(
+        model=loaded.module,
+        mask=result.mask,
+        report=report,
+        result=result,
+        source=loaded.folder,
+        notes=notes,
+        reads=reads,
+        trust_remote_code=src.trust_remote_code,
+        formats=request.formats,
+        gguf_type=run.gguf_type,
+    )
 
 
-def _add_rounds(report: dict[str, Any], last: RoundRun, records: list[dict[str, Any]], pruned_metric: float | None,
-                extra: Calibration | None, model: Any) -> None:
+def _add_rounds(
+    report: dict[str, Any],
+    last: RoundRun,
+    records: list[dict[str, Any]],
+    pruned_metric: float | None,
+    extra: Calibration | None,
+    model: Any,
+) -> None:
     """The report's entries of the stages: ``uniform_budgets``, ``bias_compensation``, ``refit``, ``rounds`` (the
     rounds before the last) and ``recovery`` (the last round's), and the metric after each stage."""
     if last.near_uniform and len({(b.heads, b.kv_heads) for b in model_blocks(model)}) > 1:
@@ -247,9 +409,14 @@ def _add_rounds(report: dict[str, Any], last: RoundRun, records: list[dict[str, 
         report["rounds"] = records
     recovery = last.recovered
     if recovery is not None:
-        report["recovery"] = {"steps": recovery.steps, "distilled_from": "the unpruned model",
-                              "config": recovery.config.to_json(), "seconds": recovery.seconds,
-                              "history_summary": recovery.summary(), "curve": recovery.history}
+        report["recovery"] = {
+            "steps": recovery.steps,
+            "distilled_from": "the unpruned model",
+            "config": recovery.config.to_json(),
+            "seconds": recovery.seconds,
+            "history_summary": recovery.summary(),
+            "curve": recovery.history,
+        }
         if extra is not None:
             report["recovery"]["recover_data"] = extra.to_json()
         if report.get("metric") is not None:
@@ -266,7 +433,8 @@ def _majority_note(eval_cal: Calibration | None, before: float | None, after: fl
     name, share = majority
     if after > share + 1e-9 or before <= share + 1e-9:
         return []
-    return [f"eval data: the pruned model's accuracy ({after:.4f}) is no better than always answering "
-            f"{name!r} ({share:.4f} of --eval-data; the input model's: {before:.4f}): it has lost the task; keep "
-            "more heads, or try another method or recovery (docs/commands.md, recovery)"]
-
+    return [
+        f"eval data: the pruned model's accuracy ({after:.4f}) is no better than always answering "
+        f"{name!r} ({share:.4f} of --eval-data; the input model's: {before:.4f}): it has lost the task; keep "
+        "more heads, or try another method or recovery (docs/commands.md, recovery)"
+    ]

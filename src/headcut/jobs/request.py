@@ -99,8 +99,14 @@ class PruneRequest:
         return locked_output(self.target, self.dist.main, self.target.path, self.checkpoint_dir)
 
 
-def prune_request(source: Source, config: PruneConfig, method_options: dict[str, Any], data: DataRequest,
-                  recovery: RecoveryConfig, run: RunSettings) -> PruneRequest:
+def prune_request(
+    source: Source,
+    config: PruneConfig,
+    method_options: dict[str, Any],
+    data: DataRequest,
+    recovery: RecoveryConfig,
+    run: RunSettings,
+) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock, in that order (``config`` is built from
     the keywords but not yet validated: this check does it first)."""
@@ -123,15 +129,19 @@ def prune_request(source: Source, config: PruneConfig, method_options: dict[str,
         if config.trajectory and eval_data is None:
             raise HeadcutError(f"{L('trajectory')} needs {L('eval_data')} (the metric after every step)")
         if isinstance(trajectory, (str, os.PathLike)) and Path(trajectory).suffix.lower() != ".csv":
-            raise HeadcutError(f"{L('trajectory')} must name a .csv file (a .png is written beside it), got "
-                               f"{trajectory}")
+            raise HeadcutError(
+                f"{L('trajectory')} must name a .csv file (a .png is written beside it), got {trajectory}"
+            )
         if config.via is not None and entry.kind != "score":
             scored = ", ".join(m.name for m in METHODS.values() if m.kind == "score")
-            raise HeadcutError(f"{L('via')} cuts in two rounds, each scored on the model the one before left: it "
-                               f"applies to the score-based methods ({scored}), not to {method}")
+            raise HeadcutError(
+                f"{L('via')} cuts in two rounds, each scored on the model the one before left: it "
+                f"applies to the score-based methods ({scored}), not to {method}"
+            )
         if config.via is not None and getattr(opts, "bias_compensation", False):
-            raise HeadcutError(f"{L('via')} and {L('bias_compensation')} do not go together: compensate a one-round "
-                               "cut")
+            raise HeadcutError(
+                f"{L('via')} and {L('bias_compensation')} do not go together: compensate a one-round cut"
+            )
         if getattr(opts, "eval_every", None) is not None and eval_data is None:
             raise HeadcutError(f"{L('eval_every')} needs {L('eval_data')}")
         _check_recovery(rec, data.data, config.via)
@@ -141,8 +151,9 @@ def prune_request(source: Source, config: PruneConfig, method_options: dict[str,
             raise HeadcutError(f"method {method} needs {L('data')} ({what}); {', '.join(free)} do not")
         if run.resume and not entry.resumable:
             learned = ", ".join(m.name for m in METHODS.values() if m.resumable)
-            raise HeadcutError(f"{L('resume')} applies to the methods that keep checkpoints ({learned}), not to "
-                               f"{method}")
+            raise HeadcutError(
+                f"{L('resume')} applies to the methods that keep checkpoints ({learned}), not to {method}"
+            )
         if run.device is not None and entry.data != "training":
             trains = ", ".join(m.name for m in METHODS.values() if m.data == "training")
             raise HeadcutError(f"{L('device')} applies to the methods that train ({trains}), not to {method}")
@@ -151,50 +162,85 @@ def prune_request(source: Source, config: PruneConfig, method_options: dict[str,
         if used is not None and entry.data == "none" and not recover_steps and not rec.refit:
             notes.append(f"method {method} reads no data: the data given was not used")
             used = None
-        data_spec, eval_spec = data_specs(used, eval_data, data.split, data.eval_split, data.data_options,
-                                          config.seed)
+        data_spec, eval_spec = data_specs(used, eval_data, data.split, data.eval_split, data.data_options, config.seed)
         if recover_data is not None and eval_spec is not None:
-            spec = data_config(recover_data, data.split, data.data_options, config.seed) if isinstance(
-                recover_data, (str, os.PathLike)) else recover_data
+            spec = (
+                data_config(recover_data, data.split, data.data_options, config.seed)
+                if isinstance(recover_data, (str, os.PathLike))
+                else recover_data
+            )
             why = same_data(spec, eval_spec)
             if why:
-                raise HeadcutError(f"{L('recover_data')} and {L('eval_data')} are the same data ({why}): the model "
-                                   f"would be trained on the rows it is judged on; hold out other rows for "
-                                   f"{L('eval_data')}")
+                raise HeadcutError(
+                    f"{L('recover_data')} and {L('eval_data')} are the same data ({why}): the model "
+                    f"would be trained on the rows it is judged on; hold out other rows for "
+                    f"{L('eval_data')}"
+                )
         dist, torch_device = pick_device(run.device)
         from ..training.parallel import engine_note  # torch: after the checks that need none
 
         notes += engine_note(getattr(opts, "engine", "auto"), dist)
         chosen_formats = parse_formats(run.formats)
-        path = choose(source.model, run.layerwise.layerwise, run.layerwise.max_memory,
-                      refusal(source.model, method, config, eval_data, rec.refit, recover_steps, chosen_formats))
+        path = choose(
+            source.model,
+            run.layerwise.layerwise,
+            run.layerwise.max_memory,
+            refusal(source.model, method, config, eval_data, rec.refit, recover_steps, chosen_formats),
+        )
         if path.layerwise and dist.world > 1:
             raise HeadcutError(f"{L('layerwise')} runs in one process; launch it without torchrun or accelerate")
         own_checkpoint = run.checkpoint_dir is None and out is not None and entry.resumable
-        ckpt = Path(run.checkpoint_dir) if run.checkpoint_dir is not None else (
-            checkpoint_dir_for(out) if own_checkpoint and out is not None else None)
+        ckpt = (
+            Path(run.checkpoint_dir)
+            if run.checkpoint_dir is not None
+            else (checkpoint_dir_for(out) if own_checkpoint and out is not None else None)
+        )
         target, trajectory_file = None, None
         if out is not None:
             traj = Path(trajectory) if isinstance(trajectory, (str, os.PathLike)) else None
             model = source.model
             target, files = plan_outputs(
-                reads={L("model"): model if isinstance(model, (str, os.PathLike)) else None,
-                       L("data"): spec_path(used), L("eval_data"): spec_path(eval_data),
-                       L("recover_data"): spec_path(recover_data)},
-                files={L("trajectory"): traj, f"{L('trajectory')} (its PNG)": traj.with_suffix(".png") if traj else None},
+                reads={
+                    L("model"): model if isinstance(model, (str, os.PathLike)) else None,
+                    L("data"): spec_path(used),
+                    L("eval_data"): spec_path(eval_data),
+                    L("recover_data"): spec_path(recover_data),
+                },
+                files={
+                    L("trajectory"): traj,
+                    f"{L('trajectory')} (its PNG)": traj.with_suffix(".png") if traj else None,
+                },
                 file_force={L("trajectory"): True, f"{L('trajectory')} (its PNG)": True},
-                out=Path(out), force=run.force, checkpoint=ckpt if entry.resumable else None,
+                out=Path(out),
+                force=run.force,
+                checkpoint=ckpt if entry.resumable else None,
             )
             trajectory_file = files.get(L("trajectory"))
         if ckpt is not None and entry.resumable:
             from ..training.checkpoint import prepare_checkpoint_dir
 
             prepare_checkpoint_dir(ckpt, run.resume, run.restart or (run.force and own_checkpoint))
-    return PruneRequest(source=source, config=config, method_options=method_options, data=data, recovery=rec,
-                        run=run, entry=entry, options=opts, notes=notes, data_spec=data_spec, eval_spec=eval_spec,
-                        dist=dist, device=torch_device, formats=chosen_formats,
-                        checkpoint_dir=ckpt if entry.resumable else None, own_checkpoint=own_checkpoint,
-                        target=target, trajectory_file=trajectory_file, path=path)
+    return PruneRequest(
+        source=source,
+        config=config,
+        method_options=method_options,
+        data=data,
+        recovery=rec,
+        run=run,
+        entry=entry,
+        options=opts,
+        notes=notes,
+        data_spec=data_spec,
+        eval_spec=eval_spec,
+        dist=dist,
+        device=torch_device,
+        formats=chosen_formats,
+        checkpoint_dir=ckpt if entry.resumable else None,
+        own_checkpoint=own_checkpoint,
+        target=target,
+        trajectory_file=trajectory_file,
+        path=path,
+    )
 
 
 def _check_recovery(rec: RecoveryConfig, data: Any, via: int | None) -> None:
@@ -204,30 +250,40 @@ def _check_recovery(rec: RecoveryConfig, data: Any, via: int | None) -> None:
     if not (isinstance(recover_steps, int) and recover_steps >= 0):
         raise HeadcutError(f"{L('recover_steps')} must be a whole number >= 0 (got {recover_steps})")
     if recover_steps and data is None:
-        raise HeadcutError(f"{L('recover_steps')} trains the pruned model: it needs {L('data')} (training data "
-                           "with labels)")
+        raise HeadcutError(
+            f"{L('recover_steps')} trains the pruned model: it needs {L('data')} (training data with labels)"
+        )
     if recover_data is not None:
         if not recover_steps:
-            raise HeadcutError(f"{L('recover_data')} is read by the recovery fine-tuning: it needs "
-                               f"{L('recover_steps')} N")
+            raise HeadcutError(
+                f"{L('recover_data')} is read by the recovery fine-tuning: it needs {L('recover_steps')} N"
+            )
         check_data_spec(recover_data, L("recover_data"))
     if rec.recover_hidden_weight < 0:
         raise HeadcutError(f"{L('recover_hidden_weight')} must be a number >= 0 (got {rec.recover_hidden_weight!r})")
     if rec.recover_hidden_weight and not recover_steps:
-        raise HeadcutError(f"{L('recover_hidden_weight')} weighs a term of the recovery fine-tuning: it needs "
-                           f"{L('recover_steps')} N")
+        raise HeadcutError(
+            f"{L('recover_hidden_weight')} weighs a term of the recovery fine-tuning: it needs {L('recover_steps')} N"
+        )
     if not (isinstance(rec.recover_average, (int, float)) and 0 <= rec.recover_average <= 1):
-        raise HeadcutError(f"{L('recover_average')} must be a fraction of the recovery's steps, in [0, 1] (got "
-                           f"{rec.recover_average!r})")
+        raise HeadcutError(
+            f"{L('recover_average')} must be a fraction of the recovery's steps, in [0, 1] (got "
+            f"{rec.recover_average!r})"
+        )
     if rec.recover_average and not recover_steps:
-        raise HeadcutError(f"{L('recover_average')} averages the weights of the recovery fine-tuning: it needs "
-                           f"{L('recover_steps')} N")
+        raise HeadcutError(
+            f"{L('recover_average')} averages the weights of the recovery fine-tuning: it needs {L('recover_steps')} N"
+        )
     if rec.via_steps is not None:
         if rec.via_steps < 0:  # its type: RULES['prune'] (optional integer)
             raise HeadcutError(f"{L('via_steps')} must be a whole number >= 0 (got {rec.via_steps!r})")
         if via is None or not recover_steps:
-            raise HeadcutError(f"{L('via_steps')} sets the recovery steps of {L('via')}'s first round: it needs "
-                               f"{L('via')} K and {L('recover_steps')} N")
+            raise HeadcutError(
+                f"{L('via_steps')} sets the recovery steps of {L('via')}'s first round: it needs "
+                f"{L('via')} K and {L('recover_steps')} N"
+            )
     if rec.refit and data is None:
-        raise HeadcutError(f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
-                           f"on data: it needs {L('data')}")
+        raise HeadcutError(
+            f"{L('refit')} fits the kept heads' output projections to the unpruned model's outputs "
+            f"on data: it needs {L('data')}"
+        )

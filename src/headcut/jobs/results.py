@@ -38,8 +38,14 @@ class Written:
     gguf_type: str = "f16"
 
     @checked("Written.save")
-    def save(self, out: str | os.PathLike[str] | OutputDir, force: bool = False, *,
-             formats: str | Sequence[str] | None = None, gguf_type: str | None = None) -> saving.SavedModel:
+    def save(
+        self,
+        out: str | os.PathLike[str] | OutputDir,
+        force: bool = False,
+        *,
+        formats: str | Sequence[str] | None = None,
+        gguf_type: str | None = None,
+    ) -> saving.SavedModel:
         """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
         replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
         (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
@@ -47,8 +53,18 @@ class Written:
 
         with values():
             chosen = parse_formats(formats) if formats is not None else self.formats
-        return save_model(self.model, out, self.source, force, self.report, self.REPORT, self.reads,
-                     self.trust_remote_code, chosen, gguf_type or self.gguf_type)
+        return save_model(
+            self.model,
+            out,
+            self.source,
+            force,
+            self.report,
+            self.REPORT,
+            self.reads,
+            self.trust_remote_code,
+            chosen,
+            gguf_type or self.gguf_type,
+        )
 
 
 @dataclass(kw_only=True)
@@ -64,15 +80,18 @@ class Pruned(Written):
     written: list[Path] = field(default_factory=list)
 
     @checked("Pruned.write_trajectory")
-    def write_trajectory(self, csv_path: str | os.PathLike[str] | OutputFile, png: bool = True,
-                         force: bool = False) -> list[Path]:
+    def write_trajectory(
+        self, csv_path: str | os.PathLike[str] | OutputFile, png: bool = True, force: bool = False
+    ) -> list[Path]:
         """Write the trajectory (one row per step) to a ``.csv`` file, and its plot beside it as ``.png``
         when matplotlib is installed and imports (and ``png``); returns the files written."""
         from ..extras import usable
 
         csv_file = csv_path if isinstance(csv_path, OutputFile) else OutputFile(csv_path, "--trajectory", force=force)
         if csv_file.path.suffix.lower() != ".csv":
-            raise HeadcutError(f"{label('trajectory')} must name a .csv file (a .png is written beside it), got {csv_file.path}")
+            raise HeadcutError(
+                f"{label('trajectory')} must name a .csv file (a .png is written beside it), got {csv_file.path}"
+            )
         png_file = OutputFile(csv_file.path.with_suffix(".png"), "--trajectory (its PNG)", force=csv_file.force)
         if not isinstance(csv_path, OutputFile):
             csv_file.check()

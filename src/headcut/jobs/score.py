@@ -25,11 +25,24 @@ class Scores:
 
 
 @checked("score")
-def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, normalize: str = "none",
-          abs_per: str = "example", objective: str = "logits-norm", per: str = "batch", seed: int = 0,
-          tokenizer: Any = None, task: str | None = None, split: str = "train",
-          data_options: Mapping[str, Any] | None = None, progress: Reporter | None = None,
-          allow_pickle: bool = False, trust_remote_code: bool = False) -> Scores:
+def score(
+    model: ModelLike,
+    scorer: str = "gradient",
+    *,
+    data: Any = None,
+    normalize: str = "none",
+    abs_per: str = "example",
+    objective: str = "logits-norm",
+    per: str = "batch",
+    seed: int = 0,
+    tokenizer: Any = None,
+    task: str | None = None,
+    split: str = "train",
+    data_options: Mapping[str, Any] | None = None,
+    progress: Reporter | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+) -> Scores:
     """Score every head of ``model`` with ``scorer`` on ``data`` (``headcut score``; the data-free scorers
     value-l1, magnitude and random need none)."""
     from ..catalog import scorer_entry
@@ -38,14 +51,15 @@ def score(model: ModelLike, scorer: str = "gradient", *, data: Any = None, norma
 
     progress = progress or quiet()
     with values():
-        config = ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per,
-                             seed=seed)
+        config = ScoreConfig(
+            scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per, seed=seed
+        )
         config.validate()
         entry = scorer_entry(scorer)
         if entry.needs_data and data is None:
             raise HeadcutError(f"scorer {scorer} needs {label('data')} (value-l1, magnitude and random do not)")
         if entry.needs_data:
-            check_data_spec(data, label('data'))
+            check_data_spec(data, label("data"))
             checked_data(data, split, data_options, seed)
     notes: list[str] = []
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)

@@ -89,8 +89,17 @@ def choose(state: PruneState, run: RoundRun) -> None:
     name = method if run.rounds == 1 else f"{method}, round {run.index + 1}"
     bars = Bars(state.progress, name, state.metric, train=state.train_label)
     try:
-        result = plan_prune(state.model, state.cal, run.round.config, state.options, eval_calibration=state.eval_cal,
-                            progress=bars, on_step=bars.on_step, dist=state.dist, **state.training)
+        result = plan_prune(
+            state.model,
+            state.cal,
+            run.round.config,
+            state.options,
+            eval_calibration=state.eval_cal,
+            progress=bars,
+            on_step=bars.on_step,
+            dist=state.dist,
+            **state.training,
+        )
     finally:
         bars.close()
     state.model.to("cpu")
@@ -99,12 +108,16 @@ def choose(state: PruneState, run: RoundRun) -> None:
     if training is not None:
         last_open = training.history[-1].get("open") if training.history else None
         if training.moved is None and last_open is not None and last_open != result.target:
-            state.notes.append(f"training ended with {last_open:g} heads open, not {result.target}: the gates had "
-                               "not converged, so keeping the top heads changed the trained model; more steps "
-                               "(--epochs, --max-steps) let them settle")
+            state.notes.append(
+                f"training ended with {last_open:g} heads open, not {result.target}: the gates had "
+                "not converged, so keeping the top heads changed the trained model; more steps "
+                "(--epochs, --max-steps) let them settle"
+            )
         if training.moved is not None:
-            state.notes.append(f"{method} kept {training.own_kept:g} heads by its own rule (gate > 0.5); the "
-                               f"adjustment to --keep {result.target} moved {training.moved} head(s)")
+            state.notes.append(
+                f"{method} kept {training.own_kept:g} heads by its own rule (gate > 0.5); the "
+                f"adjustment to --keep {result.target} moved {training.moved} head(s)"
+            )
     if run.rounds == 1:
         run.near_uniform = _uniform_alternatives(state.model, state.config, result.target)
 
@@ -134,7 +147,8 @@ def cut(state: PruneState, run: RoundRun) -> None:
 
             move(state.model, state.device)
             result.metric_after = eval_metric(state.model, state.eval_cal).measure(
-                HeadMask.full(model_blocks(state.model)))
+                HeadMask.full(model_blocks(state.model))
+            )
             state.model.to("cpu")
 
 
@@ -155,8 +169,9 @@ def refit(state: PruneState, run: RoundRun) -> None:
     move(teacher, state.device)
     try:
         run.refitted = refit_outputs(model, teacher, state.cal, progress=lambda d, t: bars("refit", d, t))
-        run.refit_metric = eval_metric(model, eval_cal, bars).measure(
-            HeadMask.full(model_blocks(model))) if eval_cal else None
+        run.refit_metric = (
+            eval_metric(model, eval_cal, bars).measure(HeadMask.full(model_blocks(model))) if eval_cal else None
+        )
     finally:
         bars.close()
         teacher.to("cpu")
@@ -185,10 +200,17 @@ def recover(state: PruneState, run: RoundRun) -> None:
     move(model, state.device)
     move(teacher, state.device)
     try:
-        run.recovered = run_finetune(model, cal, config, teacher=teacher, eval_calibration=state.eval_cal,
-                                     progress=lambda d, t: bars("train", d, t),
-                                     eval_progress=lambda d, t: bars("eval", d, t), on_step=bars.on_step,
-                                     dist=state.dist)
+        run.recovered = run_finetune(
+            model,
+            cal,
+            config,
+            teacher=teacher,
+            eval_calibration=state.eval_cal,
+            progress=lambda d, t: bars("train", d, t),
+            eval_progress=lambda d, t: bars("eval", d, t),
+            on_step=bars.on_step,
+            dist=state.dist,
+        )
     finally:
         bars.close()
     model.to("cpu")
@@ -204,23 +226,34 @@ def recovery_config(recovery: RecoveryConfig, steps: int, seed: int) -> Finetune
     weights at the end the mean over that fraction of the last steps); no resume checkpoints."""
     average = float(recovery.recover_average)
     averaged: dict[str, Any] = {"average_last": average, "schedule": "constant"} if average else {}
-    return FinetuneConfig(max_steps=steps, seed=seed, checkpoint_every=None,
-                          hidden_weight=float(recovery.recover_hidden_weight), **averaged)
+    return FinetuneConfig(
+        max_steps=steps,
+        seed=seed,
+        checkpoint_every=None,
+        hidden_weight=float(recovery.recover_hidden_weight),
+        **averaged,
+    )
 
 
 def round_record(run: RoundRun, mask: HeadMask) -> dict[str, Any]:
     """An earlier round's record for the report's ``rounds``: its head count, its ``mask`` (the input model's
     numbering), its metric after each stage, its refit and recovery."""
     result = run.result
-    record: dict[str, Any] = {"keep": run.round.config.keep, "mask": mask.to_json(),
-                              "metric": {"after_pruning": result.metric_after}}
+    record: dict[str, Any] = {
+        "keep": run.round.config.keep,
+        "mask": mask.to_json(),
+        "metric": {"after_pruning": result.metric_after},
+    }
     if run.refitted is not None:
         record["metric"]["after_refit"] = run.refit_metric
         record["refit"] = run.refitted.to_json()
     if run.recovered is not None:
         record["metric"]["after"] = run.recovered.metric_after
-        record["recovery"] = {"steps": run.recovered.steps, "seconds": run.recovered.seconds,
-                              "history_summary": run.recovered.summary()}
+        record["recovery"] = {
+            "steps": run.recovered.steps,
+            "seconds": run.recovered.seconds,
+            "history_summary": run.recovered.summary(),
+        }
     return record
 
 
@@ -245,8 +278,9 @@ def as_one_cut(runs: list[RoundRun], mask: HeadMask, config: PruneConfig) -> tup
     for run in runs[:-1]:
         result.scorings += run.result.scorings
         result.seconds += run.result.seconds
-    slimmed = result.slim = replace(last.slimmed, heads_before=first.slimmed.heads_before,
-                                    params_before=first.slimmed.params_before)
+    slimmed = result.slim = replace(
+        last.slimmed, heads_before=first.slimmed.heads_before, params_before=first.slimmed.params_before
+    )
     return result, slimmed
 
 
@@ -277,8 +311,7 @@ def _compensation(model: nn.Module, mask: HeadMask, cal: Calibration | None, pro
     bars = Bars(progress, "bias compensation", None)
     move(model, device)
     try:
-        moments, _ = input_moments(model, blocks, cal.batches, "bias compensation",
-                                   lambda d, t: bars("score", d, t))
+        moments, _ = input_moments(model, blocks, cal.batches, "bias compensation", lambda d, t: bars("score", d, t))
     finally:
         bars.close()
     model.to("cpu")
@@ -287,5 +320,7 @@ def _compensation(model: nn.Module, mask: HeadMask, cal: Calibration | None, pro
 
 def _compensation_note(blocks: int, field: str | None) -> str:
     turned = f"; {field} turned on (zero biases on the other projections)" if field else ""
-    return (f"bias compensation (FLAP §3.4): the removed heads' mean output folded into the output projection's "
-            f"bias of {blocks} block{'s' if blocks != 1 else ''}{turned}")
+    return (
+        f"bias compensation (FLAP §3.4): the removed heads' mean output folded into the output projection's "
+        f"bias of {blocks} block{'s' if blocks != 1 else ''}{turned}"
+    )

@@ -56,9 +56,12 @@ TARGET_EVERY = 35
 def q_network(units: int, hidden: int = HIDDEN) -> nn.Sequential:
     """The 4-layer MLP: ``units`` inputs, ``units + 1`` Q-values (the last is END)."""
     return nn.Sequential(
-        nn.Linear(units, hidden), nn.LeakyReLU(),
-        nn.Linear(hidden, hidden), nn.LeakyReLU(),
-        nn.Linear(hidden, hidden), nn.LeakyReLU(),
+        nn.Linear(units, hidden),
+        nn.LeakyReLU(),
+        nn.Linear(hidden, hidden),
+        nn.LeakyReLU(),
+        nn.Linear(hidden, hidden),
+        nn.LeakyReLU(),
         nn.Linear(hidden, units + 1),
     )
 

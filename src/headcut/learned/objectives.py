@@ -63,8 +63,14 @@ def r_conc(phi: torch.Tensor, layers: list[torch.Tensor], hc: HardConcrete | Non
     return sum((1.0 - q0[idx].prod() for idx in layers), start=q0.new_zeros(()))
 
 
-def concentrator_weight(phi: torch.Tensor, sparsity: float, layers: list[torch.Tensor], lam: float,
-                        skip: torch.Tensor | None = None, hc: HardConcrete | None = None) -> float:
+def concentrator_weight(
+    phi: torch.Tensor,
+    sparsity: float,
+    layers: list[torch.Tensor],
+    lam: float,
+    skip: torch.Tensor | None = None,
+    hc: HardConcrete | None = None,
+) -> float:
     """The adaptive lambda_c of eq. 17: lam * min_i |dR_pass/dphi_i| / |dR_conc/dphi_i|.
 
     The minimum runs over the gates not in ``skip`` (PASS's code leaves out the almost-surely closed

@@ -14,8 +14,12 @@ from dataclasses import dataclass
 import torch
 
 
-def gumbel_noise(shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None,
-                 device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def gumbel_noise(
+    shape: torch.Size | tuple[int, ...],
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Standard Gumbel noise n = -log(-log u), u ~ U(0, 1) (clamped away from 0 and 1)."""
     u = torch.rand(shape, generator=generator, device=device, dtype=dtype)
     tiny = torch.finfo(dtype).tiny
@@ -53,8 +57,7 @@ def soft_topk(r: torch.Tensor, k: int, tau: float) -> torch.Tensor:
     return m
 
 
-def gumbel_soft_topk(w: torch.Tensor, k: int, tau: float,
-                     generator: torch.Generator | None = None) -> torch.Tensor:
+def gumbel_soft_topk(w: torch.Tensor, k: int, tau: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """DSP's gate: the soft top-K (eq. 14-19) of the Gumbel-perturbed importance logits w + n."""
     _check(w, k, tau)
     r = w + gumbel_noise(w.shape, generator=generator, device=w.device, dtype=w.dtype)

@@ -22,14 +22,36 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 #: files of a source checkpoint that a saved model takes along (tokenizer, processor, generation and
 #: special-token files, licences); nothing else is copied, never code
-SIDE_FILES = frozenset({
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
-    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "source.spm",
-    "target.spm", "bpe.codes", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
-    "processor_config.json", "image_processor_config.json", "feature_extractor_config.json",
-    "video_preprocessor_config.json", "generation_config.json", "LICENSE", "LICENSE.txt", "LICENSE.md", "NOTICE",
-    "NOTICE.txt",
-})
+SIDE_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.txt",
+        "vocab.json",
+        "merges.txt",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "tokenizer.model",
+        "source.spm",
+        "target.spm",
+        "bpe.codes",
+        "chat_template.jinja",
+        "chat_template.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "image_processor_config.json",
+        "feature_extractor_config.json",
+        "video_preprocessor_config.json",
+        "generation_config.json",
+        "LICENSE",
+        "LICENSE.txt",
+        "LICENSE.md",
+        "NOTICE",
+        "NOTICE.txt",
+    }
+)
 
 
 def link_root(folder: Path) -> Path:
@@ -113,8 +135,10 @@ def check_dtypes(model: nn.Module, stored: dict[str, str], path: str | Path, key
         if k is not None and k in stored and (stored[k] in FLOATING) != t.is_floating_point():
             wrong.append(f"{name}: {stored[k]} in the weights, {str(t.dtype).removeprefix('torch.')} in the model")
     if wrong:
-        raise HeadcutError(f"cannot load {path}: {len(wrong)} tensor(s) are stored in the wrong kind of number "
-                           f"({_first_few(wrong)}); the checkpoint is damaged or does not match its config.json")
+        raise HeadcutError(
+            f"cannot load {path}: {len(wrong)} tensor(s) are stored in the wrong kind of number "
+            f"({_first_few(wrong)}); the checkpoint is damaged or does not match its config.json"
+        )
 
 
 def _first_few(items: list[str]) -> str:
@@ -170,21 +194,29 @@ def _check_checkpoint(path: str | Path, allow_pickle: bool) -> Path | None:
             raise HeadcutError(f"{path} is not a checkpoint: it has no weights (*.safetensors)")
     root = link_root(p)
     for f in files:
-        if (f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES) or f.name.endswith(".index.json")) \
-                and not link_ok(f, root):
-            raise HeadcutError(f"{p / f.name} is a symbolic link to {f.resolve()}, outside the checkpoint; "
-                               "headcut follows links only inside it: copy the file in")
+        if (
+            f.name == "config.json" or f.name.endswith(WEIGHT_SUFFIXES) or f.name.endswith(".index.json")
+        ) and not link_ok(f, root):
+            raise HeadcutError(
+                f"{p / f.name} is a symbolic link to {f.resolve()}, outside the checkpoint; "
+                "headcut follows links only inside it: copy the file in"
+            )
     for f in files:
-        if f.name == "config.json" or f.name.endswith(".index.json") or f.name in SIDE_FILES \
-                or (not safe and f.name.endswith(PICKLE_SUFFIXES)):
+        if (
+            f.name == "config.json"
+            or f.name.endswith(".index.json")
+            or f.name in SIDE_FILES
+            or (not safe and f.name.endswith(PICKLE_SUFFIXES))
+        ):
             readable(f)
     if safe:
         stored_values(p)
     return p
 
 
-def check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None,
-                   new_head: bool = False) -> None:
+def check_loading(
+    model: nn.Module, info: dict[str, Any], path: str | Path, notes: list[str] | None, new_head: bool = False
+) -> None:
     """Refuse missing, unexpected or mis-shaped tensors, naming the first few (``info``: transformers' loading info,
     or the same keys computed from a checkpoint's headers by the layer-wise path). Only a new task head
     (``new_head``: an explicit ``--task`` other than the checkpoint's own class) may be missing, and
@@ -200,21 +232,33 @@ def check_loading(model: nn.Module, info: dict[str, Any], path: str | Path, note
         return "(" + ", ".join(map(str, value)) + ")" if isinstance(value, (tuple, list, torch.Size)) else str(value)
 
     if mismatched:
-        names = [f"{k[0]}: {shape(k[1])} in the weights, {shape(k[2])} in the model" if len(k) == 3 else str(k[0])
-                 for k in mismatched]
-        raise HeadcutError(f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({_first_few(names)}); "
-                           "the checkpoint is damaged or does not match its config.json")
+        names = [
+            f"{k[0]}: {shape(k[1])} in the weights, {shape(k[2])} in the model" if len(k) == 3 else str(k[0])
+            for k in mismatched
+        ]
+        raise HeadcutError(
+            f"cannot load {path}: {len(mismatched)} tensor(s) have the wrong shape ({_first_few(names)}); "
+            "the checkpoint is damaged or does not match its config.json"
+        )
     base_missing = missing if not new_head or is_base else [k for k in missing if k.startswith(prefix + ".")]
     if base_missing:
-        raise HeadcutError(f"cannot load {path}: {len(base_missing)} tensor(s) missing from its weights "
-                           f"({_first_few(base_missing)}); the checkpoint is damaged or does not match its config.json")
+        raise HeadcutError(
+            f"cannot load {path}: {len(base_missing)} tensor(s) missing from its weights "
+            f"({_first_few(base_missing)}); the checkpoint is damaged or does not match its config.json"
+        )
     if unexpected and not new_head:
-        raise HeadcutError(f"cannot load {path}: {len(unexpected)} unexpected tensor(s) in its weights "
-                           f"({_first_few(unexpected)}) that {cls_name} does not use; the checkpoint is damaged or does "
-                           "not match its config.json")
+        raise HeadcutError(
+            f"cannot load {path}: {len(unexpected)} unexpected tensor(s) in its weights "
+            f"({_first_few(unexpected)}) that {cls_name} does not use; the checkpoint is damaged or does "
+            "not match its config.json"
+        )
     if notes is not None:
         head = [k for k in missing if k not in base_missing]
         if head:
-            notes.append(f"{cls_name} has a new task head: {len(head)} tensor(s) initialised at random ({_first_few(head)})")
+            notes.append(
+                f"{cls_name} has a new task head: {len(head)} tensor(s) initialised at random ({_first_few(head)})"
+            )
         if unexpected:
-            notes.append(f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({_first_few(unexpected)})")
+            notes.append(
+                f"{len(unexpected)} tensor(s) of the checkpoint are not used by {cls_name} ({_first_few(unexpected)})"
+            )

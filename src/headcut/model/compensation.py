@@ -50,12 +50,15 @@ def bias_field(model: nn.Module, blocks: list[Block]) -> str | None:
         if all(getattr(built.get_submodule(b.o), "bias", None) is not None for b in blocks):
             return name
     family = getattr(model.config, "model_type", "this family")
-    raise HeadcutError(f"bias compensation needs a bias on the output projections, and {family}'s stock config "
-                       "cannot give them one (no attention_bias field): prune without it")
+    raise HeadcutError(
+        f"bias compensation needs a bias on the output projections, and {family}'s stock config "
+        "cannot give them one (no attention_bias field): prune without it"
+    )
 
 
-def deltas(model: nn.Module, blocks: list[Block], keep: dict[str, list[int]], means: dict[str, torch.Tensor]
-           ) -> dict[str, torch.Tensor]:
+def deltas(
+    model: nn.Module, blocks: list[Block], keep: dict[str, list[int]], means: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
     """Per block, ``W[:, R] mean(x_R)`` (float64, one value per output feature) for the channels ``R`` of the heads
     ``keep`` (the block's kept query heads, current numbering) drops; blocks that drop nothing are left out."""
     base = model.base_model
@@ -78,8 +81,9 @@ def _linear_parts(mod: nn.Module) -> int:
     return int(mod.weight.shape[1] if not isinstance(mod, nn.Linear) else mod.weight.shape[0])
 
 
-def apply(model: nn.Module, blocks: list[Block], added: dict[str, torch.Tensor], field: str | None,
-          modules: Any = None) -> None:
+def apply(
+    model: nn.Module, blocks: list[Block], added: dict[str, torch.Tensor], field: str | None, modules: Any = None
+) -> None:
     """Add ``added`` (from :func:`deltas`) to the output projections' biases of the (cut) ``model`` in place; with
     ``field``, first give every q, k, v and o projection of ``blocks`` that has none a zero bias and set the config
     field. ``modules``: the blocks whose projections exist here (a layer-wise write: one layer at a time)."""
@@ -91,8 +95,10 @@ def apply(model: nn.Module, blocks: list[Block], added: dict[str, torch.Tensor],
                 mod = base.get_submodule(path)
                 if getattr(mod, "bias", None) is None:
                     weight = mod.weight
-                    mod.bias = nn.Parameter(torch.zeros(_linear_parts(mod), dtype=weight.dtype, device=weight.device),
-                                            requires_grad=weight.requires_grad)
+                    mod.bias = nn.Parameter(
+                        torch.zeros(_linear_parts(mod), dtype=weight.dtype, device=weight.device),
+                        requires_grad=weight.requires_grad,
+                    )
     with torch.no_grad():
         for block in blocks if modules is None else modules:
             delta = added.get(block.name)
@@ -113,5 +119,7 @@ def check_names(model: nn.Module, field: str | None) -> None:
     have = set(model.state_dict())
     if built != have:
         extra = sorted(built ^ have)[0]
-        raise HeadcutError(f"bias compensation: {field}=True builds other parameters than the compensated model has "
-                           f"({extra}); prune without it")
+        raise HeadcutError(
+            f"bias compensation: {field}=True builds other parameters than the compensated model has "
+            f"({extra}); prune without it"
+        )

@@ -127,8 +127,9 @@ def _bleu_broken() -> str | None:
     return None
 
 
-def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress | None = None, *,
-             bleu: bool = True) -> EvalResult:
+def evaluate(
+    model: nn.Module, calibration: Calibration, progress: EvalProgress | None = None, *, bleu: bool = True
+) -> EvalResult:
     """Evaluate ``model`` on ``calibration`` (see the module's doc). ``bleu=False`` skips generation
     for seq2seq models. ``progress``: see the module's doc."""
     task = calibration.task
@@ -192,8 +193,12 @@ def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress 
     metrics: dict[str, float]
     if task == "classification":
         correct = sum(1 for y, p in zip(labels_all, preds_all) if y == p)
-        metrics = {"accuracy": correct / len(labels_all), "macro_f1": macro_f1(labels_all, preds_all),
-                   "mcc": mcc(labels_all, preds_all), "loss": loss}
+        metrics = {
+            "accuracy": correct / len(labels_all),
+            "macro_f1": macro_f1(labels_all, preds_all),
+            "mcc": mcc(labels_all, preds_all),
+            "loss": loss,
+        }
     else:
         metrics = {"loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "tokens": float(count)}
         if want_bleu:
@@ -203,8 +208,14 @@ def evaluate(model: nn.Module, calibration: Calibration, progress: EvalProgress 
     primary, higher = PRIMARY[task]
     examples = calibration.examples
     return EvalResult(
-        task=task, metrics=metrics, primary=primary, higher_is_better=higher, examples=examples, seconds=seconds,
-        examples_per_s=examples / seconds if seconds > 0 else math.inf, notes=notes,
+        task=task,
+        metrics=metrics,
+        primary=primary,
+        higher_is_better=higher,
+        examples=examples,
+        seconds=seconds,
+        examples_per_s=examples / seconds if seconds > 0 else math.inf,
+        notes=notes,
     )
 
 
@@ -213,7 +224,10 @@ def _generate(model: nn.Module, batch: dict[str, torch.Tensor], tokenizer: Any) 
     labels = batch["labels"]
     longest = int((labels != -100).sum(dim=1).max())
     out = model.generate(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=max(longest, 1),
-        do_sample=False, num_beams=1,
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        max_new_tokens=max(longest, 1),
+        do_sample=False,
+        num_beams=1,
     )
     return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]

@@ -207,9 +207,12 @@ def _rows(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             metrics[shown] = {"value": _number(value), "stderr": _number(row.get(f"{metric}_stderr,{kept_by}"))}
         count = samples.get(name, {})
         out[name] = {
-            "alias": str(row.get("alias", name)).strip(" -"), "group": name in groups, "metrics": metrics,
+            "alias": str(row.get("alias", name)).strip(" -"),
+            "group": name in groups,
+            "metrics": metrics,
             "samples": count.get("effective") if isinstance(count, dict) else None,
-            "num_fewshot": shots.get(name), "higher_is_better": dict(higher.get(name, {})),
+            "num_fewshot": shots.get(name),
+            "higher_is_better": dict(higher.get(name, {})),
         }
     return out
 
@@ -239,8 +242,17 @@ def prepare_tasks(names: Sequence[str], include: str | None = None, quiet: bool 
     return PreparedTasks(list(names), expanded, built, manager, include)
 
 
-def run_harness(model: nn.Module, tokenizer: Any, task: str, tasks: PreparedTasks, *, num_fewshot: int | None = None,
-                limit: int | None = None, batch_size: int = 8, quiet: bool = False) -> HarnessResult:
+def run_harness(
+    model: nn.Module,
+    tokenizer: Any,
+    task: str,
+    tasks: PreparedTasks,
+    *,
+    num_fewshot: int | None = None,
+    limit: int | None = None,
+    batch_size: int = 8,
+    quiet: bool = False,
+) -> HarnessResult:
     """Run the prepared harness ``tasks`` on ``model`` (its data task ``task``: ``causal-lm`` or ``seq2seq``) with
     ``tokenizer`` (see the module's doc). ``quiet``: no harness progress bars."""
     check_model(task)
@@ -253,27 +265,43 @@ def run_harness(model: nn.Module, tokenizer: Any, task: str, tasks: PreparedTask
         notes.append(f"lm-eval {version}: headcut is tested with lm-eval {SUPPORTED}.x")
     start = time.perf_counter()
     was_training = model.training
-    settings = {"tasks": tasks.expanded, "include": tasks.include, "num_fewshot": num_fewshot, "limit": limit,
-                "batch_size": batch_size, "device": str(next(model.parameters()).device)}
+    settings = {
+        "tasks": tasks.expanded,
+        "include": tasks.include,
+        "num_fewshot": num_fewshot,
+        "limit": limit,
+        "batch_size": batch_size,
+        "device": str(next(model.parameters()).device),
+    }
     try:
         with _silent(quiet):
             hf_log = logging.getLogger("lm_eval.models.huggingface")
             level = hf_log.level
             hf_log.setLevel(logging.ERROR)  # "pretrained is not a str": what headcut means to do
             try:
-                lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal" if task == "causal-lm" else "seq2seq",
-                          batch_size=batch_size)
+                lm = HFLM(
+                    pretrained=model,
+                    tokenizer=tokenizer,
+                    backend="causal" if task == "causal-lm" else "seq2seq",
+                    batch_size=batch_size,
+                )
             finally:
                 hf_log.setLevel(level)
             with _global_seeds_kept(), _no_git_describe():
-                out = simple_evaluate(model=lm, tasks=tasks.built, num_fewshot=num_fewshot, limit=limit,
-                                      task_manager=tasks.manager, log_samples=False)
+                out = simple_evaluate(
+                    model=lm,
+                    tasks=tasks.built,
+                    num_fewshot=num_fewshot,
+                    limit=limit,
+                    task_manager=tasks.manager,
+                    log_samples=False,
+                )
     finally:
         model.train(was_training)
     if not out:
         raise HeadcutError("lm-eval returned no results (a process other than rank 0?)")
     if limit is not None:
-        notes.append(f"--lm-eval-limit {limit}: at most {limit} examples per task, not the full sets the papers "
-                     "report")
-    return HarnessResult(tasks=_rows(out), version=version, settings=settings,
-                         seconds=time.perf_counter() - start, notes=notes)
+        notes.append(f"--lm-eval-limit {limit}: at most {limit} examples per task, not the full sets the papers report")
+    return HarnessResult(
+        tasks=_rows(out), version=version, settings=settings, seconds=time.perf_counter() - start, notes=notes
+    )

@@ -133,7 +133,7 @@ class LayerReplay:
         finally:
             handle.remove()
             self.model.train(was_training)
-        if len(set(map(id, list(self.stack)[:self.index]))) != self.index:
+        if len(set(map(id, list(self.stack)[: self.index]))) != self.index:
             self.why = "a module appears twice in the layer list"
             return False
         assert first is not None
@@ -171,11 +171,13 @@ class LayerReplay:
             given = _first_tensor(args) if args else _first_tensor(kwargs)
             kept = _first_tensor(record)
             if given is not None and kept is not None and given.shape[:2] != kept.shape[:2]:
-                raise HeadcutError(f"replay out of step: a batch of shape {tuple(given.shape[:2])} met the "
-                                   f"recorded {tuple(kept.shape[:2])}")
+                raise HeadcutError(
+                    f"replay out of step: a batch of shape {tuple(given.shape[:2])} met the "
+                    f"recorded {tuple(kept.shape[:2])}"
+                )
             return record
 
-        layers = list(self.stack)[:self.index]
+        layers = list(self.stack)[: self.index]
         saved = [layer.__dict__.get("forward") for layer in layers]
         handle = self.model.register_forward_pre_hook(count, with_kwargs=True)
         try:

@@ -50,8 +50,7 @@ def model_class(config: Any, task: str | None = None, where: str | Path = "confi
     return resolve_class(type(config), config.model_type, getattr(config, "architectures", None), task, where)
 
 
-def resolve_class(config_class: type, model_type: str, architectures: Any, task: str | None,
-                  where: str | Path) -> type:
+def resolve_class(config_class: type, model_type: str, architectures: Any, task: str | None, where: str | Path) -> type:
     """:func:`model_class` from a config class and the ``architectures`` of a config.json (before the
     config itself is built)."""
     if task is not None:
@@ -62,18 +61,25 @@ def resolve_class(config_class: type, model_type: str, architectures: Any, task:
             return auto._model_mapping[config_class]
         except KeyError:
             raise HeadcutError(f"{model_type} has no {task} model in transformers") from None
-    if architectures is not None and not (isinstance(architectures, list)
-                                          and all(isinstance(a, str) for a in architectures)):
-        raise HeadcutError(f"{where}: \"architectures\" must be a list of class names, got {architectures!r:.80}")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
+    ):
+        raise HeadcutError(f'{where}: "architectures" must be a list of class names, got {architectures!r:.80}')
     for name in architectures or []:
         plain = name.removeprefix("Headcut")
         cls = getattr(transformers, plain, None) if plain.isidentifier() and not plain.startswith("_") else None
         base = getattr(cls, "config_class", None)
-        if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel) and isinstance(base, type)
-                and issubclass(config_class, base)):
-            raise HeadcutError(f"{where} names the architecture {name[:80]!r}, which is not a {model_type} model class "
-                               "of transformers: correct \"architectures\" in config.json, or pass --task to choose "
-                               "the model class")
+        if not (
+            isinstance(cls, type)
+            and issubclass(cls, transformers.PreTrainedModel)
+            and isinstance(base, type)
+            and issubclass(config_class, base)
+        ):
+            raise HeadcutError(
+                f"{where} names the architecture {name[:80]!r}, which is not a {model_type} model class "
+                'of transformers: correct "architectures" in config.json, or pass --task to choose '
+                "the model class"
+            )
         return cls
     try:
         return transformers.AutoModel._model_mapping[config_class]
@@ -107,8 +113,9 @@ def _raw_lookup(raw: dict[str, Any], config_class: type, where: str) -> Callable
     def get(name: str) -> Any:
         given = [n for n in (name, *aliases.get(name, ())) if n in raw]
         if len({json.dumps(raw[n]) for n in given}) > 1:
-            raise HeadcutError(f"{where} gives {given[0]} and {given[1]} (the same field) different values; "
-                               "nothing was loaded")
+            raise HeadcutError(
+                f"{where} gives {given[0]} and {given[1]} (the same field) different values; nothing was loaded"
+            )
         if given:
             return raw[given[0]]
         default = getattr(config_class, name, MISSING)
@@ -117,8 +124,9 @@ def _raw_lookup(raw: dict[str, Any], config_class: type, where: str) -> Callable
     return get
 
 
-def check_config_numbers(adapter: Adapter, get: Callable[[str], Any], labels: Any, cls: type, where: str,
-                         stored: int | None = None) -> None:
+def check_config_numbers(
+    adapter: Adapter, get: Callable[[str], Any], labels: Any, cls: type, where: str, stored: int | None = None
+) -> None:
     """Refuse a config whose head, layer or size fields are not positive integers (or whose widths
     their head counts do not divide), a classifier without labels, and, given the values the
     weights hold (``stored``), a config that describes far more: all from the numbers alone, before
@@ -137,8 +145,10 @@ def check_config_numbers(adapter: Adapter, get: Callable[[str], Any], labels: An
     width = next((numbers[s.width] for s in adapter.stacks if numbers.get(s.width)), 1) or 1
     described = adapter.min_values(numbers, name) + labels * width
     if described > SIZE_SLACK * stored + SIZE_MARGIN:
-        raise HeadcutError(f"{where} describes at least {described:,} values but the weights hold {stored:,}; "
-                           "the config does not match the weights (damaged or crafted); nothing was loaded")
+        raise HeadcutError(
+            f"{where} describes at least {described:,} values but the weights hold {stored:,}; "
+            "the config does not match the weights (damaged or crafted); nothing was loaded"
+        )
 
 
 def cut_class(cls: type) -> type:
@@ -196,11 +206,14 @@ def set_labels(config: Any, cls: type, labels: list[str], path: str | Path) -> N
     """Give a new sequence-classification head of ``cls`` the label names ``labels``."""
     own = getattr(config, "architectures", None) or []
     if not cls.__name__.endswith("ForSequenceClassification"):
-        raise HeadcutError(f"--labels names the classes of a new classification head: load {path} with --task "
-                           "sequence-classification")
+        raise HeadcutError(
+            f"--labels names the classes of a new classification head: load {path} with --task sequence-classification"
+        )
     if any(name.endswith("ForSequenceClassification") for name in own):
-        raise HeadcutError(f"--labels is for a new classification head, and {path} has one already (labels: "
-                           f"{', '.join(map(str, config.id2label.values()))})")
+        raise HeadcutError(
+            f"--labels is for a new classification head, and {path} has one already (labels: "
+            f"{', '.join(map(str, config.id2label.values()))})"
+        )
     names = [str(label).strip() for label in labels]
     if len(names) < 2 or len(set(names)) != len(names) or not all(names):
         raise HeadcutError(f"--labels needs two or more distinct names, got {','.join(names)!r}")
@@ -209,8 +222,9 @@ def set_labels(config: Any, cls: type, labels: list[str], path: str | Path) -> N
     config.label2id = {name: i for i, name in enumerate(names)}
 
 
-def open_checkpoint(path: str | Path, task: str | None, allow_pickle: bool, trust_remote_code: bool,
-                    labels: list[str] | None = None) -> tuple[Path | None, str, Any, type, bool, bool]:
+def open_checkpoint(
+    path: str | Path, task: str | None, allow_pickle: bool, trust_remote_code: bool, labels: list[str] | None = None
+) -> tuple[Path | None, str, Any, type, bool, bool]:
     """Every check :func:`load` makes before it allocates anything, and what it found: the local folder (None
     for a Hub name), the name transformers reads, the config, the model class (headcut's cut class for a
     slimmed model), whether the config has a headcut record and whether the class is the checkpoint's own."""
@@ -240,8 +254,10 @@ def open_checkpoint(path: str | Path, task: str | None, allow_pickle: bool, trus
     if stored is not None:
         described = expected_values(skeleton)
         if described > SIZE_SLACK * stored + SIZE_MARGIN:
-            raise HeadcutError(f"{path}: config.json describes {described:,} values but the weights hold {stored:,}; "
-                               "the config does not match the weights (damaged or crafted); nothing was loaded")
+            raise HeadcutError(
+                f"{path}: config.json describes {described:,} values but the weights hold {stored:,}; "
+                "the config does not match the weights (damaged or crafted); nothing was loaded"
+            )
     del skeleton
     own = cls.__name__ in (getattr(config, "architectures", None) or [])
     if has_cut:
@@ -278,8 +294,12 @@ def load(
     local, source, config, cls, has_cut, own = open_checkpoint(path, task, allow_pickle, trust_remote_code, labels)
     # mis-shaped tensors come back in the loading info (and are refused by name below) instead of an
     # error that points at a report headcut keeps quiet
-    kwargs: dict[str, Any] = {"config": config, "dtype": dtype if dtype is not None else "auto",
-                              "output_loading_info": True, "ignore_mismatched_sizes": True}
+    kwargs: dict[str, Any] = {
+        "config": config,
+        "dtype": dtype if dtype is not None else "auto",
+        "output_loading_info": True,
+        "ignore_mismatched_sizes": True,
+    }
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     kwargs["use_safetensors"] = None if allow_pickle else True
@@ -287,8 +307,10 @@ def load(
         with quiet_transformers():
             model, info = cls.from_pretrained(source, **kwargs)
     except pickle.UnpicklingError:
-        raise HeadcutError(f"refused {path}: its pickle weights hold more than tensors (torch's weights-only "
-                           "loader stopped them; they could run code)") from None
+        raise HeadcutError(
+            f"refused {path}: its pickle weights hold more than tensors (torch's weights-only "
+            "loader stopped them; they could run code)"
+        ) from None
     except HeadcutError:
         raise
     except PermissionError as exc:

@@ -57,8 +57,10 @@ def read_mask_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     except PermissionError:
         raise HeadcutError(f"cannot read {p}: permission denied") from None
     except RecursionError:
-        raise HeadcutError(f"mask file {p} is nested too deeply to be a mask "
-                           '(expected {"keep": {block: [heads]}} or {"drop": ...})') from None
+        raise HeadcutError(
+            f"mask file {p} is nested too deeply to be a mask "
+            '(expected {"keep": {block: [heads]}} or {"drop": ...})'
+        ) from None
     except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
         raise HeadcutError(f"mask file {p} is not valid JSON: {str(exc).strip().splitlines()[0]}") from None
     try:
@@ -77,8 +79,9 @@ def check_mask(raw: Any) -> tuple[str, Mapping[str, Any]]:
     with exactly one of ``keep`` or ``drop``, mapping block names to lists of distinct head indices
     (integers; not booleans, floats, strings or null). Returns the mode and its entries."""
     if not isinstance(raw, Mapping):
-        raise HeadcutError('a mask must be a JSON object {"keep": {...}} or {"drop": {...}}, '
-                           f"not {type(raw).__name__}")
+        raise HeadcutError(
+            f'a mask must be a JSON object {{"keep": {{...}}}} or {{"drop": {{...}}}}, not {type(raw).__name__}'
+        )
     modes = [k for k in ("keep", "drop") if k in raw]
     extra = sorted(map(str, set(raw) - {"keep", "drop"}))
     if len(modes) != 1 or extra:
@@ -92,8 +95,10 @@ def check_mask(raw: Any) -> tuple[str, Mapping[str, Any]]:
         if not isinstance(name, str):
             raise HeadcutError(f'mask "{mode}" names block {name!r:.40}: block names are strings such as "self.0"')
         if heads is None:
-            raise HeadcutError(f'mask entry for block {name} is null: give a list of head indices '
-                               f'(an empty list {"drops every head" if mode == "keep" else "drops none"})')
+            raise HeadcutError(
+                f"mask entry for block {name} is null: give a list of head indices "
+                f"(an empty list {'drops every head' if mode == 'keep' else 'drops none'})"
+            )
         if not isinstance(heads, (list, tuple)) or not all(_is_index(h) for h in heads):
             bad = heads if not isinstance(heads, (list, tuple)) else next(h for h in heads if not _is_index(h))
             found = json.dumps(bad) if bad is None or isinstance(bad, bool) else repr(bad)[:40]

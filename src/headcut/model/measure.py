@@ -18,8 +18,9 @@ from ..errors import HeadcutError
 from ..stats import round_order
 
 
-def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None,
-                **kwargs: Any) -> int:
+def _sdpa_flops(
+    query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any
+) -> int:
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
@@ -103,8 +104,9 @@ def _time_one(fn: Callable[[], Any], device: torch.device) -> float:
     return (time.perf_counter() - t0) * 1000.0
 
 
-def time_calls(fn: Callable[[], Any], runs: int, device: torch.device,
-               step: Callable[[int], None] | None = None) -> list[float]:
+def time_calls(
+    fn: Callable[[], Any], runs: int, device: torch.device, step: Callable[[int], None] | None = None
+) -> list[float]:
     """Milliseconds of ``runs`` calls of ``fn`` (CUDA events on CUDA, perf_counter on CPU)."""
     times: list[float] = []
     for i in range(runs):
@@ -113,8 +115,13 @@ def time_calls(fn: Callable[[], Any], runs: int, device: torch.device,
             step(i + 1)
     return times
 
-def time_rounds(calls: Sequence[Callable[[], Any]], rounds: int, clocks: Sequence[torch.device],
-                step: Callable[[int], None] | None = None) -> list[list[float]]:
+
+def time_rounds(
+    calls: Sequence[Callable[[], Any]],
+    rounds: int,
+    clocks: Sequence[torch.device],
+    step: Callable[[int], None] | None = None,
+) -> list[list[float]]:
     """Milliseconds of ``rounds`` interleaved rounds: round ``r`` makes one timed call of each of ``calls`` in
     :func:`round_order` (``clocks[i]`` times call ``i``, as :func:`time_calls` does). Returns one list per
     call, in round order: ``[i][r]`` is call ``i`` in round ``r``. ``step(r)`` after round ``r`` (from 1)."""
@@ -149,8 +156,9 @@ def _cache_tensors(cache: Any) -> list[torch.Tensor]:
     if layers is not None:
         out = []
         for layer in layers:
-            out += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
-                    if isinstance(t, torch.Tensor)]
+            out += [
+                t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)
+            ]
         return out
     raise HeadcutError(f"cannot read a KV cache of type {type(cache).__name__}")
 

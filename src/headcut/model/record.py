@@ -40,8 +40,9 @@ ENTRY_KEYS = {"q", "kv", "groups", "heads", "kv_heads"}
 
 
 def _damaged(path: str, why: str) -> HeadcutError:
-    return HeadcutError(f"{path}: the headcut record in config.json is damaged or was edited by hand ({why}); "
-                        "nothing was loaded")
+    return HeadcutError(
+        f"{path}: the headcut record in config.json is damaged or was edited by hand ({why}); nothing was loaded"
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -61,8 +62,10 @@ def _check_shape(record: Any, where: str) -> dict[str, Any]:
     if fmt > RECORD_FORMAT or (_is_int(record.get("runtime_format")) and record["runtime_format"] > RUNTIME_FORMAT):
         by = record.get("headcut_version")
         by = by if isinstance(by, str) and len(by) < 40 else "a newer headcut"
-        raise HeadcutError(f"{where} was saved by headcut {by} (record format {fmt}), newer than this headcut "
-                           f"{__version__} (format {RECORD_FORMAT}): upgrade headcut to load it")
+        raise HeadcutError(
+            f"{where} was saved by headcut {by} (record format {fmt}), newer than this headcut "
+            f"{__version__} (format {RECORD_FORMAT}): upgrade headcut to load it"
+        )
     if fmt != RECORD_FORMAT:
         raise _damaged(where, f"unknown format {fmt}")
     unknown = sorted(set(record) - RECORD_KEYS)
@@ -90,8 +93,11 @@ def _check_shape(record: Any, where: str) -> dict[str, Any]:
 
 def _check_entry(where: str, name: str, entry: dict[str, Any], heads: int, kv_heads: int) -> BlockCut:
     if entry["heads"] != heads or entry["kv_heads"] != kv_heads:
-        raise _damaged(where, f"block {name} has {heads} heads and {kv_heads} KV heads in this architecture, "
-                       f"the record says {entry['heads']} and {entry['kv_heads']}")
+        raise _damaged(
+            where,
+            f"block {name} has {heads} heads and {kv_heads} KV heads in this architecture, "
+            f"the record says {entry['heads']} and {entry['kv_heads']}",
+        )
     q, kv, groups = entry["q"], entry["kv"], entry["groups"]
     bad_q = [h for h in q if not 0 <= h < heads]
     bad_kv = [h for h in kv if not 0 <= h < kv_heads]
@@ -129,10 +135,20 @@ def check_record(config: Any, cls: type, where: str) -> nn.Module:
     adapter = adapter_for_config(config)
     try:
         skeleton = uncut_model(config, cls)
-    except (ValueError, TypeError, AttributeError, RuntimeError, IndexError, KeyError, OverflowError,
-            ZeroDivisionError) as exc:  # the numbers were checked before; this is the last net
-        raise HeadcutError(f"{where}: cannot build {cls.__name__} from config.json "
-                           f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})") from None
+    except (
+        ValueError,
+        TypeError,
+        AttributeError,
+        RuntimeError,
+        IndexError,
+        KeyError,
+        OverflowError,
+        ZeroDivisionError,
+    ) as exc:  # the numbers were checked before; this is the last net
+        raise HeadcutError(
+            f"{where}: cannot build {cls.__name__} from config.json "
+            f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
+        ) from None
     record = getattr(config, "headcut", None)
     if record is None:
         return skeleton

@@ -78,13 +78,18 @@ def _clean_auto_map(name: str, text: str, trust_remote_code: bool, notes: list[s
         data["auto_map"] = kept
     else:
         del data["auto_map"]
-    why = "it names code files headcut does not copy" if trust_remote_code else "it would run foreign code " \
-        "(keep Hub references with --trust-remote-code)"
+    why = (
+        "it names code files headcut does not copy"
+        if trust_remote_code
+        else "it would run foreign code (keep Hub references with --trust-remote-code)"
+    )
     notes.append(f"{name}: dropped auto_map entries {', '.join(dropped)}: {why}")
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-def copy_side_files(source: str | Path | None, dest: Path, trust_remote_code: bool = False) -> tuple[list[str], list[str]]:
+def copy_side_files(
+    source: str | Path | None, dest: Path, trust_remote_code: bool = False
+) -> tuple[list[str], list[str]]:
     """Copy the tokenizer, processor, generation and licence files of a local source checkpoint
     (:data:`SIDE_FILES`, nothing else: no code). A symbolic link is followed only inside the checkpoint
     (or its Hugging Face cache repository) and copied as a plain file; ``auto_map`` entries that name
@@ -123,8 +128,13 @@ def copy_side_files(source: str | Path | None, dest: Path, trust_remote_code: bo
     return copied, notes
 
 
-def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None = None,
-                     trust_remote_code: bool = False, form: CheckpointForm | None = None) -> list[str]:
+def write_checkpoint(
+    model: nn.Module,
+    folder: Path,
+    source: str | Path | None = None,
+    trust_remote_code: bool = False,
+    form: CheckpointForm | None = None,
+) -> list[str]:
     """Write ``model`` into an existing empty folder (see :func:`save` for the atomic version) in ``form``
     (default: :func:`headcut.model.stock.stock_form`: a plain transformers checkpoint where the cut allows it,
     else headcut's form with ``modeling_headcut.py``); returns notes on the side files left out."""
@@ -135,8 +145,9 @@ def write_checkpoint(model: nn.Module, folder: Path, source: str | Path | None =
     return finish_checkpoint(model, folder, source, trust_remote_code, form)
 
 
-def finish_checkpoint(model: nn.Module, folder: Path, source: str | Path | None, trust_remote_code: bool,
-                      form: CheckpointForm) -> list[str]:
+def finish_checkpoint(
+    model: nn.Module, folder: Path, source: str | Path | None, trust_remote_code: bool, form: CheckpointForm
+) -> list[str]:
     """The files of a checkpoint beside its weights (:func:`write_checkpoint` wrote ``config.json`` with them;
     else it is written here): the config in ``form`` (the stock config, or headcut's record with
     ``modeling_headcut.py``), and the source's side files; returns notes on the side files left out."""

@@ -70,8 +70,14 @@ class CheckpointForm:
         return f'transformers.{self.auto}.from_pretrained("OUT", trust_remote_code=True) or headcut.load("OUT")'
 
     def to_json(self) -> dict[str, Any]:
-        return {"form": self.form, "architecture": self.architecture, "model_type": self.model_type,
-                "loader": self.loader, "trust_remote_code": not self.stock, "why_not_stock": self.why_not_stock}
+        return {
+            "form": self.form,
+            "architecture": self.architecture,
+            "model_type": self.model_type,
+            "loader": self.loader,
+            "trust_remote_code": not self.stock,
+            "why_not_stock": self.why_not_stock,
+        }
 
 
 def original_class(model: nn.Module) -> type:
@@ -95,8 +101,10 @@ def _uniform(blocks: list[Block]) -> tuple[int, int, int] | str:
     if len(shapes) > 1:
         counts = sorted({(b.heads, b.kv_heads) for b in blocks})
         shown = ", ".join(f"{h}/{kv}" for h, kv in counts[:4]) + (" ..." if len(counts) > 4 else "")
-        return (f"the cut keeps different head counts in different blocks (query/KV heads: {shown}), and a stock "
-                "config holds one count for every layer")
+        return (
+            f"the cut keeps different head counts in different blocks (query/KV heads: {shown}), and a stock "
+            "config holds one count for every layer"
+        )
     heads, kv_heads, head_dim = shapes.pop()
     if heads == 0:
         return "every block lost all its heads"

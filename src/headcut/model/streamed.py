@@ -71,6 +71,7 @@ def params_on_meta() -> Iterator[None]:
 
 # ---- the model, its layers and their tensors -------------------------------------------------------------------
 
+
 class _Stop(Exception):
     """Raised by the last stand-in: the capture needs nothing after the layers."""
 
@@ -78,8 +79,13 @@ class _Stop(Exception):
 class _StandIn(nn.Module):
     """Records the arguments a layer is called with and passes its input on."""
 
-    def __init__(self, calls: list[tuple[tuple[Any, ...], dict[str, Any]]], first: list[torch.Tensor],
-                 keep_input: bool, last: bool) -> None:
+    def __init__(
+        self,
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        first: list[torch.Tensor],
+        keep_input: bool,
+        last: bool,
+    ) -> None:
         super().__init__()
         self.calls, self.first, self.keep_input, self.last = calls, first, keep_input, last
 
@@ -205,18 +211,23 @@ class StreamedModel:
         for block in blocks:
             found = layer_stack(model, block)
             if found is None:
-                raise HeadcutError(f"layer-wise pruning needs the attention blocks in one list of layers; {block.name} "
-                                   "is in none")
+                raise HeadcutError(
+                    f"layer-wise pruning needs the attention blocks in one list of layers; {block.name} is in none"
+                )
             stacks[id(found[0])] = found[0]
             layer_of[block.name] = found[1]
         if len(stacks) != 1:
-            raise HeadcutError(f"layer-wise pruning needs the attention blocks in one list of layers; "
-                               f"{adapter.family} has {len(stacks)} (an encoder and a decoder): prune it without "
-                               "--layerwise")
+            raise HeadcutError(
+                f"layer-wise pruning needs the attention blocks in one list of layers; "
+                f"{adapter.family} has {len(stacks)} (an encoder and a decoder): prune it without "
+                "--layerwise"
+            )
         shared = [b.name for b in blocks if b.shared]
         if shared:
-            raise HeadcutError(f"layer-wise pruning cannot cut layers that share weights ({shared[0]}): prune "
-                               f"{adapter.family} without --layerwise")
+            raise HeadcutError(
+                f"layer-wise pruning cannot cut layers that share weights ({shared[0]}): prune "
+                f"{adapter.family} without --layerwise"
+            )
         if adapter.no_layerwise:
             raise HeadcutError(f"layer-wise pruning does not apply to {adapter.family}: {adapter.no_layerwise}")
         layers = next(iter(stacks.values()))
@@ -244,7 +255,8 @@ class StreamedModel:
                 return other
         raise HeadcutError(
             f"layer-wise pruning reads tensors by their names in the model; {self.folder} has no {name} (a checkpoint "
-            "whose tensor names transformers converts on loading cannot be streamed: prune it without --layerwise)")
+            "whose tensor names transformers converts on loading cannot be streamed: prune it without --layerwise)"
+        )
 
     def _check_names(self) -> None:
         for prefix, layer in zip(self.prefixes, self.layers):
@@ -269,15 +281,23 @@ class StreamedModel:
             if tuple(self.checkpoint.shapes[key]) != tuple(t.shape):
                 mismatched.append((name, self.checkpoint.shapes[key], tuple(t.shape)))
         prefix = f"{self.model.base_model_prefix}."
-        head = [name for name in missing if not name.startswith(prefix)] if self.model.base_model is not self.model else []
+        head = (
+            [name for name in missing if not name.startswith(prefix)] if self.model.base_model is not self.model else []
+        )
         if new_head and head:
-            raise HeadcutError(f"{self.folder} has no {type(self.model).__name__} head ({', '.join(head[:4])}): a "
-                               f"{label('layerwise')} run writes only the tensors the checkpoint holds, so it cannot add "
-                               "a new task head; prune it without --layerwise")
+            raise HeadcutError(
+                f"{self.folder} has no {type(self.model).__name__} head ({', '.join(head[:4])}): a "
+                f"{label('layerwise')} run writes only the tensors the checkpoint holds, so it cannot add "
+                "a new task head; prune it without --layerwise"
+            )
         ignored = _ignored_unexpected(self.model)
         unexpected = [k for k in self.checkpoint.where if k not in used and not (ignored and ignored.search(k))]
-        check_loading(self.model, {"missing_keys": missing, "unexpected_keys": unexpected,
-                                   "mismatched_keys": mismatched}, self.folder, None)
+        check_loading(
+            self.model,
+            {"missing_keys": missing, "unexpected_keys": unexpected, "mismatched_keys": mismatched},
+            self.folder,
+            None,
+        )
         check_dtypes(self.model, self.checkpoint.dtypes, self.folder, self._key_or_none)
 
     def _key_or_none(self, name: str) -> str | None:
@@ -315,8 +335,9 @@ class StreamedModel:
             t = tensors[key]
             current = mod._parameters.get(attr) if attr in mod._parameters else mod._buffers.get(attr)
             if current is not None and tuple(current.shape) != tuple(t.shape):
-                raise HeadcutError(f"{self.folder}: {key} is {tuple(t.shape)} but the config makes it "
-                                   f"{tuple(current.shape)}")
+                raise HeadcutError(
+                    f"{self.folder}: {key} is {tuple(t.shape)} but the config makes it {tuple(current.shape)}"
+                )
             if attr in mod._parameters:
                 mod._parameters[attr] = nn.Parameter(t, requires_grad=False)
             else:
@@ -361,8 +382,9 @@ class StreamedModel:
 
     # -- passes --------------------------------------------------------------------------------------------------
 
-    def capture(self, batches: Sequence[dict[str, Any]], spill: Path | None
-                ) -> tuple[Activations, list[list[tuple[tuple[Any, ...], dict[str, Any]]]]]:
+    def capture(
+        self, batches: Sequence[dict[str, Any]], spill: Path | None
+    ) -> tuple[Activations, list[list[tuple[tuple[Any, ...], dict[str, Any]]]]]:
         """The first layer's input and every layer's recorded call arguments, per batch (see the module's doc)."""
         base = self.model.base_model
         base_prefix = self._base_prefix()
@@ -397,8 +419,10 @@ class StreamedModel:
             for _, child in outside:
                 self.release(child)
         if any(len(c) != len(batches) for c in calls):
-            raise HeadcutError("layer-wise pruning needs every layer to run once per forward; this model runs some "
-                               "layers more often or not at all: prune it without --layerwise")
+            raise HeadcutError(
+                "layer-wise pruning needs every layer to run once per forward; this model runs some "
+                "layers more often or not at all: prune it without --layerwise"
+            )
         return first, calls
 
     def _base_prefix(self) -> str:
@@ -424,11 +448,20 @@ class LayerwiseStats:
     shards: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": "layerwise", "reason": self.reason, "layers": self.layers, "largest_layer_bytes": self.layer_bytes,
-                "checkpoint_bytes": self.checkpoint_bytes, "activations": self.activations,
-                "activation_bytes": self.activation_bytes, "max_memory_bytes": self.max_memory,
-                "score_seconds": round(self.score_seconds, 2), "write_seconds": round(self.write_seconds, 2),
-                "shards": self.shards, "peak_rss_bytes": peak_rss()}
+        return {
+            "path": "layerwise",
+            "reason": self.reason,
+            "layers": self.layers,
+            "largest_layer_bytes": self.layer_bytes,
+            "checkpoint_bytes": self.checkpoint_bytes,
+            "activations": self.activations,
+            "activation_bytes": self.activation_bytes,
+            "max_memory_bytes": self.max_memory,
+            "score_seconds": round(self.score_seconds, 2),
+            "write_seconds": round(self.write_seconds, 2),
+            "shards": self.shards,
+            "peak_rss_bytes": peak_rss(),
+        }
 
 
 def activation_bytes(batches: Sequence[dict[str, Any]], width: int, element: int) -> int:

@@ -21,10 +21,16 @@ from .tensor_files import ShardWriter
 SHARD_BYTES = 2 * 1024**3
 
 
-def write_layerwise(streamed: StreamedModel, cuts: dict[str, BlockCut], folder: Path, stats: LayerwiseStats,
-                    shard_bytes: int = SHARD_BYTES, progress: Callable[[int, int], None] | None = None,
-                    before_cut: Callable[[int], None] | None = None,
-                    after_cut: Callable[[int], None] | None = None) -> None:
+def write_layerwise(
+    streamed: StreamedModel,
+    cuts: dict[str, BlockCut],
+    folder: Path,
+    stats: LayerwiseStats,
+    shard_bytes: int = SHARD_BYTES,
+    progress: Callable[[int, int], None] | None = None,
+    before_cut: Callable[[int], None] | None = None,
+    after_cut: Callable[[int], None] | None = None,
+) -> None:
     """Cut every layer of ``streamed`` by ``cuts`` and write all tensors as safetensors shards into ``folder``
     (an existing empty folder); afterwards the meta model carries the cut (shapes, record in its config).
     ``before_cut(i)`` / ``after_cut(i)``: called with layer ``i``'s weights in memory, before its cut and before it
@@ -45,7 +51,7 @@ def write_layerwise(streamed: StreamedModel, cuts: dict[str, BlockCut], folder: 
     writer = ShardWriter(folder, limit)
     outside = streamed.outside_layers()
     for start_at in range(0, len(outside), 64):
-        part = dict(outside[start_at:start_at + 64])
+        part = dict(outside[start_at : start_at + 64])
         tensors = streamed.checkpoint.read(list(part.values()))
         for name, key in part.items():
             writer.add(name, tensors[key])

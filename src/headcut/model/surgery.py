@@ -88,7 +88,9 @@ def _is_identity(block: Block, cut: BlockCut) -> bool:
     )
 
 
-def block_ops(adapter: Adapter, base: nn.Module, blocks: list[Block], cuts: dict[str, BlockCut]) -> list[dict[str, Any]]:
+def block_ops(
+    adapter: Adapter, base: nn.Module, blocks: list[Block], cuts: dict[str, BlockCut]
+) -> list[dict[str, Any]]:
     """Ops for every non-identity cut; blocks sharing one module are cut once."""
     ops: list[dict[str, Any]] = []
     done: set[str] = set()
@@ -127,7 +129,9 @@ def _compose(previous: dict[str, Any] | None, blocks: list[Block], cuts: dict[st
         if cut is None:
             entry = prior
         else:
-            entry = dict(prior, q=[prior["q"][i] for i in cut.q], kv=[prior["kv"][j] for j in cut.kv], groups=cut.groups)
+            entry = dict(
+                prior, q=[prior["q"][i] for i in cut.q], kv=[prior["kv"][j] for j in cut.kv], groups=cut.groups
+            )
         full_groups = entry["heads"] // entry["kv_heads"] if entry["kv_heads"] else 1
         unchanged = (
             entry["q"] == list(range(entry["heads"]))

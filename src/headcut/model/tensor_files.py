@@ -75,19 +75,41 @@ class Checkpoint:
         if isinstance(named, torch.dtype) and named.is_floating_point:
             return named
         first = next(iter(self.where.values()))
-        return FLOAT_DTYPES[next((d for k, d in self.dtypes.items() if self.where[k] == first and d in FLOAT_DTYPES),
-                                 "F32")]
+        return FLOAT_DTYPES[
+            next((d for k, d in self.dtypes.items() if self.where[k] == first and d in FLOAT_DTYPES), "F32")
+        ]
 
 
-DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "F8_E4M3": 1, "F8_E5M2": 1}
+DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 #: safetensors' floating-point dtypes that transformers loads in one model dtype
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
-SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-                       torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-                       torch.bool: "BOOL"}
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -100,8 +122,11 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
         if t.dtype not in SAFETENSORS_DTYPES:
             raise HeadcutError(f"cannot write {name}: dtype {t.dtype} has no safetensors name")
         size = t.numel() * t.element_size()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + size]}
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)

@@ -47,7 +47,7 @@ def _front_matter(text: str) -> dict[str, str]:
         return {}
     end = text.find("\n---", 4)
     out: dict[str, str] = {}
-    for line in text[4:end if end > 0 else 0].splitlines():
+    for line in text[4 : end if end > 0 else 0].splitlines():
         key, sep, value = line.partition(":")
         if sep and key and not key.startswith((" ", "-")) and value.strip():
             value = value.strip()
@@ -95,8 +95,15 @@ def _heads(model: nn.Module) -> tuple[list[tuple[str, int, int, int, int]], int]
     rows = []
     for block in described.blocks:
         entry = cut.get(block.name) or {}
-        rows.append((block.name, int(entry.get("heads", block.heads)), block.heads,
-                     int(entry.get("kv_heads", block.kv_heads)), block.kv_heads))
+        rows.append(
+            (
+                block.name,
+                int(entry.get("heads", block.heads)),
+                block.heads,
+                int(entry.get("kv_heads", block.kv_heads)),
+                block.kv_heads,
+            )
+        )
     return rows, described.params
 
 
@@ -111,8 +118,9 @@ def _method_section(report: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     if command == "prune":
         entry = METHODS.get(str(report.get("method")))
-        lines.append(f"Pruned by `headcut prune --method {report.get('method')}`"
-                     + (f": {entry.summary}." if entry else "."))
+        lines.append(
+            f"Pruned by `headcut prune --method {report.get('method')}`" + (f": {entry.summary}." if entry else ".")
+        )
         if entry:
             lines.append(f"Paper: {entry.citation}.")
         target = report.get("target")
@@ -123,39 +131,60 @@ def _method_section(report: dict[str, Any]) -> list[str]:
         hidden = {"model", "out", "force", "json", "json_out", "quiet", "output_format", "format"}
         if "gguf" not in str(arguments.get("output_format") or arguments.get("format") or ""):
             hidden.add("gguf_type")
-        settings = {k: v for k, v in arguments.items() if v is not None and v is not False and v != ""
-                    and k not in hidden}
+        settings = {
+            k: v for k, v in arguments.items() if v is not None and v is not False and v != "" and k not in hidden
+        }
         if settings:
             lines.append("Settings: " + ", ".join(f"`{k}={v}`" for k, v in sorted(settings.items())) + ".")
         for stage in report.get("rounds") or []:
-            lines.append(f"The cut ran in two rounds: first to {stage['keep']} heads"
-                         + (", refitted" if stage.get("refit") else "")
-                         + (f" and fine-tuned for {stage['recovery']['steps']} step"
-                            + ("s" if stage["recovery"]["steps"] != 1 else "") if stage.get("recovery") else "")
-                         + ", then to the heads kept, as below.")
+            lines.append(
+                f"The cut ran in two rounds: first to {stage['keep']} heads"
+                + (", refitted" if stage.get("refit") else "")
+                + (
+                    f" and fine-tuned for {stage['recovery']['steps']} step"
+                    + ("s" if stage["recovery"]["steps"] != 1 else "")
+                    if stage.get("recovery")
+                    else ""
+                )
+                + ", then to the heads kept, as below."
+            )
         recovery = report.get("recovery")
         if recovery:
             extra = recovery.get("recover_data")
-            also = (f" on the training rows and {extra['examples']} unlabelled rows of {extra['source']} (alpha 1)"
-                    if extra else "")
+            also = (
+                f" on the training rows and {extra['examples']} unlabelled rows of {extra['source']} (alpha 1)"
+                if extra
+                else ""
+            )
             weight = (recovery.get("config") or {}).get("hidden_weight")
             also += f", its hidden states matched with weight {weight:g}" if weight else ""
             average = (recovery.get("config") or {}).get("average_last")
-            also += (f", at a constant learning rate with its weights averaged over the last {average:g} of the steps"
-                     if average else "")
-            lines.append(f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned "
-                         f"model{also}.")
-        distilled = ((report.get("training") or {}).get("distillation") or {})
+            also += (
+                f", at a constant learning rate with its weights averaged over the last {average:g} of the steps"
+                if average
+                else ""
+            )
+            lines.append(
+                f"Then {recovery['steps']} steps of recovery fine-tuning, distilled from the unpruned model{also}."
+            )
+        distilled = (report.get("training") or {}).get("distillation") or {}
         if distilled:
-            lines.append(f"The gates were trained with distillation from the unpruned model (alpha "
-                         f"{distilled.get('alpha')}, temperature {distilled.get('temperature')}).")
+            lines.append(
+                f"The gates were trained with distillation from the unpruned model (alpha "
+                f"{distilled.get('alpha')}, temperature {distilled.get('temperature')})."
+            )
     elif command == "export":
-        lines.append("Heads removed by `headcut export` with a given mask "
-                     f"(`--mask {(report.get('arguments') or {}).get('mask')}`, GQA policy `{report.get('gqa')}`).")
+        lines.append(
+            "Heads removed by `headcut export` with a given mask "
+            f"(`--mask {(report.get('arguments') or {}).get('mask')}`, GQA policy `{report.get('gqa')}`)."
+        )
     elif command == "finetune":
         teacher = report.get("teacher")
-        lines.append(f"Fine-tuned by `headcut finetune` for {report.get('steps')} steps"
-                     + (f", distilled from `{teacher}`" if teacher else "") + "; its heads were not changed.")
+        lines.append(
+            f"Fine-tuned by `headcut finetune` for {report.get('steps')} steps"
+            + (f", distilled from `{teacher}`" if teacher else "")
+            + "; its heads were not changed."
+        )
     if report.get("seconds") is not None:
         lines.append(f"The command took {float(report['seconds']):.0f} s.")
     return lines
@@ -164,17 +193,23 @@ def _method_section(report: dict[str, Any]) -> list[str]:
 def _metric_section(report: dict[str, Any]) -> list[str]:
     metric = report.get("metric")
     if not isinstance(metric, dict) or metric.get("name") is None:
-        how = ("`headcut eval THIS_FOLDER --data FILE` measures one" if report.get("command") == "export"
-               else "pass `--eval-data` to measure one")
+        how = (
+            "`headcut eval THIS_FOLDER --data FILE` measures one"
+            if report.get("command") == "export"
+            else "pass `--eval-data` to measure one"
+        )
         return [f"No metric was measured by this command ({how})."]
     data = report.get("eval_data") or report.get("data") or {}
     where = data.get("source") or data.get("path") or data.get("name") or "the evaluation data"
     examples = data.get("examples")
     on = f"`{where}`" + (f", {examples:,} examples" if isinstance(examples, int) else "")
     return [
-        "| metric | before | after | change |", "| --- | --- | --- | --- |",
+        "| metric | before | after | change |",
+        "| --- | --- | --- | --- |",
         f"| {metric['name']} | {_fmt_metric(metric.get('before'))} | {_fmt_metric(metric.get('after'))} | "
-        f"{_fmt_metric(metric.get('change'))} |", "", f"Measured on {on}." + _steps_line(report, metric),
+        f"{_fmt_metric(metric.get('change'))} |",
+        "",
+        f"Measured on {on}." + _steps_line(report, metric),
     ]
 
 
@@ -202,26 +237,45 @@ def _checkpoint_lines(model: nn.Module, checkpoint: dict[str, Any]) -> list[str]
     if checkpoint.get("form") == "stock":
         lines = [
             f"A plain transformers checkpoint (`{arch}`, stock `{checkpoint.get('model_type')}` config): no custom "
-            "code, no `trust_remote_code`, headcut not needed.", "", "```python", f"from transformers import {auto}",
-            f'model = {auto}.from_pretrained("path/to/this/folder")', "```", "",
+            "code, no `trust_remote_code`, headcut not needed.",
+            "",
+            "```python",
+            f"from transformers import {auto}",
+            f'model = {auto}.from_pretrained("path/to/this/folder")',
+            "```",
+            "",
         ]
         if arch != _architecture(model):
-            lines += [f"It is written as `{arch}`, not `{_architecture(model)}`: the {_architecture(model)} config "
-                      "refuses these head counts, and this class computes the same with the same weights "
-                      "(checked when it was written).", ""]
+            lines += [
+                f"It is written as `{arch}`, not `{_architecture(model)}`: the {_architecture(model)} config "
+                "refuses these head counts, and this class computes the same with the same weights "
+                "(checked when it was written).",
+                "",
+            ]
         return lines
     return [
         "With plain transformers (the cut is applied by the small `modeling_headcut.py` shipped here):",
-        "", "```python", f"from transformers import {auto}",
-        f'model = {auto}.from_pretrained("path/to/this/folder", trust_remote_code=True)', "```", "",
-        "With headcut (no remote code runs):", "", "```python", "import headcut",
-        'model = headcut.load("path/to/this/folder")', "```", "",
-        f"Not a plain checkpoint because {checkpoint.get('why_not_stock') or 'of the cut'}.", "",
+        "",
+        "```python",
+        f"from transformers import {auto}",
+        f'model = {auto}.from_pretrained("path/to/this/folder", trust_remote_code=True)',
+        "```",
+        "",
+        "With headcut (no remote code runs):",
+        "",
+        "```python",
+        "import headcut",
+        'model = headcut.load("path/to/this/folder")',
+        "```",
+        "",
+        f"Not a plain checkpoint because {checkpoint.get('why_not_stock') or 'of the cut'}.",
+        "",
     ]
 
 
-def _files_section(model: nn.Module, formats: dict[str, Any], has_weights: bool,
-                   checkpoint: dict[str, Any] | None = None) -> list[str]:
+def _files_section(
+    model: nn.Module, formats: dict[str, Any], has_weights: bool, checkpoint: dict[str, Any] | None = None
+) -> list[str]:
     lines = []
     if has_weights:
         if checkpoint is None:
@@ -232,22 +286,43 @@ def _files_section(model: nn.Module, formats: dict[str, Any], has_weights: bool,
     onnx = formats.get("onnx")
     if onnx:
         parity = onnx.get("parity")
-        checked = (f" (checked: max abs difference from PyTorch {parity:.1e} in {onnx.get('checked_with')})"
-                   if isinstance(parity, float) else "")
-        lines += [f"ONNX (`{onnx.get('file')}`, opset {onnx.get('opset')}){checked}:", "", "```python",
-                  "import onnxruntime", f'session = onnxruntime.InferenceSession("{onnx.get("file")}")',
-                  f"# inputs: {', '.join(onnx.get('inputs', [])[:4])}"
-                  + (" ..." if len(onnx.get("inputs", [])) > 4 else ""), "```", ""]
+        checked = (
+            f" (checked: max abs difference from PyTorch {parity:.1e} in {onnx.get('checked_with')})"
+            if isinstance(parity, float)
+            else ""
+        )
+        lines += [
+            f"ONNX (`{onnx.get('file')}`, opset {onnx.get('opset')}){checked}:",
+            "",
+            "```python",
+            "import onnxruntime",
+            f'session = onnxruntime.InferenceSession("{onnx.get("file")}")',
+            f"# inputs: {', '.join(onnx.get('inputs', [])[:4])}" + (" ..." if len(onnx.get("inputs", [])) > 4 else ""),
+            "```",
+            "",
+        ]
     gguf = formats.get("gguf")
     if gguf:
-        lines += [f"GGUF for llama.cpp (`{gguf.get('file')}`, {gguf.get('outtype')}, architecture "
-                  f"`{gguf.get('arch')}` with per-layer head counts):", "", "```bash",
-                  f"llama-cli -m {gguf.get('file')} -p \"Hello\"", "```", ""]
+        lines += [
+            f"GGUF for llama.cpp (`{gguf.get('file')}`, {gguf.get('outtype')}, architecture "
+            f"`{gguf.get('arch')}` with per-layer head counts):",
+            "",
+            "```bash",
+            f'llama-cli -m {gguf.get("file")} -p "Hello"',
+            "```",
+            "",
+        ]
     return lines
 
 
-def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None = None,
-              formats: dict[str, Any] | None = None, has_weights: bool = True) -> str:
+def card_text(
+    model: nn.Module,
+    report: dict[str, Any],
+    *,
+    source: Path | None = None,
+    formats: dict[str, Any] | None = None,
+    has_weights: bool = True,
+) -> str:
     """The card of an output folder holding ``model``, written by the command of ``report``."""
     from .. import __version__
 
@@ -260,8 +335,11 @@ def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None =
         tags.append(str(report["method"]))
     tags += [f for f in ("onnx", "gguf") if f in formats]
     header = ["---"]
-    header.append(f"base_model: {_yaml_str(base)}" if base else
-                  f"# base_model: not known (made from the local checkpoint {_yaml_str(Path(model_name).name)})")
+    header.append(
+        f"base_model: {_yaml_str(base)}"
+        if base
+        else f"# base_model: not known (made from the local checkpoint {_yaml_str(Path(model_name).name)})"
+    )
     header.append("library_name: transformers")
     tag = _pipeline_tag(model)
     if tag:
@@ -275,12 +353,20 @@ def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None =
     params = report.get("params") if isinstance(report.get("params"), dict) else {}
     params_before = params.get("before") or report.get("params_before")
     body = [
-        "", f"# {Path(str(report.get('out') or 'model')).name}", "",
+        "",
+        f"# {Path(str(report.get('out') or 'model')).name}",
+        "",
         f"A {_architecture(model)} with attention heads removed by headcut {__version__}, from `{model_name}`. The weights are really smaller: removed heads are sliced out "
-        "of the projections, not masked.", "", "## What was removed", "",
-        f"Heads: {before} -> {after}" + (f" ({100 * (before - after) / before:.0f} % removed)" if before else "")
-        + ". Parameters: " + (f"{params_before:,} -> " if isinstance(params_before, int) else "")
-        + f"{params_after:,}.", "",
+        "of the projections, not masked.",
+        "",
+        "## What was removed",
+        "",
+        f"Heads: {before} -> {after}"
+        + (f" ({100 * (before - after) / before:.0f} % removed)" if before else "")
+        + ". Parameters: "
+        + (f"{params_before:,} -> " if isinstance(params_before, int) else "")
+        + f"{params_after:,}.",
+        "",
         "| block | heads before | heads after | KV heads before | KV heads after |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -288,9 +374,13 @@ def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None =
     body += ["", "## How", "", *_method_section(report), "", "## Quality", "", *_metric_section(report), ""]
     checkpoint = report.get("checkpoint") if isinstance(report.get("checkpoint"), dict) else None
     body += ["## How to load it", "", *_files_section(model, formats, has_weights, checkpoint)]
-    body += [SPEED_MARK, "## Speed", "",
-             "Not measured yet: `headcut bench ORIGINAL THIS_FOLDER --update-card` times both and writes the "
-             "speed-up here.", ""]
+    body += [
+        SPEED_MARK,
+        "## Speed",
+        "",
+        "Not measured yet: `headcut bench ORIGINAL THIS_FOLDER --update-card` times both and writes the speed-up here.",
+        "",
+    ]
     entry = METHODS.get(str(report.get("method"))) if report.get("command") == "prune" else None
     if entry is not None and entry.paper.split()[0] != "headcut":
         body += ["## Citation", "", PAPERS[entry.paper.split()[0]], ""]
@@ -299,20 +389,31 @@ def card_text(model: nn.Module, report: dict[str, Any], *, source: Path | None =
 
 def speed_section(rows: list[dict[str, Any]], baseline: str, machine: str) -> str:
     """The card's speed section from ``headcut bench`` rows (this folder's rows and the baseline's)."""
-    lines = [SPEED_MARK, "## Speed", "", f"Measured by `headcut bench` against `{baseline}` on {machine}:", "",
-             "| runtime | device | dtype | input | median ms | speed-up | per-round speed-ups (p25-p75) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        SPEED_MARK,
+        "## Speed",
+        "",
+        f"Measured by `headcut bench` against `{baseline}` on {machine}:",
+        "",
+        "| runtime | device | dtype | input | median ms | speed-up | per-round speed-ups (p25-p75) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         speed, low, high = r.get("speedup"), r.get("speedup_p25"), r.get("speedup_p75")
         spread = "—" if low is None or high is None else f"{float(low):.2f}-{float(high):.2f}x"
         if r.get("within_noise"):
             spread += " (within run-to-run noise)"
-        lines.append(f"| {r.get('runtime', 'torch')} | {r.get('device')} | {r.get('dtype')} | "
-                     f"{r.get('input', '')} | {float(r['median_ms']):.1f} | "
-                     f"{'—' if speed is None else f'{float(speed):.2f}x'} | {spread} |")
+        lines.append(
+            f"| {r.get('runtime', 'torch')} | {r.get('device')} | {r.get('dtype')} | "
+            f"{r.get('input', '')} | {float(r['median_ms']):.1f} | "
+            f"{'—' if speed is None else f'{float(speed):.2f}x'} | {spread} |"
+        )
     if any(r.get("speedup_p25") is not None for r in rows):
-        lines += ["", "Timed interleaved (every model once per round, the order rotated each round); the per-round "
-                  "speed-ups are the baseline's time over this model's in the same round."]
+        lines += [
+            "",
+            "Timed interleaved (every model once per round, the order rotated each round); the per-round "
+            "speed-ups are the baseline's time over this model's in the same round.",
+        ]
     else:
         lines += ["", "Timed one model after the other (--no-interleave): under load the speed-up is not reliable."]
     return "\n".join(lines) + "\n"
@@ -324,17 +425,25 @@ def replace_speed(text: str, section: str) -> str:
     start = text.find(SPEED_MARK)
     if start < 0:
         return text.rstrip("\n") + "\n\n" + section
-    rest = text[start + len(SPEED_MARK):]
+    rest = text[start + len(SPEED_MARK) :]
     nxt = re.search(r"^## (?!Speed)", rest, flags=re.MULTILINE)
-    tail = rest[nxt.start():] if nxt else ""
+    tail = rest[nxt.start() :] if nxt else ""
     return text[:start] + section + ("\n" + tail if tail else "")
 
 
-def write_card(folder: Path, model: nn.Module, report: dict[str, Any], *, source: Path | None = None,
-               formats: dict[str, Any] | None = None, has_weights: bool = True) -> None:
+def write_card(
+    folder: Path,
+    model: nn.Module,
+    report: dict[str, Any],
+    *,
+    source: Path | None = None,
+    formats: dict[str, Any] | None = None,
+    has_weights: bool = True,
+) -> None:
     """Write ``README.md`` into ``folder`` (a staging folder: the caller renames it into place)."""
-    (folder / CARD).write_text(card_text(model, report, source=source, formats=formats, has_weights=has_weights),
-                               encoding="utf-8")
+    (folder / CARD).write_text(
+        card_text(model, report, source=source, formats=formats, has_weights=has_weights), encoding="utf-8"
+    )
 
 
 def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[list[Path], list[str]]:
@@ -362,11 +471,19 @@ def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[l
                 continue
             ref = base.get(r.runtime)
             shape = "x".join(str(v) for v in next(iter(r.inputs.values()), []))
-            rows.append({"runtime": r.runtime, "device": r.device, "dtype": r.dtype, "input": shape,
-                         "median_ms": r.median_ms,
-                         "speedup": ref.median_ms / r.median_ms if ref is not None and r.median_ms else None,
-                         "speedup_p25": getattr(r, "speedup_p25", None), "speedup_p75": getattr(r, "speedup_p75", None),
-                         "within_noise": getattr(r, "within_noise", None)})
+            rows.append(
+                {
+                    "runtime": r.runtime,
+                    "device": r.device,
+                    "dtype": r.dtype,
+                    "input": shape,
+                    "median_ms": r.median_ms,
+                    "speedup": ref.median_ms / r.median_ms if ref is not None and r.median_ms else None,
+                    "speedup_p25": getattr(r, "speedup_p25", None),
+                    "speedup_p75": getattr(r, "speedup_p75", None),
+                    "within_noise": getattr(r, "within_noise", None),
+                }
+            )
         OutputFile(card, "--update-card").write_text(replace_speed(text, speed_section(rows, names[0], machine)))
         written.append(card)
     return written, notes

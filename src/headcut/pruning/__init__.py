@@ -48,7 +48,9 @@ def needs_data(name: str) -> bool:
     return method_entry(name).data != "none"
 
 
-def check_budget(model: nn.Module, config: PruneConfig, options: Any = None) -> tuple[list[BlockSet], Budget, Method, Any]:
+def check_budget(
+    model: nn.Module, config: PruneConfig, options: Any = None
+) -> tuple[list[BlockSet], Budget, Method, Any]:
     """Validate ``config`` and the method's ``options`` against ``model`` without reading data:
     every refusal of :func:`plan_prune` that comes before scoring or training. Returns the prune
     units, the resolved budget, the method and its validated options."""
@@ -67,10 +69,20 @@ def check_budget(model: nn.Module, config: PruneConfig, options: Any = None) -> 
 
 
 def plan_prune(
-    model: nn.Module, data: CalibrationLike, config: PruneConfig, options: Any = None, *,
-    eval_calibration: Any = None, metric: Metric | None = None, progress: PruneProgress | None = None,
-    on_step: StepLog | None = None, checkpoint_dir: str | Path | None = None, resume: bool = False,
-    dist: Dist | None = None, identity: dict[str, Any] | None = None, device: Any = None,
+    model: nn.Module,
+    data: CalibrationLike,
+    config: PruneConfig,
+    options: Any = None,
+    *,
+    eval_calibration: Any = None,
+    metric: Metric | None = None,
+    progress: PruneProgress | None = None,
+    on_step: StepLog | None = None,
+    checkpoint_dir: str | Path | None = None,
+    resume: bool = False,
+    dist: Dist | None = None,
+    identity: dict[str, Any] | None = None,
+    device: Any = None,
 ) -> PruneResult:
     """Decide which heads to keep with ``config.method``; the heads are not removed (see :func:`prune`).
 
@@ -92,9 +104,21 @@ def plan_prune(
         raise HeadcutError("a trajectory needs evaluation data (--eval-data)")
     blocks = model_blocks(model)
     problem = Problem(
-        model=model, config=config, blocks=blocks, sets=sets, budget=budget, data=data,
-        eval_data=eval_calibration, metric=metric, progress=progress, on_step=on_step,
-        checkpoint_dir=checkpoint_dir, resume=resume, dist=dist, identity=identity, device=device,
+        model=model,
+        config=config,
+        blocks=blocks,
+        sets=sets,
+        budget=budget,
+        data=data,
+        eval_data=eval_calibration,
+        metric=metric,
+        progress=progress,
+        on_step=on_step,
+        checkpoint_dir=checkpoint_dir,
+        resume=resume,
+        dist=dist,
+        identity=identity,
+        device=device,
     )
     result = method.run(problem, options)
     result.options = options
@@ -102,8 +126,9 @@ def plan_prune(
     return result
 
 
-def prune(model: nn.Module, data: CalibrationLike, config: PruneConfig, options: Any = None,
-          **kwargs: Any) -> PruneResult:
+def prune(
+    model: nn.Module, data: CalibrationLike, config: PruneConfig, options: Any = None, **kwargs: Any
+) -> PruneResult:
     """:func:`plan_prune`, then remove the heads (:func:`headcut.slim`); ``result.slim`` says what changed."""
     result = plan_prune(model, data, config, options, **kwargs)
     result.slim = slim(model, result.mask, gqa=config.gqa)
@@ -111,7 +136,22 @@ def prune(model: nn.Module, data: CalibrationLike, config: PruneConfig, options:
 
 
 __all__ = [
-    "Budget", "Metric", "Method", "PruneConfig", "PruneResult", "Problem", "TrajectoryPoint", "check_budget",
-    "eval_metric", "get_method", "keep_from_sparsity", "make_options", "method_names", "needs_data", "plan_prune",
-    "prune", "run_search", "within_drop",
+    "Budget",
+    "Metric",
+    "Method",
+    "PruneConfig",
+    "PruneResult",
+    "Problem",
+    "TrajectoryPoint",
+    "check_budget",
+    "eval_metric",
+    "get_method",
+    "keep_from_sparsity",
+    "make_options",
+    "method_names",
+    "needs_data",
+    "plan_prune",
+    "prune",
+    "run_search",
+    "within_drop",
 ]

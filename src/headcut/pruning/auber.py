@@ -127,12 +127,20 @@ class AuberOptions(DistillOptions):
 
     episodes: int = option(150, low=1, help="DQN episodes per layer (the paper's 150).")
     reverse: bool = option(False, help="Process the last layer first (the paper's AUBER-Reverse ablation).")
-    state: str = option("value-l1", choices=AUBER_STATES, help="The state feature: the L1 norm of each head's value "
-                        "matrix (the paper's), or the query, key or value L2 ablations.")
+    state: str = option(
+        "value-l1",
+        choices=AUBER_STATES,
+        help="The state feature: the L1 norm of each head's value "
+        "matrix (the paper's), or the query, key or value L2 ablations.",
+    )
     reward_examples: int = option(AUBER_REWARD_EXAMPLES, low=2, help="Mini-dev examples each reward is measured on.")
-    reward_metric: str | None = option(None, choices=REWARD_METRICS, help="The metric the reward is the change of "
-                                       "(default: a classifier's accuracy when the rewards see all of mini-dev, as in "
-                                       "the paper, else its loss; the loss for language models).")
+    reward_metric: str | None = option(
+        None,
+        choices=REWARD_METRICS,
+        help="The metric the reward is the change of "
+        "(default: a classifier's accuracy when the rewards see all of mini-dev, as in "
+        "the paper, else its loss; the loss for language models).",
+    )
     allow_empty_layers: bool = option(False, help="Let the agent prune a layer's last head (by default one stays).")
     layer_epochs: int = option(1, low=0, help="Fine-tuning epochs on mini-train after each layer (0: none).")
     patience: int = option(20, low=1, help="Evaluations without improvement that stop the final fine-tune.")
@@ -143,6 +151,7 @@ class AuberOptions(DistillOptions):
 
 
 # ---- the layer's units and state -----------------------------------------------------------------------
+
 
 def units_of(s: BlockSet) -> list[list[int]]:
     """The heads each action removes (in every block of the set): one head, or a whole KV group."""
@@ -181,6 +190,7 @@ def initial_state(norms: torch.Tensor) -> torch.Tensor:
 
 
 # ---- the report ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class LayerRecord:
@@ -237,24 +247,41 @@ class AuberRun:
     distillation: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"distillation": self.distillation,
-            "reward_metric": self.reward_metric, "reward_metric_why": self.reward_metric_why,
-            "higher_is_better": self.higher_is_better, "state": self.state,
-            "episodes": self.episodes, "reverse": self.reverse, "upper_bound": self.upper_bound,
-            "reward_scale": REWARD_SCALE, "split": f"{SPLIT[0]}:{SPLIT[1]} (mini-train:mini-dev)",
-            "layers": [layer.to_json() for layer in self.layers], "final": self.final, "seconds": self.seconds,
+        return {
+            "distillation": self.distillation,
+            "reward_metric": self.reward_metric,
+            "reward_metric_why": self.reward_metric_why,
+            "higher_is_better": self.higher_is_better,
+            "state": self.state,
+            "episodes": self.episodes,
+            "reverse": self.reverse,
+            "upper_bound": self.upper_bound,
+            "reward_scale": REWARD_SCALE,
+            "split": f"{SPLIT[0]}:{SPLIT[1]} (mini-train:mini-dev)",
+            "layers": [layer.to_json() for layer in self.layers],
+            "final": self.final,
+            "seconds": self.seconds,
         }
 
 
 # ---- the environment of one layer -----------------------------------------------------------------------
+
 
 class LayerEnv:
     """The model with the layer ``s`` to prune: ``measure(pruned units)`` gates those units' heads off
     (on top of the heads already removed) and evaluates mini-dev, from the replayed layer input when
     possible; each set is evaluated once."""
 
-    def __init__(self, model: nn.Module, gates: HeadGates, s: BlockSet, units: list[list[int]],
-                 dev: Calibration, metric: str, higher: bool) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        gates: HeadGates,
+        s: BlockSet,
+        units: list[list[int]],
+        dev: Calibration,
+        metric: str,
+        higher: bool,
+    ) -> None:
         self.model, self.gates, self.s, self.units = model, gates, s, units
         self.dev, self.metric, self.sign = dev, metric, 1.0 if higher else -1.0
         self.memo: dict[frozenset[int], float] = {}
@@ -296,8 +323,9 @@ def _valid(n_units: int, pruned: list[int], floor: int, end_allowed: bool = True
     return valid
 
 
-def train_agent(env: LayerEnv, state0: torch.Tensor, episodes: int, floor: int, seed: int,
-                on_episode: Any = None) -> tuple[Agent, list[float]]:
+def train_agent(
+    env: LayerEnv, state0: torch.Tensor, episodes: int, floor: int, seed: int, on_episode: Any = None
+) -> tuple[Agent, list[float]]:
     """Algorithm 1, lines 3-28: ``episodes`` epsilon-greedy episodes from ``state0``; the agent learns
     after each. Returns the agent and each episode's summed reward."""
     n = len(env.units)
@@ -326,8 +354,9 @@ def train_agent(env: LayerEnv, state0: torch.Tensor, episodes: int, floor: int, 
     return agent, returns
 
 
-def greedy_policy(agent: Agent, env: LayerEnv, state0: torch.Tensor, floor: int, must: int,
-                  heads_per_unit: int) -> tuple[list[int], list[dict[str, Any]], int]:
+def greedy_policy(
+    agent: Agent, env: LayerEnv, state0: torch.Tensor, floor: int, must: int, heads_per_unit: int
+) -> tuple[list[int], list[dict[str, Any]], int]:
     """Algorithm 1, line 29: the trained agent's greedy actions from the initial state until END; while
     fewer than ``must`` heads are removed, END is not allowed (the upper bound). Returns the pruned
     units, the path and the heads removed only because of the bound."""
@@ -346,8 +375,14 @@ def greedy_policy(agent: Agent, env: LayerEnv, state0: torch.Tensor, floor: int,
             forced += heads_per_unit
         pruned.append(action)
         current = env.measure(frozenset(pruned))
-        path.append({"remove": list(env.units[action]), "metric": current,
-                     "reward": env.reward(previous, current), "forced": free_choice == n})
+        path.append(
+            {
+                "remove": list(env.units[action]),
+                "metric": current,
+                "reward": env.reward(previous, current),
+                "forced": free_choice == n,
+            }
+        )
         state = state.clone()
         state[action] = 0.0
         previous = current
@@ -355,6 +390,7 @@ def greedy_policy(agent: Agent, env: LayerEnv, state0: torch.Tensor, floor: int,
 
 
 # ---- the method -----------------------------------------------------------------------------------------
+
 
 def _floor_units(s: BlockSet, config: PruneConfig, allow_empty: bool) -> int:
     size = s.group_size if s.mode == "group" else 1
@@ -388,9 +424,11 @@ def reward_metric_for(task: str, asked: str | None, reward_examples: int, exampl
     dev = mini_dev_size(examples)
     if reward_examples >= dev:
         return "accuracy", f"the rewards see all {dev} mini-dev examples, as in the paper: its accuracy reward"
-    return "loss", (f"mini-dev capped at {reward_examples} of {dev} examples by --reward-examples, where an "
-                    f"accuracy moves in steps of {100 / reward_examples:.2g} points; --reward-metric accuracy "
-                    "gives the paper's reward")
+    return "loss", (
+        f"mini-dev capped at {reward_examples} of {dev} examples by --reward-examples, where an "
+        f"accuracy moves in steps of {100 / reward_examples:.2g} points; --reward-metric accuracy "
+        "gives the paper's reward"
+    )
 
 
 def _split(n: int, seed: int) -> tuple[list[int], list[int]]:
@@ -408,8 +446,10 @@ class AuberMethod(MethodBase):
 
     def check(self, config: PruneConfig, options: AuberOptions) -> None:
         if config.max_drop is not None:
-            raise HeadcutError("--max-drop applies to the score-based methods; auber decides how many heads go by "
-                               "its reward (give --keep K as an upper bound if you need a size)")
+            raise HeadcutError(
+                "--max-drop applies to the score-based methods; auber decides how many heads go by "
+                "its reward (give --keep K as an upper bound if you need a size)"
+            )
         if config.uniform:
             raise HeadcutError("--uniform does not apply to auber: it decides each layer's heads on its own")
         if config.gqa == "uniform":
@@ -425,12 +465,17 @@ class AuberMethod(MethodBase):
             return
         if upper > total:
             raise HeadcutError(f"{label('keep')} {upper} is more than the model's {total} heads")
-        least = sum(_floor_units(s, config, options.allow_empty_layers) * (s.group_size if s.mode == "group" else 1)
-                    * s.width for s in sets if s.heads)
+        least = sum(
+            _floor_units(s, config, options.allow_empty_layers) * (s.group_size if s.mode == "group" else 1) * s.width
+            for s in sets
+            if s.heads
+        )
         if upper < least:
             why = "at least one head per layer" if not options.allow_empty_layers else "--min-heads-per-block"
-            raise HeadcutError(f"auber keeps {why} ({least} heads in all), more than the upper bound {upper}; "
-                               "raise --keep" + ("" if options.allow_empty_layers else " or pass --allow-empty-layers"))
+            raise HeadcutError(
+                f"auber keeps {why} ({least} heads in all), more than the upper bound {upper}; "
+                "raise --keep" + ("" if options.allow_empty_layers else " or pass --allow-empty-layers")
+            )
 
     def summary(self, report: dict[str, Any], result: PruneResult) -> Summary:
         n = result.scorings
@@ -454,8 +499,15 @@ class AuberMethod(MethodBase):
         order = list(reversed(sets)) if options.reverse else sets
         total = sum(s.heads * s.width for s in problem.sets)
         upper = _upper_bound(config, total)
-        run = AuberRun(reward_metric=metric_name, higher_is_better=higher, state=options.state,
-                       episodes=options.episodes, reverse=options.reverse, upper_bound=upper, reward_metric_why=why)
+        run = AuberRun(
+            reward_metric=metric_name,
+            higher_is_better=higher,
+            state=options.state,
+            episodes=options.episodes,
+            reverse=options.reverse,
+            upper_bound=upper,
+            reward_metric_why=why,
+        )
         keep = HeadMask.full(problem.blocks).keep
         metric = problem.metric
         before = metric.measure(HeadMask.full(problem.blocks)) if metric is not None else None
@@ -467,13 +519,17 @@ class AuberMethod(MethodBase):
         with gates.installed():
             gates.set_mask(HeadMask(keep))
             for j, s in enumerate(order):
-                record = self._layer(problem, options, gates, keep, s, j, order, upper, metric_name, higher,
-                                     teacher)
+                record = self._layer(problem, options, gates, keep, s, j, order, upper, metric_name, higher, teacher)
                 evaluations += record.evaluations
                 run.layers.append(record)
                 kept_now = sum(len(v) for v in keep.values())
-                point = TrajectoryPoint(step=j + 1, heads=kept_now, metric=None, rescored=False,
-                                        removed=[f"{b}:{h}" for b in record.blocks for h in record.pruned])
+                point = TrajectoryPoint(
+                    step=j + 1,
+                    heads=kept_now,
+                    metric=None,
+                    rescored=False,
+                    removed=[f"{b}:{h}" for b in record.blocks for h in record.pruned],
+                )
                 if config.trajectory and metric is not None:
                     point.metric = metric.measure(HeadMask(keep))
                 trajectory.append(point)
@@ -487,9 +543,17 @@ class AuberMethod(MethodBase):
         heads_after = {name: len(v) for name, v in mask.keep.items()}
         forced = sum(r.forced for r in run.layers)
         result = PruneResult(
-            method=self.name, mask=mask, heads_before=heads_before, heads_after=heads_after, trajectory=trajectory,
-            stopped="bound" if forced else "policy", scorings=evaluations, seconds=0.0, config=config,
-            target=upper, details=run,
+            method=self.name,
+            mask=mask,
+            heads_before=heads_before,
+            heads_after=heads_after,
+            trajectory=trajectory,
+            stopped="bound" if forced else "policy",
+            scorings=evaluations,
+            seconds=0.0,
+            config=config,
+            target=upper,
+            details=run,
         )
         if metric is not None:
             result.metric, result.higher_is_better = metric.name, metric.higher_is_better
@@ -498,9 +562,20 @@ class AuberMethod(MethodBase):
         return result
 
     # -- one layer ------------------------------------------------------------------------------------
-    def _layer(self, problem: Problem, options: AuberOptions, gates: HeadGates, keep: dict[str, list[int]],
-               s: BlockSet, j: int, order: list[BlockSet], upper: int | None, metric_name: str,
-               higher: bool, teacher: DistillationLoss | None = None) -> LayerRecord:
+    def _layer(
+        self,
+        problem: Problem,
+        options: AuberOptions,
+        gates: HeadGates,
+        keep: dict[str, list[int]],
+        s: BlockSet,
+        j: int,
+        order: list[BlockSet],
+        upper: int | None,
+        metric_name: str,
+        higher: bool,
+        teacher: DistillationLoss | None = None,
+    ) -> LayerRecord:
         started = time.perf_counter()
         model, config, data = problem.model, problem.config, problem.data
         assert isinstance(data, Calibration)
@@ -509,7 +584,7 @@ class AuberMethod(MethodBase):
         size = len(units[0])
         floor = _floor_units(s, config, options.allow_empty_layers)
         train_idx, dev_idx = _split(data.examples, seed_in_range(seed * 1_000_003 + j))
-        reward_idx = dev_idx[:options.reward_examples]
+        reward_idx = dev_idx[: options.reward_examples]
         dev = data.select(reward_idx, by_length=True)
         env = LayerEnv(model, gates, s, units, dev, metric_name, higher)
         norms = unit_norms(model, s, units, options.state)
@@ -522,9 +597,15 @@ class AuberMethod(MethodBase):
                 progress("agent", done, options.episodes)
             if problem.on_step is not None:
                 recent = returns[-10:]
-                problem.on_step({"phase": "agent", "layer": label, "epsilon": agent.epsilon,
-                                 "mean reward": sum(recent) / len(recent),
-                                 "heads pruned": sum(b.heads for b in problem.blocks) - sum(map(len, keep.values()))})
+                problem.on_step(
+                    {
+                        "phase": "agent",
+                        "layer": label,
+                        "epsilon": agent.epsilon,
+                        "mean reward": sum(recent) / len(recent),
+                        "heads pruned": sum(b.heads for b in problem.blocks) - sum(map(len, keep.values())),
+                    }
+                )
 
         n_units = len(units)
         if n_units <= floor:  # nothing the agent may remove
@@ -532,17 +613,22 @@ class AuberMethod(MethodBase):
             pruned, path, forced = [], [], 0
             base = env.measure(frozenset())
         else:
-            agent, returns = train_agent(env, state0, options.episodes, floor, seed_in_range(seed * 1000 + j),
-                                         on_episode)
+            agent, returns = train_agent(
+                env, state0, options.episodes, floor, seed_in_range(seed * 1000 + j), on_episode
+            )
             base = env.measure(frozenset())
             must = 0
             if upper is not None:
                 kept_total = sum(len(v) for v in keep.values())
                 excess = kept_total - upper
                 if excess > 0:
-                    later = order[j + 1:]
-                    capacity = sum((len(units_of(t)) - _floor_units(t, config, options.allow_empty_layers))
-                                   * len(units_of(t)[0]) * t.width for t in later)
+                    later = order[j + 1 :]
+                    capacity = sum(
+                        (len(units_of(t)) - _floor_units(t, config, options.allow_empty_layers))
+                        * len(units_of(t)[0])
+                        * t.width
+                        for t in later
+                    )
                     must = max(math.ceil(excess / (len(later) + 1)), excess - capacity)
             pruned, path, forced_heads = greedy_policy(agent, env, state0, floor, math.ceil(must / s.width), size)
             forced = forced_heads * s.width
@@ -556,30 +642,61 @@ class AuberMethod(MethodBase):
         tuned: float | None = None
         if pruned and options.layer_epochs > 0:
             train = data.select(train_idx)
-            cfg = TrainConfig(epochs=options.layer_epochs, lr=options.lr, weight_decay=options.weight_decay,
-                              grad_accum=options.grad_accum, max_grad_norm=options.max_grad_norm,
-                              checkpoint_every=None, seed=seed_in_range(seed + j), mode="joint", engine=options.engine)
+            cfg = TrainConfig(
+                epochs=options.layer_epochs,
+                lr=options.lr,
+                weight_decay=options.weight_decay,
+                grad_accum=options.grad_accum,
+                max_grad_norm=options.max_grad_norm,
+                checkpoint_every=None,
+                seed=seed_in_range(seed + j),
+                mode="joint",
+                engine=options.engine,
+            )
             train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
-            trained = Trainer(model, None, train.batches, cfg, progress=train_progress, loss_fn=teacher,
-                              dist=problem.dist).train()
+            trained = Trainer(
+                model, None, train.batches, cfg, progress=train_progress, loss_fn=teacher, dist=problem.dist
+            ).train()
             model.eval()
             steps = trained.steps
             tuned = float(evaluate(model, dev, bleu=False).metrics[metric_name])
         record = LayerRecord(
-            layer=label, blocks=list(s.names), units=n_units, pruned=pruned_heads, forced=forced, path=path,
-            before=base, pruned_metric=pruned_metric, tuned_metric=tuned, episodes=options.episodes if agent else 0,
-            actions=agent.n_action if agent else 0, evaluations=len(env.memo), returns=returns,
-            epsilon_end=agent.epsilon if agent else 1.0, dqn_updates=agent.updates if agent else 0,
-            mini_train=len(train_idx), mini_dev=len(dev_idx), reward_examples=len(reward_idx),
-            replay=env.replay.layers_skipped, replay_note=env.replay.why, finetune_steps=steps,
+            layer=label,
+            blocks=list(s.names),
+            units=n_units,
+            pruned=pruned_heads,
+            forced=forced,
+            path=path,
+            before=base,
+            pruned_metric=pruned_metric,
+            tuned_metric=tuned,
+            episodes=options.episodes if agent else 0,
+            actions=agent.n_action if agent else 0,
+            evaluations=len(env.memo),
+            returns=returns,
+            epsilon_end=agent.epsilon if agent else 1.0,
+            dqn_updates=agent.updates if agent else 0,
+            mini_train=len(train_idx),
+            mini_dev=len(dev_idx),
+            reward_examples=len(reward_idx),
+            replay=env.replay.layers_skipped,
+            replay_note=env.replay.why,
+            finetune_steps=steps,
             seconds=time.perf_counter() - started,
         )
         del env
         return record
 
     # -- the end --------------------------------------------------------------------------------------
-    def _final_finetune(self, problem: Problem, options: AuberOptions, metric_name: str, higher: bool,
-                        seed: int, teacher: DistillationLoss | None = None) -> dict[str, Any]:
+    def _final_finetune(
+        self,
+        problem: Problem,
+        options: AuberOptions,
+        metric_name: str,
+        higher: bool,
+        seed: int,
+        teacher: DistillationLoss | None = None,
+    ) -> dict[str, Any]:
         """§5.1: "the final model is fine-tuned with the entire training dataset with early stopping"
         (patience 20): on every example but ``reward_examples`` held-out ones, which it stops on."""
         model, data = problem.model, problem.data
@@ -592,11 +709,22 @@ class AuberMethod(MethodBase):
         per_epoch = max(1, len(train.batches) // options.grad_accum)
         every = max(1, math.ceil(per_epoch / EVALS_PER_EPOCH))
         epochs = options.epochs if options.epochs is not None or options.max_steps is not None else 2
-        cfg = TrainConfig(epochs=epochs, max_steps=options.max_steps, lr=options.lr, weight_decay=options.weight_decay,
-                          warmup_steps=options.warmup_steps, warmup_ratio=options.warmup_ratio,
-                          schedule=options.schedule, grad_accum=options.grad_accum,
-                          max_grad_norm=options.max_grad_norm, eval_every=every, checkpoint_every=None, seed=seed,
-                          mode="joint", engine=options.engine)
+        cfg = TrainConfig(
+            epochs=epochs,
+            max_steps=options.max_steps,
+            lr=options.lr,
+            weight_decay=options.weight_decay,
+            warmup_steps=options.warmup_steps,
+            warmup_ratio=options.warmup_ratio,
+            schedule=options.schedule,
+            grad_accum=options.grad_accum,
+            max_grad_norm=options.max_grad_norm,
+            eval_every=every,
+            checkpoint_every=None,
+            seed=seed,
+            mode="joint",
+            engine=options.engine,
+        )
         early = EarlyStopping(metric_name, higher, options.patience)
         start_metrics = dict(evaluate(model, stop_set, bleu=False).metrics)
         early.update(model, 0, start_metrics)
@@ -608,20 +736,36 @@ class AuberMethod(MethodBase):
 
         on_step = problem.on_step
         shown = None if on_step is None else (lambda e: on_step({k: v for k, v in e.items() if k != "eval"}))
-        trainer = Trainer(model, None, train.batches, cfg, eval_fn=eval_fn, progress=train_progress, loss_fn=teacher,
-                          on_step=shown, early_stopping=early, dist=problem.dist)
+        trainer = Trainer(
+            model,
+            None,
+            train.batches,
+            cfg,
+            eval_fn=eval_fn,
+            progress=train_progress,
+            loss_fn=teacher,
+            on_step=shown,
+            early_stopping=early,
+            dist=problem.dist,
+        )
         trained = trainer.train()
         model.eval()
         return {
-            "examples": train.examples, "held_out": stop_set.examples, "eval_every": every,
-            "max_steps": trainer.total_steps, "steps": trained.steps,
-            "start": start_metrics[metric_name], "early_stopping": early.to_json(),
+            "examples": train.examples,
+            "held_out": stop_set.examples,
+            "eval_every": every,
+            "max_steps": trainer.total_steps,
+            "steps": trained.steps,
+            "start": start_metrics[metric_name],
+            "early_stopping": early.to_json(),
             "history": [{k: e[k] for k in ("step", "loss", "eval") if k in e} for e in trained.history],
-            "seconds": trained.seconds, "config": cfg.to_json(),
+            "seconds": trained.seconds,
+            "config": cfg.to_json(),
         }
 
 
 # ---- the end-of-run summary ------------------------------------------------------------------------------
+
 
 def summary_items(auber: dict[str, Any]) -> list[Any]:
     """AUBER's layers (heads pruned, mini-dev metric before, pruned, fine-tuned) and its final fine-tune."""
@@ -629,28 +773,41 @@ def summary_items(auber: dict[str, Any]) -> list[Any]:
     from rich.table import Table
 
     name = auber["reward_metric"]
-    table = Table(title=f"auber, layer by layer ({name} on mini-dev; {auber['episodes']} episodes per layer)",
-                  box=box.SIMPLE_HEAD)
+    table = Table(
+        title=f"auber, layer by layer ({name} on mini-dev; {auber['episodes']} episodes per layer)", box=box.SIMPLE_HEAD
+    )
     for col in ("layer", "pruned heads", "before", "pruned", "fine-tuned", "evaluations", "replayed", "seconds"):
         table.add_column(col, justify="left" if col in ("layer", "pruned heads") else "right")
     for layer in auber["layers"]:
         pruned = ",".join(map(str, layer["pruned"])) or "none"
         if layer["forced"]:
             pruned += f" ({layer['forced']} by the bound)"
-        table.add_row(layer["layer"], pruned, _fmt(layer["before"]), _fmt(layer["pruned_metric"]),
-                      _fmt(layer["tuned_metric"]), str(layer["evaluations"]),
-                      f"{layer['replay']} layer{'s' if layer['replay'] != 1 else ''}" if layer["replay"] else "-", f"{layer['seconds']:.1f}")
+        table.add_row(
+            layer["layer"],
+            pruned,
+            _fmt(layer["before"]),
+            _fmt(layer["pruned_metric"]),
+            _fmt(layer["tuned_metric"]),
+            str(layer["evaluations"]),
+            f"{layer['replay']} layer{'s' if layer['replay'] != 1 else ''}" if layer["replay"] else "-",
+            f"{layer['seconds']:.1f}",
+        )
     out: list[Any] = [table]
     if auber.get("reward_metric_why"):
         out.append(f"reward: {name} ({auber['reward_metric_why']})")
     final = auber.get("final")
     if final is not None:
         stop = final["early_stopping"]
-        how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
-               else f"ran all {final['steps']} steps")
-        out.append(f"final fine-tune on {final['examples']:,} examples: {how}; kept the weights of step "
-                   f"{stop['best_step']} ({name} {_fmt(stop['best'])} on {final['held_out']:,} held-out training "
-                   f"examples, {_fmt(final['start'])} before it)")
+        how = (
+            f"stopped early at step {stop['stopped_at']}"
+            if stop["stopped_at"] is not None
+            else f"ran all {final['steps']} steps"
+        )
+        out.append(
+            f"final fine-tune on {final['examples']:,} examples: {how}; kept the weights of step "
+            f"{stop['best_step']} ({name} {_fmt(stop['best'])} on {final['held_out']:,} held-out training "
+            f"examples, {_fmt(final['start'])} before it)"
+        )
     return out
 
 

@@ -175,8 +175,9 @@ class Ranker(Protocol):
     rescoring: bool
     scorings: int
 
-    def importance(self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None) -> dict[str, list[float]]:
-        ...
+    def importance(
+        self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None
+    ) -> dict[str, list[float]]: ...
 
 
 CalibrationLike = Calibration | Sequence[Batch] | None
@@ -190,7 +191,10 @@ def batches_of(calibration: CalibrationLike) -> Sequence[Batch] | None:
 
 
 def score_masked(
-    model: nn.Module, mask: HeadMask, batches: Sequence[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    mask: HeadMask,
+    batches: Sequence[Batch] | None,
+    config: ScoreConfig,
     progress: PruneProgress | None = None,
 ) -> HeadScores:
     """Score the heads of ``model`` with the heads outside ``mask`` gated to zero (the re-scoring of

@@ -57,8 +57,9 @@ class DSPOptions(GateOptions):
     """DSP: the gate-training options plus ``cooldown``, eq. 24's N_cooldown (None: 25,000, or 68 % of a
     shorter run)."""
 
-    cooldown: int | None = option(None, low=1, help="Temperature cooldown steps, eq. 24's N_cooldown (default "
-                                  "25,000, or 68 % of a shorter run).")
+    cooldown: int | None = option(
+        None, low=1, help="Temperature cooldown steps, eq. 24's N_cooldown (default 25,000, or 68 % of a shorter run)."
+    )
 
 
 class DSP(GateLearner):
@@ -92,8 +93,13 @@ class DSP(GateLearner):
 
     def hyperparameters(self) -> dict[str, Any]:
         s = self.schedule
-        return {"tau_ini": s.tau_ini, "tau_end": s.tau_end, "n_cooldown": s.n_cooldown, "k_slots": self.k,
-                "gate_lr": self.options.gate_lr}
+        return {
+            "tau_ini": s.tau_ini,
+            "tau_end": s.tau_end,
+            "n_cooldown": s.n_cooldown,
+            "k_slots": self.k,
+            "gate_lr": self.options.gate_lr,
+        }
 
 
 METHOD = GateMethod(DSP, DSPOptions)

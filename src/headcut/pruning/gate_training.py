@@ -117,8 +117,13 @@ class Slots:
             heads_per_layer.append(count)
         if not weight:
             raise HeadcutError("the model has no heads left to learn gates for")
-        return cls(index=index, weight=torch.tensor(weight, dtype=torch.float64), layer=torch.tensor(layer),
-                   layers=layers, heads_per_layer=heads_per_layer)
+        return cls(
+            index=index,
+            weight=torch.tensor(weight, dtype=torch.float64),
+            layer=torch.tensor(layer),
+            layers=layers,
+            heads_per_layer=heads_per_layer,
+        )
 
     def target(self, keep_heads: int) -> int:
         """Slots to keep for ``keep_heads`` heads (exact for equal slot weights; at least 1)."""
@@ -241,8 +246,15 @@ class _Ranked:
         return self._importance
 
 
-def final_mask(model: nn.Module, blocks: list[Block], sets: list[BlockSet], budget: Budget, values: torch.Tensor,
-               slots: Slots, config: PruneConfig) -> PruneResult:
+def final_mask(
+    model: nn.Module,
+    blocks: list[Block],
+    sets: list[BlockSet],
+    budget: Budget,
+    values: torch.Tensor,
+    slots: Slots,
+    config: PruneConfig,
+) -> PruneResult:
     """The exact-K mask of a slot ranking (the shared search, no metric)."""
     return run_search(model, blocks, sets, budget, _Ranked(slots.per_block(values, blocks)), config, None)
 
@@ -275,11 +287,21 @@ class GateRun:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "method": self.method, "mode": self.mode, "steps": self.steps, "resumed_from": self.resumed_from,
-            "slots": self.slots, "target_slots": self.target_slots, "ranking": self.ranking,
-            "hyperparameters": self.hyperparameters, "options": self.options.to_json(),
-            "moved_by_adjustment": self.moved, "own_kept_heads": self.own_kept,
-            "distributed": self.distributed, "distillation": self.distillation, "seconds": self.seconds, "curve": self.curve(),
+            "method": self.method,
+            "mode": self.mode,
+            "steps": self.steps,
+            "resumed_from": self.resumed_from,
+            "slots": self.slots,
+            "target_slots": self.target_slots,
+            "ranking": self.ranking,
+            "hyperparameters": self.hyperparameters,
+            "options": self.options.to_json(),
+            "moved_by_adjustment": self.moved,
+            "own_kept_heads": self.own_kept,
+            "distributed": self.distributed,
+            "distillation": self.distillation,
+            "seconds": self.seconds,
+            "curve": self.curve(),
         }
 
 
@@ -330,6 +352,7 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
 
     eval_fn = None
     if eval_calibration is not None and options.eval_every is not None:
+
         def eval_fn(step: int) -> dict[str, Any]:
             gates.set_mask(current_mask())
             return dict(evaluate(model, eval_calibration, bleu=False).metrics)
@@ -340,11 +363,27 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
         return logs
 
     progress = None if problem.progress is None else (lambda d, t: problem.progress("train", d, t))
-    trainer = Trainer(model, learner.parameters(), train.batches, options, loss_fn=loss_fn, eval_fn=eval_fn,
-                      checkpoint_dir=problem.checkpoint_dir, progress=progress, after_step=after_step, dist=dist,
-                      extra_state=learner, on_step=problem.on_step, device=problem.device, identity=dict(
-                          problem.identity or {}, method=learner.name, target=k, prune=config.to_json(),
-                      ))
+    trainer = Trainer(
+        model,
+        learner.parameters(),
+        train.batches,
+        options,
+        loss_fn=loss_fn,
+        eval_fn=eval_fn,
+        checkpoint_dir=problem.checkpoint_dir,
+        progress=progress,
+        after_step=after_step,
+        dist=dist,
+        extra_state=learner,
+        on_step=problem.on_step,
+        device=problem.device,
+        identity=dict(
+            problem.identity or {},
+            method=learner.name,
+            target=k,
+            prune=config.to_json(),
+        ),
+    )
     resumed_from = None
     if problem.resume:
         trainer.resume()
@@ -356,9 +395,19 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
     run_teacher = objective.stats()
     objective.cache = None  # the teacher's copy of the model is not needed any more
     result = final_mask(model, blocks, sets, budget, learner.importance(), slots, config)
-    run = GateRun(method=learner.name, mode=mode, steps=trained.steps, history=trained.history,
-                  hyperparameters=learner.hyperparameters(), options=options, slots=slots.n, target_slots=k,
-                  ranking=learner.ranking, seconds=time.perf_counter() - start, resumed_from=resumed_from)
+    run = GateRun(
+        method=learner.name,
+        mode=mode,
+        steps=trained.steps,
+        history=trained.history,
+        hyperparameters=learner.hyperparameters(),
+        options=options,
+        slots=slots.n,
+        target_slots=k,
+        ranking=learner.ranking,
+        seconds=time.perf_counter() - start,
+        resumed_from=resumed_from,
+    )
     if run_teacher:
         run.distillation = {k: v for k, v in run_teacher.items() if k != "hidden_weight"}
     own = learner.own_keep()

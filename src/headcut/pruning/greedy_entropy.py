@@ -29,10 +29,18 @@ from .ranked import RankOptions, ScoreMethod, one_head
 class GreedyEntropyOptions(RankOptions):
     """The score-based options plus eq. 20's ``epsilon`` and ``focused_first``."""
 
-    epsilon: float = option(DEFAULT_EPSILON, low=0, high=1e-2, low_open=True,
-                            help="Eq. 20's rectification constant of the attention entropy.")
-    focused_first: bool = option(False, help="Remove the most focused (lowest-entropy) heads first: a diagnostic, "
-                                 "as Inverse-Gnorm is for Greedy-Gnorm.")
+    epsilon: float = option(
+        DEFAULT_EPSILON,
+        low=0,
+        high=1e-2,
+        low_open=True,
+        help="Eq. 20's rectification constant of the attention entropy.",
+    )
+    focused_first: bool = option(
+        False,
+        help="Remove the most focused (lowest-entropy) heads first: a diagnostic, "
+        "as Inverse-Gnorm is for Greedy-Gnorm.",
+    )
 
 
 class GreedyEntropy(ScoreMethod):
@@ -43,8 +51,9 @@ class GreedyEntropy(ScoreMethod):
         self.Options = GreedyEntropyOptions
 
     def score_config(self, config: PruneConfig, options: GreedyEntropyOptions) -> ScoreConfig:
-        return ScoreConfig(scorer="entropy", normalize=options.normalize or "none", seed=config.seed,
-                           epsilon=options.epsilon)
+        return ScoreConfig(
+            scorer="entropy", normalize=options.normalize or "none", seed=config.seed, epsilon=options.epsilon
+        )
 
     def run(self, problem: Problem, options: GreedyEntropyOptions) -> PruneResult:
         method = copy.copy(self)

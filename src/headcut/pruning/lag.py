@@ -37,8 +37,12 @@ class LAGOptions(GateOptions):
     """LAG: the gate-training options plus ``sparsity_warmup`` (steps over which the target sparsity rises
     linearly from 0; 0: the fixed target from the first step)."""
 
-    sparsity_warmup: int = option(0, low=0, help="Raise the target sparsity linearly from 0 over the first N steps "
-                                  "(CoFi's schedule); 0: the paper's fixed target.")
+    sparsity_warmup: int = option(
+        0,
+        low=0,
+        help="Raise the target sparsity linearly from 0 over the first N steps "
+        "(CoFi's schedule); 0: the paper's fixed target.",
+    )
 
 
 class LAG(ConcreteLearner):
@@ -70,13 +74,21 @@ class LAG(ConcreteLearner):
         target = self.target(step)
         gap = self.expected_sparsity() - target
         reg = self.lambdas[0] * gap + self.lambdas[1] * gap**2  # R_lag
-        logs = {"expected_sparsity": float(gap.detach()) + target, "target_sparsity": target,
-                "lambda_1": float(self.lambdas[0].detach()), "lambda_2": float(self.lambdas[1].detach())}
+        logs = {
+            "expected_sparsity": float(gap.detach()) + target,
+            "target_sparsity": target,
+            "lambda_1": float(self.lambdas[0].detach()),
+            "lambda_2": float(self.lambdas[1].detach()),
+        }
         return self.sample(), reg, logs
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {"target_sparsity": self.sparsity, "sparsity_warmup": getattr(self.options, "sparsity_warmup", 0),
-                "gate_lr": self.options.gate_lr, "lambda_lr": self.options.gate_lr}
+        return {
+            "target_sparsity": self.sparsity,
+            "sparsity_warmup": getattr(self.options, "sparsity_warmup", 0),
+            "gate_lr": self.options.gate_lr,
+            "lambda_lr": self.options.gate_lr,
+        }
 
 
 METHOD = GateMethod(LAG, LAGOptions)

@@ -95,30 +95,52 @@ class LotteryOptions(DistillOptions):
     ``alpha``/``temperature``: every training phase (C, the iterations, the convergence, the control) distils
     from the unpruned model (:class:`headcut.config.DistillOptions`; 0: the paper's task loss)."""
 
-    reset_at: int = option(LOTTERY_RESET_AT, low=1, metavar="STEPS", help="Training steps to the late-resetting "
-                           "checkpoint C.")
-    prune_every: int = option(LOTTERY_PRUNE_EVERY, low=1, metavar="STEPS", help="Training steps from the checkpoint "
-                              "before each pruning decision.")
-    per_step: int | None = option(None, low=1, help="Heads removed per iteration (default: attention layers / 2, as "
-                                  "the paper).")
-    patience: int = option(LOTTERY_PATIENCE, low=1, help="Evaluations without a lower --eval-data loss that end the "
-                           "convergence.")
-    score_examples: int = option(LOTTERY_SCORE_EXAMPLES, low=1, help="Examples the attention confidence is averaged "
-                                 "over.")
-    control: str | None = option(None, choices=LOTTERY_CONTROLS, help="Also train the pruned structure "
-                                 "re-initialised, as long as the ticket (the paper's control); the report shows both.")
+    reset_at: int = option(
+        LOTTERY_RESET_AT, low=1, metavar="STEPS", help="Training steps to the late-resetting checkpoint C."
+    )
+    prune_every: int = option(
+        LOTTERY_PRUNE_EVERY,
+        low=1,
+        metavar="STEPS",
+        help="Training steps from the checkpoint before each pruning decision.",
+    )
+    per_step: int | None = option(
+        None, low=1, help="Heads removed per iteration (default: attention layers / 2, as the paper)."
+    )
+    patience: int = option(
+        LOTTERY_PATIENCE, low=1, help="Evaluations without a lower --eval-data loss that end the convergence."
+    )
+    score_examples: int = option(
+        LOTTERY_SCORE_EXAMPLES, low=1, help="Examples the attention confidence is averaged over."
+    )
+    control: str | None = option(
+        None,
+        choices=LOTTERY_CONTROLS,
+        help="Also train the pruned structure "
+        "re-initialised, as long as the ticket (the paper's control); the report shows both.",
+    )
     lr: float = 2e-5
     schedule: str = "constant"
 
     #: fields the prune run sets itself, or that the lottery does not use
-    HIDDEN = ("seed", "shuffle", "mode", "gate_lr", "epochs", "checkpoint_every", "schedule", "warmup_ratio",
-              "gates_first")
+    HIDDEN = (
+        "seed",
+        "shuffle",
+        "mode",
+        "gate_lr",
+        "epochs",
+        "checkpoint_every",
+        "schedule",
+        "warmup_ratio",
+        "gates_first",
+    )
 
     def validate(self) -> None:
         super().validate()
         if self.schedule != "constant":
-            raise HeadcutError("the lottery rewinds its LR schedule with the weights: it trains at a constant rate "
-                               "after warmup")
+            raise HeadcutError(
+                "the lottery rewinds its LR schedule with the weights: it trains at a constant rate after warmup"
+            )
 
     def converge_steps(self) -> int:
         return self.max_steps if self.max_steps is not None else 15 * self.prune_every
@@ -134,6 +156,7 @@ def default_per_step(attention_layers: int) -> int:
 
 
 # ---- the record ----------------------------------------------------------------------------------------
+
 
 @dataclass
 class Iteration:
@@ -189,6 +212,7 @@ class LotteryRun:
 
 # ---- pieces -------------------------------------------------------------------------------------------
 
+
 def reinitialise(model: nn.Module, seed: int) -> None:
     """Draw every weight of ``model`` afresh with its family's initialisation (transformers'
     ``init_weights``), seeded; the control of Table 5."""
@@ -229,6 +253,7 @@ def _mean_loss(history: list[dict[str, Any]], last: int) -> float | None:
 
 # ---- the method ---------------------------------------------------------------------------------------
 
+
 class LotteryMethod(MethodBase):
     """The lottery-ticket head pruning (see the module's doc)."""
 
@@ -237,8 +262,10 @@ class LotteryMethod(MethodBase):
 
     def check(self, config: PruneConfig, options: LotteryOptions) -> None:
         if config.max_drop is not None:
-            raise HeadcutError("--max-drop applies to the score-based methods; lottery prunes to --keep/--sparsity "
-                               "(its iterations and their eval metric are in the report and --trajectory)")
+            raise HeadcutError(
+                "--max-drop applies to the score-based methods; lottery prunes to --keep/--sparsity "
+                "(its iterations and their eval metric are in the report and --trajectory)"
+            )
         if config.keep is None and config.sparsity is None:
             raise HeadcutError("lottery needs --keep K or --sparsity S")
 
@@ -257,8 +284,9 @@ class LotteryMethod(MethodBase):
             if ckpt is None or not (ckpt / STATE_NAME).is_file():
                 raise
             # the state file is written only after a training that passed the engine's checks: it is good
-            raise TrainingDiverged(f"{exc}; the last good state of the run is kept in {ckpt} (start over with "
-                                   "--force)", exc.step, ckpt) from None
+            raise TrainingDiverged(
+                f"{exc}; the last good state of the run is kept in {ckpt} (start over with --force)", exc.step, ckpt
+            ) from None
 
     def _run(self, problem: Problem, options: LotteryOptions) -> PruneResult:
         start = time.perf_counter()
@@ -275,10 +303,16 @@ class LotteryMethod(MethodBase):
         per_step = options.per_step or default_per_step(attention_layers)
         budget: Budget = replace(problem.budget, step=per_step)
         score_cal = _sample(dev if dev is not None else train, options.score_examples, seed)
-        run = LotteryRun(reset_at=options.reset_at, prune_every=options.prune_every, per_step=per_step,
-                         patience=options.patience, eval_every=options.every(), score_examples=score_cal.examples,
-                         score_data="--eval-data" if dev is not None else "--data",
-                         stop_metric="loss" if dev is not None else None)
+        run = LotteryRun(
+            reset_at=options.reset_at,
+            prune_every=options.prune_every,
+            per_step=per_step,
+            patience=options.patience,
+            eval_every=options.every(),
+            score_examples=score_cal.examples,
+            score_data="--eval-data" if dev is not None else "--data",
+            stop_metric="loss" if dev is not None else None,
+        )
         kinds = {b.name: b.kind for b in blocks}
         state = UnitState.full(sets)
         metric = problem.metric
@@ -288,19 +322,42 @@ class LotteryMethod(MethodBase):
         gates = HeadGates(model)
         progress = problem.progress
         train_progress = None if progress is None else (lambda d, t: progress("train", d, t))
-        base_cfg = TrainConfig(max_steps=options.reset_at, lr=options.lr, weight_decay=options.weight_decay,
-                               warmup_steps=options.warmup_steps, schedule="constant", grad_accum=options.grad_accum,
-                               max_grad_norm=options.max_grad_norm, checkpoint_every=None, seed=seed, mode="joint",
-                               engine=options.engine)
+        base_cfg = TrainConfig(
+            max_steps=options.reset_at,
+            lr=options.lr,
+            weight_decay=options.weight_decay,
+            warmup_steps=options.warmup_steps,
+            schedule="constant",
+            grad_accum=options.grad_accum,
+            max_grad_norm=options.max_grad_norm,
+            checkpoint_every=None,
+            seed=seed,
+            mode="joint",
+            engine=options.engine,
+        )
         ckpt = Path(problem.checkpoint_dir) if problem.checkpoint_dir is not None else None
         writes = ckpt if problem.dist is None or problem.dist.main else None  # one process writes the state
-        identity = {"model": digest({k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}),
-                    "data": digest(train.batches), "options": _plain_options(options), "prune": config.to_json(),
-                    "target": budget.target, **(problem.identity or {})}
+        identity = {
+            "model": digest({k: (str(v.dtype), tuple(v.shape)) for k, v in model.state_dict().items()}),
+            "data": digest(train.batches),
+            "options": _plain_options(options),
+            "prune": config.to_json(),
+            "target": budget.target,
+            **(problem.identity or {}),
+        }
 
         def trainer(cfg: TrainConfig, **kw: Any) -> Trainer:
-            return Trainer(model, None, train.batches, cfg, progress=train_progress, on_step=problem.on_step,
-                           loss_fn=teacher, dist=problem.dist, **kw)
+            return Trainer(
+                model,
+                None,
+                train.batches,
+                cfg,
+                progress=train_progress,
+                on_step=problem.on_step,
+                loss_fn=teacher,
+                dist=problem.dist,
+                **kw,
+            )
 
         # ---- step 1-2: the late-resetting checkpoint C (or the resumed run's)
         saved = _load_state(ckpt, identity, options.reset_at) if (problem.resume and ckpt is not None) else None
@@ -325,8 +382,7 @@ class LotteryMethod(MethodBase):
         while state.total() > budget.target:
             t0 = time.perf_counter()
             i = len(run.iterations) + 1
-            cfg = replace(base_cfg, max_steps=options.reset_at + options.prune_every,
-                          seed=seed_in_range(seed + i))
+            cfg = replace(base_cfg, max_steps=options.reset_at + options.prune_every, seed=seed_in_range(seed + i))
             t = trainer(cfg)
             t.rewind(reset)  # the surviving weights, optimizer state and schedule of C
             mask = state.mask(blocks)
@@ -335,27 +391,42 @@ class LotteryMethod(MethodBase):
                 trained = t.train()
             model.eval()
             trained_metric = metric.measure(mask) if metric is not None else None
-            scores = score_masked(model, mask, score_cal.batches, ScoreConfig(scorer="confidence", seed=seed),
-                                  progress)
+            scores = score_masked(model, mask, score_cal.batches, ScoreConfig(scorer="confidence", seed=seed), progress)
             importance = scores.importance()
             removed = remove_step(state, importance, budget, config.uniform)
             if not removed:
-                raise HeadcutError(f"lottery cannot remove another head at {state.total()} heads (units, "
-                                   "--min-heads-per-block); the budget was checked, so this is a bug")
+                raise HeadcutError(
+                    f"lottery cannot remove another head at {state.total()} heads (units, "
+                    "--min-heads-per-block); the budget was checked, so this is a bug"
+                )
             pruned_metric = metric.measure(state.mask(blocks)) if metric is not None else None
-            run.iterations.append(Iteration(
-                iteration=i, seed=seed_in_range(seed + i), steps=options.prune_every, removed=removed,
-                removed_by_kind=removed_by_kind(removed, kinds), heads=state.total(),
-                train_loss=_mean_loss(trained.history, options.prune_every), metric_trained=trained_metric,
-                metric_pruned=pruned_metric,
-                confidence={b.name: [float(v) for v in importance[b.name]] for b in blocks},
-                seconds=time.perf_counter() - t0))
+            run.iterations.append(
+                Iteration(
+                    iteration=i,
+                    seed=seed_in_range(seed + i),
+                    steps=options.prune_every,
+                    removed=removed,
+                    removed_by_kind=removed_by_kind(removed, kinds),
+                    heads=state.total(),
+                    train_loss=_mean_loss(trained.history, options.prune_every),
+                    metric_trained=trained_metric,
+                    metric_pruned=pruned_metric,
+                    confidence={b.name: [float(v) for v in importance[b.name]] for b in blocks},
+                    seconds=time.perf_counter() - t0,
+                )
+            )
             trajectory.append(TrajectoryPoint(step=i, heads=state.total(), metric=pruned_metric, removed=removed))
             if progress is not None:
                 progress("prune", budget.total - state.total(), budget.total - budget.target)
             if problem.on_step is not None:
-                problem.on_step({"phase": "prune", "iteration": i, "heads": state.total(),
-                                 **({} if pruned_metric is None or metric is None else {metric.name: pruned_metric})})
+                problem.on_step(
+                    {
+                        "phase": "prune",
+                        "iteration": i,
+                        "heads": state.total(),
+                        **({} if pruned_metric is None or metric is None else {metric.name: pruned_metric}),
+                    }
+                )
             _save_state(writes, identity, reset, state, run, trajectory)
 
         # ---- step 6: converge from C with the final structure
@@ -363,12 +434,21 @@ class LotteryMethod(MethodBase):
         run.converge = self._converge(problem, options, trainer, gates, reset, mask, base_cfg, seed)
         model.eval()
         if options.control == "reinit":
-            run.control, run.control_model = self._control(problem, options, mask, base_cfg, run.converge["steps"],
-                                                           seed, teacher)
+            run.control, run.control_model = self._control(
+                problem, options, mask, base_cfg, run.converge["steps"], seed, teacher
+            )
         result = PruneResult(
-            method=self.name, mask=mask, heads_before={b.name: b.heads for b in blocks},
-            heads_after=state.per_block(), trajectory=trajectory, stopped="budget", scorings=len(run.iterations),
-            seconds=0.0, config=config, target=budget.target, details=run,
+            method=self.name,
+            mask=mask,
+            heads_before={b.name: b.heads for b in blocks},
+            heads_after=state.per_block(),
+            trajectory=trajectory,
+            stopped="budget",
+            scorings=len(run.iterations),
+            seconds=0.0,
+            config=config,
+            target=budget.target,
+            details=run,
         )
         if metric is not None:
             result.metric, result.higher_is_better = metric.name, metric.higher_is_better
@@ -379,8 +459,17 @@ class LotteryMethod(MethodBase):
         run.seconds = result.seconds = time.perf_counter() - start
         return result
 
-    def _converge(self, problem: Problem, options: LotteryOptions, trainer: Any, gates: HeadGates,
-                  reset: dict[str, Any], mask: HeadMask, base_cfg: TrainConfig, seed: int) -> dict[str, Any]:
+    def _converge(
+        self,
+        problem: Problem,
+        options: LotteryOptions,
+        trainer: Any,
+        gates: HeadGates,
+        reset: dict[str, Any],
+        mask: HeadMask,
+        base_cfg: TrainConfig,
+        seed: int,
+    ) -> dict[str, Any]:
         """Step 6: from C, at most ``converge_steps`` steps, early-stopped on the eval loss."""
         model, dev = problem.model, problem.eval_data
         total = options.reset_at + options.converge_steps()
@@ -399,19 +488,29 @@ class LotteryMethod(MethodBase):
                 early.update(model, t.step, eval_fn(t.step))  # C itself is a candidate
             trained = t.train()
         model.eval()
-        out: dict[str, Any] = {"from_step": options.reset_at, "max_steps": total, "steps": trained.steps,
-                               "seconds": trained.seconds,
-                               "history": [{k: e[k] for k in ("step", "loss", "eval") if k in e}
-                                           for e in trained.history]}
+        out: dict[str, Any] = {
+            "from_step": options.reset_at,
+            "max_steps": total,
+            "steps": trained.steps,
+            "seconds": trained.seconds,
+            "history": [{k: e[k] for k in ("step", "loss", "eval") if k in e} for e in trained.history],
+        }
         if early is not None:
             out["early_stopping"] = early.to_json()
         else:
             out["note"] = "no --eval-data: trained every step, no early stopping"
         return out
 
-    def _control(self, problem: Problem, options: LotteryOptions, mask: HeadMask, base_cfg: TrainConfig,
-                 ticket_steps: int, seed: int, teacher: DistillationLoss | None = None,
-                 ) -> tuple[dict[str, Any], nn.Module]:
+    def _control(
+        self,
+        problem: Problem,
+        options: LotteryOptions,
+        mask: HeadMask,
+        base_cfg: TrainConfig,
+        ticket_steps: int,
+        seed: int,
+        teacher: DistillationLoss | None = None,
+    ) -> tuple[dict[str, Any], nn.Module]:
         """Table 5's control: the pruned structure re-initialised and trained as long as the ticket; its
         record and the trained model (slimmed to ``mask``)."""
         import copy
@@ -423,36 +522,62 @@ class LotteryMethod(MethodBase):
         gates = HeadGates(model)
         cfg = replace(base_cfg, max_steps=ticket_steps, seed=seed)
         progress = problem.progress
-        t = Trainer(model, None, problem.data.batches, cfg, loss_fn=teacher,  # type: ignore[union-attr]
-                    progress=None if progress is None else (lambda d, tot: progress("train", d, tot)),
-                    dist=problem.dist)
+        t = Trainer(
+            model,
+            None,
+            problem.data.batches,
+            cfg,
+            loss_fn=teacher,  # type: ignore[union-attr]
+            progress=None if progress is None else (lambda d, tot: progress("train", d, tot)),
+            dist=problem.dist,
+        )
         with gates.installed():
             gates.set_mask(mask)
             trained = t.train()
             model.eval()
-            value = (float(evaluate(model, problem.eval_data, bleu=False).value)
-                     if problem.eval_data is not None else None)
-        out = {"kind": "reinit", "steps": trained.steps, "loss": _mean_loss(trained.history, options.prune_every),
-               "metric": value, "seconds": trained.seconds}
+            value = (
+                float(evaluate(model, problem.eval_data, bleu=False).value) if problem.eval_data is not None else None
+            )
+        out = {
+            "kind": "reinit",
+            "steps": trained.steps,
+            "loss": _mean_loss(trained.history, options.prune_every),
+            "metric": value,
+            "seconds": trained.seconds,
+        }
         slim(model, mask, gqa=problem.config.gqa)
         return out, model
 
 
 # ---- resume ---------------------------------------------------------------------------------------------
 
+
 def _plain_options(options: LotteryOptions) -> dict[str, Any]:
     return {k: v for k, v in asdict(options).items() if k not in ("max_steps", "eval_every", "patience", "control")}
 
 
-def _save_state(ckpt: Path | None, identity: dict[str, Any], reset: dict[str, Any], state: UnitState,
-                run: LotteryRun, trajectory: list[TrajectoryPoint]) -> None:
+def _save_state(
+    ckpt: Path | None,
+    identity: dict[str, Any],
+    reset: dict[str, Any],
+    state: UnitState,
+    run: LotteryRun,
+    trajectory: list[TrajectoryPoint],
+) -> None:
     if ckpt is None:
         return
-    atomic_save({
-        "format": STATE_FORMAT, "identity": identity, "reset": reset, "kept": [list(k) for k in state.kept],
-        "iterations": [it.to_json() for it in run.iterations], "reset_loss": run.reset_loss,
-        "trajectory": [asdict(p) for p in trajectory[1:]],
-    }, ckpt / STATE_NAME)
+    atomic_save(
+        {
+            "format": STATE_FORMAT,
+            "identity": identity,
+            "reset": reset,
+            "kept": [list(k) for k in state.kept],
+            "iterations": [it.to_json() for it in run.iterations],
+            "reset_loss": run.reset_loss,
+            "trajectory": [asdict(p) for p in trajectory[1:]],
+        },
+        ckpt / STATE_NAME,
+    )
 
 
 def _load_state(ckpt: Path, identity: dict[str, Any], reset_at: int) -> dict[str, Any] | None:
@@ -467,8 +592,10 @@ def _load_state(ckpt: Path, identity: dict[str, Any], reset_at: int) -> dict[str
     if saved["identity"] != identity:
         theirs, mine = saved["identity"], identity
         changed = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
-        raise HeadcutError(f"{path} belongs to a run with other settings or data ({', '.join(changed)} differ); "
-                           "resume with the same settings, or start over without --resume")
+        raise HeadcutError(
+            f"{path} belongs to a run with other settings or data ({', '.join(changed)} differ); "
+            "resume with the same settings, or start over without --resume"
+        )
     reset = saved.get("reset")
     if not isinstance(reset, dict) or any(k not in reset for k in ("model", "gates", "optimizer", "scheduler", "step")):
         raise _damaged(path, "its late-resetting checkpoint is incomplete")
@@ -507,11 +634,13 @@ def _check_reset(path: Path, reset: dict[str, Any], probe: Trainer) -> None:
 
 
 def _damaged(path: Path, why: str) -> HeadcutError:
-    return HeadcutError(f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without --resume "
-                        "(and with --force)")
+    return HeadcutError(
+        f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without --resume (and with --force)"
+    )
 
 
 # ---- the end-of-run summary ------------------------------------------------------------------------------
+
 
 def summary_items(lottery: dict[str, Any], metric: str | None) -> list[Any]:
     """The lottery's iterations (heads removed by kind, eval metric after training and after pruning),
@@ -519,14 +648,23 @@ def summary_items(lottery: dict[str, Any], metric: str | None) -> list[Any]:
     from rich import box
     from rich.table import Table
 
-    table = Table(title=f"lottery, iteration by iteration ({lottery['prune_every']} steps from the checkpoint at "
-                        f"step {lottery['reset_at']}, then rewound)", box=box.SIMPLE_HEAD)
+    table = Table(
+        title=f"lottery, iteration by iteration ({lottery['prune_every']} steps from the checkpoint at "
+        f"step {lottery['reset_at']}, then rewound)",
+        box=box.SIMPLE_HEAD,
+    )
     for col in ("iteration", "removed", "heads left", f"{metric or 'metric'} trained", "pruned", "seconds"):
         table.add_column(col, justify="left" if col == "removed" else "right")
     for it in lottery["iterations"]:
         kinds = ", ".join(f"{n} {kind}" for kind, n in it["removed_by_kind"].items())
-        table.add_row(str(it["iteration"]), kinds, str(it["heads"]), _fmt(it["metric_trained"]),
-                      _fmt(it["metric_pruned"]), f"{it['seconds']:.1f}")
+        table.add_row(
+            str(it["iteration"]),
+            kinds,
+            str(it["heads"]),
+            _fmt(it["metric_trained"]),
+            _fmt(it["metric_pruned"]),
+            f"{it['seconds']:.1f}",
+        )
     out: list[Any] = [table]
     if lottery.get("resumed_at") is not None:
         out.append(f"resumed after iteration {lottery['resumed_at']}")
@@ -534,10 +672,15 @@ def summary_items(lottery: dict[str, Any], metric: str | None) -> list[Any]:
     if conv is not None:
         stop = conv.get("early_stopping")
         if stop is not None:
-            how = (f"stopped early at step {stop['stopped_at']}" if stop["stopped_at"] is not None
-                   else f"ran to step {conv['steps']}")
-            out.append(f"converged from step {conv['from_step']}: {how}; kept the weights of step {stop['best_step']} "
-                       f"(eval loss {_fmt(stop['best'])})")
+            how = (
+                f"stopped early at step {stop['stopped_at']}"
+                if stop["stopped_at"] is not None
+                else f"ran to step {conv['steps']}"
+            )
+            out.append(
+                f"converged from step {conv['from_step']}: {how}; kept the weights of step {stop['best_step']} "
+                f"(eval loss {_fmt(stop['best'])})"
+            )
         else:
             out.append(f"converged from step {conv['from_step']} to step {conv['steps']} ({conv['note']})")
     control = lottery.get("control")

@@ -41,6 +41,7 @@ from .units import BlockSet
 #: ``on_step(history entry)`` after every training step of a learned method
 StepLog = Callable[[dict[str, Any]], None]
 
+
 @dataclass
 class Problem:
     """What a method works on.

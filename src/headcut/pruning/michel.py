@@ -16,5 +16,6 @@ from __future__ import annotations
 
 from .ranked import ScoreMethod, ten_percent
 
-METHOD = ScoreMethod("michel", "gradient", rescoring=True, inverse=False, default_step=ten_percent,
-                     default_normalize="layer")
+METHOD = ScoreMethod(
+    "michel", "gradient", rescoring=True, inverse=False, default_step=ten_percent, default_normalize="layer"
+)

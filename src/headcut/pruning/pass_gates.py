@@ -72,8 +72,9 @@ class PassOptions(GateOptions):
     """PASS and PASSCONC: the gate-training options plus ``lambda_step``, eq. 16's n_step (None: 1,000,
     or steps / 6 for a run under 6,000 steps)."""
 
-    lambda_step: int | None = option(None, low=1, help="n_step of the lambda schedule, eq. 16 (default 1,000, or "
-                                     "steps / 6 under 6,000 steps).")
+    lambda_step: int | None = option(
+        None, low=1, help="n_step of the lambda schedule, eq. 16 (default 1,000, or steps / 6 under 6,000 steps)."
+    )
 
 
 class PASS(ConcreteLearner):
@@ -157,11 +158,21 @@ class PASS(ConcreteLearner):
 
     def hyperparameters(self) -> dict[str, Any]:
         s = self.schedule
-        return {"lambda_base": s.lambda_base, "lambda_0": s.lambda_0, "n_step": s.n_step,
-                "n_step_scaled": self.options.lambda_step is None and s.n_step != self.paper_n_step,
-                "reopen_steps": [k * s.n_step for k in (2, 3, 4)], "max_lambda": MAX_LAMBDA, "clip": CLIP,
-                "target_sparsity": self.sparsity, "k_slots": self.k, "gate_lr": self.options.gate_lr,
-                "beta": self.hc.beta, "gamma": self.hc.gamma, "zeta": self.hc.zeta}
+        return {
+            "lambda_base": s.lambda_base,
+            "lambda_0": s.lambda_0,
+            "n_step": s.n_step,
+            "n_step_scaled": self.options.lambda_step is None and s.n_step != self.paper_n_step,
+            "reopen_steps": [k * s.n_step for k in (2, 3, 4)],
+            "max_lambda": MAX_LAMBDA,
+            "clip": CLIP,
+            "target_sparsity": self.sparsity,
+            "k_slots": self.k,
+            "gate_lr": self.options.gate_lr,
+            "beta": self.hc.beta,
+            "gamma": self.hc.gamma,
+            "zeta": self.hc.zeta,
+        }
 
 
 METHOD = GateMethod(PASS, PassOptions)

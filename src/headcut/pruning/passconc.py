@@ -40,7 +40,10 @@ class PASSCONC(PASS):
         self.ratio = 0.0  # lambda_c / lambda
         n = self.schedule.n_step
         if ctx.task == "seq2seq":
-            self.window = (fitted(20000, 30000, ctx.total_steps), ctx.total_steps - fitted(7000, 30000, ctx.total_steps))
+            self.window = (
+                fitted(20000, 30000, ctx.total_steps),
+                ctx.total_steps - fitted(7000, 30000, ctx.total_steps),
+            )
         else:
             self.window = (2 * n, 5 * n)
 
@@ -70,8 +73,9 @@ class PASSCONC(PASS):
         if not self.in_window(step) or closed_enough:
             self.ratio = 0.0
         elif self.event(step) or (step == self.window[0]):
-            ratio = concentrator_weight(self.phi, self.sparsity, self.slots.layers, 1.0, skip=self.phi <= -CLIP,
-                                        hc=self.hc)  # eq. 17 (times lambda in the loss)
+            ratio = concentrator_weight(
+                self.phi, self.sparsity, self.slots.layers, 1.0, skip=self.phi <= -CLIP, hc=self.hc
+            )  # eq. 17 (times lambda in the loss)
             self.ratio = min(ratio, MAX_RATIO)
         return logs
 

@@ -43,13 +43,25 @@ from .units import BlockSet
 class RankOptions:
     """Options of every score-based method (see the module's doc)."""
 
-    step: int | None = option(None, low=1, help="Heads removed per step (whole units: at most N, at least one); "
-                              "default: 10 % of the heads, 1 for the greedy methods.")
-    rounds: int | None = option(None, low=1, metavar="R", help="Reach K in R steps instead of steps of --step, the "
-                                "heads to remove split evenly, the larger steps first (TextPruner's schedule; an "
-                                "iterative method then scores R times whatever K).")
-    normalize: str | None = option(None, choices=NORMALIZE, help="Divide each block's scores by their L2 norm; "
-                                   "default: layer for michel, none otherwise.")
+    step: int | None = option(
+        None,
+        low=1,
+        help="Heads removed per step (whole units: at most N, at least one); "
+        "default: 10 % of the heads, 1 for the greedy methods.",
+    )
+    rounds: int | None = option(
+        None,
+        low=1,
+        metavar="R",
+        help="Reach K in R steps instead of steps of --step, the "
+        "heads to remove split evenly, the larger steps first (TextPruner's schedule; an "
+        "iterative method then scores R times whatever K).",
+    )
+    normalize: str | None = option(
+        None,
+        choices=NORMALIZE,
+        help="Divide each block's scores by their L2 norm; default: layer for michel, none otherwise.",
+    )
 
     def validate(self) -> None:
         check_fields(self)
@@ -61,8 +73,9 @@ class RankOptions:
 class GradientOptions(RankOptions):
     """Options of the methods ranked by the gradient scorer: ``abs_per`` example (Michel et al.) or batch."""
 
-    abs_per: str = option("example", choices=ABS_PER, help="|dL/dg| per example (Michel et al.) or per batch "
-                          "(TextPruner).")
+    abs_per: str = option(
+        "example", choices=ABS_PER, help="|dL/dg| per example (Michel et al.) or per batch (TextPruner)."
+    )
 
 
 @dataclass
@@ -70,23 +83,34 @@ class GnormOptions(RankOptions):
     """Options of the methods ranked by Gnorm: ``objective`` (logits-norm, the paper's; or loss) and
     ``per`` (the gradient norms of every batch, or of every example)."""
 
-    objective: str = option("logits-norm", choices=OBJECTIVES, help="Gradient of the logits' norm (the paper's) "
-                            "or of the task loss.")
-    per: str = option("batch", choices=GNORM_PER, help="Gradient norms of every batch (the authors' code) or every "
-                      "example (the paper's per-sentence description).")
+    objective: str = option(
+        "logits-norm", choices=OBJECTIVES, help="Gradient of the logits' norm (the paper's) or of the task loss."
+    )
+    per: str = option(
+        "batch",
+        choices=GNORM_PER,
+        help="Gradient norms of every batch (the authors' code) or every "
+        "example (the paper's per-sentence description).",
+    )
 
 
 @dataclass
 class FluctuationOptions(RankOptions):
     """Options of the methods ranked by FLAP's fluctuation: ``bias_compensation`` (FLAP §3.4)."""
 
-    bias_compensation: bool = option(False, help="FLAP's bias compensation: the removed heads' mean output folded "
-                                     "into the output projection's bias (needs a bias there, or a stock attention_bias "
-                                     "field).")
+    bias_compensation: bool = option(
+        False,
+        help="FLAP's bias compensation: the removed heads' mean output folded "
+        "into the output projection's bias (needs a bias there, or a stock attention_bias "
+        "field).",
+    )
 
 
-OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {"gradient": GradientOptions, "gnorm": GnormOptions,
-                                                    "fluctuation": FluctuationOptions}
+OPTIONS_OF_SCORER: dict[str, type[RankOptions]] = {
+    "gradient": GradientOptions,
+    "gnorm": GnormOptions,
+    "fluctuation": FluctuationOptions,
+}
 
 
 def oriented(importance: dict[str, list[float]], inverse: bool) -> dict[str, list[float]]:
@@ -121,8 +145,15 @@ class ScoreMethod(MethodBase):
     before every step; ``inverse``: the most important go first; ``default_step(heads)``: heads per
     step without ``step``; ``default_normalize``: ``normalize`` when not given."""
 
-    def __init__(self, name: str, scorer: str, rescoring: bool, inverse: bool, default_step: Callable[[int], int],
-                 default_normalize: str = "none") -> None:
+    def __init__(
+        self,
+        name: str,
+        scorer: str,
+        rescoring: bool,
+        inverse: bool,
+        default_step: Callable[[int], int],
+        default_normalize: str = "none",
+    ) -> None:
         self.name = name
         self.scorer = scorer
         self.rescoring = rescoring
@@ -137,12 +168,18 @@ class ScoreMethod(MethodBase):
     def score_config(self, config: PruneConfig, options: RankOptions) -> ScoreConfig:
         """The scorer options of this run (the method's defaults filled in)."""
         extra = {k: getattr(options, k) for k in ("abs_per", "objective", "per") if hasattr(options, k)}
-        return ScoreConfig(scorer=self.scorer, normalize=options.normalize or self.default_normalize,
-                           seed=config.seed, **extra)
+        return ScoreConfig(
+            scorer=self.scorer, normalize=options.normalize or self.default_normalize, seed=config.seed, **extra
+        )
 
     def step(self, total: int, config: PruneConfig, options: RankOptions) -> tuple[int, bool]:
-        stepwise = (self.rescoring or config.max_drop is not None or config.trajectory
-                    or options.step is not None or options.rounds is not None)
+        stepwise = (
+            self.rescoring
+            or config.max_drop is not None
+            or config.trajectory
+            or options.step is not None
+            or options.rounds is not None
+        )
         return (options.step if options.step is not None else self.default_step(total)), stepwise
 
     def run(self, problem: Problem, options: RankOptions) -> PruneResult:
@@ -152,8 +189,16 @@ class ScoreMethod(MethodBase):
         score_config = self.score_config(problem.config, options)
         ranker = Ranker(self, score_config, batches if self.entry.data != "none" else None)
         budget = problem.budget if options.rounds is None else replace(problem.budget, rounds=options.rounds)
-        result = run_search(problem.model, problem.blocks, problem.sets, budget, ranker, problem.config,
-                            problem.metric, problem.progress)
+        result = run_search(
+            problem.model,
+            problem.blocks,
+            problem.sets,
+            budget,
+            ranker,
+            problem.config,
+            problem.metric,
+            problem.progress,
+        )
         result.score_config = score_config
         return result
 
@@ -174,7 +219,8 @@ class ScoreMethod(MethodBase):
                 f"and every block is one unit here (e.g. {whole[0].names[0]}: {whole[0].heads} query heads "
                 f"sharing one KV head, under --gqa {config.gqa}), so every unit would score 0 and the cut would be "
                 "arbitrary; use a scorer that compares layers (gradient), or --gqa uniform (query heads ranked within "
-                "their layer; the KV cache shrinks only where a layer loses every head)")
+                "their layer; the KV cache shrinks only where a layer loses every head)"
+            )
 
 
 def ten_percent(total: int) -> int:

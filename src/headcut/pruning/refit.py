@@ -57,8 +57,12 @@ class RefitBlock:
     error_after: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"blocks": self.blocks, "heads": self.heads, "error_before": round(self.error_before, 6),
-                "error_after": round(self.error_after, 6)}
+        return {
+            "blocks": self.blocks,
+            "heads": self.heads,
+            "error_before": round(self.error_before, 6),
+            "error_after": round(self.error_after, 6),
+        }
 
 
 @dataclass
@@ -73,8 +77,13 @@ class RefitResult:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"ridge": self.ridge, "tokens": self.tokens, "seconds": round(self.seconds, 1),
-                "refitted": [r.to_json() for r in self.refitted], "skipped": self.skipped}
+        return {
+            "ridge": self.ridge,
+            "tokens": self.tokens,
+            "seconds": round(self.seconds, 1),
+            "refitted": [r.to_json() for r in self.refitted],
+            "skipped": self.skipped,
+        }
 
 
 class _Reached(Exception):
@@ -86,9 +95,11 @@ def _forward_order(model: nn.Module, groups: list[tuple[nn.Module, list[Block]]]
     order: list[int] = []
     handles = []
     for i, (mod, _) in enumerate(groups):
+
         def hook(m: nn.Module, args: Any, i: int = i) -> None:
             if i not in order:
                 order.append(i)
+
         handles.append(mod.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
@@ -99,8 +110,9 @@ def _forward_order(model: nn.Module, groups: list[tuple[nn.Module, list[Block]]]
     return order + [i for i in range(len(groups)) if i not in order]
 
 
-def _run_until(model: nn.Module, mod: nn.Module, calls: int, batch: dict[str, Any],
-               capture: Callable[[nn.Module, Any, Any], None]) -> None:
+def _run_until(
+    model: nn.Module, mod: nn.Module, calls: int, batch: dict[str, Any], capture: Callable[[nn.Module, Any, Any], None]
+) -> None:
     """One forward pass of ``batch`` that stops once ``mod`` has been called ``calls`` times, ``capture``
     seeing each call (module, inputs, output)."""
     seen = [0]
@@ -121,8 +133,14 @@ def _run_until(model: nn.Module, mod: nn.Module, calls: int, batch: dict[str, An
         handle.remove()
 
 
-def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration, *, ridge: float = RIDGE,
-                  progress: Callable[[int, int | None], None] | None = None) -> RefitResult:
+def refit_outputs(
+    model: nn.Module,
+    teacher: nn.Module,
+    calibration: Calibration,
+    *,
+    ridge: float = RIDGE,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> RefitResult:
     """Refit the output projections of ``model`` (a cut, slimmed copy of ``teacher``) in place so that each
     block's output matches ``teacher``'s on ``calibration``'s real tokens (see the module's doc). Both models
     must be on one device; their modes are restored afterwards. ``progress(done, total)``: batches passed."""
@@ -152,8 +170,10 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
             mod, blocks = groups[index]
             t_mod = teacher_mods[blocks[0].name]
             if any(teacher_mods[b.name] is not t_mod for b in blocks):
-                raise HeadcutError(f"refit: blocks {', '.join(b.name for b in blocks)} share an output projection "
-                                   "in the cut model but not in the unpruned one")
+                raise HeadcutError(
+                    f"refit: blocks {', '.join(b.name for b in blocks)} share an output projection "
+                    "in the cut model but not in the unpruned one"
+                )
             w0 = weight_out_in(mod).detach().to(stats).double()
             has_bias = getattr(mod, "bias", None) is not None
             n = w0.shape[1] + (1 if has_bias else 0)
@@ -189,7 +209,7 @@ def refit_outputs(model: nn.Module, teacher: nn.Module, calibration: Calibration
 
             before, after = error(theta0), error(theta)
             if after < before:  # the fit can only lower the error on its own tokens; guard against round-off
-                set_weight(mod, theta[:w0.shape[1]].T, theta[-1] if has_bias else None)
+                set_weight(mod, theta[: w0.shape[1]].T, theta[-1] if has_bias else None)
             else:
                 after = before
             result.refitted.append(RefitBlock([b.name for b in blocks], blocks[0].heads, before, after))

@@ -26,8 +26,9 @@ class Round:
     recover_steps: int
 
 
-def schedule(model: nn.Module, config: PruneConfig, options: Any, recover_steps: int,
-             via_steps: int | None) -> list[Round]:
+def schedule(
+    model: nn.Module, config: PruneConfig, options: Any, recover_steps: int, via_steps: int | None
+) -> list[Round]:
     """The rounds of ``config`` on ``model``: one round of ``config`` itself without ``via``; with it, a cut to
     ``via`` heads and then to the budget. Every round's budget is refused as :func:`check_budget` refuses one,
     before any data is read (the budget first, then ``via``'s bounds, then the first round's)."""
@@ -36,8 +37,10 @@ def schedule(model: nn.Module, config: PruneConfig, options: Any, recover_steps:
         return [Round(config, recover_steps)]
     via = config.via
     if not budget.target < via < budget.total:
-        raise HeadcutError(f"{label('via')} {via} must lie between the heads kept in the end ({budget.target}) "
-                           f"and the model's {budget.total}")
+        raise HeadcutError(
+            f"{label('via')} {via} must lie between the heads kept in the end ({budget.target}) "
+            f"and the model's {budget.total}"
+        )
     stops = [via, budget.target]  # heads left after each round: a longer schedule lists more stops here
     early_steps = recover_steps if via_steps is None else via_steps
     rounds = []

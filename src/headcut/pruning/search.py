@@ -84,11 +84,14 @@ def _why(sets: list[BlockSet], config: PruneConfig, blocks: int) -> str:
     reasons = []
     widths = sorted({s.width for s in sets if s.width > 1})
     if widths:
-        reasons.append(f"blocks that share weights lose a head in each of their {'/'.join(map(str, widths))} "
-                       "blocks at once")
+        reasons.append(
+            f"blocks that share weights lose a head in each of their {'/'.join(map(str, widths))} blocks at once"
+        )
     if any(s.mode == "group" for s in sets):
         sizes = sorted({s.group_size for s in sets if s.mode == "group"})
-        reasons.append(f"{label('gqa')} {config.gqa} removes whole KV groups of {'/'.join(map(str, sizes))} query heads")
+        reasons.append(
+            f"{label('gqa')} {config.gqa} removes whole KV groups of {'/'.join(map(str, sizes))} query heads"
+        )
     if any(s.mode == "uniform" for s in sets):
         reasons.append(f"{label('gqa')} uniform keeps the same number of query heads in every remaining KV group")
     if config.min_heads_per_block:
@@ -195,7 +198,10 @@ def _global_step(state: UnitState, importance: dict[str, list[float]], budget: B
 
 
 def _to_level(
-    state: UnitState, importance: dict[str, list[float]], level: int, keep_reachable: list[int],
+    state: UnitState,
+    importance: dict[str, list[float]],
+    level: int,
+    keep_reachable: list[int],
 ) -> list[Move] | None:
     """Move every set down to ``level`` heads per block, each set keeping its top units (applied to
     ``state``); None (``state`` partly changed) if some set cannot get there."""
@@ -243,8 +249,14 @@ def remove_step(state: UnitState, importance: dict[str, list[float]], budget: Bu
 
 
 def run_search(
-    model: nn.Module, blocks: list[Block], sets: list[BlockSet], budget: Budget, ranker: Ranker,
-    config: PruneConfig, metric: Metric | None, progress: PruneProgress | None = None,
+    model: nn.Module,
+    blocks: list[Block],
+    sets: list[BlockSet],
+    budget: Budget,
+    ranker: Ranker,
+    config: PruneConfig,
+    metric: Metric | None,
+    progress: PruneProgress | None = None,
 ) -> PruneResult:
     """The removal loop (see the module's doc). The model is only gated, never changed."""
     start = time.perf_counter()
@@ -269,10 +281,16 @@ def run_search(
         within = None
         if config.max_drop is not None and metric is not None and before is not None and value is not None:
             within = within_drop(before, value, config.max_drop, metric.higher_is_better)
-        points.append(TrajectoryPoint(
-            step=len(points), heads=state.total(), metric=value,
-            removed=removed, rescored=rescored, within=within,
-        ))
+        points.append(
+            TrajectoryPoint(
+                step=len(points),
+                heads=state.total(),
+                metric=value,
+                removed=removed,
+                rescored=rescored,
+                within=within,
+            )
+        )
         if progress is not None:
             progress("prune", budget.total - state.total(), most)
         if within is False:
@@ -285,9 +303,18 @@ def run_search(
         best_metric = metric.measure(state.mask(blocks))
     mask = state.mask(blocks)
     return PruneResult(
-        method=config.method, mask=mask, heads_before=heads_before, heads_after=state.per_block(),
-        trajectory=points, stopped=stopped, scorings=ranker.scorings, seconds=time.perf_counter() - start,
-        config=config, metric=metric.name if metric is not None else None,
+        method=config.method,
+        mask=mask,
+        heads_before=heads_before,
+        heads_after=state.per_block(),
+        trajectory=points,
+        stopped=stopped,
+        scorings=ranker.scorings,
+        seconds=time.perf_counter() - start,
+        config=config,
+        metric=metric.name if metric is not None else None,
         higher_is_better=metric.higher_is_better if metric is not None else None,
-        metric_before=before, metric_after=best_metric, target=budget.target,
+        metric_before=before,
+        metric_after=best_metric,
+        target=budget.target,
     )

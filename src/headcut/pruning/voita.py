@@ -61,8 +61,13 @@ DEFAULT_LAMBDA = 0.0015
 class VoitaOptions(GateOptions):
     """Voita et al.: the gate-training options plus ``lam``, eq. 23's lambda (``--lambda``)."""
 
-    lam: float | None = option(None, low=0, flag="--lambda", metavar="L", help="The L0 penalty's weight, eq. 23 "
-                               "(default: searched so that the gates keep K heads).")
+    lam: float | None = option(
+        None,
+        low=0,
+        flag="--lambda",
+        metavar="L",
+        help="The L0 penalty's weight, eq. 23 (default: searched so that the gates keep K heads).",
+    )
     lambda_trials: int = option(5, low=1, help="Training runs of the lambda search.")
 
 
@@ -87,11 +92,18 @@ class Voita(ConcreteLearner):
         return self.open_slots()
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {"lambda": self.lam, "gate_lr": self.options.gate_lr, "beta": self.hc.beta, "gamma": self.hc.gamma,
-                "zeta": self.hc.zeta}
+        return {
+            "lambda": self.lam,
+            "gate_lr": self.options.gate_lr,
+            "beta": self.hc.beta,
+            "gamma": self.hc.gamma,
+            "zeta": self.hc.zeta,
+        }
 
 
-def next_lambda(lam: float, kept: float, k: int, low: float | None, high: float | None) -> tuple[float, float | None, float | None]:
+def next_lambda(
+    lam: float, kept: float, k: int, low: float | None, high: float | None
+) -> tuple[float, float | None, float | None]:
     """The next lambda of the search: a run keeping more than ``k`` heads had too small a lambda (it
     becomes the bracket's ``low``), one keeping fewer too large a one (``high``); x4 or /4 until the
     bracket closes, then its geometric middle. Returns (lambda, low, high)."""
@@ -111,8 +123,10 @@ class VoitaMethod(GateMethod):
         if options.lam is not None:
             return super().run(problem, options)
         if problem.resume:
-            raise HeadcutError("--resume needs --lambda for voita: a lambda search keeps no checkpoints (the report "
-                               "of the interrupted run's trials, or pass --lambda to train once)")
+            raise HeadcutError(
+                "--resume needs --lambda for voita: a lambda search keeps no checkpoints (the report "
+                "of the interrupted run's trials, or pass --lambda to train once)"
+            )
         task = problem.data.task if isinstance(problem.data, Calibration) else ""
         base = options.resolved(self.learner, task, problem.config.seed)
         model = problem.model

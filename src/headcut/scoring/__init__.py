@@ -37,7 +37,9 @@ def get_scorer(name: str) -> Scorer:
 
 
 def score(
-    model: nn.Module, batches: Iterable[Batch] | None, config: ScoreConfig | str | None = None,
+    model: nn.Module,
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig | str | None = None,
     progress: Progress | None = None,
 ) -> HeadScores:
     """Score every head of ``model`` with ``config.scorer`` (a ScoreConfig, or a scorer name).
@@ -58,8 +60,9 @@ def score(
     return finish_scores(scorer, blocks, raw, config, time.perf_counter() - start)
 
 
-def finish_scores(scorer: Scorer, blocks: list[Block], raw: RawScores, config: ScoreConfig,
-                  seconds: float) -> HeadScores:
+def finish_scores(
+    scorer: Scorer, blocks: list[Block], raw: RawScores, config: ScoreConfig, seconds: float
+) -> HeadScores:
     """A scorer's raw scores of ``blocks`` as :class:`HeadScores`: per KV group where grouped, normalised as
     ``config`` says (the whole-model and the layer-wise scoring share this)."""
     out: dict[str, list[float]] = {}
@@ -74,8 +77,13 @@ def finish_scores(scorer: Scorer, blocks: list[Block], raw: RawScores, config: S
         out[block.name] = [float(v) for v in values]
         groups[block.name] = None if grouped is None else [float(v) for v in grouped]
     return HeadScores(
-        scorer=scorer.name, blocks=out, kv_groups=groups, higher_is_important=scorer.higher_is_important,
-        examples=raw.examples, seconds=seconds, config=config,
+        scorer=scorer.name,
+        blocks=out,
+        kv_groups=groups,
+        higher_is_important=scorer.higher_is_important,
+        examples=raw.examples,
+        seconds=seconds,
+        config=config,
     )
 
 

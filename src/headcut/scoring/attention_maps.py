@@ -80,7 +80,9 @@ def maps_by_block(out: Any, blocks: list[Block]) -> dict[str, torch.Tensor]:
         for block, attn in zip(kind_blocks, found):
             if attn is None or attn.dim() != 4 or attn.shape[1] != block.heads:
                 shape = None if attn is None else tuple(attn.shape)
-                raise HeadcutError(f"attention map of block {block.name} has shape {shape}, expected (B, {block.heads}, T, S)")
+                raise HeadcutError(
+                    f"attention map of block {block.name} has shape {shape}, expected (B, {block.heads}, T, S)"
+                )
             maps[block.name] = attn
     return maps
 
@@ -118,8 +120,12 @@ def query_key_masks(batch: Batch, kind: str, attn: torch.Tensor) -> tuple[torch.
 
 
 def for_each_map(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, scorer: str,
-    progress: Progress | None, fn: MapFn,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    scorer: str,
+    progress: Progress | None,
+    fn: MapFn,
 ) -> int:
     """One forward per calibration batch (eval mode, eager attention, no gradients); call ``fn``
     for every block's map. Returns the number of examples seen."""

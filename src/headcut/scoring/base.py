@@ -26,6 +26,7 @@ from ..errors import HeadcutError
 Progress = Callable[[int, int | None], None]
 Batch = Mapping[str, Any]
 
+
 @dataclass
 class HeadScores:
     """Per-head scores of every block, in the order of :func:`headcut.model_blocks`.
@@ -109,7 +110,10 @@ def batch_size(batch: Batch) -> int:
 
 
 def calibration(
-    batches: Iterable[Batch] | None, scorer: str, device: torch.device, progress: Progress | None,
+    batches: Iterable[Batch] | None,
+    scorer: str,
+    device: torch.device,
+    progress: Progress | None,
 ) -> Iterator[dict[str, Any]]:
     """Iterate ONCE over the calibration batches (moved to ``device``), reporting progress.
 

@@ -22,7 +22,10 @@ from .base import Batch, Progress, RawScores, ScoreConfig, Scorer
 
 
 def confidence(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     sums = {b.name: torch.zeros(b.heads, dtype=torch.float64) for b in blocks}

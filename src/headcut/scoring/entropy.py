@@ -40,7 +40,10 @@ def rectified_entropy(attn: torch.Tensor, epsilon: float, key_mask: torch.Tensor
 
 
 def entropy(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     eps = float(config.epsilon)

@@ -69,8 +69,13 @@ def head_scores(block: Block, variance: torch.Tensor, column_sq_norms: torch.Ten
     return metric.reshape(block.heads, block.head_dim).mean(dim=1)
 
 
-def input_moments(model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, scorer: str,
-                  progress: Progress | None = None) -> tuple[dict[str, Moments], int]:
+def input_moments(
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    scorer: str,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Moments], int]:
     """One forward per batch: the moments of every block's output-projection input over the real tokens
     (a projection shared by several blocks, ALBERT's, is called once per block, in order)."""
     live = [b for b in blocks if b.heads > 0]
@@ -84,12 +89,15 @@ def input_moments(model: nn.Module, blocks: list[Block], batches: Iterable[Batch
             i = calls[id(mod)]
             calls[id(mod)] += 1
             if i >= len(members):
-                raise HeadcutError(f"{scorer}: the output projection of {members[0].name} ran more often than it has "
-                                   "blocks in one forward")
+                raise HeadcutError(
+                    f"{scorer}: the output projection of {members[0].name} ran more often than it has "
+                    "blocks in one forward"
+                )
             block, x = members[i], args[0]
             real = real_queries(current, block.kind, x.shape[0], x.shape[1], x.device) if x.dim() == 3 else None
             rows = x[real] if real is not None else x.reshape(-1, x.shape[-1])
             moments[block.name].add(rows)
+
         return hook
 
     handles = [mod.register_forward_pre_hook(hook_for(mod, members)) for mod, members in groups]
@@ -110,7 +118,10 @@ def input_moments(model: nn.Module, blocks: list[Block], batches: Iterable[Batch
 
 
 def fluctuation(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     moments, examples = input_moments(model, blocks, batches, "fluctuation", progress)

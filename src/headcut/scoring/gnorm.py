@@ -82,12 +82,17 @@ def logits_norm(model: nn.Module, out: Any, batch: Batch) -> torch.Tensor:
 def one_example(batch: Batch, i: int, size: int) -> dict[str, Any]:
     """Example ``i`` of a batch of ``size`` as a batch of one (tensors whose first dimension is the
     batch are sliced; anything else is passed as it is)."""
-    return {k: v[i:i + 1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == size else v
-            for k, v in batch.items()}
+    return {
+        k: v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == size else v
+        for k, v in batch.items()
+    }
 
 
 def gnorm(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     base = model.base_model

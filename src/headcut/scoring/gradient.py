@@ -97,7 +97,10 @@ def example_weights(out: Any, batch: Batch) -> torch.Tensor:
 
 
 def per_example_gate_grads(
-    model: nn.Module, gates: HeadGates, blocks: list[Block], batch: Batch,
+    model: nn.Module,
+    gates: HeadGates,
+    blocks: list[Block],
+    batch: Batch,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """dL_i/dg for every example of ``batch`` and every block, from ONE backward: (B, heads) per
     block, and the examples' weights w_i (examples with w_i = 0 have no loss and zero rows).
@@ -119,7 +122,10 @@ def per_example_gate_grads(
 
 
 def gradient(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     per_example = config.abs_per == "example"

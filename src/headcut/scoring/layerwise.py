@@ -34,9 +34,16 @@ class _LayerView(nn.Module):
     """One layer as the scorers see a model: ``base_model`` is the whole (mostly meta) model's, and a forward of
     calibration batch ``_hc_index`` runs only this layer, on its recorded inputs, keeping its output."""
 
-    def __init__(self, layer: nn.Module, base: nn.Module, config: Any,
-                 calls: list[tuple[tuple[Any, ...], dict[str, Any]]], inputs: Activations, outputs: Activations,
-                 attention: Sequence[nn.Module] = ()) -> None:
+    def __init__(
+        self,
+        layer: nn.Module,
+        base: nn.Module,
+        config: Any,
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
+        inputs: Activations,
+        outputs: Activations,
+        attention: Sequence[nn.Module] = (),
+    ) -> None:
         super().__init__()
         self.layer = layer
         object.__setattr__(self, "_base", base)
@@ -55,8 +62,11 @@ class _LayerView(nn.Module):
         if _hc_index != len(self.outputs):
             raise HeadcutError("layer-wise scoring: calibration batches must be run once each, in order")
         maps: list[torch.Tensor] = []
-        handles = [mod.register_forward_hook(lambda m, a, out: maps.append(out[1])) for mod in self._attention] \
-            if output_attentions else []
+        handles = (
+            [mod.register_forward_hook(lambda m, a, out: maps.append(out[1])) for mod in self._attention]
+            if output_attentions
+            else []
+        )
         try:
             args, kwargs = self.calls[_hc_index]
             out = self.layer(self.inputs[_hc_index], *args, **kwargs)
@@ -70,10 +80,15 @@ class _LayerView(nn.Module):
         return hidden
 
 
-def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] | None, config: Any,
-                    stats: LayerwiseStats, spill_dir: Path | None,
-                    progress: Callable[[int, int], None] | None = None,
-                    means: dict[str, torch.Tensor] | None = None) -> Any:
+def score_layerwise(
+    streamed: StreamedModel,
+    batches: Sequence[dict[str, Any]] | None,
+    config: Any,
+    stats: LayerwiseStats,
+    spill_dir: Path | None,
+    progress: Callable[[int, int], None] | None = None,
+    means: dict[str, torch.Tensor] | None = None,
+) -> Any:
     """Scores of every block (a :class:`headcut.scoring.HeadScores`), computed one layer at a time; ``means``
     (fluctuation only): filled with each block's mean output-projection input (FLAP's baseline, for the bias
     compensation), from the same forward. An attention-map scorer runs the whole pass (the capture's masks
@@ -98,10 +113,16 @@ def score_layerwise(streamed: StreamedModel, batches: Sequence[dict[str, Any]] |
     return finish_scores(scorer, streamed.blocks, RawScores(raw, examples), config, stats.score_seconds)
 
 
-def _score_layers(streamed: StreamedModel, scorer: Any, batches: Sequence[dict[str, Any]] | None, config: Any,
-                  spill_dir: Path | None, progress: Callable[[int, int], None] | None,
-                  means: dict[str, torch.Tensor] | None, by_layer: dict[int, list[Block]]
-                  ) -> tuple[dict[str, torch.Tensor], int]:
+def _score_layers(
+    streamed: StreamedModel,
+    scorer: Any,
+    batches: Sequence[dict[str, Any]] | None,
+    config: Any,
+    spill_dir: Path | None,
+    progress: Callable[[int, int], None] | None,
+    means: dict[str, torch.Tensor] | None,
+    by_layer: dict[int, list[Block]],
+) -> tuple[dict[str, torch.Tensor], int]:
     """The raw scores of :func:`score_layerwise`, layer after layer."""
     base = streamed.model.base_model
     raw: dict[str, torch.Tensor] = {}
@@ -119,8 +140,9 @@ def _score_layers(streamed: StreamedModel, scorer: Any, batches: Sequence[dict[s
             if scorer.needs_data:
                 outputs = Activations(spill_dir)
                 attention = [base.get_submodule(b.attn) for b in sorted(blocks, key=lambda b: b.layer)]
-                view = _LayerView(streamed.layers[i], base, streamed.model.config, calls[i], current, outputs,
-                                  attention)
+                view = _LayerView(
+                    streamed.layers[i], base, streamed.model.config, calls[i], current, outputs, attention
+                )
                 if blocks and means is not None and scorer.name == "fluctuation":
                     moments, examples = input_moments(view, blocks, indexed, scorer.name)
                     raw.update(scores_from_moments(view, blocks, moments, examples).blocks)
@@ -153,8 +175,10 @@ def spill_need(activation_bytes: int) -> int:
 
 
 def _spill_hint() -> str:
-    return (f"set TMPDIR to a folder with more room, give {label('max_memory')} room to keep the activations in "
-            f"memory, or use fewer {label('max_examples')}")
+    return (
+        f"set TMPDIR to a folder with more room, give {label('max_memory')} room to keep the activations in "
+        f"memory, or use fewer {label('max_examples')}"
+    )
 
 
 def check_spill_room(folder: Path, activation_bytes: int) -> None:
@@ -168,8 +192,9 @@ def spill_error(exc: OSError, folder: Path, activation_bytes: int) -> HeadcutErr
     """The one-line error of activations that could not be spilled to ``folder`` (a full disk, most likely), naming
     the temporary folder the user chose (TMPDIR), not headcut's scratch folder in it."""
     where = folder.parent
-    error = space.write_error(exc, "spill activations to", where, where, spill_need(activation_bytes) or None,
-                              _spill_hint())
+    error = space.write_error(
+        exc, "spill activations to", where, where, spill_need(activation_bytes) or None, _spill_hint()
+    )
     return error if error is not None else HeadcutError(f"cannot spill activations to {where}: {exc}")
 
 

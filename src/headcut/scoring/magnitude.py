@@ -19,7 +19,10 @@ from .weights import block_rows, head_cols, to_query_heads
 
 
 def magnitude(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     base = model.base_model

@@ -17,7 +17,10 @@ from .base import Batch, Progress, RawScores, ScoreConfig, Scorer
 
 
 def random_scores(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     generator = torch.Generator().manual_seed(int(config.seed))

@@ -24,7 +24,10 @@ from .weights import block_rows, to_query_heads
 
 
 def value_l1(
-    model: nn.Module, blocks: list[Block], batches: Iterable[Batch] | None, config: ScoreConfig,
+    model: nn.Module,
+    blocks: list[Block],
+    batches: Iterable[Batch] | None,
+    config: ScoreConfig,
     progress: Progress | None = None,
 ) -> RawScores:
     base = model.base_model

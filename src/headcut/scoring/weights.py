@@ -21,13 +21,24 @@ def out_major(mod: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
     return tensor if isinstance(mod, nn.Linear) else tensor.t()
 
 
-def head_rows(mod: nn.Module, tensor: torch.Tensor, heads: int, head_dim: int, offset: int = 0,
-              stride: int = 0, order: tuple[int, ...] | None = None) -> torch.Tensor:
+def head_rows(
+    mod: nn.Module,
+    tensor: torch.Tensor,
+    heads: int,
+    head_dim: int,
+    offset: int = 0,
+    stride: int = 0,
+    order: tuple[int, ...] | None = None,
+) -> torch.Tensor:
     """(heads, head_dim * in): each head's output-feature block of a q, k or v projection tensor; head
     ``h`` starts at row ``offset + order[h] * stride`` (``stride`` 0: ``head_dim``; no ``order``: h)."""
     t = out_major(mod, tensor)
     stride = stride or head_dim
-    which = torch.arange(heads, device=t.device) if order is None else torch.tensor(order, dtype=torch.long, device=t.device)
+    which = (
+        torch.arange(heads, device=t.device)
+        if order is None
+        else torch.tensor(order, dtype=torch.long, device=t.device)
+    )
     index = offset + which[:, None] * stride + torch.arange(head_dim, device=t.device)
     return t[index.reshape(-1)].reshape(heads, head_dim * t.shape[1])
 
@@ -52,5 +63,6 @@ def block_rows(base: nn.Module, block: Block, part: str, tensor: torch.Tensor | 
     rows = block.rows(part)
     count = block.heads if part == "q" else block.kv_heads
     mod = base.get_submodule(rows.path)
-    return head_rows(mod, mod.weight if tensor is None else tensor, count, block.head_dim, rows.offset, rows.stride,
-                     rows.order)
+    return head_rows(
+        mod, mod.weight if tensor is None else tensor, count, block.head_dim, rows.offset, rows.stride, rows.order
+    )

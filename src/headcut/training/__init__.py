@@ -11,4 +11,13 @@ from .engine import (
     lr_factor,
 )
 
-__all__ = ["CHECKPOINT_NAME", "EarlyStopping", "TrainConfig", "TrainingDiverged", "TrainResult", "Trainer", "default_loss", "lr_factor"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "EarlyStopping",
+    "TrainConfig",
+    "TrainingDiverged",
+    "TrainResult",
+    "Trainer",
+    "default_loss",
+    "lr_factor",
+]

@@ -72,15 +72,19 @@ def check_weights(saved: Any, mine: dict[str, torch.Tensor], damaged: Callable[[
 ADAMW_STATE = ("step", "exp_avg", "exp_avg_sq")
 
 
-def check_optimizer(saved: Any, optimizer: torch.optim.Optimizer, step: int,
-                    damaged: Callable[[str], HeadcutError]) -> None:
+def check_optimizer(
+    saved: Any, optimizer: torch.optim.Optimizer, step: int, damaged: Callable[[str], HeadcutError]
+) -> None:
     """A checkpoint's optimizer state ``saved`` fits ``optimizer`` (an AdamW over this run's parameters) at
     optimizer step ``step``: the same groups over the same number of parameters with the same settings, and for
     each parameter its moments in the parameter's shape and a step count in [1, ``step``]. PyTorch's
     ``load_state_dict`` checks only the group sizes, so anything else would fail in a later training step."""
     mine = optimizer.state_dict()
-    if (not isinstance(saved, dict) or not isinstance(saved.get("state"), dict)
-            or not isinstance(saved.get("param_groups"), list)):
+    if (
+        not isinstance(saved, dict)
+        or not isinstance(saved.get("state"), dict)
+        or not isinstance(saved.get("param_groups"), list)
+    ):
         raise damaged("its optimizer state is not an optimizer's (a state and parameter groups)")
     groups = saved["param_groups"]
     if len(groups) != len(mine["param_groups"]):
@@ -92,8 +96,10 @@ def check_optimizer(saved: Any, optimizer: torch.optim.Optimizer, step: int,
         ids = group.get("params")
         if not isinstance(ids, list) or not all(_whole(p) for p in ids) or ids != own["params"]:
             count = len(ids) if isinstance(ids, list) else _described(ids)
-            raise damaged(f"its optimizer state does not fit this run's parameters (group {i} holds {count} "
-                          f"parameters, this run's {len(own['params'])})")
+            raise damaged(
+                f"its optimizer state does not fit this run's parameters (group {i} holds {count} "
+                f"parameters, this run's {len(own['params'])})"
+            )
         for key, value in group.items():
             if key in ("params", "lr") or key not in own:
                 continue
@@ -111,8 +117,10 @@ def check_optimizer(saved: Any, optimizer: torch.optim.Optimizer, step: int,
         for key in needed[1:]:
             value = entry[key]
             if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.shape != param.shape:
-                raise damaged(f"its optimizer state does not fit this run's parameters: {key} of parameter {index} "
-                              f"is {_described(value)}, the parameter has shape {tuple(param.shape)}")
+                raise damaged(
+                    f"its optimizer state does not fit this run's parameters: {key} of parameter {index} "
+                    f"is {_described(value)}, the parameter has shape {tuple(param.shape)}"
+                )
         count = entry["step"]
         if isinstance(count, torch.Tensor) and count.dim() == 0 and not count.is_complex():
             count = count.item()
@@ -140,31 +148,44 @@ def check_scheduler(saved: Any, scheduler: Any, step: int, damaged: Callable[[st
         own = mine[key]
         if key == "base_lrs" and (not isinstance(value, list) or not all(_real(v) for v in value) or value != own):
             raise damaged(f"its LR schedule's base learning rates {shown(value)} are not this run's {own}")
-        if key == "_last_lr" and (not isinstance(value, list) or len(value) != len(own)
-                                  or not all(_real(v) and is_finite(v) for v in value)):
-            raise damaged(f"its LR schedule's last learning rates {shown(value)} are not {len(own)} finite "
-                          "numbers")
-        if key == "lr_lambdas" and (not isinstance(value, list) or len(value) != len(own)
-                                    or any(v is not None or o is not None for v, o in zip(value, own))):
+        if key == "_last_lr" and (
+            not isinstance(value, list) or len(value) != len(own) or not all(_real(v) and is_finite(v) for v in value)
+        ):
+            raise damaged(f"its LR schedule's last learning rates {shown(value)} are not {len(own)} finite numbers")
+        if key == "lr_lambdas" and (
+            not isinstance(value, list)
+            or len(value) != len(own)
+            or any(v is not None or o is not None for v, o in zip(value, own))
+        ):
             raise damaged("its LR schedule's functions are not this run's")
         if isinstance(own, bool) and not isinstance(value, bool):
             raise damaged(f"its LR schedule's {key} {shown(value, 40)} is not True or False")
 
 
-def check_resumable(path: Path, state: dict[str, Any], *, identity: dict[str, Any], total_steps: int, batches: int,
-                    model: dict[str, torch.Tensor], gates: list[torch.Tensor], optimizer: torch.optim.Optimizer,
-                    scheduler: Any) -> None:
+def check_resumable(
+    path: Path,
+    state: dict[str, Any],
+    *,
+    identity: dict[str, Any],
+    total_steps: int,
+    batches: int,
+    model: dict[str, torch.Tensor],
+    gates: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+) -> None:
     """Refuse a checkpoint ``state`` (read from ``path``) that this run cannot continue: missing parts, another run's
     identity, a step past the run's end, a place in the data, weights, optimizer or schedule that do not fit, and
     non-finite values; each a one-line error."""
-    missing = [k for k in ("model", "gates", "optimizer", "scheduler", "step", "identity", "history")
-               if k not in state]
+    missing = [k for k in ("model", "gates", "optimizer", "scheduler", "step", "identity", "history") if k not in state]
     if missing:
         raise HeadcutError(f"{path} is damaged (no {missing[0]!r}); start over without --resume")
 
     def damaged(why: str) -> HeadcutError:
-        return HeadcutError(f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without "
-                            "--resume (and with --force)")
+        return HeadcutError(
+            f"--resume: the checkpoint in {path.parent} is damaged: {why}; start over without "
+            "--resume (and with --force)"
+        )
 
     step = state["step"]
     if not _whole(step) or step < 0:
@@ -174,17 +195,25 @@ def check_resumable(path: Path, state: dict[str, Any], *, identity: dict[str, An
     changed = differences(state["identity"], identity)
     if changed:
         listed = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
-        raise HeadcutError(f"{path} belongs to a run with other settings or data, so it cannot be resumed "
-                           f"by this one ({listed}); resume with the same settings, or start over without "
-                           "--resume")
+        raise HeadcutError(
+            f"{path} belongs to a run with other settings or data, so it cannot be resumed "
+            f"by this one ({listed}); resume with the same settings, or start over without "
+            "--resume"
+        )
     if step > total_steps:
-        raise HeadcutError(f"{path}: checkpoint is at step {shown(step)}, past this run's {total_steps} "
-                           f"steps; resume with a run of at least {shown(step)} steps, or start over without "
-                           "--resume")
+        raise HeadcutError(
+            f"{path}: checkpoint is at step {shown(step)}, past this run's {total_steps} "
+            f"steps; resume with a run of at least {shown(step)} steps, or start over without "
+            "--resume"
+        )
     check_position(state, batches, damaged)
     check_training_state(state, model, gates, optimizer, scheduler, damaged)
-    for what, key in (("weights", "model"), ("gates", "gates"), ("optimizer state", "optimizer"),
-                      ("method's state", "extra")):
+    for what, key in (
+        ("weights", "model"),
+        ("gates", "gates"),
+        ("optimizer state", "optimizer"),
+        ("method's state", "extra"),
+    ):
         bad = first_nonfinite(state.get(key), floats=key == "extra")
         if bad is not None:
             raise damaged(f"non-finite values (nan or inf) in its {what}, at {bad}")
@@ -199,16 +228,26 @@ def check_position(state: dict[str, Any], batches: int, damaged: Callable[[str],
     if not _whole(position) or not 0 <= position <= n:
         raise damaged(f"its position {shown(position)} in the epoch is not in [0, {n}]")
     if order is not None:
-        if (not isinstance(order, torch.Tensor) or order.dtype != torch.int64 or order.dim() != 1
-                or order.numel() != n or not torch.equal(order.sort().values, torch.arange(n))):
+        if (
+            not isinstance(order, torch.Tensor)
+            or order.dtype != torch.int64
+            or order.dim() != 1
+            or order.numel() != n
+            or not torch.equal(order.sort().values, torch.arange(n))
+        ):
             raise damaged(f"its batch order is not an order of the {n} batches")
     if not isinstance(state["history"], list):
         raise damaged("its history is not a list")
 
 
-def check_training_state(state: dict[str, Any], model: dict[str, torch.Tensor], gates: list[torch.Tensor],
-                         optimizer: torch.optim.Optimizer, scheduler: Any,
-                         damaged: Callable[[str], HeadcutError]) -> None:
+def check_training_state(
+    state: dict[str, Any],
+    model: dict[str, torch.Tensor],
+    gates: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    damaged: Callable[[str], HeadcutError],
+) -> None:
     """The checkpoint's weights, gates, optimizer and LR-schedule state, random states and history fit this
     run (names, counts, shapes, kinds, the schedule at the checkpoint's step), so that restoring them cannot
     fail halfway and no training step fails on them later."""
@@ -235,9 +274,13 @@ def check_training_state(state: dict[str, Any], model: dict[str, torch.Tensor], 
     if cuda is not None and not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8 and cuda.dim() == 1):
         raise damaged("its random state 'rng_cuda' is not a CUDA generator's state")
     for i, entry in enumerate(state["history"]):
-        if (not isinstance(entry, dict) or not all(isinstance(k, str) for k in entry)
-                or not _whole(entry.get("step")) or not _real(entry.get("loss"))
-                or not isinstance(entry.get("eval", {}), dict)):
+        if (
+            not isinstance(entry, dict)
+            or not all(isinstance(k, str) for k in entry)
+            or not _whole(entry.get("step"))
+            or not _real(entry.get("loss"))
+            or not isinstance(entry.get("eval", {}), dict)
+        ):
             raise damaged(f"its history entry {i} is not a training step's (a step, a loss)")
 
 
@@ -245,8 +288,9 @@ def has_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> bool:
     """Whether the folder holds a resume checkpoint: the engine's ``checkpoint.pt`` or a method's own
     state file (``*.pt``, e.g. the lottery's), temporaries not counted."""
     ckpt = Path(checkpoint_dir).expanduser()
-    return ckpt.is_dir() and any(p.suffix == ".pt" and not p.name.startswith(".") and p.is_file()
-                                 for p in ckpt.iterdir())
+    return ckpt.is_dir() and any(
+        p.suffix == ".pt" and not p.name.startswith(".") and p.is_file() for p in ckpt.iterdir()
+    )
 
 
 def prepare_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], resume: bool, restart: bool) -> None:
@@ -256,8 +300,9 @@ def prepare_checkpoint_dir(checkpoint_dir: str | os.PathLike[str], resume: bool,
     if resume and not has_checkpoint(ckpt):
         raise HeadcutError(f"--resume: no checkpoint at {ckpt}; run without --resume to start")
     if not resume and ckpt.exists() and not restart:
-        raise HeadcutError(f"{ckpt} holds the checkpoint of an interrupted run: pass --resume to continue it "
-                           "or --force to start over")
+        raise HeadcutError(
+            f"{ckpt} holds the checkpoint of an interrupted run: pass --resume to continue it or --force to start over"
+        )
 
 
 def clear_checkpoint_dir(checkpoint_dir: str | os.PathLike[str]) -> None:
@@ -339,8 +384,11 @@ def atomic_save(obj: Any, dest: Path) -> None:
                     dest.parent.rmdir()
             # torch.save turns the file's OSError (a full disk) into a RuntimeError that names no errno
             cause = fh.error if fh.error is not None else exc
-            error = write_error(cause, "write the checkpoint", dest, dest.parent, _tensor_bytes(obj), free=free) \
-                if isinstance(exc, Exception) else None
+            error = (
+                write_error(cause, "write the checkpoint", dest, dest.parent, _tensor_bytes(obj), free=free)
+                if isinstance(exc, Exception)
+                else None
+            )
             if error is None:
                 raise
             raise error from None
@@ -387,8 +435,9 @@ def read_state(path: Path, fmt: int) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, overwritten, or not a checkpoint at all
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
-                           "--resume (and with --force)") from None
+        raise HeadcutError(
+            f"{path} is damaged and cannot be resumed ({why[:120]}); start over without --resume (and with --force)"
+        ) from None
     if not isinstance(state, dict) or state.get("format") != fmt:
         found = state.get("format") if isinstance(state, dict) else None
         raise HeadcutError(f"{path}: unknown checkpoint format {shown(found)}; start over without --resume")
@@ -404,7 +453,9 @@ def checkpoint_dir_for(out: str | os.PathLike[str]) -> Path:
 
 
 @contextmanager
-def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: str | os.PathLike[str] | None) -> Iterator[None]:
+def locked_output(
+    target: OutputDir, main: bool, out: Path, checkpoint: str | os.PathLike[str] | None
+) -> Iterator[None]:
     """The work of a job that writes ``out``: the output locked (on the main process of a data-parallel run),
     and an interruption that says where the resume checkpoint is and how to resume (training jobs)."""
     with target if main else contextlib.nullcontext():
@@ -415,8 +466,10 @@ def locked_output(target: OutputDir, main: bool, out: Path, checkpoint: str | os
                 raise
             signum = getattr(exc, "signum", signal.SIGINT)
             if has_checkpoint(checkpoint):
-                hint = (f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "
-                        "command with --resume to continue")
+                hint = (
+                    f"nothing was written to {out}; the last checkpoint is kept in {checkpoint}: run the same "
+                    "command with --resume to continue"
+                )
             else:
                 hint = f"nothing was written to {out}; no checkpoint had been written yet"
             raise Interrupted(signum, hint) from None

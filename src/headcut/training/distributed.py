@@ -106,11 +106,11 @@ class Dist:
         longest = max(int(s) for s in sizes)
         mine = torch.zeros(longest, dtype=torch.uint8)
         if payload:
-            mine[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            mine[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         mine = mine.to(device)
         everyone = [torch.zeros_like(mine) for _ in range(self.world)]
         wait(torch.distributed.all_gather(everyone, mine, async_op=True))
-        return [json.loads(bytes(t[:int(n)].cpu().tolist()).decode()) for t, n in zip(everyone, sizes)]
+        return [json.loads(bytes(t[: int(n)].cpu().tolist()).decode()) for t, n in zip(everyone, sizes)]
 
     def agree(self, fingerprint: Mapping[str, str] | None = None, error: str | None = None) -> None:
         """The agreement of a run's processes before they train (a collective every process calls once, after
@@ -133,14 +133,20 @@ class Dist:
             mine = s["fingerprint"]
             for key in [*first, *(k for k in mine if k not in first)]:
                 if mine.get(key) != first.get(key):
-                    raise SharedError(f"process {rank} {key} {mine.get(key, 'nothing')}, process 0 "
-                                      f"{first.get(key, 'nothing')}: {SAME_EVERYWHERE}", echo=self.main)
+                    raise SharedError(
+                        f"process {rank} {key} {mine.get(key, 'nothing')}, process 0 "
+                        f"{first.get(key, 'nothing')}: {SAME_EVERYWHERE}",
+                        echo=self.main,
+                    )
 
     def _collective_device(self) -> torch.device:
         """Where the tensors of headcut's own collectives live: this process's GPU when the process group has
         NCCL alone (which takes no CPU tensors), else the CPU."""
-        return torch.device("cuda", self.local_rank) if str(torch.distributed.get_backend()) == "nccl" \
+        return (
+            torch.device("cuda", self.local_rank)
+            if str(torch.distributed.get_backend()) == "nccl"
             else torch.device("cpu")
+        )
 
     def device(self, requested: str) -> torch.device:
         """The device this process trains on (:func:`headcut.devices.check_device`): ``cpu``, ``mps``, ``cuda:N``,
@@ -224,8 +230,9 @@ def lost_process(exc: BaseException) -> HeadcutError | None:
     text = text.split(" This is typically")[0].rstrip(".")
     if text.startswith("[") and "] " in text:  # the C++ source location
         text = text.split("] ", 1)[1]
-    return HeadcutError(f"another process of this run stopped while this one waited for it ({text}); that "
-                        "process's own output says why")
+    return HeadcutError(
+        f"another process of this run stopped while this one waited for it ({text}); that process's own output says why"
+    )
 
 
 def _abandon() -> None:

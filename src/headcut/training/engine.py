@@ -158,8 +158,9 @@ class EarlyStopping:
             raise HeadcutError(f"early stopping watches {self.metric!r}, which the evaluation does not give")
         value = float(metrics[self.metric])
         self.evaluations += 1
-        improved = value == value and (self.best is None or (value > self.best if self.higher_is_better
-                                                               else value < self.best))
+        improved = value == value and (
+            self.best is None or (value > self.best if self.higher_is_better else value < self.best)
+        )
         if improved:
             self.best, self.best_step, self.since_best = value, step, 0
             self._weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -178,9 +179,15 @@ class EarlyStopping:
         return True
 
     def to_json(self) -> dict[str, Any]:
-        return {"metric": self.metric, "higher_is_better": self.higher_is_better, "patience": self.patience,
-                "best": self.best, "best_step": self.best_step, "evaluations": self.evaluations,
-                "stopped_at": self.stopped_at}
+        return {
+            "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
+            "patience": self.patience,
+            "best": self.best,
+            "best_step": self.best_step,
+            "evaluations": self.evaluations,
+            "stopped_at": self.stopped_at,
+        }
 
 
 def default_loss(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -243,8 +250,10 @@ class Trainer:
             raise HeadcutError("a run with early stopping writes no checkpoints: give no checkpoint_dir")
         self.early_stopping = early_stopping
         if config.average_last and (early_stopping is not None or checkpoint_dir is not None):
-            raise HeadcutError("a run that averages its weights (average_last) keeps no resume checkpoints and no "
-                               "early stopping: give neither a checkpoint_dir nor early stopping")
+            raise HeadcutError(
+                "a run that averages its weights (average_last) keeps no resume checkpoints and no "
+                "early stopping: give neither a checkpoint_dir nor early stopping"
+            )
         if config.epochs is None and config.max_steps is None:
             raise HeadcutError("give epochs or max_steps")
         if config.mode is None:
@@ -258,10 +267,8 @@ class Trainer:
         if self.dist.active:
             shard = len(train_batches) // self.dist.world
             if shard < 1:
-                raise HeadcutError(
-                    f"{len(train_batches)} batch(es) cannot be shared by {self.dist.world} processes"
-                )
-            train_batches = list(train_batches[self.dist.rank::self.dist.world])[:shard]
+                raise HeadcutError(f"{len(train_batches)} batch(es) cannot be shared by {self.dist.world} processes")
+            train_batches = list(train_batches[self.dist.rank :: self.dist.world])[:shard]
         self.after_step = after_step
         self.extra_state = extra_state
         self.model = model
@@ -300,10 +307,13 @@ class Trainer:
             raise HeadcutError(f"--gates-first {first} leaves no joint step in a run of {total} steps")
         # LambdaLR's counter is the number of scheduler.step() calls so far = 0-based index of the next step;
         # the model's group gets no step while the gates learn first
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, [
-            lambda i: 0.0 if i < first else lr_factor(i + 1, total, warmup, schedule),
-            lambda i: lr_factor(i + 1, total, warmup, schedule),
-        ])
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            [
+                lambda i: 0.0 if i < first else lr_factor(i + 1, total, warmup, schedule),
+                lambda i: lr_factor(i + 1, total, warmup, schedule),
+            ],
+        )
 
         self.step = 0
         self.epoch = 0
@@ -360,8 +370,11 @@ class Trainer:
             "format": CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "gates": [g.detach().clone() for g in self.gates],
-            "optimizer": (self._engine.gather_optimizer(self.optimizer) if self._engine is not None
-                          else self.optimizer.state_dict()),
+            "optimizer": (
+                self._engine.gather_optimizer(self.optimizer)
+                if self._engine is not None
+                else self.optimizer.state_dict()
+            ),
             "scheduler": self.scheduler.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
@@ -369,8 +382,11 @@ class Trainer:
             "order": self.order,
             "generator": self.generator.get_state(),
             "rng_cpu": torch.get_rng_state() if self._in_loop else self._rng_cpu,
-            "rng_cuda": (torch.cuda.get_rng_state(self._device) if self._in_loop and self._device.type == "cuda"
-                         else self._rng_cuda),
+            "rng_cuda": (
+                torch.cuda.get_rng_state(self._device)
+                if self._in_loop and self._device.type == "cuda"
+                else self._rng_cuda
+            ),
             "history": self.history,
             "config": asdict(self.config),
             "num_batches": len(self.batches),
@@ -403,10 +419,15 @@ class Trainer:
     def snapshot(self) -> dict[str, Any]:
         """A copy of the model's weights, the optimizer and LR-schedule state and the step, for
         :meth:`rewind` (the lottery's late-resetting checkpoint)."""
-        return copy.deepcopy({
-            "model": self.model.state_dict(), "gates": [g.detach() for g in self.gates],
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "step": self.step,
-        })
+        return copy.deepcopy(
+            {
+                "model": self.model.state_dict(),
+                "gates": [g.detach() for g in self.gates],
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "step": self.step,
+            }
+        )
 
     def rewind(self, snapshot: dict[str, Any]) -> None:
         """Put the weights, gates, optimizer state, LR schedule and step back to ``snapshot`` (from
@@ -436,8 +457,9 @@ class Trainer:
         checkpoint cadence); everything else in the run's identity (see the module doc) must match,
         or a one-line error lists what differs."""
         if self.config.average_last:
-            raise HeadcutError("a run that averages its weights (average_last) cannot resume: its checkpoints hold "
-                               "no running mean")
+            raise HeadcutError(
+                "a run that averages its weights (average_last) cannot resume: its checkpoints hold no running mean"
+            )
         if path is None:
             if self.checkpoint_dir is None:
                 raise HeadcutError("resume needs a path or a checkpoint_dir")
@@ -448,9 +470,17 @@ class Trainer:
         if not path.is_file():
             raise HeadcutError(f"no checkpoint at {path}")
         state = read_state(path, CHECKPOINT_FORMAT)
-        check_resumable(path, state, identity=self.identity, total_steps=self.total_steps, batches=len(self.batches),
-                        model=self.model.state_dict(), gates=self.gates, optimizer=self.optimizer,
-                        scheduler=self.scheduler)
+        check_resumable(
+            path,
+            state,
+            identity=self.identity,
+            total_steps=self.total_steps,
+            batches=len(self.batches),
+            model=self.model.state_dict(),
+            gates=self.gates,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+        )
         step = state["step"]
         try:
             self._restore_training(state)
@@ -472,8 +502,9 @@ class Trainer:
             raise
         except (KeyError, RuntimeError, ValueError, TypeError, IndexError) as exc:
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise HeadcutError(f"{path} is damaged and cannot be resumed ({why[:120]}); start over without "
-                               "--resume") from None
+            raise HeadcutError(
+                f"{path} is damaged and cannot be resumed ({why[:120]}); start over without --resume"
+            ) from None
         self._saved_step = step
 
     def _diverged(self, step: int, what: str, update: bool = True) -> TrainingDiverged:
@@ -487,10 +518,14 @@ class Trainer:
             cause = f" ({', '.join(v for v, _ in lrs)}); lower {' or '.join(f for _, f in lrs)} and start over"
         else:
             cause = "; start over"
-        where = (f"; the last good checkpoint (step {self._saved_step}) is kept in {kept} (start over with --force)"
-                 if kept is not None else "")
-        return TrainingDiverged(f"training diverged at step {step}: {what}{cause}; no model was written{where}",
-                                step, kept)
+        where = (
+            f"; the last good checkpoint (step {self._saved_step}) is kept in {kept} (start over with --force)"
+            if kept is not None
+            else ""
+        )
+        return TrainingDiverged(
+            f"training diverged at step {step}: {what}{cause}; no model was written{where}", step, kept
+        )
 
     # -- the loop ---------------------------------------------------------------------------------
     def train(self) -> TrainResult:
@@ -568,12 +603,17 @@ class Trainer:
         self._engine = None
         engine.close()
 
-    def _swap_optimizer(self, make: Callable[[torch.optim.Optimizer, list[dict[str, Any]]], torch.optim.Optimizer],
-                        model_params: list[torch.Tensor]) -> None:
+    def _swap_optimizer(
+        self,
+        make: Callable[[torch.optim.Optimizer, list[dict[str, Any]]], torch.optim.Optimizer],
+        model_params: list[torch.Tensor],
+    ) -> None:
         """A new optimizer (``make(old, groups)``) over ``model_params`` and the gates, with the old one's state
         and learning-rate schedule."""
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": params}
-                  for g, params in zip(self.optimizer.param_groups, (model_params, self.gates))]
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": params}
+            for g, params in zip(self.optimizer.param_groups, (model_params, self.gates))
+        ]
         schedule = self.scheduler.state_dict()
         self.optimizer = make(self.optimizer, groups)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.scheduler.lr_lambdas)
@@ -589,8 +629,10 @@ class Trainer:
         trained = model_params + self.gates
         if not all_finite(trained):  # the model given (every step after this one is checked)
             named = {**dict(self.model.named_parameters()), **{f"gates.{i}": g for i, g in enumerate(self.gates)}}
-            raise HeadcutError(f"the weights hold non-finite values (nan or inf) before training, in "
-                               f"{first_nonfinite(named)}: the model is damaged; nothing was trained or written")
+            raise HeadcutError(
+                f"the weights hold non-finite values (nan or inf) before training, in "
+                f"{first_nonfinite(named)}: the model is damaged; nothing was trained or written"
+            )
         last_saved = self.step if self._rng_cpu is not None else -1
         # average_last: the running mean of the model's weights after each of the last steps (float32), put in
         # place of the weights at the end (stochastic weight averaging; the gates are not averaged)
@@ -625,7 +667,9 @@ class Trainer:
                     entry["gate_grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.gates, cfg.max_grad_norm))
                 norms = [v for k, v in entry.items() if k.endswith("grad_norm")]
                 if not all(math.isfinite(v) for v in norms):
-                    raise self._diverged(self.step + 1, f"the gradient norm is {next(v for v in norms if not math.isfinite(v))}")
+                    raise self._diverged(
+                        self.step + 1, f"the gradient norm is {next(v for v in norms if not math.isfinite(v))}"
+                    )
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -656,7 +700,11 @@ class Trainer:
                 self.progress(self.step, self.total_steps)
             if self.on_step is not None:
                 self.on_step(entry)
-            if self.checkpoint_dir is not None and cfg.checkpoint_every is not None and self.step % cfg.checkpoint_every == 0:
+            if (
+                self.checkpoint_dir is not None
+                and cfg.checkpoint_every is not None
+                and self.step % cfg.checkpoint_every == 0
+            ):
                 self.save_checkpoint()
                 last_saved = self.step
             if stop:

@@ -83,14 +83,27 @@ class FinetuneResult:
         if self.metric_before is not None and self.metric_after is not None:
             change = self.metric_after - self.metric_before
         return {
-            "task": self.task, "steps": self.steps, "distilled": self.distilled, "resumed_from": self.resumed_from,
-            "metric": None if self.metric is None else {
-                "name": self.metric, "higher_is_better": self.higher_is_better, "before": self.metric_before,
-                "after": self.metric_after, "change": change,
+            "task": self.task,
+            "steps": self.steps,
+            "distilled": self.distilled,
+            "resumed_from": self.resumed_from,
+            "metric": None
+            if self.metric is None
+            else {
+                "name": self.metric,
+                "higher_is_better": self.higher_is_better,
+                "before": self.metric_before,
+                "after": self.metric_after,
+                "change": change,
             },
-            "eval_before": self.eval_before, "eval_after": self.eval_after,
-            "config": self.config.to_json(), "summary": self.summary(), "history": self.history,
-            "seconds": self.seconds, "distributed": self.distributed, "early_stopping": self.early_stopping,
+            "eval_before": self.eval_before,
+            "eval_after": self.eval_after,
+            "config": self.config.to_json(),
+            "summary": self.summary(),
+            "history": self.history,
+            "seconds": self.seconds,
+            "distributed": self.distributed,
+            "early_stopping": self.early_stopping,
         }
 
 
@@ -105,8 +118,13 @@ def _scored(task: str, logits: torch.Tensor, labels: torch.Tensor | None) -> tor
     return logits[labels != -100]
 
 
-def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, task: str,
-                    labels: torch.Tensor | None, temperature: float = 1.0) -> torch.Tensor:
+def distillation_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    task: str,
+    labels: torch.Tensor | None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
     """``KL(softmax(teacher / T) || softmax(student / T))`` averaged over the positions that carry
     labels (classification: examples). Not multiplied by ``T^2``."""
     if student_logits.shape[-1] != teacher_logits.shape[-1]:
@@ -254,8 +272,9 @@ def _hidden_states(out: Any) -> list[torch.Tensor]:
     return states
 
 
-def hidden_matching(student: list[torch.Tensor], teacher: list[torch.Tensor],
-                    mask: torch.Tensor | None) -> torch.Tensor:
+def hidden_matching(
+    student: list[torch.Tensor], teacher: list[torch.Tensor], mask: torch.Tensor | None
+) -> torch.Tensor:
     """Hidden-state matching (the layer distillation of TinyBERT, Jiao et al. 2020, eq. 7, made relative):
     the mean over layers of ``||h_s - h_t||^2 / ||h_t||^2`` over the real (unpadded) positions, so the term is
     1 when the student's states are 0 and does not depend on the hidden size or the states' scale.
@@ -281,8 +300,16 @@ class DistillationLoss:
     cached). A batch without ``labels`` (unlabelled inputs, :func:`headcut.data.load_calibration`'s
     ``unlabelled``) is learnt from the teacher alone: ``T^2 KL`` (+ the hidden term), whatever ``alpha``."""
 
-    def __init__(self, task: str, teacher: nn.Module | None, alpha: float, temperature: float,
-                 hidden_weight: float = 0.0, mixup: float = 0.0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        task: str,
+        teacher: nn.Module | None,
+        alpha: float,
+        temperature: float,
+        hidden_weight: float = 0.0,
+        mixup: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.task, self.alpha, self.temperature, self.hidden_weight = task, alpha, temperature, hidden_weight
         self.mixup, self.seed = mixup, seed
         if mixup and task != "classification":
@@ -294,8 +321,10 @@ class DistillationLoss:
         out = model(**batch, **({"output_hidden_states": True} if hidden_weight else {}))
         task_loss = getattr(out, "loss", None)
         if task_loss is None and (self.cache is None or "labels" in batch):
-            raise HeadcutError("the model returned no loss: the training data needs labels (inputs without labels "
-                               "can only be distilled from a teacher)")
+            raise HeadcutError(
+                "the model returned no loss: the training data needs labels (inputs without labels "
+                "can only be distilled from a teacher)"
+            )
         logs: dict[str, Any] = {"task_loss": task_loss.detach()} if task_loss is not None else {}
         if self.cache is None:
             return task_loss, logs
@@ -303,8 +332,9 @@ class DistillationLoss:
             t_logits, t_hidden = self.cache.with_hidden(batch)
         else:
             t_logits, t_hidden = self.cache.logits(batch), None
-        kl = distillation_kl(out.logits, t_logits.to(out.logits.device), self.task, batch.get("labels"),
-                             self.temperature)
+        kl = distillation_kl(
+            out.logits, t_logits.to(out.logits.device), self.task, batch.get("labels"), self.temperature
+        )
         if task_loss is None:  # inputs without labels: eq. of the module's doc with alpha = 1
             loss = self.temperature**2 * kl
         else:
@@ -354,8 +384,12 @@ class DistillationLoss:
         """The report's ``distillation`` entry: the settings, teacher forwards and cache hits."""
         if self.cache is None:
             return {}
-        return {"alpha": self.alpha, "temperature": self.temperature, "hidden_weight": self.hidden_weight,
-                **self.cache.stats()}
+        return {
+            "alpha": self.alpha,
+            "temperature": self.temperature,
+            "hidden_weight": self.hidden_weight,
+            **self.cache.stats(),
+        }
 
 
 def unpruned_teacher(model: nn.Module, task: str, options: Any) -> DistillationLoss | None:
@@ -418,6 +452,7 @@ def finetune(
 
     eval_fn = None
     if eval_calibration is not None and config.eval_every is not None:
+
         def eval_fn(step: int) -> dict[str, Any]:
             return dict(evaluate(model, eval_calibration, eval_progress, bleu=False).metrics)
 
@@ -432,11 +467,21 @@ def finetune(
         early.update(model, 0, result.eval_before)  # the starting point is a candidate too
 
     trainer = Trainer(
-        model, None, train.batches, config,
-        loss_fn=DistillationLoss(train.task, teacher, config.alpha, config.temperature, config.hidden_weight,
-                                 config.mixup, config.seed),
-        eval_fn=eval_fn, checkpoint_dir=checkpoint_dir, progress=progress, dist=dist, on_step=on_step,
-        identity=dict(identity or {}, distilled=teacher is not None), early_stopping=early, device=device,
+        model,
+        None,
+        train.batches,
+        config,
+        loss_fn=DistillationLoss(
+            train.task, teacher, config.alpha, config.temperature, config.hidden_weight, config.mixup, config.seed
+        ),
+        eval_fn=eval_fn,
+        checkpoint_dir=checkpoint_dir,
+        progress=progress,
+        dist=dist,
+        on_step=on_step,
+        identity=dict(identity or {}, distilled=teacher is not None),
+        early_stopping=early,
+        device=device,
     )
     if resume:
         trainer.resume()

@@ -20,8 +20,11 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     sharded = [t for t in tensors if is_dtensor(t)]  # FSDP's shards: every process checks its own, together
     plain = [t for t in tensors if not is_dtensor(t)]
     with torch.no_grad():
-        return all(bool(torch.isfinite(whole(torch.nn.utils.get_total_norm(group, norm_type=math.inf))))
-                   for group in (sharded, plain) if group)
+        return all(
+            bool(torch.isfinite(whole(torch.nn.utils.get_total_norm(group, norm_type=math.inf))))
+            for group in (sharded, plain)
+            if group
+        )
 
 
 def first_nonfinite(value: Any, name: str = "", floats: bool = False) -> str | None:

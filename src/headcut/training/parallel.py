@@ -80,8 +80,11 @@ def _ddp(module: nn.Module, device: torch.device, ignore: list[str] | None = Non
     # a token task does not use) are found once, at the first step, not traversed for every step; the
     # buffers (positions, rotary frequencies) are the same everywhere and never trained: no sync per forward
     kwargs: dict[str, Any] = {"device_ids": [device.index or 0]} if device.type == "cuda" else {}
-    sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters \
+    sync = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
         else "broadcast_buffers"
+    )
     kwargs[sync] = False
     return DistributedDataParallel(module, static_graph=True, **kwargs)
 
@@ -111,8 +114,15 @@ class Engine:
 
     name = "single"
 
-    def __init__(self, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist,
-                 device: torch.device, work: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        gates: list[torch.Tensor],
+        loss_fn: LossFn,
+        dist: Dist,
+        device: torch.device,
+        work: nn.Module | None = None,
+    ) -> None:
         self.model = model
         self.work = work if work is not None else model
         self.gates = gates
@@ -137,8 +147,7 @@ class Engine:
     def gather(self) -> None:
         """Put the trained weights into the caller's model (fsdp; the others train it in place)."""
 
-    def shard_optimizer(self, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]
-                        ) -> torch.optim.Optimizer:
+    def shard_optimizer(self, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
         """The optimizer that trains :meth:`trained`'s parameters and the gates, with ``optimizer``'s state."""
         return optimizer
 
@@ -161,11 +170,11 @@ class DataParallel(Engine):
 
     name = "ddp"
 
-    def __init__(self, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist,
-                 device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist, device: torch.device
+    ) -> None:
         super().__init__(model, gates, loss_fn, dist, device)
         self.runner = _ddp(self.step_module, device)
-
 
 
 def layer_units(model: nn.Module) -> list[str]:
@@ -197,8 +206,9 @@ class FullyShardedParallel(Engine):
 
     name = "fsdp"
 
-    def __init__(self, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist,
-                 device: torch.device) -> None:
+    def __init__(
+        self, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist, device: torch.device
+    ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -206,8 +216,10 @@ class FullyShardedParallel(Engine):
 
         shared = [b.name for b in adapter_for(model).blocks(model.base_model) if b.shared is not None]
         if shared:
-            raise HeadcutError("--engine fsdp cannot shard a layer that runs several times in one forward "
-                               f"({shared[0]}: a shared layer, as ALBERT's): use --engine ddp")
+            raise HeadcutError(
+                "--engine fsdp cannot shard a layer that runs several times in one forward "
+                f"({shared[0]}: a shared layer, as ALBERT's): use --engine ddp"
+            )
         work = _structural_copy(model)
         mesh = init_device_mesh(device.type, (dist.world,))
         for unit in layer_units(work):
@@ -215,8 +227,9 @@ class FullyShardedParallel(Engine):
         fully_shard(work, mesh=mesh)
         super().__init__(model, gates, loss_fn, dist, device, work)
         if gates:
-            ignore = [f"model.{n}" for n, _ in work.named_parameters()] + [f"model.{n}" for n, _ in
-                                                                            work.named_buffers()]
+            ignore = [f"model.{n}" for n, _ in work.named_parameters()] + [
+                f"model.{n}" for n, _ in work.named_buffers()
+            ]
             self.runner = _ddp(self.step_module, device, ignore)
         else:
             self.runner = self.step_module
@@ -229,8 +242,7 @@ class FullyShardedParallel(Engine):
                 own[name].copy_(value.to(own[name].device))
                 del value
 
-    def shard_optimizer(self, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]
-                        ) -> torch.optim.Optimizer:
+    def shard_optimizer(self, optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
         from torch.distributed.tensor import distribute_tensor
 
         state = optimizer.state_dict()
@@ -258,7 +270,8 @@ class FullyShardedParallel(Engine):
 ENGINES: dict[str, type[Engine]] = {"single": Engine, "ddp": DataParallel, "fsdp": FullyShardedParallel}
 
 
-def start(requested: str, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist,
-          device: torch.device) -> Engine:
+def start(
+    requested: str, model: nn.Module, gates: list[torch.Tensor], loss_fn: LossFn, dist: Dist, device: torch.device
+) -> Engine:
     """The engine of this run (:func:`resolve_engine`), wrapping ``model`` and ``gates``."""
     return ENGINES[resolve_engine(requested, dist)](model, gates, loss_fn, dist, device)

@@ -34,8 +34,10 @@ def parse_formats(value: str | Sequence[str] | None) -> tuple[str, ...]:
         raise HeadcutError("--format is empty; choose from " + ", ".join(OUTPUT_FORMATS))
     unknown = [n for n in names if n not in OUTPUT_FORMATS]
     if unknown:
-        raise HeadcutError(f"unknown --format {unknown[0]!r}; choose from {', '.join(OUTPUT_FORMATS)} "
-                           "(comma-separated, e.g. safetensors,onnx)")
+        raise HeadcutError(
+            f"unknown --format {unknown[0]!r}; choose from {', '.join(OUTPUT_FORMATS)} "
+            "(comma-separated, e.g. safetensors,onnx)"
+        )
     return tuple(f for f in OUTPUT_FORMATS if f in names)
 
 
@@ -66,8 +68,9 @@ def _drop_weights(folder: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
-def write_formats(model: nn.Module, folder: Path, formats: Sequence[str], gguf_type: str = "f16",
-                  progress: Any = None) -> dict[str, Any]:
+def write_formats(
+    model: nn.Module, folder: Path, formats: Sequence[str], gguf_type: str = "f16", progress: Any = None
+) -> dict[str, Any]:
     """Write the ONNX / GGUF files ``formats`` asks for into ``folder`` (holding the saved checkpoint);
     drop the safetensors weights if ``formats`` leaves them out. Returns ``{format: what it wrote}``."""
     out: dict[str, Any] = {}

@@ -92,9 +92,15 @@ class GgufExport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "file": self.file, "outtype": self.outtype, "arch": self.arch, "head_count": list(self.head_count),
-            "head_count_kv": list(self.head_count_kv), "bytes": self.bytes, "seconds": round(self.seconds, 3),
-            "tokenizer": self.tokenizer, "notes": list(self.notes),
+            "file": self.file,
+            "outtype": self.outtype,
+            "arch": self.arch,
+            "head_count": list(self.head_count),
+            "head_count_kv": list(self.head_count_kv),
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "tokenizer": self.tokenizer,
+            "notes": list(self.notes),
         }
 
 
@@ -103,6 +109,7 @@ def gguf_file_name(outtype: str) -> str:
 
 
 # ---- what the model is ------------------------------------------------------------------------------
+
 
 def _class_name(model: nn.Module) -> str:
     return type(model).__name__.removeprefix("Headcut")
@@ -133,11 +140,15 @@ def _layers(model: nn.Module, family: Family) -> list[Layer]:
             continue
         groups = getattr(model.base_model.get_submodule(b.attn), "num_key_value_groups", None)
         if b.kv_heads == 0 or b.heads % b.kv_heads or (groups is not None and groups * b.kv_heads != b.heads):
-            raise HeadcutError(f"--format gguf: layer {b.layer} has {b.heads} query heads over {b.kv_heads} KV heads "
-                               f"(groups {groups}); llama.cpp needs every KV head to serve the same number of query heads")
+            raise HeadcutError(
+                f"--format gguf: layer {b.layer} has {b.heads} query heads over {b.kv_heads} KV heads "
+                f"(groups {groups}); llama.cpp needs every KV head to serve the same number of query heads"
+            )
     dims = {b.head_dim for b in blocks}
     if len(dims) != 1 or next(iter(dims)) % 2:
-        raise HeadcutError(f"--format gguf: llama.cpp needs one even head size in every layer; this model has {sorted(dims)}")
+        raise HeadcutError(
+            f"--format gguf: llama.cpp needs one even head size in every layer; this model has {sorted(dims)}"
+        )
     return family.layers(model, blocks)
 
 
@@ -161,8 +172,12 @@ def check_gguf(model: nn.Module, outtype: str = "f16", cut: str | None = None) -
     tokenizer that is neither byte-level nor SentencePiece BPE, and (``cut``: ``uniform`` or ``any``, the
     cut a search will make) cuts the architecture cannot hold. Everything is checked again on the slimmed
     model when writing."""
-    imported("gguf", "--format gguf", "pip install 'headcut[gguf]'",
-             missing="--format gguf needs the gguf extra (gguf missing): pip install 'headcut[gguf]'")
+    imported(
+        "gguf",
+        "--format gguf",
+        "pip install 'headcut[gguf]'",
+        missing="--format gguf needs the gguf extra (gguf missing): pip install 'headcut[gguf]'",
+    )
     if outtype not in GGUF_TYPES:
         raise HeadcutError(f"unknown --gguf-type {outtype!r}; choose one of {', '.join(GGUF_TYPES)}")
     family = _check_family(model)
@@ -182,6 +197,7 @@ def _head_dim(model: nn.Module) -> int:
 
 # ---- the tokenizer ----------------------------------------------------------------------------------
 
+
 def _read_tokenizer_json(folder: Path) -> dict[str, Any]:
     path = folder / "tokenizer.json"
     if not path.is_file():
@@ -194,8 +210,10 @@ def _read_tokenizer_json(folder: Path) -> dict[str, Any]:
         model = data.get("model") or {}
         kind = model.get("type")
         what = "BPE with byte fallback but without SentencePiece's spaces" if model.get("byte_fallback") else f"{kind}"
-        raise HeadcutError("--format gguf writes byte-level BPE tokenizers (Llama 3, Qwen2, SmolLM) and SentencePiece "
-                           f"BPE ones (Gemma, Llama 2); this model's tokenizer is {what}")
+        raise HeadcutError(
+            "--format gguf writes byte-level BPE tokenizers (Llama 3, Qwen2, SmolLM) and SentencePiece "
+            f"BPE ones (Gemma, Llama 2); this model's tokenizer is {what}"
+        )
     return data
 
 
@@ -214,8 +232,10 @@ def _space_prefix(data: dict[str, Any]) -> bool | None:
         return None
     norms = _steps(data.get("normalizer"), "normalizers")
     pres = _steps(data.get("pre_tokenizer"), "pretokenizers")
-    replace = any(n.get("type") == "Replace" and (n.get("pattern") or {}).get("String") == " "
-                  and n.get("content") == "\u2581" for n in norms)
+    replace = any(
+        n.get("type") == "Replace" and (n.get("pattern") or {}).get("String") == " " and n.get("content") == "\u2581"
+        for n in norms
+    )
     prepend = any(n.get("type") == "Prepend" and n.get("prepend") == "\u2581" for n in norms)
     meta = [p for p in pres if p.get("type") == "Metaspace"]
     if any(n.get("type") not in ("Replace", "Prepend") for n in norms):
@@ -243,10 +263,14 @@ def _tokenizer_model(data: dict[str, Any]) -> str | None:
     return "llama" if _space_prefix(data) is not None else None
 
 
-_LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-                 "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
-_QWEN2_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-                "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+_LLAMA3_REGEX = (
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_QWEN2_REGEX = (
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
 
 
 def _pre_tokenizer(data: dict[str, Any]) -> str | None:
@@ -256,8 +280,12 @@ def _pre_tokenizer(data: dict[str, Any]) -> str | None:
     kinds = [s.get("type") for s in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True) and not steps[0].get("add_prefix_space"):
         return "gpt-2"
-    if (kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
-            and steps[1].get("use_regex", True) and not steps[1].get("add_prefix_space")):
+    if (
+        kinds == ["Digits", "ByteLevel"]
+        and steps[0].get("individual_digits")
+        and steps[1].get("use_regex", True)
+        and not steps[1].get("add_prefix_space")
+    ):
         return "smollm"
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
         regex = (steps[0].get("pattern") or {}).get("Regex")
@@ -273,9 +301,9 @@ def _added_special(tok: Any, text: str) -> tuple[bool, bool]:
     with_special = list(tok(text)["input_ids"])
     plain = list(tok(text, add_special_tokens=False)["input_ids"])
     n = len(plain)
-    start = next((i for i in range(len(with_special) - n + 1) if with_special[i:i + n] == plain), 0)
+    start = next((i for i in range(len(with_special) - n + 1) if with_special[i : i + n] == plain), 0)
     bos = start > 0 and tok.bos_token_id is not None and with_special[0] == tok.bos_token_id
-    eos = (len(with_special) > start + n and tok.eos_token_id is not None and with_special[-1] == tok.eos_token_id)
+    eos = len(with_special) > start + n and tok.eos_token_id is not None and with_special[-1] == tok.eos_token_id
     return bos, eos
 
 
@@ -285,7 +313,9 @@ def _merges(data: dict[str, Any], folder: Path) -> list[str]:
     for merge in data["model"].get("merges") or []:
         pair = merge.split(" ") if isinstance(merge, str) else list(merge)
         if len(pair) != 2 or any(" " in part or not part for part in pair):
-            raise HeadcutError(f"--format gguf: {folder / 'tokenizer.json'} has a merge llama.cpp cannot read: {merge!r}")
+            raise HeadcutError(
+                f"--format gguf: {folder / 'tokenizer.json'} has a merge llama.cpp cannot read: {merge!r}"
+            )
         out.append(f"{pair[0]} {pair[1]}")
     if not out:
         raise HeadcutError(f"--format gguf: {folder / 'tokenizer.json'} has no BPE merges")
@@ -318,8 +348,9 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
     added = {int(t["id"]): t for t in data.get("added_tokens") or []}
     ids = list(vocab.values()) + list(added)
     if ids and max(ids) >= n_vocab:
-        raise HeadcutError(f"--format gguf: the tokenizer has token id {max(ids)} but the model embeds only {n_vocab} "
-                           "tokens")
+        raise HeadcutError(
+            f"--format gguf: the tokenizer has token id {max(ids)} but the model embeds only {n_vocab} tokens"
+        )
     kinds = gguf.TokenType
     tokens = [f"[PAD{i}]" for i in range(n_vocab)]
     types = [int(kinds.UNUSED)] * n_vocab
@@ -333,8 +364,10 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
     if model == "llama":
         missing = [b for b in range(256) if f"<0x{b:02X}>" not in vocab]
         if missing:  # llama.cpp falls back to them for any character outside the vocabulary
-            raise HeadcutError(f"--format gguf: llama.cpp's SentencePiece tokenizer needs the 256 byte tokens "
-                               f"<0x00>..<0xFF>; this tokenizer lacks {len(missing)} (e.g. <0x{missing[0]:02X}>)")
+            raise HeadcutError(
+                f"--format gguf: llama.cpp's SentencePiece tokenizer needs the 256 byte tokens "
+                f"<0x00>..<0xFF>; this tokenizer lacks {len(missing)} (e.g. <0x{missing[0]:02X}>)"
+            )
         unk = vocab.get(data["model"].get("unk_token") or "")
         if unk is not None:
             types[unk] = int(kinds.UNKNOWN)
@@ -345,14 +378,18 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
         writer.add_token_types(types)
         writer.add_add_space_prefix(bool(_space_prefix(data)))
         if any(step.get("type") == "Metaspace" for step in _steps(data.get("pre_tokenizer"), "pretokenizers")):
-            notes.append("the Metaspace pre-tokenizer of tokenizer.json puts '▁' in front of text differently from "
-                         "SentencePiece (text that starts with a space, text after a special token); llama.cpp "
-                         "tokenises such text as SentencePiece does")
+            notes.append(
+                "the Metaspace pre-tokenizer of tokenizer.json puts '▁' in front of text differently from "
+                "SentencePiece (text that starts with a space, text after a special token); llama.cpp "
+                "tokenises such text as SentencePiece does"
+            )
     else:
         pre = _pre_tokenizer(data)
         if pre is None:
-            notes.append("pre-tokenizer not recognised; written as llama.cpp's 'default' (its own tokenisation of text "
-                          "may differ from transformers')")
+            notes.append(
+                "pre-tokenizer not recognised; written as llama.cpp's 'default' (its own tokenisation of text "
+                "may differ from transformers')"
+            )
             pre = "default"
         if data.get("normalizer") and pre != "qwen2":
             notes.append(f"tokenizer normalizer {data['normalizer'].get('type')} is not applied by llama.cpp")
@@ -382,6 +419,7 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
 
 
 # ---- tensors ----------------------------------------------------------------------------------------
+
 
 def _storage(shape: tuple[int, ...], outtype: str) -> Any:
     """The GGML type a tensor of ``shape`` is stored as."""
@@ -484,8 +522,13 @@ def export_gguf(model: nn.Module, folder: Path, *, outtype: str = "f16") -> Gguf
         for t in plan:
             qtype = _storage(t.shape, outtype)
             shape, dtype, nbytes = _info(t.shape, qtype)
-            writer.add_tensor_info(t.name, shape, dtype, nbytes, raw_dtype=None if qtype in (
-                gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else qtype)
+            writer.add_tensor_info(
+                t.name,
+                shape,
+                dtype,
+                nbytes,
+                raw_dtype=None if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16) else qtype,
+            )
             types.append(qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -500,7 +543,13 @@ def export_gguf(model: nn.Module, folder: Path, *, outtype: str = "f16") -> Gguf
         raise
     size = os.path.getsize(folder / target.path.name)
     return GgufExport(
-        file=target.path.name, outtype=outtype, arch=arch, head_count=[x.heads for x in layers],
-        head_count_kv=[x.kv_heads for x in layers], bytes=size, seconds=time.perf_counter() - start,
-        tokenizer=tokenizer, notes=family.notes(model, layers) + vocab_notes,
+        file=target.path.name,
+        outtype=outtype,
+        arch=arch,
+        head_count=[x.heads for x in layers],
+        head_count_kv=[x.kv_heads for x in layers],
+        bytes=size,
+        seconds=time.perf_counter() - start,
+        tokenizer=tokenizer,
+        notes=family.notes(model, layers) + vocab_notes,
     )

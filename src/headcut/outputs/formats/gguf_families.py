@@ -66,10 +66,12 @@ class Rope:
     freqs: np.ndarray | None = None
 
 
-def values(t: torch.Tensor, rows: np.ndarray | None = None, shift: float = 0.0,
-           scale: np.ndarray | None = None) -> Callable[[], np.ndarray]:
+def values(
+    t: torch.Tensor, rows: np.ndarray | None = None, shift: float = 0.0, scale: np.ndarray | None = None
+) -> Callable[[], np.ndarray]:
     """A tensor's float32 values (rows picked, ``shift`` added, rows multiplied by ``scale``), read when
     written."""
+
     def get() -> np.ndarray:
         arr = t.detach().to("cpu", torch.float32).numpy()
         if rows is not None:
@@ -79,6 +81,7 @@ def values(t: torch.Tensor, rows: np.ndarray | None = None, shift: float = 0.0,
         if scale is not None:
             arr = arr * scale.reshape((-1,) + (1,) * (arr.ndim - 1)).astype(np.float32)
         return np.ascontiguousarray(arr, dtype=np.float32)
+
     return get
 
 
@@ -178,8 +181,11 @@ class Family:
     required_biases: ClassVar[frozenset[str]] = frozenset()
     #: per layer: gguf tensor -> module path inside the layer (norms and MLP)
     layer_modules: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("ATTN_NORM", "input_layernorm"), ("FFN_NORM", "post_attention_layernorm"),
-        ("FFN_GATE", "mlp.gate_proj"), ("FFN_UP", "mlp.up_proj"), ("FFN_DOWN", "mlp.down_proj"),
+        ("ATTN_NORM", "input_layernorm"),
+        ("FFN_NORM", "post_attention_layernorm"),
+        ("FFN_GATE", "mlp.gate_proj"),
+        ("FFN_UP", "mlp.up_proj"),
+        ("FFN_DOWN", "mlp.down_proj"),
     )
     #: the q and k norms (paths inside the layer), or None
     qk_norms: ClassVar[tuple[str, str] | None] = None
@@ -214,12 +220,16 @@ class Family:
         """Refuse, before a search, a cut of kind ``cut`` the architecture cannot hold: ``uniform`` (the
         same head counts in every layer) or ``any`` (per-layer counts)."""
         if self.full_width:
-            raise fail(f"{self.label} sizes the query and output projections by the model width, so it holds "
-                       "only the uncut model: prune without gguf (safetensors/onnx), or export the uncut model")
+            raise fail(
+                f"{self.label} sizes the query and output projections by the model width, so it holds "
+                "only the uncut model: prune without gguf (safetensors/onnx), or export the uncut model"
+            )
         if cut == "any" and not self.any_cut:
-            raise fail(f"{self.label} builds every layer with layer 0's head counts, and the search may leave "
-                       "layers different counts: add --uniform (the same number of heads in every layer), or "
-                       "prune without gguf")
+            raise fail(
+                f"{self.label} builds every layer with layer 0's head counts, and the search may leave "
+                "layers different counts: add --uniform (the same number of heads in every layer), or "
+                "prune without gguf"
+            )
 
     def layers(self, model: nn.Module, blocks: list[Block]) -> list[Layer]:
         """Per-layer head counts as written, refusing cuts the architecture cannot build."""
@@ -230,13 +240,17 @@ class Family:
         hidden = int(model.config.hidden_size)
         d = blocks[0].head_dim
         if self.full_width and (len(counts) > 1 or heads[0] * d != hidden):
-            raise fail(f"{self.label} sizes every layer's query and output projections by the model width "
-                       f"({hidden}), so it holds only the uncut model; this cut keeps {heads} query heads of "
-                       f"{d} values per layer (export the uncut model, or use safetensors/onnx)")
+            raise fail(
+                f"{self.label} sizes every layer's query and output projections by the model width "
+                f"({hidden}), so it holds only the uncut model; this cut keeps {heads} query heads of "
+                f"{d} values per layer (export the uncut model, or use safetensors/onnx)"
+            )
         if len(counts) > 1:
-            raise fail(f"{self.label} builds every layer with layer 0's head counts (per-layer counts are read "
-                       f"only by deci-style architectures); this cut keeps {heads} query and {kv} KV heads per "
-                       "layer: cut the same number of query and KV heads in every layer, or use safetensors/onnx")
+            raise fail(
+                f"{self.label} builds every layer with layer 0's head counts (per-layer counts are read "
+                f"only by deci-style architectures); this cut keeps {heads} query and {kv} KV heads per "
+                "layer: cut the same number of query and KV heads in every layer, or use safetensors/onnx"
+            )
         if not heads[0]:
             raise fail(f"{self.label} needs attention heads; this cut removes every head")
         return out
@@ -273,8 +287,9 @@ class Family:
         """``general.name`` for a model called ``name`` whose vocabulary is ``tokens``."""
         return name
 
-    def plan(self, model: nn.Module, layers: list[Layer], blocks: list[Block], rope: Rope,
-             q_scale: list[float]) -> list[Tensor]:
+    def plan(
+        self, model: nn.Module, layers: list[Layer], blocks: list[Block], rope: Rope, q_scale: list[float]
+    ) -> list[Tensor]:
         plan = Plan(model)
         base = model.base_model
         plan.add("TOKEN_EMBD", None, model.get_input_embeddings().weight)
@@ -291,12 +306,15 @@ class Family:
             plan.read.add(id(head.weight))
         unread = plan.unread()
         if unread:
-            raise fail(f"{self.label} has no tensor for this model's {unread[0]}"
-                       + (f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""))
+            raise fail(
+                f"{self.label} has no tensor for this model's {unread[0]}"
+                + (f" (and {len(unread) - 1} more)" if len(unread) > 1 else "")
+            )
         return plan.tensors
 
-    def norm_tensor(self, plan: Plan, kind: str, bid: int | None, module: nn.Module, shift: bool = True,
-                    scale: float = 1.0) -> None:
+    def norm_tensor(
+        self, plan: Plan, kind: str, bid: int | None, module: nn.Module, shift: bool = True, scale: float = 1.0
+    ) -> None:
         weight = module.weight
         how: dict[str, Any] = {"shift": self.norm_shift if shift else 0.0}
         if scale != 1.0:
@@ -322,8 +340,15 @@ class Family:
         plan.add(kind, bid, module.weight, **how)
         self.bias(plan, kind, bid, module, how.get("rows"), how.get("scale"))
 
-    def bias(self, plan: Plan, kind: str, bid: int, module: nn.Module, rows: np.ndarray | None = None,
-             scale: np.ndarray | None = None) -> None:
+    def bias(
+        self,
+        plan: Plan,
+        kind: str,
+        bid: int,
+        module: nn.Module,
+        rows: np.ndarray | None = None,
+        scale: np.ndarray | None = None,
+    ) -> None:
         bias = getattr(module, "bias", None)
         if bias is not None and kind in self.biases:
             plan.add(kind, bid, bias, "bias", rows=rows, scale=scale)
@@ -427,8 +452,14 @@ def rotary_dims(model: nn.Module, head_dim: int) -> int:
     return int(head_dim * factor)
 
 
-def check_frequencies(family: Family, model: nn.Module, rope: Rope, layer_type: str | None,
-                      base: float | None = None, factor: float | None = None) -> None:
+def check_frequencies(
+    family: Family,
+    model: nn.Module,
+    rope: Rope,
+    layer_type: str | None,
+    base: float | None = None,
+    factor: float | None = None,
+) -> None:
     """Refuse unless llama.cpp's rope frequencies (``base``, ``factor``, ``rope.freqs``) are the model's."""
     inv, scaling = torch_frequencies(model, layer_type)
     if abs(scaling - 1.0) > 1e-6:
@@ -483,8 +514,9 @@ class LlamaFamily(Family):
         rotary = getattr(model.base_model, "rotary_emb", None)
         rope_type = getattr(rotary, "rope_type", "default")
         if rope_type not in self.rope_types:
-            raise HeadcutError(f"--format gguf supports rope types {', '.join(self.rope_types)}; this model uses "
-                               f"{rope_type!r}")
+            raise HeadcutError(
+                f"--format gguf supports rope types {', '.join(self.rope_types)}; this model uses {rope_type!r}"
+            )
         theta = rope_theta(model.config)
         rope = Rope(head_dim, theta)
         inv, scaling = torch_frequencies(model)
@@ -507,14 +539,18 @@ class LlamaFamily(Family):
         notes = []
         placeholders = [i for i, layer in enumerate(layers) if layer.placeholder]
         if placeholders:
-            notes.append("layers without heads written with one zero placeholder head (llama.cpp needs a head in "
-                         f"layer 0 and drops the output bias of attention-free layers): {placeholders}")
+            notes.append(
+                "layers without heads written with one zero placeholder head (llama.cpp needs a head in "
+                f"layer 0 and drops the output bias of attention-free layers): {placeholders}"
+            )
         window = getattr(config, "sliding_window", None)
         kinds = getattr(config, "layer_types", None)
         sliding = "sliding_attention" in kinds if kinds else config.model_type == "mistral"
         if window and sliding:
-            notes.append(f"the model attends over a sliding window of {window} tokens; llama.cpp's Llama block attends "
-                         "over the whole context, so outputs differ beyond that length")
+            notes.append(
+                f"the model attends over a sliding window of {window} tokens; llama.cpp's Llama block attends "
+                "over the whole context, so outputs differ beyond that length"
+            )
         return notes
 
 
@@ -533,8 +569,10 @@ def whole_context_note(family: Family, model: nn.Module, windows: set[int] | Non
     windows = windows if windows is not None else {w for w in sliding_layers(model) if w}
     if not windows:
         return []
-    return [f"the model attends over a sliding window of {min(windows)} tokens; {family.label} attends over the "
-            "whole context, so outputs differ beyond that length"]
+    return [
+        f"the model attends over a sliding window of {min(windows)} tokens; {family.label} attends over the "
+        "whole context, so outputs differ beyond that length"
+    ]
 
 
 class Qwen3Family(Family):
@@ -566,8 +604,10 @@ class SmolLM3Family(Family):
         n = len(model.base_model.layers)
         have = [bool(x) for x in (getattr(model.config, "no_rope_layers", None) or [1] * n)]
         if have != self.uses_rope(model):
-            raise fail(f"{self.label} skips rope in every {self.no_rope_step}th layer; this model's no_rope_layers "
-                       f"is {[int(x) for x in have]}")
+            raise fail(
+                f"{self.label} skips rope in every {self.no_rope_step}th layer; this model's no_rope_layers "
+                f"is {[int(x) for x in have]}"
+            )
 
     def notes(self, model: nn.Module, layers: list[Layer]) -> list[str]:
         return whole_context_note(self, model)
@@ -581,9 +621,13 @@ class GemmaFamily(Family):
     activations = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
     norm_shift = 1.0
     layer_modules = (
-        ("ATTN_NORM", "input_layernorm"), ("ATTN_POST_NORM", "post_attention_layernorm"),
-        ("FFN_NORM", "pre_feedforward_layernorm"), ("FFN_POST_NORM", "post_feedforward_layernorm"),
-        ("FFN_GATE", "mlp.gate_proj"), ("FFN_UP", "mlp.up_proj"), ("FFN_DOWN", "mlp.down_proj"),
+        ("ATTN_NORM", "input_layernorm"),
+        ("ATTN_POST_NORM", "post_attention_layernorm"),
+        ("FFN_NORM", "pre_feedforward_layernorm"),
+        ("FFN_POST_NORM", "post_feedforward_layernorm"),
+        ("FFN_GATE", "mlp.gate_proj"),
+        ("FFN_UP", "mlp.up_proj"),
+        ("FFN_DOWN", "mlp.down_proj"),
     )
     #: llama.cpp sizes the attention scale by the model size it recognises from the layer count
     #: (gemma_pytorch's 27B: hidden / heads); this is that layer count
@@ -623,11 +667,14 @@ class Gemma2Family(GemmaFamily):
         config = model.config
         for key in ("attn_logit_softcapping", "final_logit_softcapping"):
             if not getattr(config, key, None):
-                raise fail(f"{self.label} always soft-caps (attention scores and logits); this model's {key} is "
-                           f"{getattr(config, key, None)!r}")
+                raise fail(
+                    f"{self.label} always soft-caps (attention scores and logits); this model's {key} is "
+                    f"{getattr(config, key, None)!r}"
+                )
         if not any(self.window_pattern(model)):  # without, llama.cpp slides every other layer over 4096 tokens
-            raise fail(f"{self.label} needs sliding-window layers (it aborts on a file without any); this model "
-                       "has none")
+            raise fail(
+                f"{self.label} needs sliding-window layers (it aborts on a file without any); this model has none"
+            )
 
     def metadata(self, writer: Any, model: nn.Module, layers: list[Layer], rope: Rope) -> None:
         super().metadata(writer, model, layers, rope)
@@ -647,8 +694,10 @@ class Gemma3Family(GemmaFamily):
     def check(self, model: nn.Module) -> None:
         super().check(model)
         if getattr(model.config, "attn_logit_softcapping", None):
-            raise fail(f"{self.label} does not soft-cap attention scores; this model's attn_logit_softcapping is "
-                       f"{model.config.attn_logit_softcapping}")
+            raise fail(
+                f"{self.label} does not soft-cap attention scores; this model's attn_logit_softcapping is "
+                f"{model.config.attn_logit_softcapping}"
+            )
 
     def rope(self, model: nn.Module, head_dim: int) -> Rope:
         config = model.config
@@ -681,8 +730,10 @@ class Phi3Family(Family):
     full_width = True
     fused_qkv = True
     layer_modules = (
-        ("ATTN_NORM", "input_layernorm"), ("FFN_NORM", "post_attention_layernorm"),
-        ("FFN_UP", "mlp.gate_up_proj"), ("FFN_DOWN", "mlp.down_proj"),
+        ("ATTN_NORM", "input_layernorm"),
+        ("FFN_NORM", "post_attention_layernorm"),
+        ("FFN_UP", "mlp.gate_up_proj"),
+        ("FFN_DOWN", "mlp.down_proj"),
     )
 
     #: tokens llama.cpp looks up (and fails to load without) when ``general.name`` says Phi-3
@@ -715,8 +766,10 @@ class GPTNeoXFamily(Family):
     biases = frozenset({"ATTN_QKV", "ATTN_OUT", "FFN_UP", "FFN_DOWN"})
     required_biases = biases
     layer_modules = (
-        ("ATTN_NORM", "input_layernorm"), ("FFN_NORM", "post_attention_layernorm"),
-        ("FFN_UP", "mlp.dense_h_to_4h"), ("FFN_DOWN", "mlp.dense_4h_to_h"),
+        ("ATTN_NORM", "input_layernorm"),
+        ("FFN_NORM", "post_attention_layernorm"),
+        ("FFN_UP", "mlp.dense_h_to_4h"),
+        ("FFN_DOWN", "mlp.dense_4h_to_h"),
     )
     final_norm = "final_layer_norm"
 
@@ -726,8 +779,10 @@ class GPTNeoXFamily(Family):
     def notes(self, model: nn.Module, layers: list[Layer]) -> list[str]:
         act = getattr(model.config, "hidden_act", "gelu")
         if act == "gelu":
-            return ["llama.cpp computes GELU with the tanh approximation; this model's 'gelu' is the exact (erf) "
-                    "form, so activations differ by up to about 1e-3"]
+            return [
+                "llama.cpp computes GELU with the tanh approximation; this model's 'gelu' is the exact (erf) "
+                "form, so activations differ by up to about 1e-3"
+            ]
         return []
 
 
@@ -741,8 +796,11 @@ class Olmo2Family(Family):
     full_width = True
     qk_norms = ("self_attn.q_norm", "self_attn.k_norm")
     layer_modules = (
-        ("ATTN_POST_NORM", "post_attention_layernorm"), ("FFN_POST_NORM", "post_feedforward_layernorm"),
-        ("FFN_GATE", "mlp.gate_proj"), ("FFN_UP", "mlp.up_proj"), ("FFN_DOWN", "mlp.down_proj"),
+        ("ATTN_POST_NORM", "post_attention_layernorm"),
+        ("FFN_POST_NORM", "post_feedforward_layernorm"),
+        ("FFN_GATE", "mlp.gate_proj"),
+        ("FFN_UP", "mlp.up_proj"),
+        ("FFN_DOWN", "mlp.down_proj"),
     )
     attention_norms = ()
 
@@ -751,17 +809,25 @@ class Olmo2Family(Family):
             q_proj = model.base_model.get_submodule(b.q)
             if q_proj.weight.shape[0] != b.heads * b.head_dim:
                 kept = [x.heads for x in blocks]
-                raise fail(f"{self.label} normalises q and k over every head of a layer and then splits them into "
-                           f"query and output heads of the same count; headcut's cut OLMo 2 keeps every head's q "
-                           f"and k rows for those norms but only {kept} heads' attention per layer, which llama.cpp "
-                           "cannot express (only with zero-weight stand-ins for the removed heads, i.e. at the uncut "
-                           "size): export the uncut model, or use safetensors/onnx")
+                raise fail(
+                    f"{self.label} normalises q and k over every head of a layer and then splits them into "
+                    f"query and output heads of the same count; headcut's cut OLMo 2 keeps every head's q "
+                    f"and k rows for those norms but only {kept} heads' attention per layer, which llama.cpp "
+                    "cannot express (only with zero-weight stand-ins for the removed heads, i.e. at the uncut "
+                    "size): export the uncut model, or use safetensors/onnx"
+                )
         return super().layers(model, blocks)
 
 
 #: one entry per family, the model types each writes
 FAMILIES: tuple[Family, ...] = (
-    LlamaFamily(), Qwen3Family(), SmolLM3Family(), Gemma2Family(), Gemma3Family(), Phi3Family(), GPTNeoXFamily(),
+    LlamaFamily(),
+    Qwen3Family(),
+    SmolLM3Family(),
+    Gemma2Family(),
+    Gemma3Family(),
+    Phi3Family(),
+    GPTNeoXFamily(),
     Olmo2Family(),
 )
 MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.model_types)
@@ -772,5 +838,7 @@ def family_for(model: nn.Module) -> Family:
     for family in FAMILIES:
         if model_type in family.model_types:
             return family
-    raise HeadcutError(f"--format gguf writes Llama-family decoders and their kin ({', '.join(MODEL_TYPES)}); this "
-                       f"model is {model_type!r}")
+    raise HeadcutError(
+        f"--format gguf writes Llama-family decoders and their kin ({', '.join(MODEL_TYPES)}); this "
+        f"model is {model_type!r}"
+    )

@@ -127,13 +127,16 @@ def check_onnx(model: nn.Module) -> None:
         imported(name, "ONNX export", EXTRA_HINT)
     major_minor = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2] if p.isdigit())
     if major_minor < (2, 6):
-        raise HeadcutError(f"ONNX export needs torch >= 2.6 (its torch.export-based exporter); this is torch "
-                           f"{torch.__version__}")
+        raise HeadcutError(
+            f"ONNX export needs torch >= 2.6 (its torch.export-based exporter); this is torch {torch.__version__}"
+        )
     cfg = model.config
     name = type(model).__name__.removeprefix("Headcut")
     if getattr(cfg, "is_encoder_decoder", False):
-        raise HeadcutError(f"ONNX export of encoder-decoder models ({name}) is not supported: their generation "
-                           "needs separate encoder and decoder graphs")
+        raise HeadcutError(
+            f"ONNX export of encoder-decoder models ({name}) is not supported: their generation "
+            "needs separate encoder and decoder graphs"
+        )
     main = getattr(model, "main_input_name", "input_ids")
     if main not in ("input_ids", "pixel_values"):
         raise HeadcutError(f"ONNX export takes token or image models; {name} takes {main!r}")
@@ -162,8 +165,11 @@ def _spec(model: nn.Module) -> _Spec:
     kwargs = {"use_cache": kind == "decoder"} if _accepts(model, "use_cache") else {}
     with torch.no_grad():
         out = model(**sample, **kwargs, return_dict=True)
-    outputs = [k for k, v in out.items() if isinstance(v, torch.Tensor) and k not in _SKIPPED_OUTPUTS
-               and not k.startswith(("encoder_", "decoder_"))]
+    outputs = [
+        k
+        for k, v in out.items()
+        if isinstance(v, torch.Tensor) and k not in _SKIPPED_OUTPUTS and not k.startswith(("encoder_", "decoder_"))
+    ]
     if not outputs:
         raise HeadcutError(f"{type(model).__name__}: its forward returns no tensor to export")
     layers = 0
@@ -181,8 +187,16 @@ def _positions(mask: torch.Tensor, length: int) -> torch.Tensor:
     return pos.masked_fill(mask == 0, 1)[:, -length:]
 
 
-def _sample(model: nn.Module, kind: str, inputs: list[str], batch: int, length: int,
-            lengths: list[int] | None = None, left: bool = False, seed: int = 0) -> dict[str, torch.Tensor]:
+def _sample(
+    model: nn.Module,
+    kind: str,
+    inputs: list[str],
+    batch: int,
+    length: int,
+    lengths: list[int] | None = None,
+    left: bool = False,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
     """Inputs of the model's forward (no cache): random ids, padded to ``lengths`` if given."""
     g = torch.Generator().manual_seed(seed)
     if kind == "image":
@@ -203,7 +217,7 @@ def _sample(model: nn.Module, kind: str, inputs: list[str], batch: int, length: 
     out = {"input_ids": ids, "attention_mask": mask}
     if "token_type_ids" in inputs:
         types = torch.zeros_like(ids)
-        types[:, length // 2:] = 1
+        types[:, length // 2 :] = 1
         out["token_type_ids"] = types.masked_fill(mask == 0, 0)
     if "position_ids" in inputs:
         out["position_ids"] = _positions(mask, length)
@@ -313,8 +327,15 @@ def export_onnx(model: nn.Module, folder: Path, *, check: bool = True) -> OnnxEx
         with _quiet_exporter(), torch.no_grad():
             try:
                 program = torch.onnx.export(
-                    _Graph(source, spec), args, dynamo=True, input_names=names_in, output_names=names_out,
-                    dynamic_shapes=(tuple(shapes),), opset_version=OPSET, verbose=False, optimize=True,
+                    _Graph(source, spec),
+                    args,
+                    dynamo=True,
+                    input_names=names_in,
+                    output_names=names_out,
+                    dynamic_shapes=(tuple(shapes),),
+                    opset_version=OPSET,
+                    verbose=False,
+                    optimize=True,
                 )
             except Exception as exc:  # the exporter raises many kinds; the first line says what failed
                 raise HeadcutError(f"ONNX export of {name} failed: {_export_message(exc)}") from None
@@ -334,8 +355,13 @@ def export_onnx(model: nn.Module, folder: Path, *, check: bool = True) -> OnnxEx
     finally:
         source.train(was_training)
     return OnnxExport(
-        file=ONNX_FILE, opset=OPSET, inputs=names_in, outputs=names_out,
-        external_data=(folder / (ONNX_FILE + ".data")).exists(), parity=parity, checked_with=checked_with,
+        file=ONNX_FILE,
+        opset=OPSET,
+        inputs=names_in,
+        outputs=names_out,
+        external_data=(folder / (ONNX_FILE + ".data")).exists(),
+        parity=parity,
+        checked_with=checked_with,
         seconds=time.perf_counter() - start,
     )
 
@@ -352,14 +378,22 @@ def _trace_inputs(model: nn.Module, spec: _Spec) -> tuple[list[str], list[str], 
     length, past = 3, 5
     sample = _sample(model, spec.kind, spec.inputs, batch=2, length=length)
     if spec.kind != "decoder":
-        return (spec.inputs, spec.outputs, tuple(sample[k] for k in spec.inputs),
-                [{0: batch, 1: seq} for _ in spec.inputs])
+        return (
+            spec.inputs,
+            spec.outputs,
+            tuple(sample[k] for k in spec.inputs),
+            [{0: batch, 1: seq} for _ in spec.inputs],
+        )
     past_len, total = Dim("past_sequence"), Dim("total_sequence")
     pasts = [torch.randn(2, h, past, d) for h, d in _past_shapes(model, spec)]
     sample["attention_mask"] = torch.ones(2, past + length, dtype=torch.long)
     sample["position_ids"] = torch.arange(past, past + length).expand(2, length).contiguous()
-    axes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: total},
-            "token_type_ids": {0: batch, 1: seq}, "position_ids": {0: batch, 1: seq}}
+    axes = {
+        "input_ids": {0: batch, 1: seq},
+        "attention_mask": {0: batch, 1: total},
+        "token_type_ids": {0: batch, 1: seq},
+        "position_ids": {0: batch, 1: seq},
+    }
     names_in = spec.inputs + cache_names(spec.layers)
     names_out = spec.outputs + cache_names(spec.layers, "present")
     args = tuple(sample[k] for k in spec.inputs) + tuple(pasts)
@@ -374,8 +408,9 @@ def _padded(model: nn.Module, spec: _Spec) -> dict[str, torch.Tensor]:
     """Two sequences of different lengths (left padding for decoders, right for encoders)."""
     if spec.kind == "image":
         return _sample(model, "image", spec.inputs, batch=2, length=0, seed=1)
-    return _sample(model, spec.kind, spec.inputs, batch=2, length=7, lengths=[7, 4], left=spec.kind == "decoder",
-                   seed=1)
+    return _sample(
+        model, spec.kind, spec.inputs, batch=2, length=7, lengths=[7, 4], left=spec.kind == "decoder", seed=1
+    )
 
 
 def _max_diff(ref: torch.Tensor, got: Any, mask: torch.Tensor | None) -> float:
@@ -405,8 +440,9 @@ def _parity(model: nn.Module, spec: _Spec, folder: Path) -> tuple[float, str]:
             mask = torch.cat([mask, torch.ones_like(ids)], dim=1)
             step = {"input_ids": ids, "attention_mask": mask, "position_ids": _positions(mask, 1)}
             with torch.no_grad():
-                ref = model(**step, **{_cache_keyword(model) or "past_key_values": cache}, use_cache=True,
-                            return_dict=True)
+                ref = model(
+                    **step, **{_cache_keyword(model) or "past_key_values": cache}, use_cache=True, return_dict=True
+                )
             got = runner.run({k: v.numpy() for k, v in step.items()}, past=presents)
             worst = max(worst, _max_diff(ref.logits, got["logits"], None))
             cache, ids, presents = returned_cache(ref), ref.logits[:, -1].argmax(-1, keepdim=True), runner.presents(got)
@@ -415,8 +451,14 @@ def _parity(model: nn.Module, spec: _Spec, folder: Path) -> tuple[float, str]:
 
 # ---- running a file in onnxruntime ---------------------------------------------------------------------------
 
-_NP_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-             "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(bfloat16)": "bfloat16"}
+_NP_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(bfloat16)": "bfloat16",
+}
 
 
 class OnnxRunner:
@@ -478,8 +520,11 @@ class OnnxRunner:
         position ids from the attention mask and the ``past`` (default: empty) that the graph takes."""
         import numpy as np
 
-        feeds = {k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
-                 for k, v in inputs.items() if k in self._inputs}
+        feeds = {
+            k: (v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+            for k, v in inputs.items()
+            if k in self._inputs
+        }
         unknown = sorted(set(inputs) - set(self._inputs))
         if unknown:
             raise HeadcutError(f"{self.path} takes no input {unknown[0]!r} (inputs: {', '.join(self.inputs)})")
@@ -493,7 +538,7 @@ class OnnxRunner:
                 mask = feeds["attention_mask"].astype(np.int64)
                 pos = mask.cumsum(-1) - 1
                 pos[mask == 0] = 1
-                feeds["position_ids"] = pos[:, -main.shape[1]:]
+                feeds["position_ids"] = pos[:, -main.shape[1] :]
         if self.decoder:
             feeds.update(past if past is not None else self.empty_past(len(next(iter(feeds.values())))))
         for name, value in feeds.items():
@@ -534,8 +579,9 @@ class OnnxRunner:
 
     def presents(self, outputs: Mapping[str, Any]) -> dict[str, Any]:
         """The ``present.*`` outputs of a step as the next step's ``past_key_values.*`` feeds."""
-        return {"past_key_values." + k.removeprefix("present."): v for k, v in outputs.items()
-                if k.startswith("present.")}
+        return {
+            "past_key_values." + k.removeprefix("present."): v for k, v in outputs.items() if k.startswith("present.")
+        }
 
     def generate(self, input_ids: Any, attention_mask: Any, new_tokens: int) -> tuple[Any, dict[str, Any]]:
         """Greedy decoding of exactly ``new_tokens`` tokens with the KV cache; returns the new tokens
@@ -555,8 +601,9 @@ class OnnxRunner:
                 break
             mask = np.concatenate([mask, np.ones_like(nxt)], axis=1)
             out = self.run({"input_ids": nxt, "attention_mask": mask}, past=self.presents(out))
-        return (np.concatenate(tokens, axis=1) if tokens else np.zeros((len(ids), 0), np.int64)), \
-            {k: v for k, v in out.items() if k.startswith("present.")}
+        return (np.concatenate(tokens, axis=1) if tokens else np.zeros((len(ids), 0), np.int64)), {
+            k: v for k, v in out.items() if k.startswith("present.")
+        }
 
 
 def load_session(folder: str | Path, device: str = "cpu", threads: int | None = None) -> OnnxRunner:
@@ -566,6 +613,15 @@ def load_session(folder: str | Path, device: str = "cpu", threads: int | None = 
 
 
 __all__ = [
-    "EXTERNAL_DATA_BYTES", "ONNX_FILE", "ONNX_TOLERANCE", "OPSET", "OnnxExport", "OnnxRunner", "check_onnx",
-    "export_onnx", "load_session", "missing_modules", "require_onnxruntime",
+    "EXTERNAL_DATA_BYTES",
+    "ONNX_FILE",
+    "ONNX_TOLERANCE",
+    "OPSET",
+    "OnnxExport",
+    "OnnxRunner",
+    "check_onnx",
+    "export_onnx",
+    "load_session",
+    "missing_modules",
+    "require_onnxruntime",
 ]
