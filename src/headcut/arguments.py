@@ -426,7 +426,7 @@ def _method_options(given: Mapping[str, Any]) -> None:
 
 def bench_models(models: Any, names: Any) -> None:
     """``models`` (a non-empty list of models) and ``names`` (None, or one string per model): the checks of
-    :func:`headcut.bench` and :func:`headcut.jobs.timing.bench`."""
+    :func:`headcut.bench` and :func:`headcut.jobs.bench_run.bench`."""
     model_list("models", models)
     if names is not None:
         strings("names", names)

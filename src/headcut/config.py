@@ -392,7 +392,7 @@ class BenchConfig:
     """How to benchmark. ``dtype``/``attn_implementation`` None: the checkpoint's own. ``runtime``:
     ``torch``, ``onnxruntime`` or both comma-separated (one row per model and runtime). ``interleave``:
     time the models in rounds (one forward of each per round, the order rotated), every model in memory
-    at once; False: one after the other (see :mod:`headcut.jobs.timing`)."""
+    at once; False: one after the other (see :mod:`headcut.jobs.bench_run`)."""
 
     device: str = "cpu"
     batch_size: int = 8
@@ -677,7 +677,7 @@ class RecoveryConfig:
 
 @dataclass
 class LayerwiseConfig:
-    """Whether ``prune`` reads the checkpoint one layer at a time (:mod:`headcut.model.layerwise`): ``layerwise``
+    """Whether ``prune`` reads the checkpoint one layer at a time (:mod:`headcut.model.streamed`): ``layerwise``
     asks for it; it is also chosen when the checkpoint would not fit ``max_memory`` (``12GB``, ``12GiB``, bytes;
     None: the machine's available memory)."""
 

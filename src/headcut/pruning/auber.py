@@ -11,7 +11,7 @@ how many heads each layer loses. Layer by layer (Algorithm 1):
    most ``reward_examples`` of it (default 128; the report states the count), and the layer is
    fine-tuned on mini-train. The paper evaluates all of mini-dev; the cap keeps a run of the 6 x 12
    MiniLM near 20 minutes on 2 CPU cores, at a price: an accuracy on 128 examples moves in steps of
-   0.78 points, and `docs/studies.md` shows the agent chasing that noise. So the default reward
+   0.78 points, and `docs/benchmarks.md#earlier-studies` shows the agent chasing that noise. So the default reward
    of a classifier is the paper's accuracy only when the rewards see all of mini-dev, and the
    mini-dev loss, a steadier signal, when it is capped (:func:`reward_metric_for`).
 2. **State** ("State representation", Theorem 1, eqs. 5-19): for each head h of the layer, the L1 norm
@@ -415,7 +415,7 @@ def reward_metric_for(task: str, asked: str | None, reward_examples: int, exampl
     """The reward's metric and why: ``asked`` if given; else, for a classifier, the paper's accuracy
     when the rewards see all of mini-dev (``reward_examples`` >= its size), and the loss when mini-dev
     is capped (an accuracy on a hundred examples moves in steps of about a point, and the agent keeps
-    the sets of heads that gained those steps by chance: `docs/studies.md`); the loss for the
+    the sets of heads that gained those steps by chance: `docs/benchmarks.md#earlier-studies`); the loss for the
     other tasks."""
     if asked is not None:
         return asked, "--reward-metric"

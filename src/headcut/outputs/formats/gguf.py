@@ -470,7 +470,7 @@ def export_gguf(model: nn.Module, folder: Path, *, outtype: str = "f16") -> Gguf
     check_gguf(model, outtype)
     import gguf
 
-    from ..files import OutputFile
+    from ...files.atomic import OutputFile
 
     family = family_for(model)
     blocks = _blocks(model)
