@@ -73,3 +73,26 @@ def test_plot(classifier, tmp_path):
     else:
         assert result.exit_code == 0, result.output
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scorer_options_reach_the_library_with_the_declared_defaults(classifier, monkeypatch):
+    import headcut.api
+    from headcut.config import ScoreConfig
+    from headcut.errors import HeadcutError
+    from headcut.options import specs
+
+    seen = []
+
+    def fake_score(model, scorer, **kwargs):
+        seen.append(kwargs)
+        raise HeadcutError("stopped before any work")
+
+    monkeypatch.setattr(headcut.api, "score", fake_score)
+    declared = [s for s in specs(ScoreConfig) if s.meta.cli]
+    assert {s.name for s in declared} == {"normalize", "abs_per", "objective", "per"}
+    one_line_error(run("score", classifier, "--scorer", "magnitude"), "stopped before any work")
+    assert {s.name: seen[-1][s.name] for s in declared} == {s.name: s.default for s in declared}
+    given = {s.name: next(c for c in s.meta.choices if c != s.default) for s in declared}
+    args = [a for s in declared for a in (s.flag, given[s.name])]
+    one_line_error(run("score", classifier, "--scorer", "magnitude", *args), "stopped before any work")
+    assert {s.name: seen[-1][s.name] for s in declared} == given

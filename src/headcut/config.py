@@ -86,16 +86,28 @@ class ScoreConfig:
 
     scorer: str = "gradient"
     normalize: str = option(
-        "none", choices=NORMALIZE, help="Divide each block's scores by their L2 norm (Michel et al. 4.1)."
+        "none",
+        choices=NORMALIZE,
+        panel="Options",
+        help="layer: divide each block's scores by their L2 norm (Michel et al. 4.1).",
     )
     abs_per: str = option(
-        "example", choices=ABS_PER, help="gradient: |dL/dg| per example (Michel et al.) or per batch (TextPruner)."
+        "example",
+        choices=ABS_PER,
+        panel="Options",
+        help="gradient: |dL/dg| per example (Michel et al.) or of each batch's mean loss (TextPruner).",
     )
     objective: str = option(
-        "logits-norm", choices=OBJECTIVES, help="gnorm: gradient of the logits' norm (the paper's) or of the task loss."
+        "logits-norm",
+        choices=OBJECTIVES,
+        panel="Options",
+        help="gnorm: the gradient of the logits' L2 norm (label-free; the paper's) or of the task loss.",
     )
     per: str = option(
-        "batch", choices=GNORM_PER, help="gnorm: gradient norms of every batch (the authors' code) or every example."
+        "batch",
+        choices=GNORM_PER,
+        panel="Options",
+        help="gnorm: the gradient norms of every batch (the authors' code) or of every example, averaged.",
     )
     seed: int = 0
     epsilon: float = option(

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, SCORERS
+from ..catalog import SCORERS
+from ..config import ScoreConfig
 from ..extras import imported
 from .app import app
 from .common import (
@@ -26,71 +27,86 @@ from .common import (
     handle_errors,
     plan_outputs,
     with_data_options,
+    with_specs,
 )
 
-SCORE_HELP = "\n\n".join([
-    "Score every attention head of MODEL on calibration data: which heads matter for this task?",
-    "\n".join(["Scorers:"] + [f"{s.name}: {s.summary}" for s in SCORERS.values()]),
-    "One pass over the data: a forward and a backward per batch for gradient and gnorm, a forward for "
-    "confidence and entropy; value-l1, magnitude and random need no --data. The heatmap (one table per "
-    "attention kind, layers x heads, darker = more important) goes to stdout (stderr with --json -); --json "
-    "writes the scores in the order of `headcut info`.",
-])
+SCORE_HELP = "\n\n".join(
+    [
+        "Score every attention head of MODEL on calibration data: which heads matter for this task?",
+        "\n".join(["Scorers:"] + [f"{s.name}: {s.summary}" for s in SCORERS.values()]),
+        "One pass over the data: a forward and a backward per batch for gradient and gnorm, a forward for "
+        "confidence and entropy; value-l1, magnitude and random need no --data. The heatmap (one table per "
+        "attention kind, layers x heads, darker = more important) goes to stdout (stderr with --json -); --json "
+        "writes the scores in the order of `headcut info`.",
+    ]
+)
 
 
-@app.command(cls=TidyCommand, name="score", help=SCORE_HELP, epilog=examples(
-    "headcut score model/ --data cal.csv --scorer gnorm",
-    "headcut score model/ --data cal.csv --scorer gradient --normalize layer --json scores.json --plot scores.png",
-    "headcut score model/ --scorer value-l1"))
+@app.command(
+    cls=TidyCommand,
+    name="score",
+    help=SCORE_HELP,
+    epilog=examples(
+        "headcut score model/ --data cal.csv --scorer gnorm",
+        "headcut score model/ --data cal.csv --scorer gradient --normalize layer --json scores.json --plot scores.png",
+        "headcut score model/ --scorer value-l1",
+    ),
+)
 @handle_errors
+@with_specs(ScoreConfig, "settings")
 @with_data_options
 def score_cmd(
     model: ModelArg,
-    data: Annotated[str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]",
-                                                show_default=False)] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)
+    ] = None,
     scorer: ScorerOpt = "gradient",
-    normalize: Annotated[str, typer.Option(
-        "--normalize", metavar="|".join(NORMALIZE),
-        help="layer divides each block's scores by their L2 norm (Michel et al.).")] = "none",
-    abs_per: Annotated[str, typer.Option(
-        "--abs-per", metavar="|".join(ABS_PER),
-        help="gradient: |dL/dg| per example (Michel et al.) or of each batch's mean loss (TextPruner).")] = "example",
-    objective: Annotated[str, typer.Option(
-        "--objective", metavar="|".join(OBJECTIVES),
-        help="gnorm: the gradient of the L2 norm of the logits (label-free; Greedy-Gnorm's) or of the task "
-             "loss.")] = "logits-norm",
-    per: Annotated[str, typer.Option(
-        "--per", metavar="|".join(GNORM_PER),
-        help="gnorm: the gradient norms of every batch (the authors' code) or of every example (the paper's "
-             "per-sentence description), averaged.")] = "batch",
-    plot: Annotated[str | None, typer.Option(
-        "--plot", metavar="FILE.png",
-        help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut\\[plots]').")] = None,
-    seed: Annotated[int, typer.Option("--seed", metavar="N",
-                                      help="Seed: shuffling, masking, and the random scorer.")] = 0,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE.png",
+            help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut\\[plots]').",
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="N", help="Seed: shuffling, masking, and the random scorer.")
+    ] = 0,
     json_out: JsonOut = None,
     task: Task = None,
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
+    settings: dict | None = None,
 ) -> None:
     """Score heads (see SCORE_HELP)."""
     out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
-    from ..config import ScoreConfig
     from .render import heatmap_tables, write_plot
 
-    ScoreConfig(scorer=scorer, normalize=normalize, abs_per=abs_per, objective=objective, per=per).validate()
+    config = ScoreConfig(scorer=scorer, **(settings or {}))  # the flags not given: the declared defaults
+    config.validate()
     if plot is not None:
         hint = "pip install 'headcut[plots]' (or pip install matplotlib)"
         imported("matplotlib", "--plot", hint, missing=f"--plot needs matplotlib: {hint}")
     spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
     _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
     try:
-        scored = api.score(model, scorer, data=spec, normalize=normalize, abs_per=abs_per, objective=objective,
-                           per=per, seed=seed, task=task, progress=out.progress, allow_pickle=allow_pickle,
-                           trust_remote_code=trust_remote_code)
+        scored = api.score(
+            model,
+            scorer,
+            data=spec,
+            normalize=config.normalize,
+            abs_per=config.abs_per,
+            objective=config.objective,
+            per=config.per,
+            seed=seed,
+            task=task,
+            progress=out.progress,
+            allow_pickle=allow_pickle,
+            trust_remote_code=trust_remote_code,
+        )
     finally:
         out.close()
     result = scored.scores
