@@ -40,24 +40,12 @@ RUNTIME_FORMAT = 1
 
 
 #: attributes a ``set`` op may change (head counts and sizes); a mixin's attributes start with ``_hc_``
-SET_ATTRS = frozenset(
-    {
-        "num_attention_heads",
-        "all_head_size",
-        "num_heads",
-        "n_heads",
-        "split_size",
-        "num_key_value_groups",
-        "inner_dim",
-        "num_key_value_heads",
-        # linear-attention (gated DeltaNet) head counts and widths
-        "num_v_heads",
-        "num_k_heads",
-        "key_dim",
-        "value_dim",
-        "conv_dim",
-    }
-)
+SET_ATTRS = frozenset({
+    "num_attention_heads", "all_head_size", "num_heads", "n_heads", "split_size", "num_key_value_groups",
+    "inner_dim", "num_key_value_heads",
+    # linear-attention (gated DeltaNet) head counts and widths
+    "num_v_heads", "num_k_heads", "key_dim", "value_dim", "conv_dim",
+})
 
 
 class CutError(ValueError):
@@ -102,10 +90,8 @@ def _check_heads(mod: nn.Module | None, op: dict[str, Any], features: int) -> tu
     if not (ints and sizes and (mod is None or hasattr(mod, "weight"))):
         raise CutError(f"headcut runtime: bad {op.get('op')} op at {op.get('path')!r}")
     if features % sections or any(not 0 <= h < features // sections // head_dim for h in heads):
-        raise CutError(
-            f"headcut runtime: {op.get('op')} op at {op.get('path')!r} names heads outside the "
-            f"projection ({features} features)"
-        )
+        raise CutError(f"headcut runtime: {op.get('op')} op at {op.get('path')!r} names heads outside the "
+                       f"projection ({features} features)")
     return heads, head_dim, sections
 
 
@@ -184,14 +170,8 @@ def _check_parts(op: dict[str, Any], features: int) -> list[tuple[list[int], int
         if not isinstance(part, dict) or set(part) != PART_KEYS:
             raise CutError(f"headcut runtime: bad {where}")
         heads, head_dim, count = part["heads"], part["head_dim"], part["count"]
-        if not (
-            isinstance(heads, list)
-            and all(_is_int(h) for h in heads)
-            and _is_int(head_dim)
-            and head_dim >= 1
-            and _is_int(count)
-            and count >= 0
-        ):
+        if not (isinstance(heads, list) and all(_is_int(h) for h in heads) and _is_int(head_dim) and head_dim >= 1
+                and _is_int(count) and count >= 0):
             raise CutError(f"headcut runtime: bad {where}")
         if any(not 0 <= h < count for h in heads):
             raise CutError(f"headcut runtime: {where} names heads outside a part of {count} heads")
@@ -222,12 +202,8 @@ def _op_index(op: dict[str, Any], features: int) -> torch.Tensor:
 
 def _is_depthwise(mod: nn.Module) -> bool:
     """An ``nn.Conv1d`` with one filter per channel (channels in = out = groups)."""
-    return (
-        isinstance(mod, nn.Conv1d)
-        and mod.in_channels == mod.out_channels == mod.groups
-        and mod.weight.dim() == 3
-        and mod.weight.shape[:2] == (mod.out_channels, 1)
-    )
+    return (isinstance(mod, nn.Conv1d) and mod.in_channels == mod.out_channels == mod.groups
+            and mod.weight.dim() == 3 and mod.weight.shape[:2] == (mod.out_channels, 1))
 
 
 def slice_channels(mod: nn.Conv1d, idx: torch.Tensor) -> None:
@@ -376,8 +352,7 @@ class HeadcutConfigHeads:
 
 
 RUNTIME_MIXINS: dict[str, type] = {
-    "HeadcutEmptyAttention": HeadcutEmptyAttention,
-    "HeadcutConfigHeads": HeadcutConfigHeads,
+    "HeadcutEmptyAttention": HeadcutEmptyAttention, "HeadcutConfigHeads": HeadcutConfigHeads,
 }
 
 
