@@ -24,7 +24,6 @@ from .bench_results import BenchResult, GenerationResult
 from .bench_rows import (
     Row,
     StageFn,
-    generation_result,
     head_counts,
     latency,
     measure,
@@ -46,19 +45,6 @@ def _onnx_cache(presents: dict[str, Any]) -> dict[str, int | None]:
         "cross_bytes": None,
         "cross_positions": None,
     }
-
-
-def bench_onnx_generation(
-    runner: Any, inputs: dict[str, torch.Tensor], config: BenchConfig, step: Callable[[int], None] | None = None
-) -> GenerationResult:
-    """Time greedy generation of ``config.gen_tokens`` tokens through an exported graph's KV cache (one graph
-    alone: one untimed call, then ``config.gen_runs`` timed ones)."""
-    ids, mask = inputs["input_ids"].cpu().numpy(), inputs["attention_mask"].cpu().numpy()
-    tokens, presents = runner.generate(ids, mask, config.gen_tokens)
-    times = time_calls(
-        lambda: runner.generate(ids, mask, config.gen_tokens), config.gen_runs, torch.device("cpu"), step
-    )
-    return generation_result(int(tokens.shape[1]), times, config.batch_size, _onnx_cache(presents))
 
 
 class OnnxRow(Row):

@@ -103,19 +103,6 @@ def _probe_generation(
     return int(new_tokens), size
 
 
-def bench_generation(
-    model: nn.Module, inputs: dict[str, torch.Tensor], config: BenchConfig, step: Callable[[int], None] | None = None
-) -> GenerationResult:
-    """Time cached greedy generation of ``config.gen_tokens`` tokens and measure its KV cache (one model
-    alone: one untimed call, then ``config.gen_runs`` timed ones)."""
-    prompt = {k: inputs[k] for k in ("input_ids", "attention_mask")}
-    new_tokens, size = _probe_generation(model, prompt, config.gen_tokens)
-    times = time_calls(
-        lambda: _generate(model, prompt, config.gen_tokens), config.gen_runs, torch.device(config.device), step
-    )
-    return generation_result(new_tokens, times, config.batch_size, size)
-
-
 def head_counts(model: nn.Module) -> tuple[int | None, int | None]:
     try:
         blocks = adapter_for(model).blocks(model.base_model)
