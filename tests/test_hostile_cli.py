@@ -12,7 +12,7 @@ import textwrap
 SCRIPT = textwrap.dedent("""
     import logging, sys, warnings
     import typer
-    from headcut.cli.common import handle_errors
+    from headcut.cli.failures import handle_errors
     from headcut.errors import HeadcutError
 
     app = typer.Typer()

@@ -221,7 +221,7 @@ def test_named_pipe_without_a_reader_waits_and_says_so(tmp_path, capsys):
 
 #: a command's output in a real process (no model: the CLI's Out and write_json, as ``info`` uses them)
 COMMAND = (
-    "from headcut.cli.common import Out; import sys; out = Out(sys.argv[1]); out.show('the table'); "
+    "from headcut.cli.output import Out; import sys; out = Out(sys.argv[1]); out.show('the table'); "
     "out.json({'total_heads': 8}); out.close()"
 )
 

@@ -13,7 +13,7 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     """The console script: ``headcut`` (and ``python -m headcut``)."""
-    from .common import stop_on_signals
+    from .failures import stop_on_signals
 
     stop_on_signals()
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import TidyGroup
+from .help import TidyGroup
 
 app = typer.Typer(
     cls=TidyGroup,

@@ -8,22 +8,14 @@ import typer
 
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
 from ..config import BENCH_RUNTIMES, BenchConfig
+from ..files.plan import plan_outputs
 from .app import app
-from .common import (
-    AllowPickle,
-    JsonOut,
-    Out,
-    Quiet,
-    Task,
-    TidyCommand,
-    TrustRemote,
-    _choices,
-    complete_folders,
-    examples,
-    handle_errors,
-    plan_outputs,
-    with_specs,
-)
+from .completion import _choices, complete_folders
+from .declared import with_specs
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import AllowPickle, JsonOut, Quiet, Task, TrustRemote
 
 _D = BenchConfig()
 

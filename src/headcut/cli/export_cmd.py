@@ -7,24 +7,12 @@ from typing import Annotated
 
 import typer
 
+from ..files.plan import plan_outputs
 from .app import app
-from .common import (
-    AllowPickle,
-    Force,
-    GgufType,
-    Gqa,
-    JsonOut,
-    ModelArg,
-    Out,
-    OutputFormat,
-    Quiet,
-    Task,
-    TidyCommand,
-    TrustRemote,
-    examples,
-    handle_errors,
-    plan_outputs,
-)
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import AllowPickle, Force, GgufType, Gqa, JsonOut, ModelArg, OutputFormat, Quiet, Task, TrustRemote
 from .render import checkpoint_lines, formats_lines
 
 

@@ -9,32 +9,28 @@ import typer
 
 from ..config import FinetuneConfig
 from ..errors import HeadcutError
+from ..files.plan import plan_outputs
 from ..outputs.reports import FINETUNE_REPORT
 from .app import app
-from .common import (
+from .completion import complete_folders
+from .declared import DataOptions, data_spec, with_data_options, with_specs
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import (
     DATA_HELP,
     FORCE_HELP,
     AllowPickle,
-    DataOptions,
     Device,
     GgufType,
     JsonOut,
     ModelArg,
-    Out,
     Out_,
     OutputFormat,
     Quiet,
     Resume,
     Task,
-    TidyCommand,
     TrustRemote,
-    complete_folders,
-    data_spec,
-    examples,
-    handle_errors,
-    plan_outputs,
-    with_data_options,
-    with_specs,
 )
 from .prune_cmd import _arguments
 

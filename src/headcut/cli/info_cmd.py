@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
+from ..files.plan import plan_outputs
 from .app import app
-from .common import (
-    AllowPickle,
-    JsonOut,
-    ModelArg,
-    Out,
-    Quiet,
-    Task,
-    TidyCommand,
-    TrustRemote,
-    examples,
-    handle_errors,
-    plan_outputs,
-)
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import AllowPickle, JsonOut, ModelArg, Quiet, Task, TrustRemote
 
 
 @app.command(

@@ -10,7 +10,11 @@ import typer
 from ..catalog import METHODS, method_entry
 from ..options import static_specs
 from .app import app
-from .common import JsonOut, Out, TidyCommand, _choices, examples, handle_errors
+from .completion import _choices
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import JsonOut
 
 KIND = {
     "score": "ranked by a scorer",

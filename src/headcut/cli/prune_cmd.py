@@ -15,35 +15,29 @@ import typer
 from ..catalog import METHODS
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..errors import HeadcutError
+from ..files.plan import plan_outputs
 from ..options import static_specs
 from ..outputs.reports import PRUNE_REPORT
 from .app import app
-from .common import (
+from .declared import DataOptions, click_params, data_spec, spec_parameters, with_data_options, with_specs
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import (
     DATA_HELP,
     FORCE_HELP,
     AllowPickle,
-    DataOptions,
     Device,
     GgufType,
     JsonOut,
     MethodOpt,
     ModelArg,
-    Out,
     Out_,
     OutputFormat,
     Quiet,
     Resume,
     Task,
-    TidyCommand,
     TrustRemote,
-    click_params,
-    data_spec,
-    examples,
-    handle_errors,
-    plan_outputs,
-    spec_parameters,
-    with_data_options,
-    with_specs,
 )
 
 #: where the parsed method options wait for the command (``ctx.meta``)

@@ -9,26 +9,13 @@ import typer
 from ..catalog import SCORERS
 from ..config import ScoreConfig
 from ..extras import imported
+from ..files.plan import plan_outputs
 from .app import app
-from .common import (
-    DATA_HELP,
-    AllowPickle,
-    DataOptions,
-    JsonOut,
-    ModelArg,
-    Out,
-    Quiet,
-    ScorerOpt,
-    Task,
-    TidyCommand,
-    TrustRemote,
-    data_spec,
-    examples,
-    handle_errors,
-    plan_outputs,
-    with_data_options,
-    with_specs,
-)
+from .declared import DataOptions, data_spec, with_data_options, with_specs
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out
+from .params import DATA_HELP, AllowPickle, JsonOut, ModelArg, Quiet, ScorerOpt, Task, TrustRemote
 
 SCORE_HELP = "\n\n".join(
     [

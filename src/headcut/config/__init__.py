@@ -1,0 +1,39 @@
+"""The configurations of headcut's jobs, as plain dataclasses with defaults and validation, one module each.
+
+They import nothing heavy (torch is imported only inside the checks that need it), so the command
+line reads its defaults from here without loading torch. Every ``validate`` raises a one-line
+:class:`~headcut.errors.HeadcutError` naming the flag and the valid values.
+
+* :class:`ScoreConfig`: how ``headcut score`` (and the score-based methods) score heads.
+* :class:`PruneConfig`: what every pruning method shares: the budget, units, GQA policy and seed.
+  Each method's own options are a dataclass in its module (``headcut.pruning.<method>``).
+* :class:`TrainConfig`: the one training configuration of ``finetune``, the learned-gate methods and
+  every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it).
+* :class:`BenchConfig`: how ``headcut bench`` times models.
+"""
+
+from __future__ import annotations
+
+from .bench import BENCH_RUNTIMES, BenchConfig
+from .checks import check_choice
+from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
+from .prune import LayerwiseConfig, PruneConfig, RecoveryConfig
+from .score import DEFAULT_EPSILON, ScoreConfig
+from .train import DistillOptions, FinetuneConfig, TrainConfig
+
+__all__ = [
+    "BENCH_RUNTIMES",
+    "BenchConfig",
+    "DEFAULT_EPSILON",
+    "DistillOptions",
+    "EvalOptions",
+    "FinetuneConfig",
+    "LM_EVAL_DEFAULT",
+    "LayerwiseConfig",
+    "PruneConfig",
+    "RecoveryConfig",
+    "ScoreConfig",
+    "TrainConfig",
+    "check_choice",
+    "eval_options",
+]
