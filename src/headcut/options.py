@@ -41,7 +41,9 @@ TRAINING_PANEL = "Training options"
 class Option:
     """What a field declares besides its default: ``help``; ``flag`` (None: ``--field-name``); ``metavar``;
     ``choices``; the range ``low``/``high`` (inclusive unless ``low_open``/``high_open``); ``panel``: the
-    ``--help`` section; ``cli``: False for a field only the Python API sets."""
+    ``--help`` section; ``cli``: False for a field only the Python API sets; ``short``: a one-letter flag beside
+    ``flag`` (``-q``); ``complete``: what the shell completes besides ``choices``: ``"folders"``, or a tuple of
+    suggested values (``("cpu", "cuda")``: a value outside them is still taken)."""
 
     help: str
     flag: str | None = None
@@ -53,6 +55,8 @@ class Option:
     high_open: bool = False
     panel: str = METHOD_PANEL
     cli: bool = True
+    short: str | None = None
+    complete: str | tuple[str, ...] | None = None
 
 
 def option(
@@ -68,6 +72,8 @@ def option(
     high_open: bool = False,
     panel: str = METHOD_PANEL,
     cli: bool = True,
+    short: str | None = None,
+    complete: str | tuple[str, ...] | None = None,
 ) -> Any:
     """A dataclass field declaring an option (see the module's doc). Its arguments must be literals, or names
     of module-level literals, so that :func:`static_specs` can read them without importing the module."""
@@ -82,6 +88,8 @@ def option(
         high_open=high_open,
         panel=panel,
         cli=cli,
+        short=short,
+        complete=tuple(complete) if isinstance(complete, (list, tuple)) else complete,
     )
     return field(default=default, metadata={KEY: meta})
 

@@ -1,12 +1,12 @@
-"""Shell completion of folders and of fixed choices."""
+"""Shell completion of folders, of fixed choices and of a declared option."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-F = TypeVar("F", bound=Callable[..., Any])
+from ..options import OptionSpec
 
 
 def complete_folders(incomplete: str) -> list[str]:
@@ -29,3 +29,15 @@ def _choices(values: Any) -> Callable[[str], list[str]]:
         return [v for v in values if v.startswith(incomplete)]
 
     return complete
+
+
+def completion(spec: OptionSpec) -> Callable[[str], list[str]] | None:
+    """The shell completion of a declared option: its ``choices``, else its ``complete`` (``"folders"`` or
+    suggested values), else none."""
+    if spec.meta.choices:
+        return _choices(spec.meta.choices)
+    if spec.meta.complete == "folders":
+        return complete_folders
+    if isinstance(spec.meta.complete, tuple):
+        return _choices(spec.meta.complete)
+    return None

@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from ..options import OptionSpec
-from .completion import _choices
+from .completion import completion
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -154,13 +154,13 @@ def spec_parameters(
         shown = spec.default_text()
         text = escape(spec.help) + (f" Default: {escape(shown)}." if shown is not None else "")
         info = typer.Option(
-            spec.flag,
+            *([spec.flag, spec.meta.short] if spec.meta.short else [spec.flag]),
             help=text,
             metavar=spec.metavar,
             rich_help_panel=spec.meta.panel,
             hidden=hidden,
             show_default=False,
-            autocompletion=_choices(spec.meta.choices) if spec.meta.choices else None,
+            autocompletion=completion(spec),
         )
         out.append(
             inspect.Parameter(
