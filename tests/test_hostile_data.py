@@ -23,6 +23,8 @@ from helpers import cls_rows, make_model, make_tokenizer, one_line_error, run, s
 import headcut
 from headcut.data import DataConfig, load_calibration
 from headcut.data import files as data_files
+from headcut.data import streams as data_streams
+from headcut.data import text as data_text
 from headcut.data.config import CHARS_PER_TOKEN
 from headcut.errors import HeadcutError
 
@@ -144,8 +146,8 @@ def test_text_from_a_pipe_for_a_causal_lm(tmp_path):
 
 
 def test_named_pipe_without_a_writer_is_waited_for_aloud(tmp_path, monkeypatch, capfd):
-    monkeypatch.setattr(data_files, "FIRST_NOTICE_S", 0.1)
-    monkeypatch.setattr(data_files, "WAIT_NOTICE_S", 0.1)
+    monkeypatch.setattr(data_streams, "FIRST_NOTICE_S", 0.1)
+    monkeypatch.setattr(data_streams, "WAIT_NOTICE_S", 0.1)
     fifo = tmp_path / "rows"
     os.mkfifo(fifo)
     rows = write_rows(tmp_path / "rows.csv", cls_rows(12))
@@ -399,7 +401,7 @@ def test_huge_texts_reach_the_tokenizer_in_bounded_pieces(tmp_path):
     rec = _Recorder(make_tokenizer())
     c = load_calibration(make_model("gpt2", "GPT2LMHeadModel"), rec, DataConfig(str(txt), seq_len=16, max_examples=3))
     assert c.examples == 3
-    assert rec.longest <= data_files.PIECE_CHARS
+    assert rec.longest <= data_text.PIECE_CHARS
     assert rec.chars < len(line) // 2  # read only as far as the blocks need
     assert any("read the first" in n for n in c.notes)
     rec = _Recorder(make_tokenizer())

@@ -5,6 +5,8 @@ One module per job:
 
 * :mod:`~headcut.data.config`: :class:`DataConfig` and the plain constants (task names, usual column
   names, file formats); standard library only.
+* :mod:`~headcut.data.streams`: the bytes of a data file or pipe (format, compression, a silent pipe waited
+  for); :mod:`~headcut.data.text`: those bytes decoded, ``.txt`` read lazily, long texts cut into pieces.
 * :mod:`~headcut.data.files`: where the rows come from: local files (``.csv``, ``.tsv``, ``.json``,
   ``.jsonl``, ``.parquet``, ``.txt``, compressed text; ``.txt`` read lazily), pipes and devices (with
   ``DataConfig.data_format``), ``datasets`` names ``NAME[:CONFIG]``, or a

@@ -5,7 +5,7 @@ one block) is dropped; the blocks are then shuffled and cut to ``max_examples`` 
 cut into blocks; every other source gives one example per row.
 
 The text is never held whole: it is read and tokenized piece by piece (:meth:`TextFile.pieces
-<headcut.data.files.TextFile.pieces>`), its token ids kept compactly; with ``max_examples`` it is read only
+<headcut.data.text.TextFile.pieces>`), its token ids kept compactly; with ``max_examples`` it is read only
 as far as the blocks need (at least :data:`~headcut.data.config.MIN_TOKENS_READ` tokens, so that a smaller
 ``max_examples`` still selects a prefix of a larger one's blocks).
 """
@@ -47,7 +47,7 @@ def token_ids(pieces: Iterable[str], tokenizer: Any, limit: int | None = None) -
 
 
 def lm_blocks(r: Rows, tokenizer: Any, seq_len: int) -> list[dict[str, Any]]:
-    """A text file for a causal LM (``r.ds``: a :class:`~headcut.data.files.TextFile`): one text, cut into
+    """A text file for a causal LM (``r.ds``: a :class:`~headcut.data.text.TextFile`): one text, cut into
     blocks of ``seq_len`` tokens, selected."""
     prefix, suffix = affixes(tokenizer)
     body = seq_len - len(prefix) - len(suffix)

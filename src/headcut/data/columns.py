@@ -156,7 +156,7 @@ class Rows:
         return _texts(self.column(col, rows), rows, col, self.source)
 
     def lines(self, max_chars: int) -> list[str]:
-        """The non-blank lines of a text file (``ds``: a :class:`~headcut.data.files.TextFile`), each cut to
+        """The non-blank lines of a text file (``ds``: a :class:`~headcut.data.text.TextFile`), each cut to
         ``max_chars`` characters, selected; with ``max_examples`` the file is read only as far as that needs
         (at least :data:`~headcut.data.config.MIN_LINES_READ` lines, so a smaller ``max_examples`` still
         gives a prefix of a larger one)."""

@@ -24,381 +24,30 @@ readers' logging and warnings are silenced while reading). ``datasets`` is impor
 
 from __future__ import annotations
 
-import bz2
 import codecs
 import contextlib
-import gzip
 import io
 import logging
-import lzma
-import os
-import select
 import shutil
-import stat
-import sys
-import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from ..errors import HeadcutError, first_line
-from ..extras import imported
 from ..files.leftovers import remove_stale_scratch, scratch_folder
 from ..sources import looks_local
-from .config import COMPRESSIONS, FILE_FORMATS, FORMAT_NAMES, DataConfig, parse_format
+from .config import FILE_FORMATS, DataConfig
+from .streams import CHUNK, DataSource, PipeReader, data_source, read_chunk, root_message, stream_compression
+from .text import TextFile, decoded, is_utf8, not_text_error, nul_error
 
-#: seconds of silence on a pipe before the first "waiting for data" line, and between the later ones
-FIRST_NOTICE_S = 2.0
-WAIT_NOTICE_S = 10.0
-#: bytes read at a time from a file or pipe
-CHUNK = 1 << 18
-#: characters per tokenizer call when a text is cut into causal-LM blocks (a fast tokenizer needs about a
-#: hundred bytes per character while it works)
-PIECE_CHARS = 1 << 15
 #: a pipe copied into the temporary folder stops with an error before its disk keeps less free space than
 #: this (or half of what it had, on a disk that had less than twice this)
 MIN_FREE_BYTES = 512 << 20
+
+
 #: the kind of the temporary folders (``headcut-data-PID-...``)
 TEMP_KIND = "data"
-#: first bytes of compressed data -> its suffix
-MAGIC = {b"\x1f\x8b": ".gz", b"BZh": ".bz2", b"\xfd7zXZ\x00": ".xz", b"\x28\xb5\x2f\xfd": ".zst"}
-
-
-def _root_message(exc: BaseException) -> str:
-    """The most specific message of an exception chain (datasets wraps the parser's error)."""
-    messages = []
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        seen.add(id(cur))
-        messages.append(first_line(cur))
-        cur = cur.__cause__ or cur.__context__
-    generic = ("An error occurred while generating the dataset",)
-    specific = [m for m in messages if m not in generic]
-    return specific[0] if specific else messages[0]
-
-
-@dataclass(frozen=True)
-class DataSource:
-    """A local data path and how to read it: ``shown`` (as given, for messages), ``stream`` (a pipe or
-    device: read once, never sized or reopened), ``suffix`` (its format, e.g. ``.csv``) and
-    ``compression`` (``.gz`` ... or None)."""
-
-    path: Path
-    shown: str
-    stream: bool
-    suffix: str
-    compression: str | None
-
-
-def _kind_of(mode: int) -> str:
-    return "pipe" if stat.S_ISFIFO(mode) else "device" if stat.S_ISCHR(mode) else "file"
-
-
-def data_source(path: str, data_format: str | None = None) -> DataSource:
-    """The :class:`DataSource` of a local data path: its format from its name, else from ``data_format``."""
-    p = Path(path).expanduser()
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise HeadcutError(f"data file not found: {path}") from None
-    except OSError as exc:
-        raise HeadcutError(f"cannot read {path}: {exc.strerror or first_line(exc)}") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise HeadcutError(f"{path} is a folder; pass a data file (.csv, .tsv, .json, .jsonl, .parquet, .txt)")
-    if stat.S_ISSOCK(st.st_mode):
-        raise HeadcutError(f"{path} is a socket; pass a data file or a pipe")
-    stream = stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode)
-    suffixes = [s.lower() for s in p.suffixes]
-    compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSIONS else None
-    suffix = suffixes[-1] if suffixes else ""
-    if suffix in FILE_FORMATS and not (compression and suffix == ".parquet"):
-        return DataSource(p, path, stream, suffix, compression)
-    if data_format is not None and suffix != ".parquet":
-        suffix, given = parse_format(data_format)
-        if not (suffix == ".parquet" and (given or compression)):
-            return DataSource(p, path, stream, suffix, given or compression)
-    if stream:
-        raise HeadcutError(
-            f"{path} is a {_kind_of(st.st_mode)} and its name does not say the data's format; pass --data-format "
-            f"({FORMAT_NAMES}; e.g. csv.gz for compressed data)"
-        )
-    raise HeadcutError(
-        f"{path} is not a supported data file; use .csv, .tsv, .json, .jsonl, .parquet or .txt "
-        f"(text formats may be compressed: {', '.join(COMPRESSIONS)}), or name its format with --data-format"
-    )
-
-
-# ---- reading bytes: files, pipes, compression ---------------------------------------------------------------
-
-
-class _PipeReader(io.RawIOBase):
-    """A pipe or device opened without blocking and polled: a pipe with no writer does not hang the open,
-    a silent one gets a line on stderr after :data:`FIRST_NOTICE_S` seconds and every :data:`WAIT_NOTICE_S` after, and signals stop the wait."""
-
-    def __init__(self, path: Path, shown: str) -> None:
-        super().__init__()
-        self.shown = shown
-        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        self.received = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self.fd
-
-    def _wait(self) -> None:
-        """Until the pipe has data or its end (Linux: a FIFO opened before any writer reports neither)."""
-        timeout = FIRST_NOTICE_S
-        while True:
-            if hasattr(select, "poll"):
-                poller = select.poll()
-                poller.register(self.fd, select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR)
-                ready = bool(poller.poll(timeout * 1000))
-            else:  # pragma: no cover - platforms without poll()
-                ready = bool(select.select([self.fd], [], [], timeout)[0])
-            if ready:
-                return
-            timeout = WAIT_NOTICE_S
-            if self.received:
-                what = f"more data on {self.shown} ({self.received / 1e6:.1f} MB read so far)"
-            else:
-                what = f"data on {self.shown} (nothing written to it yet)"
-            print(f"waiting for {what}; Ctrl-C to stop", file=sys.stderr, flush=True)
-
-    def readinto(self, buffer: Any) -> int:
-        while True:
-            self._wait()
-            try:
-                data = os.read(self.fd, len(buffer))
-            except BlockingIOError:  # woken without data (a writer connected): wait again
-                time.sleep(0.01)
-                continue
-            buffer[: len(data)] = data
-            self.received += len(data)
-            return len(data)
-
-    def close(self) -> None:
-        if not self.closed:
-            os.close(self.fd)
-        super().close()
-
-
-def _decompressed(raw: IO[bytes], compression: str | None) -> IO[bytes]:
-    if compression is None:
-        return raw
-    if compression == ".gz":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    if compression == ".bz2":
-        return bz2.BZ2File(raw)  # type: ignore[return-value]
-    if compression == ".xz":
-        return lzma.LZMAFile(raw)  # type: ignore[return-value]
-    zstandard = imported(
-        "zstandard",
-        "reading .zst data",
-        "pip install zstandard",
-        missing="reading .zst data needs the zstandard package: pip install zstandard",
-    )
-    return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
-
-
-def _sniff(raw: io.BufferedReader) -> str | None:
-    """The compression whose magic bytes the stream starts with (None: none)."""
-    head = raw.peek(8)[:8]
-    return next((suffix for magic, suffix in MAGIC.items() if head.startswith(magic)), None)
-
-
-@contextlib.contextmanager
-def _opened(source: DataSource) -> Iterator[IO[bytes]]:
-    """The decompressed bytes of ``source`` (a stream's compression recognised from its first bytes)."""
-    try:
-        if source.stream:
-            raw: io.BufferedReader = io.BufferedReader(_PipeReader(source.path, source.shown), CHUNK)
-        else:
-            raw = open(source.path, "rb")  # noqa: SIM115 - closed below
-    except OSError as exc:
-        raise HeadcutError(f"cannot read {source.shown}: {exc.strerror or first_line(exc)}") from None
-    with raw:
-        compression = source.compression
-        if source.stream:
-            compression = _stream_compression(raw, source)
-        with contextlib.closing(_decompressed(raw, compression)) as data:
-            yield data
-
-
-def _stream_compression(raw: io.BufferedReader, source: DataSource) -> str | None:
-    """The compression of a stream: from its first bytes (``source.compression`` must match them)."""
-    if not raw.peek(8):  # nothing at all: reported as empty
-        return source.compression
-    found = _sniff(raw)
-    if source.compression and found != source.compression:
-        raise HeadcutError(
-            f"{source.shown} is not {source.compression.lstrip('.')} data (its first bytes are not "
-            f"a {source.compression.lstrip('.')} header); drop the compression from --data-format"
-        )
-    return found
-
-
-def _read(f: IO[bytes], source: DataSource, size: int = CHUNK) -> bytes:
-    """The next bytes of ``f``, with one-line errors for broken compression and failed reads."""
-    try:
-        return f.read(size)
-    except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as exc:
-        raise HeadcutError(
-            f"cannot read {source.shown}: its {source.compression or 'compressed'} data is damaged or "
-            f"truncated ({first_line(exc)})"
-        ) from None
-    except OSError as exc:
-        raise HeadcutError(f"cannot read {source.shown}: {exc.strerror or first_line(exc)}") from None
-    except Exception as exc:  # zstandard.ZstdError and the like
-        raise HeadcutError(f"cannot read {source.shown}: {first_line(exc)}") from None
-
-
-# ---- text: decoding, lines, pieces ----------------------------------------------------------------------------
-
-
-def _is_utf8(encoding: str) -> bool:
-    return codecs.lookup(encoding).name == "utf-8"
-
-
-def guess_encoding(sample: bytes) -> str:
-    """A likely encoding of bytes that are not UTF-8 (cheap: byte-order marks and byte ranges only)."""
-    if sample.startswith((b"\xff\xfe", b"\xfe\xff")) or sample[1:200:2].count(0) > 40:
-        return "utf-16"
-    high = {b for b in sample if 0x80 <= b <= 0x9F}
-    if high and not high & {0x81, 0x8D, 0x8F, 0x90, 0x9D}:  # bytes cp1252 maps (curly quotes, dashes, euro)
-        return "cp1252"
-    return "latin-1"
-
-
-def _not_text(source: DataSource, encoding: str, exc: UnicodeDecodeError, offset: int) -> HeadcutError:
-    """The error for bytes that are not ``encoding`` text (``offset``: of the first bad byte in the file)."""
-    byte = exc.object[exc.start] if exc.start < len(exc.object) else None
-    sample = exc.object[:4096] if exc.start < 4096 else exc.object[exc.start - 2048 : exc.start + 2048]
-    where = f"byte 0x{byte:02x} at offset {offset}" if byte is not None else f"offset {offset}"
-    if _is_utf8(encoding):
-        return HeadcutError(
-            f"cannot read {source.shown}: it is not UTF-8 text ({where}); pass --encoding "
-            f"{guess_encoding(sample)} (or the file's encoding)"
-        )
-    return HeadcutError(
-        f"cannot read {source.shown}: it is not {encoding} text ({where}); pass the file's encoding with --encoding"
-    )
-
-
-def _nul_error(source: DataSource, encoding: str) -> HeadcutError:
-    if _is_utf8(encoding):
-        return HeadcutError(
-            f"cannot read {source.shown}: it holds NUL characters, so it is not UTF-8 text; if it is "
-            "UTF-16 text, pass --encoding utf-16"
-        )
-    return HeadcutError(f"cannot read {source.shown}: it holds NUL characters, so it is not {encoding} text")
-
-
-def decoded(source: DataSource, encoding: str) -> Iterator[str]:
-    """The text of ``source`` in chunks (``CHUNK`` bytes each), newlines made ``\\n``: a byte that is not
-    ``encoding`` text, or a NUL character, is a one-line error naming its offset and a likely encoding."""
-    with _opened(source) as data:
-        decoder = codecs.getincrementaldecoder(encoding)("strict")
-        offset, carry_cr, first = 0, "", True
-        while True:
-            chunk = _read(data, source)
-            if first and not chunk:
-                raise HeadcutError(f"{source.shown} is empty")
-            pending = len(decoder.getstate()[0])
-            try:
-                text = decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as exc:
-                raise _not_text(source, encoding, exc, offset - pending + exc.start) from None
-            offset += len(chunk)
-            if first:
-                text, first = text.removeprefix("\ufeff"), False
-            if "\x00" in text:
-                raise _nul_error(source, encoding)
-            text = carry_cr + text
-            carry_cr = ""
-            if chunk and text.endswith("\r"):
-                text, carry_cr = text[:-1], "\r"
-            if "\r" in text:
-                text = text.replace("\r\n", "\n").replace("\r", "\n")
-            if text:
-                yield text
-            if not chunk:
-                return
-
-
-class TextFile:
-    """A ``.txt`` data file (or pipe) read lazily: never whole, one chunk of :data:`CHUNK` bytes at a time
-    (a pipe can be read once). ``column_names``: the one column, ``text``, as for a table."""
-
-    column_names = ("text",)
-
-    def __init__(self, source: DataSource, encoding: str = "utf-8") -> None:
-        self.source, self.encoding = source, encoding
-
-    def lines(self, max_chars: int, limit: int | None = None) -> tuple[list[str], bool]:
-        """``(lines, stopped)``: the non-blank lines, each cut to ``max_chars`` characters; at most
-        ``limit`` of them (``stopped``: the file was not read to its end)."""
-        out: list[str] = []
-        current: list[str] = []
-        room = max_chars
-
-        def finish() -> None:
-            nonlocal current, room
-            line = "".join(current)
-            if line.strip():
-                out.append(line)
-            current, room = [], max_chars
-
-        for text in decoded(self.source, self.encoding):
-            parts = text.split("\n")
-            for i, part in enumerate(parts):
-                if i:
-                    finish()
-                    if limit is not None and len(out) >= limit:
-                        return out, True
-                if room > 0 and part:
-                    current.append(part[:room])
-                    room -= min(room, len(part))
-        finish()
-        if limit is not None and len(out) > limit:
-            return out[:limit], True
-        return out, False
-
-    def pieces(self) -> Iterator[str]:
-        """The whole text (its lines joined by ``\\n``) in pieces (see :func:`pieces_of`)."""
-        return pieces_of(decoded(self.source, self.encoding), strip_final_newline=True)
-
-
-def pieces_of(chunks: Iterable[str], strip_final_newline: bool = False) -> Iterator[str]:
-    """The text of ``chunks`` (consecutive parts of one text) in pieces of at most :data:`PIECE_CHARS`
-    characters, cut before a line break or space where there is one, so that tokenizing the pieces one by one
-    gives the tokens of the whole text (up to a start-of-text marker some tokenizers add to each piece: one
-    token in thousands at most) at a small, bounded cost each. ``strip_final_newline``: drop the line break
-    that ends the last line of a file."""
-    carry = ""
-    for text in chunks:
-        buffer, start = carry + text, 0
-        while len(buffer) - start > PIECE_CHARS:
-            end = start + PIECE_CHARS
-            cut = buffer.rfind("\n", start + 1, end)
-            if cut < 0:
-                cut = max(buffer.rfind(" ", start + 1, end), buffer.rfind("\t", start + 1, end))
-            if cut < 0:  # no space in a long run: cut anywhere
-                cut = end
-            yield buffer[start:cut]
-            start = cut
-        carry = buffer[start:]
-    if strip_final_newline:
-        carry = carry.removesuffix("\n")
-    if carry:
-        yield carry
-
-
-# ---- temporary folders -------------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -412,17 +61,17 @@ def temp_folder() -> Iterator[Path]:
 def _copy_stream(source: DataSource, folder: Path, encoding: str) -> DataSource:
     """Copy a pipe's bytes into ``folder`` (a file named for the format) and return that file as the source."""
     try:
-        raw = io.BufferedReader(_PipeReader(source.path, source.shown), CHUNK)
+        raw = io.BufferedReader(PipeReader(source.path, source.shown), CHUNK)
     except OSError as exc:
         raise HeadcutError(f"cannot read {source.shown}: {exc.strerror or first_line(exc)}") from None
     with raw:
-        compression = _stream_compression(raw, source)
+        compression = stream_compression(raw, source)
         target = folder / f"data{source.suffix}{compression or ''}"
         written, next_check = 0, 0
         reserve = min(MIN_FREE_BYTES, shutil.disk_usage(folder).free // 2)  # what the copy leaves free
         with target.open("xb") as out:
             while True:
-                chunk = _read(raw, source)
+                chunk = read_chunk(raw, source)
                 if not chunk:
                     break
                 if not written and compression is None and source.suffix != ".parquet":
@@ -454,9 +103,9 @@ def _check_text_head(head: bytes, source: DataSource, encoding: str) -> None:
     try:
         text = decoder.decode(head, final=False)
     except UnicodeDecodeError as exc:
-        raise _not_text(source, encoding, exc, exc.start) from None
+        raise not_text_error(source, encoding, exc, exc.start) from None
     if "\x00" in text:
-        raise _nul_error(source, encoding)
+        raise nul_error(source, encoding)
 
 
 _JSON_KINDS = {"-": "number", '"': "string", "t": "boolean", "f": "boolean", "n": "null"}
@@ -485,11 +134,8 @@ def _check_table(source: DataSource, encoding: str) -> None:
         return
 
 
-# ---- datasets ------------------------------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
-def _quiet_datasets() -> Iterator[Any]:
+def quiet_datasets() -> Iterator[Any]:
     """Yield the ``datasets`` module with its progress bars, logging (and the Hub's) and Python warnings
     silenced: a failure is one HeadcutError with nothing printed before it."""
     import datasets
@@ -527,10 +173,10 @@ def _load_table(source: DataSource, cache: Path, encoding: str) -> Any:
     """A ``datasets.Dataset`` of a local table file (``source.shown``: the path the user gave)."""
     builder, options = FILE_FORMATS[source.suffix]
     options = dict(options)
-    if builder in ("csv", "json") and not _is_utf8(encoding):
+    if builder in ("csv", "json") and not is_utf8(encoding):
         options["encoding"] = encoding
     files = str(source.path)
-    with _quiet_datasets() as datasets:
+    with quiet_datasets() as datasets:
         try:
             ds = datasets.load_dataset(builder, data_files=files, split="train", cache_dir=str(cache), **options)
             if source.suffix == ".json" and len(ds.column_names) == 1 and _holds_records(ds[ds.column_names[0]][:1]):
@@ -542,7 +188,7 @@ def _load_table(source: DataSource, cache: Path, encoding: str) -> Any:
             if _decode_failure(exc):
                 for _ in decoded(source, encoding):  # raises the exact offset and a likely encoding
                     pass
-            message = _root_message(exc)
+            message = root_message(exc)
             if "corresponds to no data" in message or "at least one example" in message:
                 raise HeadcutError(f"{source.shown} has no examples") from None
             raise HeadcutError(f"cannot read {source.shown}: {message}") from None
@@ -610,14 +256,14 @@ def open_data(config: DataConfig) -> Iterator[tuple[Any, str, bool]]:
         return
     name, _, cfg = path.partition(":")
     cfg_name = config.config_name or cfg or None
-    with _quiet_datasets() as datasets:
+    with quiet_datasets() as datasets:
         try:
             ds = datasets.load_dataset(name, cfg_name, split=config.split)
         except Exception as exc:  # network, missing dataset/config/split: all one-line errors
             shown = name + (f":{cfg_name}" if cfg_name else "")
             hint = "" if ":" in path else f" (a local file needs an existing path, e.g. ./{path})"
             raise HeadcutError(
-                f"cannot load the datasets dataset {shown!r} (split {config.split!r}): {_root_message(exc)}{hint}"
+                f"cannot load the datasets dataset {shown!r} (split {config.split!r}): {root_message(exc)}{hint}"
             ) from None
     if ds.num_rows == 0:
         raise HeadcutError(f"{path} split {config.split!r} has no examples")
@@ -632,7 +278,7 @@ def in_memory(dataset: Any, split: str) -> tuple[Any, str]:
     """``(dataset, source)`` of rows given in memory: a ``datasets.Dataset``, a ``datasets.DatasetDict``
     (its ``split`` is used) or a list of dict rows. ``source`` names it for reports, e.g.
     ``<datasets.Dataset of 100 rows>``; the dataset is returned with plain Python formatting."""
-    with _quiet_datasets() as datasets:
+    with quiet_datasets() as datasets:
         if isinstance(dataset, datasets.DatasetDict):
             if split not in dataset:
                 shown = ", ".join(repr(s) for s in dataset) or "none"
@@ -649,7 +295,7 @@ def in_memory(dataset: Any, split: str) -> tuple[Any, str]:
             try:
                 ds = datasets.Dataset.from_list([dict(row) for row in dataset])
             except Exception as exc:  # pyarrow cannot type the values (e.g. a column mixing text and numbers)
-                raise HeadcutError(f"cannot make a dataset of the list of rows: {_root_message(exc)}") from None
+                raise HeadcutError(f"cannot make a dataset of the list of rows: {root_message(exc)}") from None
             kind = type(dataset).__name__
         else:
             raise HeadcutError(

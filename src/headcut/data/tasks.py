@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import HeadcutError
+from ..errors import HeadcutError, first_line
 from ..files.space import os_error
 from .blocks import lm_blocks
 from .columns import Rows, label_ids, pick
@@ -44,7 +44,7 @@ from .config import (
     TOKENIZER_FILES,
     DataConfig,
 )
-from .files import first_line, in_memory, open_data
+from .files import in_memory, open_data
 
 __all__ = ["Calibration", "detect_task", "load_calibration", "load_tokenizer"]
 

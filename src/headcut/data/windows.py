@@ -8,7 +8,7 @@ tokens, the rest dropped; each window is a forward of its own. :func:`load_windo
   rows given in memory, its rows in order (never shuffled) joined by a blank line, empty rows kept as the
   papers keep them (a row without a value is skipped, with a note).
 * **Tokens**: the tokenizer's own special tokens once around the whole text (Llama's BOS at its start, as
-  ``tokenizer(text)`` gives it), the text tokenized piece by piece (:func:`headcut.data.files.pieces_of`: never
+  ``tokenizer(text)`` gives it), the text tokenized piece by piece (:func:`headcut.data.text.pieces_of`: never
   one huge tokenizer call).
 * **Windows** of N tokens: tokens ``[k N, (k + 1) N)`` for ``k = 0 .. tokens // N - 1``. In a window the first
   token is context only and every later one is predicted from the window's tokens before it: N - 1 scored
@@ -34,8 +34,8 @@ from ..errors import HeadcutError, label
 from .blocks import affixes, token_ids
 from .columns import pick
 from .config import TEXT_COLUMNS, DataConfig
-from .files import pieces_of
 from .tasks import Calibration, _max_positions, _pad_id, detect_task, open_rows
+from .text import pieces_of
 
 __all__ = ["TextStream", "load_windows"]
 

@@ -87,9 +87,9 @@ def _version() -> str:
 
 
 def _root(exc: BaseException) -> str:
-    from ..data.files import _root_message
+    from ..data.streams import root_message
 
-    return _root_message(exc)
+    return root_message(exc)
 
 
 @contextlib.contextmanager
@@ -233,9 +233,9 @@ def prepare_tasks(names: Sequence[str], include: str | None = None, quiet: bool 
     """Find and build the harness's tasks ``names`` (see the module's doc): an unknown name, or a dataset that
     cannot be read, is a one-line error here, before the model runs."""
     check_installed()
-    from ..data.files import _quiet_datasets
+    from ..data.files import quiet_datasets
 
-    with _silent(quiet), _global_seeds_kept(), _quiet_datasets():
+    with _silent(quiet), _global_seeds_kept(), quiet_datasets():
         manager = _task_manager(include)
         expanded = _expand(names, manager, include)
         built = _build(expanded, manager)
