@@ -67,7 +67,9 @@ from ...adapters import Block
 from ...catalog import GGUF_TYPES
 from ...errors import HeadcutError
 from ...extras import imported
-from .gguf_families import MODEL_TYPES, Family, Layer, family_for
+from .gguf_families import MODEL_TYPES, family_for
+from .gguf_family import Family
+from .gguf_plan import Layer
 
 #: Q8_0 block size (values per row must be a multiple of it)
 _Q8_BLOCK = 32
