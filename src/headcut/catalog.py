@@ -9,6 +9,7 @@ use. Adding a method is one module plus one entry here.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 from .errors import HeadcutError
@@ -361,7 +362,6 @@ def scorer_entry(name: str) -> ScorerEntry:
 
 def resolve(target: str) -> object:
     """The object a registry ``target`` (``module:name``) names, importing its module."""
-    import importlib
 
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)

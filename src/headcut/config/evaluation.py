@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from ..devices import check_device
 from ..errors import HeadcutTypeError, Shown, ascii_whole
 from ..options import OptionError, check_fields, option
 
@@ -136,8 +137,6 @@ class EvalOptions:
                     p=self.lm_eval_include,
                 )
         if self.device is not None:
-            from ..devices import check_device
-
             check_device(self.device)
 
     def to_json(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..catalog import GQA_POLICIES
+from ..catalog import GQA_POLICIES, method_entry
 from ..options import OptionError, check_fields, option
 
 #: the --help section of the budget and cut options
@@ -53,7 +53,6 @@ class PruneConfig:
 
     def validate(self) -> None:
         """One-line errors for values that cannot work (the method name is checked by the registry)."""
-        from ..catalog import method_entry
 
         entry = method_entry(self.method)
         if self.keep is not None and self.sparsity is not None:

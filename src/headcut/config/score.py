@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
+from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, scorer_entry
 from ..options import check_fields, option
 
 #: the epsilon of Greedy-Gnorm's rectified attention entropy (reference code: ``e = 0.0000001``)
@@ -62,7 +62,6 @@ class ScoreConfig:
     )
 
     def validate(self) -> None:
-        from ..catalog import scorer_entry
 
         scorer_entry(self.scorer)
         check_fields(self)

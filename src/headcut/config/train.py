@@ -5,7 +5,7 @@ and every later training loop; :class:`DistillOptions` (a training method's dist
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..catalog import ENGINES, MODES
@@ -211,7 +211,6 @@ class FinetuneConfig(TrainConfig):
 
     def resolved(self) -> FinetuneConfig:
         """The config with its defaults filled in (3 epochs when neither epochs nor max_steps is set)."""
-        from dataclasses import replace
 
         epochs = 3 if self.epochs is None and self.max_steps is None else self.epochs
         return replace(self, epochs=epochs, mode="joint")

@@ -20,6 +20,7 @@ its output projection, whose bias then carries the whole compensation.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -28,14 +29,12 @@ from torch import nn
 from ..adapters import Block, adapter_for
 from ..errors import HeadcutError
 from .projections import weight_out_in
+from .surgery import skeleton
 
 
 def bias_field(model: nn.Module, blocks: list[Block]) -> str | None:
     """The config field to turn on so that every output projection of ``blocks`` has a bias: None where they all
     have one; HeadcutError where some lack one and the stock config has no field for it."""
-    import copy
-
-    from .surgery import skeleton
 
     base = model.base_model
     if all(getattr(base.get_submodule(b.o), "bias", None) is not None for b in blocks):
@@ -113,7 +112,6 @@ def check_names(model: nn.Module, field: str | None) -> None:
     a family whose field adds biases elsewhere (the saved model would not load)."""
     if field is None:
         return
-    from .surgery import skeleton
 
     built = set(skeleton(model).state_dict())
     have = set(model.state_dict())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -89,7 +90,6 @@ def mcc(labels: list[int], predictions: list[int]) -> float:
     """Matthews' correlation coefficient of ``predictions`` (any number of classes):
     (c s - sum_k p_k t_k) / sqrt((s^2 - sum_k p_k^2)(s^2 - sum_k t_k^2)), with c correct, s examples,
     p_k / t_k the predicted / true count of class k; 0 where the denominator is 0."""
-    from collections import Counter
 
     s, c = len(labels), sum(1 for y, p in zip(labels, predictions) if y == p)
     true, pred = Counter(labels), Counter(predictions)

@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.files import quiet_datasets
+from ..data.streams import root_message
 from ..errors import HeadcutError, label
 from ..extras import imported
 
@@ -87,7 +89,6 @@ def _version() -> str:
 
 
 def _root(exc: BaseException) -> str:
-    from ..data.streams import root_message
 
     return root_message(exc)
 
@@ -233,7 +234,6 @@ def prepare_tasks(names: Sequence[str], include: str | None = None, quiet: bool 
     """Find and build the harness's tasks ``names`` (see the module's doc): an unknown name, or a dataset that
     cannot be read, is a one-line error here, before the model runs."""
     check_installed()
-    from ..data.files import quiet_datasets
 
     with _silent(quiet), _global_seeds_kept(), quiet_datasets():
         manager = _task_manager(include)

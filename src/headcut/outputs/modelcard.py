@@ -18,7 +18,11 @@ from typing import Any
 
 from torch import nn
 
+from .. import __version__
 from ..catalog import METHODS, PAPERS
+from ..files.atomic import OutputFile
+from ..model.info import info
+from ..model.stock import auto_class_name, stock_form
 from .reports import STOPPED
 
 CARD = "README.md"
@@ -87,7 +91,6 @@ def _pipeline_tag(model: nn.Module) -> str | None:
 def _heads(model: nn.Module) -> tuple[list[tuple[str, int, int, int, int]], int]:
     """(block, heads before, after, KV heads before, after) per block, from the model's cut record, and
     the parameters now."""
-    from ..model.info import info
 
     described = info(model)
     record = getattr(model.config, "headcut", None) or {}
@@ -225,7 +228,6 @@ def _steps_line(report: dict[str, Any], metric: dict[str, Any]) -> str:
 
 def _auto_class(model: nn.Module) -> str:
     """The most specific Auto class that loads the model's architecture (``AutoModel`` at worst)."""
-    from ..model.stock import auto_class_name
 
     return auto_class_name(model.config, _architecture(model))
 
@@ -279,8 +281,6 @@ def _files_section(
     lines = []
     if has_weights:
         if checkpoint is None:
-            from ..model.stock import stock_form
-
             checkpoint = stock_form(model).to_json()
         lines += _checkpoint_lines(model, checkpoint)
     onnx = formats.get("onnx")
@@ -324,7 +324,6 @@ def card_text(
     has_weights: bool = True,
 ) -> str:
     """The card of an output folder holding ``model``, written by the command of ``report``."""
-    from .. import __version__
 
     formats = formats or {}
     rows, params_after = _heads(model)
@@ -451,7 +450,6 @@ def update_speed(results: list[Any], models: list[Any], machine: str) -> tuple[l
     that has a headcut card, from its ``headcut bench`` rows; speed-ups are against the baseline's row
     of the same runtime. Each card is replaced atomically. Returns the cards written and notes on the
     folders skipped."""
-    from ..files.atomic import OutputFile
 
     names = [str(m) if isinstance(m, (str, Path)) else None for m in models]
     written: list[Path] = []

@@ -14,6 +14,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
+
 REPORT_FORMAT = 1
 #: the report file of ``export`` and ``prune`` outputs
 PRUNE_REPORT = "headcut-report.json"
@@ -34,8 +36,6 @@ def versions() -> dict[str, str]:
     """The versions a report records."""
     import torch
     import transformers
-
-    from .. import __version__
 
     return {
         "headcut": __version__,

@@ -14,10 +14,11 @@ from torch import nn
 from ..config import PruneConfig, ScoreConfig
 from ..data import Calibration
 from ..errors import HeadcutError
-from ..model.evaluation import evaluate
+from ..model.evaluation import PRIMARY, evaluate
 from ..model.gating import gated
 from ..model.masks import HeadMask
-from ..model.surgery import HeadTotals
+from ..model.surgery import HeadTotals, model_blocks
+from ..scoring import score
 from ..scoring.base import Batch, HeadScores
 
 
@@ -137,13 +138,10 @@ class Metric:
 def eval_metric(model: nn.Module, calibration: Calibration, progress: PruneProgress | None = None) -> Metric:
     """The primary metric of :func:`headcut.evaluate` on ``calibration``, with the heads outside the
     mask gated to zero (exact: the slimmed model computes the same outputs). BLEU is not generated."""
-    from ..model.evaluation import PRIMARY
 
     if calibration.task not in PRIMARY:
         raise HeadcutError(f"cannot evaluate task {calibration.task!r}")
     name, higher = PRIMARY[calibration.task]
-
-    from ..model.surgery import model_blocks
 
     heads = {b.name: b.heads for b in model_blocks(model)}
 
@@ -199,8 +197,6 @@ def score_masked(
 ) -> HeadScores:
     """Score the heads of ``model`` with the heads outside ``mask`` gated to zero (the re-scoring of
     the iterative methods: a masked head takes no part in the forward, so it gets no gradient)."""
-    from ..model.surgery import model_blocks
-    from ..scoring import score
 
     full = all(len(mask.keep[b.name]) == b.heads for b in model_blocks(model))
     on_batch = None if progress is None else (lambda d, t: progress("score", d, t))

@@ -40,6 +40,7 @@ from ..adapters import Block
 from ..config import DistillOptions, PruneConfig
 from ..data import Calibration
 from ..errors import HeadcutError
+from ..learned import HardConcrete
 from ..model.evaluation import evaluate
 from ..model.gating import HeadGates
 from ..model.masks import HeadMask
@@ -495,7 +496,6 @@ class ConcreteLearner(GateLearner):
 
     def __init__(self, slots: Slots, k: int, options: GateOptions, ctx: Context) -> None:
         super().__init__(slots, k, options, ctx)
-        from ..learned import HardConcrete
 
         self.hc = HardConcrete()
         self.phi = uniform_init(slots.n, xavier_bound(max(slots.heads_per_layer), 1), ctx.seed)

@@ -43,6 +43,7 @@ with the next iteration (an interrupted iteration or convergence is run again fr
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -58,6 +59,7 @@ from ..formatting import metric_text as _fmt
 from ..model.evaluation import evaluate
 from ..model.gating import HeadGates
 from ..model.masks import HeadMask
+from ..model.surgery import slim
 from ..options import option
 from ..training.checkpoint import atomic_save, check_optimizer, check_scheduler, check_weights, digest, read_state
 from ..training.engine import EarlyStopping, Trainer, TrainingDiverged
@@ -513,9 +515,6 @@ class LotteryMethod(MethodBase):
     ) -> tuple[dict[str, Any], nn.Module]:
         """Table 5's control: the pruned structure re-initialised and trained as long as the ticket; its
         record and the trained model (slimmed to ``mask``)."""
-        import copy
-
-        from ..model.surgery import slim
 
         model = copy.deepcopy(problem.model)
         reinitialise(model, seed_in_range(seed + 7919))

@@ -32,6 +32,7 @@ from ..config import PruneConfig, ScoreConfig
 from ..errors import HeadcutError
 from ..model.masks import HeadMask
 from ..options import OptionError, check_fields, option
+from ..scoring import get_scorer
 from ..scoring.base import Batch
 from .base import PruneProgress, PruneResult, batches_of, score_masked
 from .method import MethodBase, Problem
@@ -207,7 +208,6 @@ class ScoreMethod(MethodBase):
         whose every block is one unit: each unit would score the block's mean, 0, and the cut would be
         arbitrary."""
         super().check_units(sets, budget, config, options)
-        from ..scoring import get_scorer
 
         if not get_scorer(self.scorer).within_block:
             return

@@ -30,6 +30,7 @@ process went away is a one-line error.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import time
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+from ..devices import check_device
 from ..errors import HeadcutError, SharedError, first_line
 
 #: the longest pause between two looks at a collective in progress (seconds): how late a finished collective
@@ -152,7 +154,6 @@ class Dist:
         """The device this process trains on (:func:`headcut.devices.check_device`): ``cpu``, ``mps``, ``cuda:N``,
         ``cuda`` (this process's GPU: ``cuda:local_rank`` in a multi-process run) or ``auto`` (cuda when
         available)."""
-        from ..devices import check_device
 
         check_device(requested)
         if requested in ("cpu", "mps") or requested.startswith("cuda:"):
@@ -241,7 +242,6 @@ def _abandon() -> None:
     thread, so the interpreter's exit would wait for them (with torchrun: until its SIGKILL, 30 s later). An
     extra reference that is never given back (CPython's ``Py_IncRef``) keeps the destructor from running: the
     process exits at once, and the operating system closes its connections."""
-    import ctypes
 
     group = torch.distributed.group.WORLD
     if group is None:

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..adapters import adapter_for
 from ..errors import HeadcutError
+from ..model.layer_cache import layer_stack
 from .distributed import Dist
 
 LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
@@ -74,7 +77,6 @@ def _ddp(module: nn.Module, device: torch.device, ignore: list[str] | None = Non
 
     if ignore:
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, ignore)
-    import inspect
 
     # static_graph: the same parameters take part in every step, and those a loss never reaches (a pooler
     # a token task does not use) are found once, at the first step, not traversed for every step; the
@@ -180,8 +182,6 @@ class DataParallel(Engine):
 def layer_units(model: nn.Module) -> list[str]:
     """The names of the modules FSDP shards as units: each attention block's layer (the element of the
     outermost module list above it, as :func:`headcut.model.layer_cache.layer_stack` finds it), in order."""
-    from ..adapters import adapter_for
-    from ..model.layer_cache import layer_stack
 
     names = {id(m): n for n, m in model.named_modules()}
     units: list[str] = []
@@ -211,8 +211,6 @@ class FullyShardedParallel(Engine):
     ) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-
-        from ..adapters import adapter_for
 
         shared = [b.name for b in adapter_for(model).blocks(model.base_model) if b.shared is not None]
         if shared:

@@ -22,6 +22,9 @@ from torch import nn
 
 from ...catalog import OUTPUT_FORMATS
 from ...errors import HeadcutError
+from ...model.saving import HEADCUT_FILES
+from .gguf import check_gguf, export_gguf
+from .onnx import check_onnx, export_onnx
 
 
 def parse_formats(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -46,18 +49,13 @@ def check_formats(model: nn.Module, formats: Sequence[str], gguf_type: str = "f1
     writer's own check (its optional extra installed, the model something it can express; ``cut``: the
     kind of cut a search will make, ``uniform`` or ``any``)."""
     if "onnx" in formats:
-        from .onnx import check_onnx
-
         check_onnx(model)
     if "gguf" in formats:
-        from .gguf import check_gguf
-
         check_gguf(model, gguf_type, cut)
 
 
 def _drop_weights(folder: Path) -> None:
     """Remove the PyTorch weights and model code of a staging folder (formats without safetensors)."""
-    from ...model.saving import HEADCUT_FILES
 
     for f in folder.iterdir():
         if f.name.endswith(".safetensors") or f.name == "model.safetensors.index.json" or f.name in HEADCUT_FILES:
@@ -75,12 +73,8 @@ def write_formats(
     drop the safetensors weights if ``formats`` leaves them out. Returns ``{format: what it wrote}``."""
     out: dict[str, Any] = {}
     if "onnx" in formats:
-        from .onnx import export_onnx
-
         out["onnx"] = export_onnx(model, folder).to_json()
     if "gguf" in formats:
-        from .gguf import export_gguf
-
         out["gguf"] = export_gguf(model, folder, outtype=gguf_type).to_json()
     if "safetensors" not in formats:
         _drop_weights(folder)

@@ -63,10 +63,12 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from ...adapters import Block
+from ...adapters import Block, adapter_for
 from ...catalog import GGUF_TYPES
 from ...errors import HeadcutError
 from ...extras import imported
+from ...files.atomic import OutputFile
+from ...model.loading import quiet_transformers
 from .gguf_families import MODEL_TYPES, family_for
 from .gguf_family import Family
 from .gguf_plan import Layer
@@ -129,7 +131,6 @@ def _check_family(model: nn.Module) -> Family:
 
 def _blocks(model: nn.Module) -> list[Block]:
     """The attention blocks, one per layer in order (the adapter's view: projections, heads, head size)."""
-    from ...adapters import adapter_for
 
     return sorted(adapter_for(model).blocks(model.base_model), key=lambda b: b.layer)
 
@@ -342,8 +343,6 @@ def _write_vocab(writer: Any, folder: Path, n_vocab: int, config: Any) -> tuple[
     import gguf
     import transformers
 
-    from ...model.loading import quiet_transformers
-
     data = _read_tokenizer_json(folder)
     model = _tokenizer_model(data)
     vocab: dict[str, int] = dict(data["model"].get("vocab") or {})
@@ -471,8 +470,6 @@ def export_gguf(model: nn.Module, folder: Path, *, outtype: str = "f16") -> Gguf
     folder = Path(folder)
     check_gguf(model, outtype)
     import gguf
-
-    from ...files.atomic import OutputFile
 
     family = family_for(model)
     blocks = _blocks(model)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import logging
 import time
 import warnings
@@ -105,7 +106,6 @@ class _Spec:
 
 
 def _accepts(model: nn.Module, name: str) -> bool:
-    import inspect
 
     try:
         return name in inspect.signature(model.forward).parameters
