@@ -284,32 +284,38 @@ def _assert_from_declaration(spec, param, where):
 
 
 def _offered():
-    """Which config classes each command offers on its command line (a method's options: with --method)."""
+    """Which config classes each command offers on its command line (a method's options: with --method); a
+    ``(class, fields)`` pair: only those of its options (one declaration, two commands)."""
     from headcut.config import (
         BenchConfig,
+        CardOptions,
         EvalOptions,
         FinetuneConfig,
+        FinetuneInputs,
         LayerwiseConfig,
+        PlotOptions,
         PruneConfig,
         RecoveryConfig,
         ScoreConfig,
+        TrajectoryOptions,
     )
 
     return {
         "info": [],
-        "score": [ScoreConfig],
-        "prune": [PruneConfig, RecoveryConfig, LayerwiseConfig],
-        "finetune": [FinetuneConfig],
-        "export": [],
+        "score": [ScoreConfig, PlotOptions],
+        "prune": [PruneConfig, RecoveryConfig, LayerwiseConfig, TrajectoryOptions],
+        "finetune": [FinetuneConfig, FinetuneInputs],
+        "export": [(PruneConfig, ("gqa",))],  # prune's --gqa
         "eval": [EvalOptions],
-        "bench": [BenchConfig],
+        "bench": [BenchConfig, CardOptions],
         "methods": [],
     }
 
 
-#: declared options some command still writes by hand (a drift this test found; the command's module must
-#: take the flag from the declaration): command -> flags
-KNOWN_DRIFT = {"export": ("--gqa",)}  # export_cmd.py's --gqa help differs from PruneConfig.gqa's
+def _specs(entry):
+    """The declared command-line options of an :func:`_offered` entry."""
+    cls, names = entry if isinstance(entry, tuple) else (entry, None)
+    return [s for s in specs(cls) if s.meta.cli and (names is None or s.name in names)]
 
 
 def test_every_command_is_covered():
@@ -325,7 +331,12 @@ def test_every_config_that_declares_options_is_offered_somewhere():
 
     import headcut.config
 
-    offered = {klass for classes in _offered().values() for cls in classes for klass in cls.__mro__}
+    offered = {
+        klass
+        for entries in _offered().values()
+        for entry in entries
+        for klass in (entry[0] if isinstance(entry, tuple) else entry).__mro__
+    }
     offered |= {klass for entry in METHODS.values() for klass in resolve(entry.options).__mro__}
     for cls in vars(headcut.config).values():
         if (
@@ -340,10 +351,9 @@ def test_every_config_that_declares_options_is_offered_somewhere():
 @pytest.mark.parametrize("command", list(_offered()))
 def test_every_declared_option_of_a_command_comes_from_its_declaration(command):
     by_flag = _by_flag(_command_params(command))
-    for cls in _offered()[command]:
-        for spec in specs(cls):
-            if spec.meta.cli:
-                _assert_from_declaration(spec, by_flag.get(spec.flag.split("/")[0]), f"{command} {cls.__name__}")
+    for entry in _offered()[command]:
+        for spec in _specs(entry):
+            _assert_from_declaration(spec, by_flag.get(spec.flag.split("/")[0]), f"{command} {entry}")
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -352,15 +362,6 @@ def test_every_method_option_on_prune_comes_from_its_declaration(name):
     for spec in specs(get_method(name).Options):
         if spec.meta.cli:
             _assert_from_declaration(spec, by_flag.get(spec.flag.split("/")[0]), f"prune --method {name}")
-
-
-@pytest.mark.parametrize("command,flag", [(c, f) for c, flags in KNOWN_DRIFT.items() for f in flags])
-@pytest.mark.xfail(strict=True, reason="a known drift (KNOWN_DRIFT): remove the entry once the flag is generated")
-def test_known_drifts_still_differ(command, flag):
-    from headcut.config import PruneConfig
-
-    declared = {s.flag: s for cls in (PruneConfig,) for s in specs(cls)}
-    _assert_from_declaration(declared[flag], _by_flag(_command_params(command)).get(flag), command)
 
 
 #: the flags each command still writes by hand, with no declaration (issue 56, item 2 lists what is left);
@@ -376,9 +377,7 @@ HAND_WRITTEN = {
         "--json",
         "--label-col",
         "--max-examples",
-        "--plot",
         "--quiet",
-        "--scorer",
         "--seed",
         "--seq-len",
         "--source-col",
@@ -404,7 +403,7 @@ HAND_WRITTEN = {
         "--json",
         "--label-col",
         "--max-examples",
-        "--method",
+        "--method",  # required, and it picks the options offered (PruneConfig.method's default is the API's)
         "--out",
         "--quiet",
         "--resume",
@@ -416,7 +415,6 @@ HAND_WRITTEN = {
         "--task",
         "--text-col",
         "--text-pair-col",
-        "--trajectory",
         "--trust-remote-code",
     ),
     "finetune": (
@@ -425,7 +423,6 @@ HAND_WRITTEN = {
         "--data",
         "--data-format",
         "--device",
-        "--distill-from",
         "--encoding",
         "--eval-data",
         "--eval-split",
@@ -434,7 +431,6 @@ HAND_WRITTEN = {
         "--gguf-type",
         "--json",
         "--label-col",
-        "--labels",
         "--max-examples",
         "--out",
         "--quiet",
@@ -454,9 +450,8 @@ HAND_WRITTEN = {
         "--force",
         "--format",
         "--gguf-type",
-        "--gqa",
         "--json",
-        "--mask",
+        "--mask",  # a required flag: a declared one is optional (spec_parameters gives it the default None)
         "--out",
         "--quiet",
         "--task",
@@ -484,30 +479,18 @@ HAND_WRITTEN = {
     ),
     "bench": (
         "--allow-pickle",
-        "--attn",
-        "--batch-size",
-        "--device",
-        "--dtype",
-        "--gen-runs",
-        "--gen-tokens",
         "--json",
         "--quiet",
-        "--runs",
-        "--runtime",
         "--seed",
-        "--seq-len",
         "--task",
-        "--threads",
         "--trust-remote-code",
-        "--update-card",
-        "--warmup",
     ),
     "methods": ("--json",),
 }
 
 
 def _hand_written(command):
-    declared = {s.flag.split("/")[0] for cls in _offered()[command] for s in specs(cls) if s.meta.cli}
+    declared = {s.flag.split("/")[0] for entry in _offered()[command] for s in _specs(entry)}
     return sorted({p.opts[0] for p in _command_params(command)} - declared)
 
 

@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
-from ..config import BENCH_RUNTIMES, BenchConfig
+from ..config import BenchConfig, CardOptions
 from ..files.plan import plan_outputs
 from .app import app
-from .completion import _choices, complete_folders
+from .completion import complete_folders
 from .declared import with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
@@ -77,7 +76,8 @@ BENCH_HELP = "\n\n".join(
     ),
 )
 @handle_errors
-@with_specs(BenchConfig, "settings")
+@with_specs(CardOptions, "cards")
+@with_specs(BenchConfig, "settings", skip=("seed",))
 def bench(
     models: Annotated[
         list[str],
@@ -88,92 +88,14 @@ def bench(
             autocompletion=complete_folders,
         ),
     ],
-    device: Annotated[
-        str,
-        typer.Option(
-            "--device",
-            help="cpu, cuda, cuda:N or mps.",
-            metavar="DEVICE",
-            autocompletion=_choices(("cpu", "cuda", "mps")),
-        ),
-    ] = _D.device,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Examples per forward.", metavar="N")] = _D.batch_size,
-    seq_len: Annotated[
-        int, typer.Option("--seq-len", help="Tokens per example (the prompt length for generation).", metavar="N")
-    ] = _D.seq_len,
-    runs: Annotated[
-        int,
-        typer.Option(
-            "--runs", help="Timed forwards per model (interleaved: rounds of one forward of each).", metavar="N"
-        ),
-    ] = _D.runs,
-    warmup: Annotated[
-        int, typer.Option("--warmup", help="Untimed forwards before the timed ones.", metavar="N")
-    ] = _D.warmup,
-    threads: Annotated[
-        int | None,
-        typer.Option(
-            "--threads", metavar="N", help="CPU threads (torch.set_num_threads) during the runs; default: torch's."
-        ),
-    ] = None,
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            "--dtype",
-            metavar="DTYPE",
-            autocompletion=_choices(DTYPE_NAMES),
-            help=f"Load in this dtype ({', '.join(DTYPE_NAMES)}); default: the checkpoint's.",
-        ),
-    ] = None,
-    attn_implementation: Annotated[
-        str | None,
-        typer.Option(
-            "--attn",
-            metavar="IMPL",
-            autocompletion=_choices(ATTN_IMPLEMENTATIONS),
-            help=f"Attention implementation ({', '.join(ATTN_IMPLEMENTATIONS)}); default: transformers'.",
-        ),
-    ] = None,
-    gen_tokens: Annotated[
-        int,
-        typer.Option(
-            "--gen-tokens", metavar="N", help="New tokens per cached greedy generation (models that generate); 0: skip."
-        ),
-    ] = _D.gen_tokens,
-    gen_runs: Annotated[
-        int,
-        typer.Option(
-            "--gen-runs",
-            help="Timed generations per model (interleaved: rounds of one generation of each).",
-            metavar="N",
-        ),
-    ] = _D.gen_runs,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.", metavar="N")] = _D.seed,
-    runtime: Annotated[
-        str,
-        typer.Option(
-            "--runtime",
-            metavar="RUNTIME",
-            autocompletion=_choices(BENCH_RUNTIMES + ("torch,onnxruntime",)),
-            help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
-            "folder's model.onnx, else a temporary export; extra \\[onnx]).",
-        ),
-    ] = _D.runtime,
-    update_card: Annotated[
-        bool,
-        typer.Option(
-            "--update-card",
-            metavar="",
-            help="Write the measured speed-up into the model card (README.md) of every "
-            "headcut output after the first MODEL (the baseline); replaced atomically.",
-        ),
-    ] = False,
     json_out: JsonOut = None,
     task: Task = None,
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
     settings: dict | None = None,
+    cards: dict | None = None,
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
@@ -181,21 +103,8 @@ def bench(
     from ..jobs.bench_results import device_name
     from .render import bench_table
 
-    config = BenchConfig(
-        device=device,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        runs=runs,
-        warmup=warmup,
-        threads=threads,
-        dtype=dtype,
-        attn_implementation=attn_implementation,
-        gen_tokens=gen_tokens,
-        gen_runs=gen_runs,
-        seed=seed,
-        runtime=runtime,
-        **(settings or {}),
-    )
+    config = BenchConfig(seed=seed, **(settings or {}))  # the flags not given: the declared defaults
+    update_cards = CardOptions(**(cards or {})).update_cards
     for warning in config.validate():
         log.log.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
@@ -207,7 +116,7 @@ def bench(
             progress=log.progress,
             allow_pickle=allow_pickle,
             trust_remote_code=trust_remote_code,
-            update_cards=update_card,
+            update_cards=update_cards,
         )
     finally:
         log.close()

@@ -7,12 +7,15 @@ from typing import Annotated
 
 import typer
 
+from ..config import PruneConfig
 from ..files.plan import plan_outputs
+from ..options import specs
 from .app import app
+from .declared import with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
 from .output import Out
-from .params import AllowPickle, Force, GgufType, Gqa, JsonOut, ModelArg, OutputFormat, Quiet, Task, TrustRemote
+from .params import AllowPickle, Force, GgufType, JsonOut, ModelArg, OutputFormat, Quiet, Task, TrustRemote
 from .render import checkpoint_lines, formats_lines
 
 
@@ -25,6 +28,7 @@ from .render import checkpoint_lines, formats_lines
     ),
 )
 @handle_errors
+@with_specs(PruneConfig, "cut", skip=tuple(s.name for s in specs(PruneConfig) if s.name != "gqa"))  # prune's --gqa
 def export(
     model: ModelArg,
     mask: Annotated[
@@ -33,13 +37,12 @@ def export(
             "--mask",
             metavar="MASK.json",
             show_default=False,
-            help='Mask JSON: {"keep": {block: [heads]}} or {"drop": ...} (a prune report\'s "mask" entry works too).',
+            help='Mask JSON: {"keep": {block: \\[heads]}} or {"drop": ...} (a prune report\'s "mask" entry works too).',
         ),
     ],
     out: Annotated[
         Path, typer.Option("--out", metavar="DIR", show_default=False, help="Output folder (written atomically).")
     ],
-    gqa: Gqa = "auto",
     output_format: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
     force: Force = False,
@@ -48,10 +51,13 @@ def export(
     quiet: Quiet = False,
     allow_pickle: AllowPickle = False,
     trust_remote_code: TrustRemote = False,
+    cut: dict | None = None,
 ) -> None:
     """Remove the heads a mask file drops and save a slimmed model that loads back."""
     from .. import api
     from ..outputs.formats import parse_formats
+
+    gqa = PruneConfig(**(cut or {})).gqa
 
     parse_formats(output_format)  # a bad --format is refused before anything is read
 

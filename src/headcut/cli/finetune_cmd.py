@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
-from ..config import FinetuneConfig
+from ..config import FinetuneConfig, FinetuneInputs
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
 from ..outputs.reports import FINETUNE_REPORT
 from .app import app
-from .completion import complete_folders
 from .declared import DataOptions, data_spec, with_data_options, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
@@ -32,7 +31,7 @@ from .params import (
     Task,
     TrustRemote,
 )
-from .prune_cmd import _arguments
+from .prune_cmd import _after, _arguments
 
 FINETUNE_HELP = "\n\n".join(
     [
@@ -60,6 +59,7 @@ FINETUNE_HELP = "\n\n".join(
 )
 @handle_errors
 @with_data_options
+@with_specs(FinetuneInputs, "inputs")
 @with_specs(FinetuneConfig, "settings")
 def finetune_cmd(
     model: ModelArg,
@@ -77,24 +77,6 @@ def finetune_cmd(
     eval_split: Annotated[
         str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.", metavar="SPLIT")
     ] = "validation",
-    teacher: Annotated[
-        str | None,
-        typer.Option(
-            "--distill-from",
-            metavar="TEACHER",
-            autocompletion=complete_folders,
-            help="Teacher checkpoint (same vocabulary or labels): distil its outputs.",
-        ),
-    ] = None,
-    labels: Annotated[
-        str | None,
-        typer.Option(
-            "--labels",
-            metavar="NAME,NAME,...",
-            help="The classes of a new classification head (with --task "
-            "sequence-classification on a checkpoint without one): train a classifier from a base encoder.",
-        ),
-    ] = None,
     force: Annotated[
         bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also starts over from a stale checkpoint folder.")
     ] = False,
@@ -112,13 +94,18 @@ def finetune_cmd(
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
     settings: dict | None = None,
+    inputs: dict | None = None,
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
     from .. import api
 
     settings = settings or {}
-    arguments = _arguments({**{k: v for k, v in locals().items() if k not in ("settings", "api")}, **settings})
+    given = FinetuneInputs(**(inputs or {}))
+    teacher, labels = given.teacher, given.labels
+    values = {k: v for k, v in locals().items() if k not in ("settings", "api", "inputs", "given", "teacher", "labels")}
+    values = _after(values, "eval_split", {"teacher": teacher, "labels": labels})  # where the report lists them
+    arguments = _arguments({**values, **settings})
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the fine-tuned model in")
     data_cfg = data_spec(data, data_options.split, data_options, seed)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from ..catalog import METHODS
-from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
+from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig, TrajectoryOptions
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
 from ..options import static_specs
@@ -151,6 +151,7 @@ class MethodCommand(TidyCommand):
 @with_specs(PruneConfig, "budget")
 @with_specs(LayerwiseConfig, "layerwise_options")
 @with_specs(RecoveryConfig, "recovery")
+@with_specs(TrajectoryOptions, "traced")
 def prune_cmd(
     ctx: typer.Context,
     model: ModelArg,
@@ -172,12 +173,6 @@ def prune_cmd(
     out: Out_ = None,
     formats: OutputFormat = "safetensors",
     gguf_type: GgufType = "f16",
-    trajectory: Annotated[
-        str | None,
-        typer.Option(
-            "--trajectory", metavar="FILE.csv", help="Per-step metric to FILE.csv and a PNG (needs --eval-data)."
-        ),
-    ] = None,
     force: Annotated[
         bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale checkpoint.")
     ] = False,
@@ -195,6 +190,7 @@ def prune_cmd(
     budget: dict | None = None,
     recovery: dict | None = None,
     layerwise_options: dict | None = None,
+    traced: dict | None = None,
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
@@ -202,11 +198,13 @@ def prune_cmd(
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
     budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
+    trajectory = TrajectoryOptions(**(traced or {})).trajectory
     given = {
         k: v
         for k, v in locals().items()
-        if k not in ("ctx", "options", "budget", "recovery", "layerwise_options", "api", "log")
+        if k not in ("ctx", "options", "budget", "recovery", "layerwise_options", "api", "log", "traced", "trajectory")
     }
+    given = _after(given, "gguf_type", {"trajectory": trajectory})  # where the report has always listed it
     arguments = _arguments(
         {
             **_after_out(given, _declared(RecoveryConfig, recovery), _declared(LayerwiseConfig, layerwise_options)),
@@ -277,6 +275,16 @@ def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     from ..options import specs
 
     return {spec.name: given.get(spec.name, spec.default) for spec in specs(cls)}
+
+
+def _after(values: dict[str, Any], key: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``extra`` after its ``key`` (at the end without one)."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        out[name] = value
+        if name == key:
+            out.update(extra)
+    return out if key in values else {**values, **extra}
 
 
 def _after_out(values: dict[str, Any], *groups: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ..catalog import SCORERS
-from ..config import ScoreConfig
+from ..config import PlotOptions, ScoreConfig
 from ..extras import imported
 from ..files.plan import plan_outputs
 from .app import app
@@ -15,7 +15,7 @@ from .declared import DataOptions, data_spec, with_data_options, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
 from .output import Out
-from .params import DATA_HELP, AllowPickle, JsonOut, ModelArg, Quiet, ScorerOpt, Task, TrustRemote
+from .params import DATA_HELP, AllowPickle, JsonOut, ModelArg, Quiet, Task, TrustRemote
 
 SCORE_HELP = "\n\n".join(
     [
@@ -40,21 +40,13 @@ SCORE_HELP = "\n\n".join(
     ),
 )
 @handle_errors
+@with_specs(PlotOptions, "plotting")
 @with_specs(ScoreConfig, "settings")
 @with_data_options
 def score_cmd(
     model: ModelArg,
     data: Annotated[
         str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)
-    ] = None,
-    scorer: ScorerOpt = "gradient",
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            "--plot",
-            metavar="FILE.png",
-            help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut\\[plots]').",
-        ),
     ] = None,
     seed: Annotated[
         int, typer.Option("--seed", metavar="N", help="Seed: shuffling, masking, and the random scorer.")
@@ -66,14 +58,16 @@ def score_cmd(
     trust_remote_code: TrustRemote = False,
     data_options: DataOptions = DataOptions(),
     settings: dict | None = None,
+    plotting: dict | None = None,
 ) -> None:
     """Score heads (see SCORE_HELP)."""
     out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from .render import heatmap_tables, write_plot
 
-    config = ScoreConfig(scorer=scorer, **(settings or {}))  # the flags not given: the declared defaults
+    config = ScoreConfig(**(settings or {}))  # the flags not given: the declared defaults
     config.validate()
+    plot = PlotOptions(**(plotting or {})).plot
     if plot is not None:
         hint = "pip install 'headcut[plots]' (or pip install matplotlib)"
         imported("matplotlib", "--plot", hint, missing=f"--plot needs matplotlib: {hint}")
@@ -82,7 +76,7 @@ def score_cmd(
     try:
         scored = api.score(
             model,
-            scorer,
+            config.scorer,
             data=spec,
             normalize=config.normalize,
             abs_per=config.abs_per,

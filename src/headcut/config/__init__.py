@@ -4,36 +4,42 @@ They import nothing heavy (torch is imported only inside the checks that need it
 line reads its defaults from here without loading torch. Every ``validate`` raises a one-line
 :class:`~headcut.errors.HeadcutError` naming the flag and the valid values.
 
-* :class:`ScoreConfig`: how ``headcut score`` (and the score-based methods) score heads.
+* :class:`ScoreConfig`: how ``headcut score`` (and the score-based methods) score heads (:class:`PlotOptions`:
+  its heatmap).
 * :class:`PruneConfig`: what every pruning method shares: the budget, units, GQA policy and seed.
   Each method's own options are a dataclass in its module (``headcut.pruning.<method>``).
 * :class:`TrainConfig`: the one training configuration of ``finetune``, the learned-gate methods and
-  every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it).
-* :class:`BenchConfig`: how ``headcut bench`` times models.
+  every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it;
+  :class:`FinetuneInputs`: ``finetune``'s teacher and new labels).
+* :class:`BenchConfig`: how ``headcut bench`` times models (:class:`CardOptions`: what it writes besides).
 """
 
 from __future__ import annotations
 
-from .bench import BENCH_RUNTIMES, BenchConfig
+from .bench import BENCH_RUNTIMES, BenchConfig, CardOptions
 from .checks import check_choice
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
-from .prune import LayerwiseConfig, PruneConfig, RecoveryConfig
-from .score import DEFAULT_EPSILON, ScoreConfig
-from .train import DistillOptions, FinetuneConfig, TrainConfig
+from .prune import LayerwiseConfig, PruneConfig, RecoveryConfig, TrajectoryOptions
+from .score import DEFAULT_EPSILON, PlotOptions, ScoreConfig
+from .train import DistillOptions, FinetuneConfig, FinetuneInputs, TrainConfig
 
 __all__ = [
     "BENCH_RUNTIMES",
     "BenchConfig",
+    "CardOptions",
     "DEFAULT_EPSILON",
     "DistillOptions",
     "EvalOptions",
     "FinetuneConfig",
+    "FinetuneInputs",
     "LM_EVAL_DEFAULT",
     "LayerwiseConfig",
+    "PlotOptions",
     "PruneConfig",
     "RecoveryConfig",
     "ScoreConfig",
     "TrainConfig",
+    "TrajectoryOptions",
     "check_choice",
     "eval_options",
 ]

@@ -8,11 +8,14 @@ from typing import Any
 
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
 from ..errors import HeadcutError, HeadcutValueError
-from ..options import check_fields, option
-from .checks import _count, check_choice
+from ..options import OptionError, check_fields, option, specs
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
 BENCH_RUNTIMES = ("torch", "onnxruntime")
+#: the --help section of bench's options
+P = "Options"
+#: the largest count torch takes (it unpacks them into a C ``long long``)
+LARGEST_COUNT = 2**63 - 1
 
 
 @dataclass
@@ -22,22 +25,66 @@ class BenchConfig:
     time the models in rounds (one forward of each per round, the order rotated), every model in memory
     at once; False: one after the other (see :mod:`headcut.jobs.bench_run`)."""
 
-    device: str = "cpu"
-    batch_size: int = 8
-    seq_len: int = 128
-    runs: int = 20
-    warmup: int = 3
-    threads: int | None = None
-    dtype: str | None = None
-    attn_implementation: str | None = None
-    gen_tokens: int = 32
-    gen_runs: int = 3
+    device: str = option(
+        "cpu", metavar="DEVICE", panel=P, complete=("cpu", "cuda", "mps"), help="cpu, cuda, cuda:N or mps."
+    )
+    batch_size: int = option(8, low=1, metavar="N", panel=P, help="Examples per forward.")
+    seq_len: int = option(
+        128, low=1, metavar="N", panel=P, help="Tokens per example (the prompt length for generation)."
+    )
+    runs: int = option(
+        20, low=1, metavar="N", panel=P, help="Timed forwards per model (interleaved: rounds of one forward of each)."
+    )
+    warmup: int = option(3, low=0, metavar="N", panel=P, help="Untimed forwards before the timed ones.")
+    threads: int | None = option(
+        None,
+        low=1,
+        metavar="N",
+        panel=P,
+        help="CPU threads (torch.set_num_threads) during the runs; default: torch's.",
+    )
+    dtype: str | None = option(
+        None,
+        choices=DTYPE_NAMES,
+        metavar="DTYPE",
+        panel=P,
+        help=f"Load in this dtype ({', '.join(DTYPE_NAMES)}); default: the checkpoint's.",
+    )
+    attn_implementation: str | None = option(
+        None,
+        flag="--attn",
+        choices=ATTN_IMPLEMENTATIONS,
+        metavar="IMPL",
+        panel=P,
+        help=f"Attention implementation ({', '.join(ATTN_IMPLEMENTATIONS)}); default: transformers'.",
+    )
+    gen_tokens: int = option(
+        32,
+        low=0,
+        metavar="N",
+        panel=P,
+        help="New tokens per cached greedy generation (models that generate); 0: skip.",
+    )
+    gen_runs: int = option(
+        3,
+        low=1,
+        metavar="N",
+        panel=P,
+        help="Timed generations per model (interleaved: rounds of one generation of each).",
+    )
     seed: int = 0
-    runtime: str = "torch"
+    runtime: str = option(
+        "torch",
+        metavar="RUNTIME",
+        panel=P,
+        complete=BENCH_RUNTIMES + ("torch,onnxruntime",),
+        help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
+        "folder's model.onnx, else a temporary export; extra [onnx]).",
+    )
     interleave: bool = option(
         True,
         flag="--interleave/--no-interleave",
-        panel="Options",
+        panel=P,
         help="Time the MODELs "
         "in rounds of one forward (and generation) of each, the order rotated each round (the "
         "default); this holds every MODEL in memory at once. --no-interleave times one MODEL "
@@ -58,23 +105,18 @@ class BenchConfig:
 
     def validate(self) -> list[str]:
         """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
-        for name, low in (
-            ("batch_size", 1),
-            ("seq_len", 1),
-            ("runs", 1),
-            ("warmup", 0),
-            ("gen_tokens", 0),
-            ("gen_runs", 1),
-        ):
-            _count(f"--{name.replace('_', '-')}", getattr(self, name), low)
-        if self.threads is not None:
-            # more threads than CPUs only slows the timing down; many more make OpenMP abort the process
-            _count("--threads", self.threads, 1, os.cpu_count() or 2**31 - 1)
-        check_fields(self, ("interleave",))
-        if self.dtype is not None:
-            check_choice("--dtype", self.dtype, DTYPE_NAMES)
-        if self.attn_implementation is not None:
-            check_choice("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        check_fields(self)  # types, choices and ranges, as declared
+        for spec in specs(BenchConfig):
+            value = getattr(self, spec.name)
+            if spec.kind == "int" and value is not None:
+                # more threads than CPUs only slows the timing down; many more make OpenMP abort the process
+                high = (os.cpu_count() or 2**31 - 1) if spec.name == "threads" else LARGEST_COUNT
+                if value > high:
+                    raise OptionError(
+                        "{%s} must be at most {h} (got {v!r})" % spec.name,
+                        v=value,
+                        h="2**63 - 1" if high == LARGEST_COUNT else high,
+                    )
         from ..devices import check_device
 
         check_device(self.device, auto=False)
@@ -105,3 +147,17 @@ class BenchConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class CardOptions:
+    """What ``bench`` writes besides its report (:func:`headcut.bench`'s keyword of the same name):
+    ``update_cards``: the measured speed-up into the model card of every headcut output after the first."""
+
+    update_cards: bool = option(
+        False,
+        flag="--update-card",
+        panel=P,
+        help="Write the measured speed-up into the model card (README.md) of every "
+        "headcut output after the first MODEL (the baseline); replaced atomically.",
+    )

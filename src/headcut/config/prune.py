@@ -1,5 +1,6 @@
 """What every pruning method shares (:class:`PruneConfig`: the budget, units, GQA policy and seed) and what
-follows each cut (:class:`RecoveryConfig`) or how the checkpoint is read (:class:`LayerwiseConfig`). Each
+follows each cut (:class:`RecoveryConfig`), how the checkpoint is read (:class:`LayerwiseConfig`) or where the
+per-step metric goes (:class:`TrajectoryOptions`). Each
 method's own options are a dataclass in its module (``headcut.pruning.<method>``)."""
 
 from __future__ import annotations
@@ -44,7 +45,14 @@ class PruneConfig:
         "transformers checkpoint, no remote code).",
     )
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
-    gqa: str = option("auto", choices=GQA_POLICIES, metavar="POLICY", panel=B, help="Grouped-query attention policy.")
+    gqa: str = option(
+        "auto",
+        choices=GQA_POLICIES,
+        metavar="POLICY",
+        panel=B,
+        help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
+        "remaining group), duplicate (any query head; KV heads copied).",
+    )
     via: int | None = option(
         None, low=1, metavar="K", panel=B, help="Score-based: cut to K first (refit, recovery), then to the budget."
     )
@@ -118,4 +126,17 @@ class LayerwiseConfig:
     layerwise: bool = option(False, panel=R, help="Score and cut one layer at a time; automatic past --max-memory.")
     max_memory: str | None = option(
         None, metavar="SIZE", panel=R, help="Memory headcut may use, e.g. 12GB (default: what is available)."
+    )
+
+
+@dataclass
+class TrajectoryOptions:
+    """Where ``prune`` writes the metric after every step (:func:`headcut.prune`'s keyword of the same name; its
+    job turns it into :attr:`PruneConfig.trajectory`): ``trajectory``, a ``.csv`` path (a PNG beside it)."""
+
+    trajectory: str | None = option(
+        None,
+        metavar="FILE.csv",
+        panel=R,
+        help="Per-step metric to FILE.csv and a PNG (needs --eval-data).",
     )

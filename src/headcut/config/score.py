@@ -1,11 +1,12 @@
-"""How ``headcut score`` (and the score-based methods) score heads: :class:`ScoreConfig`."""
+"""How ``headcut score`` (and the score-based methods) score heads: :class:`ScoreConfig`; what ``score`` writes
+besides its report: :class:`PlotOptions`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, scorer_entry
+from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES, SCORERS, scorer_entry
 from ..options import check_fields, option
 
 #: the epsilon of Greedy-Gnorm's rectified attention entropy (reference code: ``e = 0.0000001``)
@@ -25,7 +26,13 @@ class ScoreConfig:
     per-sentence description, eq. 9-16), averaged. ``seed`` (random). ``epsilon`` (entropy): the
     rectification constant."""
 
-    scorer: str = "gradient"
+    scorer: str = option(
+        "gradient",
+        choices=tuple(SCORERS),
+        metavar="SCORER",
+        panel="Options",
+        help=f"Scorer: {', '.join(SCORERS)} (see above).",
+    )
     normalize: str = option(
         "none",
         choices=NORMALIZE,
@@ -68,3 +75,15 @@ class ScoreConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class PlotOptions:
+    """What ``headcut score`` writes besides its report (the command line only): ``plot``, a PNG heatmap."""
+
+    plot: str | None = option(
+        None,
+        metavar="FILE.png",
+        panel="Options",
+        help="Also write a PNG heatmap (needs matplotlib: pip install 'headcut[plots]').",
+    )

@@ -214,3 +214,26 @@ class FinetuneConfig(TrainConfig):
 
         epochs = 3 if self.epochs is None and self.max_steps is None else self.epochs
         return replace(self, epochs=epochs, mode="joint")
+
+
+@dataclass
+class FinetuneInputs:
+    """What ``finetune`` takes besides its data and :class:`FinetuneConfig` (:func:`headcut.finetune`'s
+    keywords): ``teacher`` (``--distill-from``), the checkpoint to distil from; ``labels``, the classes of a new
+    classification head (the command line: comma-separated; the API: a list)."""
+
+    teacher: str | None = option(
+        None,
+        flag="--distill-from",
+        metavar="TEACHER",
+        panel="Options",
+        complete="folders",
+        help="Teacher checkpoint (same vocabulary or labels): distil its outputs.",
+    )
+    labels: str | None = option(
+        None,
+        metavar="NAME,NAME,...",
+        panel="Options",
+        help="The classes of a new classification head (with --task sequence-classification on a checkpoint "
+        "without one): train a classifier from a base encoder.",
+    )
