@@ -8,14 +8,14 @@ import typer
 
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
 from ..config import BENCH_RUNTIMES, BenchConfig
+from ..config.run import ModelSource, RunSettings
 from ..files.plan import plan_outputs
 from .app import app
 from .completion import _choices, complete_folders
-from .declared import with_specs
+from .declared import with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import AllowPickle, JsonOut, Quiet, Task, TrustRemote
+from .output import Out, Reporting
 
 _D = BenchConfig()
 
@@ -78,6 +78,9 @@ BENCH_HELP = "\n\n".join(
 )
 @handle_errors
 @with_specs(BenchConfig, "settings")
+@with_settings(RunSettings, "run", skip=("device", "resume"))
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def bench(
     models: Annotated[
         list[str],
@@ -148,7 +151,7 @@ def bench(
             metavar="N",
         ),
     ] = _D.gen_runs,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.", metavar="N")] = _D.seed,
+    run: RunSettings = RunSettings(),
     runtime: Annotated[
         str,
         typer.Option(
@@ -168,15 +171,13 @@ def bench(
             "headcut output after the first MODEL (the baseline); replaced atomically.",
         ),
     ] = False,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
     settings: dict | None = None,
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
-    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
+    json_out = reporting.json_out
+    log = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from ..jobs.bench_results import device_name
     from .render import bench_table
@@ -192,7 +193,7 @@ def bench(
         attn_implementation=attn_implementation,
         gen_tokens=gen_tokens,
         gen_runs=gen_runs,
-        seed=seed,
+        seed=run.seed,
         runtime=runtime,
         **(settings or {}),
     )
@@ -203,10 +204,10 @@ def bench(
         measured = api.bench(
             models,
             config=config,
-            task=task,
+            task=source.task,
             progress=log.progress,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
             update_cards=update_card,
         )
     finally:

@@ -10,6 +10,10 @@ line reads its defaults from here without loading torch. Every ``validate`` rais
 * :class:`TrainConfig`: the one training configuration of ``finetune``, the learned-gate methods and
   every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it).
 * :class:`BenchConfig`: how ``headcut bench`` times models.
+* What several commands share (:mod:`headcut.config.run`): :class:`ModelSource` (``--task``, ``--allow-pickle``,
+  ``--trust-remote-code``), :class:`DataSources` (``--data``, ``--eval-data``, ``--eval-split``),
+  :class:`OutputSettings` (``--out``, ``--force``, ``--format``, ``--gguf-type``) and :class:`RunSettings`
+  (``--seed``, ``--device``, ``--resume``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from .bench import BENCH_RUNTIMES, BenchConfig
 from .checks import check_choice
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
 from .prune import LayerwiseConfig, PruneConfig, RecoveryConfig
+from .run import DataSources, ModelSource, OutputSettings, RunSettings
 from .score import DEFAULT_EPSILON, ScoreConfig
 from .train import DistillOptions, FinetuneConfig, TrainConfig
 
@@ -25,13 +30,17 @@ __all__ = [
     "BENCH_RUNTIMES",
     "BenchConfig",
     "DEFAULT_EPSILON",
+    "DataSources",
     "DistillOptions",
     "EvalOptions",
     "FinetuneConfig",
     "LM_EVAL_DEFAULT",
     "LayerwiseConfig",
+    "ModelSource",
+    "OutputSettings",
     "PruneConfig",
     "RecoveryConfig",
+    "RunSettings",
     "ScoreConfig",
     "TrainConfig",
     "check_choice",
