@@ -77,7 +77,7 @@ BENCH_HELP = "\n\n".join(
     ),
 )
 @handle_errors
-@with_specs(BenchConfig, "settings")
+@with_specs(BenchConfig, "settings", skip=("seed",))  # --seed: the shared one (RunSettings)
 @with_settings(RunSettings, "run", skip=("device", "resume"))
 @with_settings(Reporting, "reporting")
 @with_settings(ModelSource, "source")
