@@ -441,7 +441,7 @@ def test_missing_empty_unreadable_and_odd_files(tmp_path, tok, bert_cls):
         calib(bert_cls, tok, tmp_path / "data.xlsx")
     with pytest.raises(HeadcutError, match="is a folder"):
         calib(bert_cls, tok, tmp_path)
-    with pytest.raises(HeadcutError, match="--batch-size must be at least 1"):
+    with pytest.raises(HeadcutError, match="batch_size must be an integer >= 1"):
         calib(bert_cls, tok, tmp_path / "header.csv", batch_size=0)
 
 

@@ -308,7 +308,7 @@ def test_cli_eval_bad_input_is_one_line(tmp_path):
     one_line_error(
         run("eval", gpt_dir, "--data", tmp_path / "short.txt", "--seq-len", 16), "shorter than one block of 16 tokens"
     )
-    one_line_error(run("eval", model_dir, "--data", cols, "--seq-len", 1), "--seq-len must be at least 2")
+    one_line_error(run("eval", model_dir, "--data", cols, "--seq-len", 1), "--seq-len must be an integer >= 2 (got 1)")
     bare = save_tiny(tmp_path / "bare", "bert", "BertForSequenceClassification", tokenizer=False)
     one_line_error(run("eval", bare, "--data", labels), "has no tokenizer")
     base = save_tiny(tmp_path / "base", "bert", "BertModel")

@@ -11,6 +11,8 @@ allowed values and range (as peft's config classes do), and everything else is d
 * :func:`specs` lists the options of a class at run time (the Python API); :func:`static_specs` reads the
   same list from the module's source without importing it, so ``--help`` and shell completion of
   ``headcut prune --method NAME`` never import torch. A test checks both agree for every method.
+  A declaration's arguments are literals, names of module-level literals (also imported ones), f-strings and
+  ``+`` of them, and ``", ".join(NAMES)`` of a literal tuple or dict (its keys).
 * A subclass may re-declare a field with a plain default (``lr: float = 2e-6``): it keeps the help of the
   field it overrides. ``HIDDEN`` (a class attribute, a tuple of field names) lists inherited fields the
   class does not offer (set by the run, or unused by the method).
@@ -58,6 +60,13 @@ class Option:
     short: str | None = None
     complete: str | tuple[str, ...] | None = None
 
+    def __post_init__(self) -> None:
+        # a list, or a dict's keys (read from the source too), as a tuple: the same Option either way
+        for name in ("choices", "complete"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple, dict)):
+                object.__setattr__(self, name, tuple(value))
+
 
 def option(
     default: Any = MISSING,
@@ -73,7 +82,7 @@ def option(
     panel: str = METHOD_PANEL,
     cli: bool = True,
     short: str | None = None,
-    complete: str | tuple[str, ...] | None = None,
+    complete: str | tuple[str, ...] | dict[str, Any] | None = None,
 ) -> Any:
     """A dataclass field declaring an option (see the module's doc). Its arguments must be literals, or names
     of module-level literals, so that :func:`static_specs` can read them without importing the module."""
@@ -81,7 +90,7 @@ def option(
         help=help,
         flag=flag,
         metavar=metavar,
-        choices=tuple(choices) if choices is not None else None,
+        choices=choices,
         low=low,
         high=high,
         low_open=low_open,
@@ -89,7 +98,7 @@ def option(
         panel=panel,
         cli=cli,
         short=short,
-        complete=tuple(complete) if isinstance(complete, (list, tuple)) else complete,
+        complete=tuple(complete) if isinstance(complete, dict) else complete,
     )
     return field(default=default, metadata={KEY: meta})
 
@@ -342,6 +351,18 @@ def _value(module: str, node: ast.AST) -> Any:
         }[type(node.op)]()
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         return -_value(module, node.operand)
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_value(module, k): _value(module, v) for k, v in zip(node.keys, node.values)}  # type: ignore[arg-type]
+    if (  # ``", ".join(NAMES)``: a list of literal names in a help text
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "join"
+        and isinstance(node.func.value, ast.Constant)
+        and isinstance(node.func.value.value, str)
+        and len(node.args) == 1
+        and not node.keywords
+    ):
+        return node.func.value.value.join(map(str, _value(module, node.args[0])))
     raise StaticError(
         f"{module}, line {getattr(node, 'lineno', '?')}: an option declaration must be a literal "
         f"(not {ast.unparse(node)})"

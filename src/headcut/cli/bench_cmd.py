@@ -7,14 +7,14 @@ from typing import Annotated
 import typer
 
 from ..config import BenchConfig, CardOptions
+from ..config.run import ModelSource, RunSettings
 from ..files.plan import plan_outputs
 from .app import app
 from .completion import complete_folders
-from .declared import with_specs
+from .declared import with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import AllowPickle, JsonOut, Quiet, Task, TrustRemote
+from .output import Out, Reporting
 
 _D = BenchConfig()
 
@@ -76,8 +76,11 @@ BENCH_HELP = "\n\n".join(
     ),
 )
 @handle_errors
+@with_specs(BenchConfig, "settings", skip=("seed",))  # --seed: the shared one (RunSettings)
 @with_specs(CardOptions, "cards")
-@with_specs(BenchConfig, "settings", skip=("seed",))
+@with_settings(RunSettings, "run", skip=("device", "resume"))
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def bench(
     models: Annotated[
         list[str],
@@ -88,22 +91,20 @@ def bench(
             autocompletion=complete_folders,
         ),
     ],
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the synthetic inputs.", metavar="N")] = _D.seed,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
     settings: dict | None = None,
+    run: RunSettings = RunSettings(),
     cards: dict | None = None,
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
 ) -> None:
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
-    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
+    json_out = reporting.json_out
+    log = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from ..jobs.bench_results import device_name
     from .render import bench_table
 
-    config = BenchConfig(seed=seed, **(settings or {}))  # the flags not given: the declared defaults
+    config = BenchConfig(seed=run.seed, **(settings or {}))  # the flags not given: the declared defaults
     update_cards = CardOptions(**(cards or {})).update_cards
     for warning in config.validate():
         log.log.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
@@ -112,10 +113,10 @@ def bench(
         measured = api.bench(
             models,
             config=config,
-            task=task,
+            task=source.task,
             progress=log.progress,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
             update_cards=update_cards,
         )
     finally:

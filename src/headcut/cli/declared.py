@@ -1,143 +1,22 @@
 """Command parameters made from ``option()`` declarations (:mod:`headcut.options`): flags, help, metavars,
-completion and the default shown, added to a command by a decorator; and the data options."""
+completion and the default shown, added to a command by a decorator (:func:`with_specs`: a dict of the options
+given; :func:`with_settings`: a typed object); and the data options' :class:`headcut.data.DataConfig`."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
 
-from ..options import OptionSpec
+from ..data.config import DataConfig
+from ..options import OptionSpec, specs
 from .completion import completion
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass
-class DataOptions:
-    """The data options of the commands that read data (one declaration, see :func:`with_data_options`)."""
-
-    split: str = "train"
-    text_col: str | None = None
-    text_pair_col: str | None = None
-    label_col: str | None = None
-    source_col: str | None = None
-    target_col: str | None = None
-    max_examples: int | None = None
-    seq_len: int = 128
-    batch_size: int = 16
-    data_format: str | None = None
-    encoding: str = "utf-8"
-
-    def for_api(self) -> dict[str, Any]:
-        """The options :func:`headcut.api` functions take as ``data_options`` (``split`` apart)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name != "split" and getattr(self, f.name) is not None
-        }
-
-
-def _data_option_params() -> list[inspect.Parameter]:
-    from ..data.config import LABEL_COLUMNS, PAIR_COLUMNS, SOURCE_COLUMNS, TARGET_COLUMNS, TEXT_COLUMNS
-
-    def opt(name: str, annotation: Any, default: Any, *flags: str, help: str, metavar: str) -> inspect.Parameter:
-        info = typer.Option(*flags, help=help, metavar=metavar, rich_help_panel="Data options")
-        return inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, info]
-        )
-
-    d = DataOptions()
-    return [
-        opt(
-            "split",
-            str,
-            d.split,
-            "--split",
-            help="Split of a datasets name (a local file is one split).",
-            metavar="SPLIT",
-        ),
-        opt(
-            "text_col",
-            str | None,
-            None,
-            "--text-col",
-            metavar="COLUMN",
-            help=f"Text column; default: the first of {', '.join(TEXT_COLUMNS)}.",
-        ),
-        opt(
-            "text_pair_col",
-            str | None,
-            None,
-            "--text-pair-col",
-            metavar="COLUMN",
-            help=f"Second text of sentence pairs; default: {', '.join(PAIR_COLUMNS)} if any.",
-        ),
-        opt(
-            "label_col",
-            str | None,
-            None,
-            "--label-col",
-            metavar="COLUMN",
-            help=f"Label column (ids, or names from the model's label2id); default: the first of "
-            f"{', '.join(LABEL_COLUMNS)}.",
-        ),
-        opt(
-            "source_col",
-            str | None,
-            None,
-            "--source-col",
-            metavar="COLUMN",
-            help=f"Seq2seq source column; default: the first of {', '.join(SOURCE_COLUMNS)} (then the text columns).",
-        ),
-        opt(
-            "target_col",
-            str | None,
-            None,
-            "--target-col",
-            metavar="COLUMN",
-            help=f"Seq2seq target column; default: the first of {', '.join(TARGET_COLUMNS)}.",
-        ),
-        opt(
-            "max_examples",
-            int | None,
-            None,
-            "--max-examples",
-            metavar="N",
-            help="Use at most this many examples (after shuffling with --seed); default: all.",
-        ),
-        opt(
-            "seq_len",
-            int,
-            d.seq_len,
-            "--seq-len",
-            metavar="N",
-            help="Tokens per example: truncation length, or causal-LM block size.",
-        ),
-        opt("batch_size", int, d.batch_size, "--batch-size", metavar="N", help="Examples per forward."),
-        opt(
-            "data_format",
-            str | None,
-            None,
-            "--data-format",
-            metavar="FORMAT",
-            help="Format of data whose name does not say it (a pipe, /dev/stdin): csv, tsv, json, jsonl, parquet or "
-            "txt, optionally compressed (csv.gz).",
-        ),
-        opt(
-            "encoding",
-            str,
-            d.encoding,
-            "--encoding",
-            metavar="ENCODING",
-            help="Text encoding of csv, tsv, json, jsonl and txt data, e.g. latin-1, cp1252, utf-16.",
-        ),
-    ]
 
 
 def spec_parameters(
@@ -184,16 +63,38 @@ def click_params(parameters: list[inspect.Parameter]) -> list[Any]:
     return list(typer.main.get_command(app).params)
 
 
-def with_specs(cls: type, name: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
+def _placed(fn: Callable[..., Any], name: str, params: list[inspect.Parameter]) -> inspect.Signature:
+    """``fn``'s signature with ``params`` where its parameter ``name`` stands (it marks their place in
+    ``--help``), keyword-only from there on."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = list(sig.parameters.values())
+    at = next((i for i, p in enumerate(own) if p.name == name), len(own))
+    after = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at + 1 :]]
+    return sig.replace(parameters=own[:at] + params + after)
+
+
+def _required(params: list[inspect.Parameter], required: tuple[str, ...]) -> list[inspect.Parameter]:
+    """``params`` with those named in ``required`` made required (no default: the command refuses to run
+    without them, as click says)."""
+    out = []
+    for p in params:
+        if p.name in required:
+            kind, info = p.annotation.__args__[0], p.annotation.__metadata__[0]
+            kind = next(k for k in kind.__args__ if k is not type(None))  # int | None -> int
+            p = p.replace(default=inspect.Parameter.empty, annotation=Annotated[kind, info])
+        out.append(p)
+    return out
+
+
+def with_specs(cls: type, name: str, skip: tuple[str, ...] = (), required: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Give a command the declared options of ``cls`` (:func:`spec_parameters`), handed to it as keyword
-    ``name``: a dict of the options given on the command line."""
-    from ..options import specs
+    ``name``: a dict of the options given on the command line. Where the command's signature has a parameter
+    ``name``, the options stand there in ``--help`` (else at the end); ``skip``: fields the command does not
+    offer; ``required``: options the command cannot run without."""
 
     def decorate(fn: F) -> F:
-        params = spec_parameters(specs(cls), skip=skip)
+        params = _required(spec_parameters(specs(cls), skip=skip), required)
         names = [p.name for p in params]
-        sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != name]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -201,42 +102,45 @@ def with_specs(cls: type, name: str, skip: tuple[str, ...] = ()) -> Callable[[F]
             kwargs[name] = {k: v for k, v in given.items() if v is not None}
             return fn(*args, **kwargs)
 
-        wrapper.__signature__ = sig.replace(parameters=own + params)  # type: ignore[attr-defined]
+        wrapper.__signature__ = _placed(fn, name, params)  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
 
 
-def with_options(builder: Callable[[], list[inspect.Parameter]], cls: type, name: str) -> Callable[[F], F]:
-    """Add the parameters ``builder()`` makes to a command's signature, and hand the command one ``cls``
-    object (as keyword ``name``) holding their values: the option group is declared once."""
+def with_settings(cls: type, name: str, skip: tuple[str, ...] = (), required: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """:func:`with_specs`, handing the command one ``cls`` object (keyword ``name``): the options given, the
+    declared defaults for the others (a shared group of flags, such as :class:`headcut.config.run.ModelSource`)."""
+    specs_of = with_specs(cls, name, skip, required)
 
     def decorate(fn: F) -> F:
-        params = builder()
-        names = [p.name for p in params]
-        sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != name]
-
         @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            kwargs[name] = cls(**{n: kwargs.pop(n) for n in names if n in kwargs})
+        def typed(*args: Any, **kwargs: Any) -> Any:
+            kwargs[name] = cls(**kwargs[name])
             return fn(*args, **kwargs)
 
-        wrapper.__signature__ = sig.replace(parameters=own + params)  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
+        typed.__signature__ = inspect.signature(fn, eval_str=True)  # type: ignore[attr-defined]
+        return specs_of(typed)  # type: ignore[return-value]
 
     return decorate
 
 
-def with_data_options(fn: F) -> F:
-    """Give a command the data options (``--split``, ``--text-col``, ..., ``--batch-size``) as ``data_options``."""
-    return with_options(_data_option_params, DataOptions, "data_options")(fn)
-
-
-def data_spec(path: str, split: str, options: DataOptions, seed: int) -> Any:
-    """A :class:`headcut.data.DataConfig` for ``path`` with the shared options, validated."""
-    from ..data.config import DataConfig
-
-    config = DataConfig(path=path, split=split, seed=seed, **options.for_api())
+def data_spec(path: str, options: dict[str, Any], seed: int, split: str | None = None) -> Any:
+    """A :class:`headcut.data.DataConfig` for ``path`` with the data options given (``options``, as
+    :func:`with_specs` hands them; ``split``: another split than theirs, for ``--eval-data``), validated."""
+    values = {**options, **({"split": split} if split is not None else {})}
+    config = DataConfig(path=path, seed=seed, **values)
     config.validate()
     return config
+
+
+def data_values(options: dict[str, Any]) -> dict[str, Any]:
+    """Every data option the command line offers, in their declared order: the value given (``options``, as
+    :func:`with_specs` hands them), else the declared default."""
+    return {s.name: options.get(s.name, s.default) for s in specs(DataConfig) if s.meta.cli}
+
+
+def data_options_for_api(options: dict[str, Any]) -> dict[str, Any]:
+    """The data options as :mod:`headcut.api` functions take them (``data_options``): :func:`data_values` but
+    ``split``, None left out."""
+    return {k: v for k, v in data_values(options).items() if k != "split" and v is not None}

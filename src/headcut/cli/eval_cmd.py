@@ -3,23 +3,21 @@ lm-evaluation-harness tasks."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from ..config import EvalOptions
+from ..config.run import DataSources, ModelSource, RunSettings
+from ..data.config import DataConfig
 from ..files.plan import plan_outputs
 from .app import app
-from .declared import DataOptions, data_spec, with_data_options, with_specs
+from .declared import data_spec, with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import DATA_HELP, AllowPickle, JsonOut, ModelArg, Quiet, Task, TrustRemote
+from .output import Out, Reporting
+from .params import ModelArg
 
 EVAL_HELP = "\n\n".join(
     [
         "Evaluate MODEL on a data file (the metrics of its task head), on non-overlapping perplexity windows "
-        "(--windows), and on lm-evaluation-harness tasks (--lm-eval).",
+        "(--windows), and on lm-evaluation-harness tasks (--lm-eval); --data is needed unless --lm-eval is given.",
         "\n".join(
             [
                 "Metrics:",
@@ -55,46 +53,38 @@ EVAL_HELP = "\n\n".join(
     ),
 )
 @handle_errors
-@with_data_options
+@with_specs(DataConfig, "data_options")
 @with_specs(EvalOptions, "options")
+@with_settings(DataSources, "sources", skip=("eval_data", "eval_split"))
+@with_settings(RunSettings, "run", skip=("device", "resume"))
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def eval_(
     model: ModelArg,
-    data: Annotated[
-        str | None,
-        typer.Option(
-            "--data",
-            help=DATA_HELP + " Needed unless --lm-eval is given.",
-            metavar="FILE|NAME[:CONFIG]",
-            show_default=False,
-        ),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed for shuffling the examples and choosing masked tokens.")
-    ] = 0,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
-    data_options: DataOptions = DataOptions(),
+    sources: DataSources = DataSources(),
+    run: RunSettings = RunSettings(),
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
     options: dict | None = None,
+    data_options: dict | None = None,
 ) -> None:
     """Evaluate MODEL (see EVAL_HELP)."""
-    out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
+    data, seed, json_out = sources.data, run.seed, reporting.json_out
+    out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from .render import harness_table, metrics_table, windows_table
 
-    spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
+    spec = data_spec(data, data_options or {}, seed) if data is not None else None
     plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out})
     try:
         ev = api.evaluate(
             model,
             spec,
-            task=task,
+            task=source.task,
             seed=seed,
             progress=out.progress,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
             **(options or {}),
         )
     finally:

@@ -8,14 +8,15 @@ from typing import Annotated
 import typer
 
 from ..config import PruneConfig
+from ..config.run import ModelSource, OutputSettings
 from ..files.plan import plan_outputs
 from ..options import specs
 from .app import app
-from .declared import with_specs
+from .declared import with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import AllowPickle, Force, GgufType, JsonOut, ModelArg, OutputFormat, Quiet, Task, TrustRemote
+from .output import Out, Reporting
+from .params import ModelArg
 from .render import checkpoint_lines, formats_lines
 
 
@@ -29,6 +30,9 @@ from .render import checkpoint_lines, formats_lines
 )
 @handle_errors
 @with_specs(PruneConfig, "cut", skip=tuple(s.name for s in specs(PruneConfig) if s.name != "gqa"))  # prune's --gqa
+@with_settings(OutputSettings, "output", required=("out",))
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def export(
     model: ModelArg,
     mask: Annotated[
@@ -40,29 +44,22 @@ def export(
             help='Mask JSON: {"keep": {block: \\[heads]}} or {"drop": ...} (a prune report\'s "mask" entry works too).',
         ),
     ],
-    out: Annotated[
-        Path, typer.Option("--out", metavar="DIR", show_default=False, help="Output folder (written atomically).")
-    ],
-    output_format: OutputFormat = "safetensors",
-    gguf_type: GgufType = "f16",
-    force: Force = False,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
+    output: OutputSettings = OutputSettings(),
     cut: dict | None = None,
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
 ) -> None:
     """Remove the heads a mask file drops and save a slimmed model that loads back."""
+    out, force, output_format, gguf_type = Path(str(output.out)), output.force, output.formats, output.gguf_type
+    json_out, task = reporting.json_out, source.task
+    gqa = PruneConfig(**(cut or {})).gqa
     from .. import api
     from ..outputs.formats import parse_formats
-
-    gqa = PruneConfig(**(cut or {})).gqa
 
     parse_formats(output_format)  # a bad --format is refused before anything is read
 
     plan_outputs(reads={"MODEL": model, "--mask": mask}, files={"--json": json_out}, out=out, force=force)
-    log = Out(json_out, quiet)
+    log = Out(json_out, reporting.quiet)
     arguments = {
         "model": model,
         "mask": str(mask),
@@ -78,8 +75,8 @@ def export(
         mask,
         gqa=gqa,
         task=task,
-        allow_pickle=allow_pickle,
-        trust_remote_code=trust_remote_code,
+        allow_pickle=source.allow_pickle,
+        trust_remote_code=source.trust_remote_code,
         formats=output_format,
         gguf_type=gguf_type,
         out=out,

@@ -3,35 +3,21 @@ teacher; saved the same way (``headcut-finetune.json`` inside it, written in the
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
+from pathlib import Path
 
 from ..config import FinetuneConfig, FinetuneInputs
+from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
+from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
 from ..outputs.reports import FINETUNE_REPORT
 from .app import app
-from .declared import DataOptions, data_spec, with_data_options, with_specs
+from .declared import data_options_for_api, data_spec, data_values, with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import (
-    DATA_HELP,
-    FORCE_HELP,
-    AllowPickle,
-    Device,
-    GgufType,
-    JsonOut,
-    ModelArg,
-    Out_,
-    OutputFormat,
-    Quiet,
-    Resume,
-    Task,
-    TrustRemote,
-)
-from .prune_cmd import _after, _arguments
+from .output import Out, Reporting
+from .params import ModelArg
+from .prune_cmd import _arguments
 
 FINETUNE_HELP = "\n\n".join(
     [
@@ -58,58 +44,61 @@ FINETUNE_HELP = "\n\n".join(
     ),
 )
 @handle_errors
-@with_data_options
-@with_specs(FinetuneInputs, "inputs")
+@with_specs(DataConfig, "data_options")
 @with_specs(FinetuneConfig, "settings")
+@with_specs(FinetuneInputs, "inputs")
+@with_settings(DataSources, "sources", required=("data",))
+@with_settings(OutputSettings, "output")
+@with_settings(RunSettings, "run")
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def finetune_cmd(
     model: ModelArg,
-    data: Annotated[str, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)],
-    out: Out_ = None,
-    eval_data: Annotated[
-        str | None,
-        typer.Option(
-            "--eval-data",
-            metavar="FILE|NAME[:CONFIG]",
-            help="Evaluation data, in the formats of --data (and must "
-            "differ from it): the metric before/after, and every --eval-every steps.",
-        ),
-    ] = None,
-    eval_split: Annotated[
-        str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.", metavar="SPLIT")
-    ] = "validation",
-    force: Annotated[
-        bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also starts over from a stale checkpoint folder.")
-    ] = False,
-    seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed: data shuffling and masking, batch order and dropout.")
-    ] = 0,
-    resume: Resume = False,
-    device: Device = None,
-    formats: OutputFormat = "safetensors",
-    gguf_type: GgufType = "f16",
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
-    data_options: DataOptions = DataOptions(),
-    settings: dict | None = None,
+    sources: DataSources = DataSources(),
+    output: OutputSettings = OutputSettings(),
     inputs: dict | None = None,
+    run: RunSettings = RunSettings(),
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
+    settings: dict | None = None,
+    data_options: dict | None = None,
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
-    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
+    log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
 
-    settings = settings or {}
+    settings, data_options = settings or {}, data_options or {}
     given = FinetuneInputs(**(inputs or {}))
     teacher, labels = given.teacher, given.labels
-    values = {k: v for k, v in locals().items() if k not in ("settings", "api", "inputs", "given", "teacher", "labels")}
-    values = _after(values, "eval_split", {"teacher": teacher, "labels": labels})  # where the report lists them
+    data, eval_data, eval_split = str(sources.data), sources.eval_data, sources.eval_split
+    out = Path(output.out) if output.out is not None else None
+    force, seed, json_out = output.force, run.seed, reporting.json_out
+    values = {  # the report's arguments, in the order it has always listed them
+        "model": model,
+        "data": data,
+        "out": out,
+        "eval_data": eval_data,
+        "eval_split": eval_split,
+        "teacher": teacher,
+        "labels": labels,
+        "force": force,
+        "seed": seed,
+        "resume": run.resume,
+        "device": run.device,
+        "formats": output.formats,
+        "gguf_type": output.gguf_type,
+        "json_out": json_out,
+        "task": source.task,
+        "quiet": reporting.quiet,
+        "allow_pickle": source.allow_pickle,
+        "trust_remote_code": source.trust_remote_code,
+        **data_values(data_options),
+    }
     arguments = _arguments({**values, **settings})
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the fine-tuned model in")
-    data_cfg = data_spec(data, data_options.split, data_options, seed)
-    eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
+    data_cfg = data_spec(data, data_options, seed)
+    eval_cfg = data_spec(eval_data, data_options, seed, split=eval_split) if eval_data is not None else None
     try:
         plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         tuned = api.finetune(
@@ -118,19 +107,19 @@ def finetune_cmd(
             eval_data=eval_cfg,
             teacher=teacher,
             seed=seed,
-            task=task,
+            task=source.task,
             labels=labels.split(",") if labels is not None else None,
-            split=data_options.split,
+            split=data_cfg.split,
             eval_split=eval_split,
-            data_options=data_options.for_api(),
-            device=device,
-            resume=resume,
+            data_options=data_options_for_api(data_options),
+            device=run.device,
+            resume=run.resume,
             restart=force,
             progress=log.progress,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
-            formats=formats,
-            gguf_type=gguf_type,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
+            formats=output.formats,
+            gguf_type=output.gguf_type,
             out=out,
             force=force,
             arguments=arguments,

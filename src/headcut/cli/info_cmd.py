@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from ..config.run import ModelSource
 from ..files.plan import plan_outputs
 from .app import app
+from .declared import with_settings
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import AllowPickle, JsonOut, ModelArg, Quiet, Task, TrustRemote
+from .output import Out, Reporting
+from .params import ModelArg
 
 
 @app.command(
@@ -17,21 +19,18 @@ from .params import AllowPickle, JsonOut, ModelArg, Quiet, Task, TrustRemote
     ),
 )
 @handle_errors
-def info(
-    model: ModelArg,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
-) -> None:
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
+def info(model: ModelArg, reporting: Reporting = Reporting(), source: ModelSource = ModelSource()) -> None:
     """Show a model's attention blocks: name, kind, layer, heads, KV heads, head size; and its size."""
     from .. import api
     from .render import info_table
 
-    plan_outputs(reads={"MODEL": model}, files={"--json": json_out})
-    out = Out(json_out, quiet)
-    result = api.info(model, task=task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    plan_outputs(reads={"MODEL": model}, files={"--json": reporting.json_out})
+    out = Out(reporting.json_out, reporting.quiet)
+    result = api.info(
+        model, task=source.task, allow_pickle=source.allow_pickle, trust_remote_code=source.trust_remote_code
+    )
     for item in info_table(model, result):
         out.show(item)
     out.json(result.to_json())

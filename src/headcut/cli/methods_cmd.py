@@ -11,10 +11,10 @@ from ..catalog import METHODS, method_entry
 from ..options import static_specs
 from .app import app
 from .completion import _choices
+from .declared import with_settings
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import JsonOut
+from .output import Out, Reporting
 
 KIND = {
     "score": "ranked by a scorer",
@@ -61,19 +61,20 @@ def describe(name: str) -> dict:
     epilog=examples("headcut methods", "headcut methods pass", "headcut methods --json - | jq -r '.[].name'"),
 )
 @handle_errors
+@with_settings(Reporting, "reporting", skip=("quiet",))
 def methods_cmd(
     name: Annotated[
         str | None,
         typer.Argument(help="A method to describe in full.", metavar="NAME", autocompletion=_choices(METHODS)),
     ] = None,
-    json_out: JsonOut = None,
+    reporting: Reporting = Reporting(),
 ) -> None:
     """List the pruning methods (kind, data, paper), or describe one: its paper and section, the data it reads,
     what it trains, and every option with its flag, Python keyword and default."""
     from rich import box
     from rich.table import Table
 
-    log = Out(json_out)
+    log = Out(reporting.json_out)
     if name is None:
         table = Table(box=box.SIMPLE_HEAD, title="pruning methods (headcut methods NAME for one)")
         for column in ("method", "kind", "data", "paper", "options"):

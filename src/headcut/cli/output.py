@@ -6,14 +6,31 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rich.console import Console
 
 from ..files.atomic import OutputFile
+from ..options import option
 from ..progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Reporting:
+    """How every command reports, declared once (:mod:`headcut.options`): ``--json`` and ``--quiet`` (the
+    command line's own: the Python API returns its results and takes a progress reporter)."""
+
+    json_out: str | None = option(
+        None,
+        flag="--json",
+        metavar="PATH",
+        panel="Options",
+        help="Also write the result as JSON to PATH ('-' for stdout alone; the tables then go to stderr).",
+    )
+    quiet: bool = option(False, short="-q", panel="Options", help="No progress bars or lines, no notes.")
 
 
 def _console(stream: Any) -> Console:

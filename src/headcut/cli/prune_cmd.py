@@ -8,37 +8,32 @@ dataclass (its registry entry names it, :mod:`headcut.options` reads it without 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from ..catalog import METHODS
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig, TrajectoryOptions
+from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
+from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
 from ..options import static_specs
 from ..outputs.reports import PRUNE_REPORT
 from .app import app
-from .declared import DataOptions, click_params, data_spec, spec_parameters, with_data_options, with_specs
+from .declared import (
+    click_params,
+    data_options_for_api,
+    data_spec,
+    data_values,
+    spec_parameters,
+    with_settings,
+    with_specs,
+)
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import (
-    DATA_HELP,
-    FORCE_HELP,
-    AllowPickle,
-    Device,
-    GgufType,
-    JsonOut,
-    MethodOpt,
-    ModelArg,
-    Out_,
-    OutputFormat,
-    Quiet,
-    Resume,
-    Task,
-    TrustRemote,
-)
+from .output import Out, Reporting
+from .params import MethodOpt, ModelArg
 
 #: where the parsed method options wait for the command (``ctx.meta``)
 GIVEN = "headcut.method_options"
@@ -147,64 +142,63 @@ class MethodCommand(TidyCommand):
     ),
 )
 @handle_errors
-@with_data_options
+@with_specs(DataConfig, "data_options")
 @with_specs(PruneConfig, "budget")
 @with_specs(LayerwiseConfig, "layerwise_options")
 @with_specs(RecoveryConfig, "recovery")
 @with_specs(TrajectoryOptions, "traced")
+@with_settings(DataSources, "sources")
+@with_settings(OutputSettings, "output")
+@with_settings(RunSettings, "run")
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def prune_cmd(
     ctx: typer.Context,
     model: ModelArg,
     method: MethodOpt = None,
-    data: Annotated[
-        str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)
-    ] = None,
-    eval_data: Annotated[
-        str | None,
-        typer.Option(
-            "--eval-data",
-            metavar="FILE|NAME[:CONFIG]",
-            help="Held-out data: metric, --max-drop, --trajectory, --eval-every.",
-        ),
-    ] = None,
-    eval_split: Annotated[
-        str, typer.Option("--eval-split", help="Split of an --eval-data datasets name.", metavar="SPLIT")
-    ] = "validation",
-    out: Out_ = None,
-    formats: OutputFormat = "safetensors",
-    gguf_type: GgufType = "f16",
-    force: Annotated[
-        bool, typer.Option("--force", metavar="", help=FORCE_HELP + " Also trajectory files and a stale checkpoint.")
-    ] = False,
-    seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed: data order and masking, dropout, the method's choices.")
-    ] = 0,
-    resume: Resume = False,
-    device: Device = None,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
-    data_options: DataOptions = DataOptions(),
-    budget: dict | None = None,
+    sources: DataSources = DataSources(),
+    output: OutputSettings = OutputSettings(),
+    traced: dict | None = None,
+    run: RunSettings = RunSettings(),
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
     recovery: dict | None = None,
     layerwise_options: dict | None = None,
-    traced: dict | None = None,
+    budget: dict | None = None,
+    data_options: dict | None = None,
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
-    log = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command, not after torch loads
+    log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
     budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
+    data_options = data_options or {}
     trajectory = TrajectoryOptions(**(traced or {})).trajectory
-    given = {
-        k: v
-        for k, v in locals().items()
-        if k not in ("ctx", "options", "budget", "recovery", "layerwise_options", "api", "log", "traced", "trajectory")
+    data, eval_data, eval_split = sources.data, sources.eval_data, sources.eval_split
+    out = Path(output.out) if output.out is not None else None
+    force, seed, json_out = output.force, run.seed, reporting.json_out
+    given = {  # the report's arguments, in the order it has always listed them
+        "model": model,
+        "method": method,
+        "data": data,
+        "eval_data": eval_data,
+        "eval_split": eval_split,
+        "out": out,
+        "formats": output.formats,
+        "gguf_type": output.gguf_type,
+        "trajectory": trajectory,
+        "force": force,
+        "seed": seed,
+        "resume": run.resume,
+        "device": run.device,
+        "json_out": json_out,
+        "task": source.task,
+        "quiet": reporting.quiet,
+        "allow_pickle": source.allow_pickle,
+        "trust_remote_code": source.trust_remote_code,
+        **data_values(data_options),
     }
-    given = _after(given, "gguf_type", {"trajectory": trajectory})  # where the report has always listed it
     arguments = _arguments(
         {
             **_after_out(given, _declared(RecoveryConfig, recovery), _declared(LayerwiseConfig, layerwise_options)),
@@ -218,8 +212,8 @@ def prune_cmd(
         raise HeadcutError("--out DIR is required: the folder to save the pruned model in")
     entry = METHODS.get(method)
     use_data = data is not None and (entry is None or entry.data != "none")
-    data_cfg = data_spec(data, data_options.split, data_options, seed) if use_data else data
-    eval_cfg = data_spec(eval_data, eval_split, data_options, seed) if eval_data is not None else None
+    data_cfg = data_spec(data, data_options, seed) if use_data else data
+    eval_cfg = data_spec(eval_data, data_options, seed, split=eval_split) if eval_data is not None else None
     try:
         plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         pruned = api.prune(
@@ -229,18 +223,18 @@ def prune_cmd(
             eval_data=eval_cfg,
             seed=seed,
             trajectory=trajectory or False,
-            task=task,
-            split=data_options.split,
+            task=source.task,
+            split=data_values(data_options)["split"],
             eval_split=eval_split,
-            data_options=data_options.for_api(),
-            device=device,
-            resume=resume,
+            data_options=data_options_for_api(data_options),
+            device=run.device,
+            resume=run.resume,
             restart=force,
             progress=log.progress,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
-            formats=formats,
-            gguf_type=gguf_type,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
+            formats=output.formats,
+            gguf_type=output.gguf_type,
             out=out,
             force=force,
             arguments=arguments,
@@ -277,16 +271,6 @@ def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     return {spec.name: given.get(spec.name, spec.default) for spec in specs(cls)}
 
 
-def _after(values: dict[str, Any], key: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with ``extra`` after its ``key`` (at the end without one)."""
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        out[name] = value
-        if name == key:
-            out.update(extra)
-    return out if key in values else {**values, **extra}
-
-
 def _after_out(values: dict[str, Any], *groups: dict[str, Any]) -> dict[str, Any]:
     """``values`` with ``groups`` after its ``out``: where the report's arguments have always listed them."""
     out: dict[str, Any] = {}
@@ -303,9 +287,7 @@ def _arguments(values: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     renamed = {"teacher": "distill_from", "formats": "output_format"}  # the names reports have always used
     for key, value in ((renamed.get(k, k), v) for k, v in values.items()):
-        if key == "data_options":
-            out.update({k: v for k, v in vars(value).items()})
-        elif isinstance(value, Path):
+        if isinstance(value, Path):
             out[key] = str(value)
         elif isinstance(value, (str, int, float, bool)) or value is None:
             out[key] = value

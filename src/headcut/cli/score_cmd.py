@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-
 from ..catalog import SCORERS
 from ..config import PlotOptions, ScoreConfig
+from ..config.run import DataSources, ModelSource, RunSettings
+from ..data.config import DataConfig
 from ..extras import imported
 from ..files.plan import plan_outputs
 from .app import app
-from .declared import DataOptions, data_spec, with_data_options, with_specs
+from .declared import data_spec, with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
-from .output import Out
-from .params import DATA_HELP, AllowPickle, JsonOut, ModelArg, Quiet, Task, TrustRemote
+from .output import Out, Reporting
+from .params import ModelArg
 
 SCORE_HELP = "\n\n".join(
     [
@@ -40,28 +38,26 @@ SCORE_HELP = "\n\n".join(
     ),
 )
 @handle_errors
-@with_specs(PlotOptions, "plotting")
 @with_specs(ScoreConfig, "settings")
-@with_data_options
+@with_specs(PlotOptions, "plotting")
+@with_specs(DataConfig, "data_options")
+@with_settings(DataSources, "sources", skip=("eval_data", "eval_split"))
+@with_settings(RunSettings, "run", skip=("device", "resume"))
+@with_settings(Reporting, "reporting")
+@with_settings(ModelSource, "source")
 def score_cmd(
     model: ModelArg,
-    data: Annotated[
-        str | None, typer.Option("--data", help=DATA_HELP, metavar="FILE|NAME[:CONFIG]", show_default=False)
-    ] = None,
-    seed: Annotated[
-        int, typer.Option("--seed", metavar="N", help="Seed: shuffling, masking, and the random scorer.")
-    ] = 0,
-    json_out: JsonOut = None,
-    task: Task = None,
-    quiet: Quiet = False,
-    allow_pickle: AllowPickle = False,
-    trust_remote_code: TrustRemote = False,
-    data_options: DataOptions = DataOptions(),
+    sources: DataSources = DataSources(),
     settings: dict | None = None,
     plotting: dict | None = None,
+    run: RunSettings = RunSettings(),
+    reporting: Reporting = Reporting(),
+    source: ModelSource = ModelSource(),
+    data_options: dict | None = None,
 ) -> None:
     """Score heads (see SCORE_HELP)."""
-    out = Out(json_out, quiet)  # first: the log's 30 s clock starts with the command
+    data, seed, json_out = sources.data, run.seed, reporting.json_out
+    out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     from .. import api
     from .render import heatmap_tables, write_plot
 
@@ -71,7 +67,7 @@ def score_cmd(
     if plot is not None:
         hint = "pip install 'headcut[plots]' (or pip install matplotlib)"
         imported("matplotlib", "--plot", hint, missing=f"--plot needs matplotlib: {hint}")
-    spec = data_spec(data, data_options.split, data_options, seed) if data is not None else None
+    spec = data_spec(data, data_options or {}, seed) if data is not None else None
     _, files = plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out, "--plot": plot})
     try:
         scored = api.score(
@@ -83,10 +79,10 @@ def score_cmd(
             objective=config.objective,
             per=config.per,
             seed=seed,
-            task=task,
+            task=source.task,
             progress=out.progress,
-            allow_pickle=allow_pickle,
-            trust_remote_code=trust_remote_code,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
         )
     finally:
         out.close()

@@ -12,6 +12,10 @@ line reads its defaults from here without loading torch. Every ``validate`` rais
   every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it;
   :class:`FinetuneInputs`: ``finetune``'s teacher and new labels).
 * :class:`BenchConfig`: how ``headcut bench`` times models (:class:`CardOptions`: what it writes besides).
+* What several commands share (:mod:`headcut.config.run`): :class:`ModelSource` (``--task``, ``--allow-pickle``,
+  ``--trust-remote-code``), :class:`DataSources` (``--data``, ``--eval-data``, ``--eval-split``),
+  :class:`OutputSettings` (``--out``, ``--force``, ``--format``, ``--gguf-type``) and :class:`RunSettings`
+  (``--seed``, ``--device``, ``--resume``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .bench import BENCH_RUNTIMES, BenchConfig, CardOptions
 from .checks import check_choice
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
 from .prune import LayerwiseConfig, PruneConfig, RecoveryConfig, TrajectoryOptions
+from .run import DataSources, ModelSource, OutputSettings, RunSettings
 from .score import DEFAULT_EPSILON, PlotOptions, ScoreConfig
 from .train import DistillOptions, FinetuneConfig, FinetuneInputs, TrainConfig
 
@@ -28,15 +33,19 @@ __all__ = [
     "BenchConfig",
     "CardOptions",
     "DEFAULT_EPSILON",
+    "DataSources",
     "DistillOptions",
     "EvalOptions",
     "FinetuneConfig",
     "FinetuneInputs",
     "LM_EVAL_DEFAULT",
     "LayerwiseConfig",
+    "ModelSource",
+    "OutputSettings",
     "PlotOptions",
     "PruneConfig",
     "RecoveryConfig",
+    "RunSettings",
     "ScoreConfig",
     "TrainConfig",
     "TrajectoryOptions",

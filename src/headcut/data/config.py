@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HeadcutError, shown
+from ..options import check_fields, option
 from ..sources import COMPRESSIONS
 
 __all__ = [
@@ -66,6 +67,9 @@ MIN_TOKENS_READ = 1 << 18
 #: a text is cut to ``seq_len`` times this many characters before tokenizing (the tokenizer keeps
 #: ``seq_len`` tokens of it anyway): a huge line or cell never reaches the tokenizer whole
 CHARS_PER_TOKEN = 32
+
+#: the ``--help`` section of the data options
+DATA_PANEL = "Data options"
 
 #: what ``--data-format`` takes (for messages)
 FORMAT_NAMES = "csv, tsv, json, jsonl, parquet or txt"
@@ -123,6 +127,23 @@ TOKENIZER_FILES = (
 )
 
 
+#: the fields :meth:`DataConfig.validate` checks by their declarations (the encoding: by
+#: :func:`check_encoding`, whose message says more)
+CHECKED = (
+    "split",
+    "text_col",
+    "text_pair_col",
+    "label_col",
+    "source_col",
+    "target_col",
+    "max_examples",
+    "seq_len",
+    "batch_size",
+    "mlm_probability",
+    "data_format",
+)
+
+
 @dataclass
 class DataConfig:
     """Where the data is and how to batch it (see :mod:`headcut.data`).
@@ -136,33 +157,83 @@ class DataConfig:
     """
 
     path: str
-    split: str = "train"
+    split: str = option(
+        "train", metavar="SPLIT", panel=DATA_PANEL, help="Split of a datasets name (a local file is one split)."
+    )
     config_name: str | None = None
-    text_col: str | None = None
-    text_pair_col: str | None = None
-    label_col: str | None = None
-    source_col: str | None = None
-    target_col: str | None = None
-    max_examples: int | None = None
-    seq_len: int = 128
-    batch_size: int = 16
+    text_col: str | None = option(
+        None, metavar="COLUMN", panel=DATA_PANEL, help=f"Text column; default: the first of {', '.join(TEXT_COLUMNS)}."
+    )
+    text_pair_col: str | None = option(
+        None,
+        metavar="COLUMN",
+        panel=DATA_PANEL,
+        help=f"Second text of sentence pairs; default: {', '.join(PAIR_COLUMNS)} if any.",
+    )
+    label_col: str | None = option(
+        None,
+        metavar="COLUMN",
+        panel=DATA_PANEL,
+        help=f"Label column (ids, or names from the model's label2id); default: the first of "
+        f"{', '.join(LABEL_COLUMNS)}.",
+    )
+    source_col: str | None = option(
+        None,
+        metavar="COLUMN",
+        panel=DATA_PANEL,
+        help=f"Seq2seq source column; default: the first of {', '.join(SOURCE_COLUMNS)} (then the text columns).",
+    )
+    target_col: str | None = option(
+        None,
+        metavar="COLUMN",
+        panel=DATA_PANEL,
+        help=f"Seq2seq target column; default: the first of {', '.join(TARGET_COLUMNS)}.",
+    )
+    max_examples: int | None = option(
+        None,
+        low=1,
+        metavar="N",
+        panel=DATA_PANEL,
+        help="Use at most this many examples (after shuffling with --seed); default: all.",
+    )
+    seq_len: int = option(
+        128,
+        low=2,
+        metavar="N",
+        panel=DATA_PANEL,
+        help="Tokens per example: truncation length, or causal-LM block size.",
+    )
+    batch_size: int = option(16, low=1, metavar="N", panel=DATA_PANEL, help="Examples per forward.")
     seed: int = 0
-    mlm_probability: float = 0.15
-    data_format: str | None = None
-    encoding: str = "utf-8"
+    mlm_probability: float = option(
+        0.15,
+        low=0,
+        low_open=True,
+        high=1,
+        cli=False,
+        help="Masked LM: the share of tokens masked (BERT masking).",
+    )
+    data_format: str | None = option(
+        None,
+        metavar="FORMAT",
+        panel=DATA_PANEL,
+        help="Format of data whose name does not say it (a pipe, /dev/stdin): csv, tsv, json, jsonl, parquet or "
+        "txt, optionally compressed (csv.gz).",
+    )
+    encoding: str = option(
+        "utf-8",
+        metavar="ENCODING",
+        panel=DATA_PANEL,
+        help="Text encoding of csv, tsv, json, jsonl and txt data, e.g. latin-1, cp1252, utf-16.",
+    )
 
     def validate(self, need_path: bool = True) -> None:
-        """One-line errors for values that cannot work (``need_path=False``: the rows are given in memory)."""
+        """One-line errors for values that cannot work (``need_path=False``: the rows are given in memory): the
+        declared rules of every field (type, range; :func:`headcut.options.check_fields`), then what a declaration
+        cannot say (a path, the format's name, an encoding Python knows)."""
         if need_path and not str(self.path).strip():
             raise HeadcutError("no data given: pass a data file or a datasets name")
-        if self.seq_len < 2:
-            raise HeadcutError(f"--seq-len must be at least 2 (got {self.seq_len})")
-        if self.batch_size < 1:
-            raise HeadcutError(f"--batch-size must be at least 1 (got {self.batch_size})")
-        if self.max_examples is not None and self.max_examples < 1:
-            raise HeadcutError(f"--max-examples must be at least 1 (got {self.max_examples})")
-        if not 0.0 < self.mlm_probability <= 1.0:
-            raise HeadcutError(f"mlm_probability must be in (0, 1] (got {self.mlm_probability})")
+        check_fields(self, CHECKED)
         if self.data_format is not None:
             parse_format(self.data_format)
         check_encoding(self.encoding)
