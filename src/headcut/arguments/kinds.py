@@ -210,7 +210,7 @@ def data(name: str, value: Any) -> None:
     if isinstance(value, (str, os.PathLike)):
         if not str(os.fspath(value)).strip():
             raise HeadcutValueError(f"{name} is empty: pass a data file or a datasets name")
-        return  # a missing local file: api._check_data_spec, with the other data checks
+        return  # a missing local file: jobs.base.check_data_spec, with the other data checks
     from ..data import Calibration, DataConfig
 
     if isinstance(value, (DataConfig, Calibration)) or _is_datasets(value):
