@@ -8,6 +8,7 @@ checks afterwards that the input checkpoint and the loaded model are unchanged a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -21,7 +22,7 @@ from helpers import cls_rows, make_tokenizer, save_tiny, write_rows
 
 import headcut
 from headcut import api
-from headcut.arguments import RULES
+from headcut.arguments.table import BUILDS, RULES, SPREAD, WIDER, check, declared
 from headcut.errors import HeadcutError, HeadcutTypeError, HeadcutValueError
 from headcut.model import loading as hio
 from headcut.model import saving
@@ -338,7 +339,8 @@ def test_value_refusals_of_the_configurations_are_value_errors(ctx, monkeypatch)
 
 
 def test_every_public_argument_has_a_rule():
-    """The table covers each parameter of each public function (a new parameter needs a rule)."""
+    """Each parameter of each public function is checked: by the declaration of the configuration field it names
+    (BUILDS; its ``**`` parameter: SPREAD) or by a rule of the table (a new parameter needs one or the other)."""
     functions = {
         "prune": api.prune,
         "score": api.score,
@@ -354,9 +356,36 @@ def test_every_public_argument_has_a_rule():
     }
     assert set(functions) == set(RULES)
     for name, fn in functions.items():
-        assert set(inspect.signature(fn).parameters) == set(RULES[name]), name
+        covered = set(RULES[name]) | set(declared(name)) | {SPREAD.get(name, ("",))[0]} - {""}
+        assert set(inspect.signature(fn).parameters) <= covered, name
+        unused = set(RULES[name]) - set(inspect.signature(fn).parameters)
+        assert not unused, (name, unused)
     for name in ("prune", "score", "finetune", "evaluate", "export", "bench", "info", "load", "save"):
         assert getattr(headcut, name).__wrapped__ is not None  # the checked entry point
+
+
+def test_the_table_keeps_no_rule_a_declaration_gives():
+    """A keyword that names a field of a configuration the function builds is checked by the field's declaration:
+    the table keeps a rule for it only where the API takes more than the field (WIDER)."""
+    for name, classes in BUILDS.items():
+        fields = {f.name for cls in classes for f in dataclasses.fields(cls)}
+        assert set(RULES[name]) & fields <= set(WIDER), name
+
+
+def test_a_declared_field_is_checked_with_no_rule_of_its_own():
+    """The check of a field comes from its declaration: a field declared later is checked with no change to the
+    table (here a method option, a bench setting, a DataConfig entry and a PruneConfig keyword)."""
+    assert "keep" not in RULES["prune"] and "keep" in declared("prune")
+    with pytest.raises(HeadcutTypeError, match=r"^keep must be an integer, got True$"):
+        check("prune", {"model": "m", "method": "magnitude", "keep": True})
+    with pytest.raises(HeadcutTypeError, match=r"^max_steps must be an integer, got str '5'$"):
+        check("prune", {"model": "m", "method": "pass", "options": {"max_steps": "5"}})
+    with pytest.raises(HeadcutTypeError, match=r"^runs must be an integer, got str '3'$"):
+        check("bench", {"models": ["m"], "settings": {"runs": "3"}})
+    with pytest.raises(HeadcutTypeError, match=r"^data_options\['seq_len'\] must be an integer"):
+        check("score", {"model": "m", "scorer": "magnitude", "data_options": {"seq_len": "8"}})
+    with pytest.raises(HeadcutValueError, match=r"^recover_average must be a finite number, got nan$"):
+        check("prune", {"model": "m", "method": "magnitude", "recover_average": NAN})
 
 
 def test_good_arguments_of_every_accepted_kind_pass(ctx, tmp_path):

@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 import torch
 from torch import nn
 
-from ..arguments import checked
+from ..arguments.table import checked
 from ..data import Calibration, DataConfig, looks_local
 from ..data.files import precheck
 from ..errors import HeadcutError, first_line, label
@@ -146,10 +146,11 @@ def calibration(
     unlabelled: bool = False,
 ) -> Calibration | None:
     """``spec`` (see the module's doc) as model-ready batches (``unlabelled``: inputs only, see
-    :func:`headcut.data.load_calibration`)."""
+    :func:`headcut.data.load_calibration`). A :class:`DataConfig` is read as it is: the request checked it
+    (:func:`checked_data`, :func:`data_specs`)."""
     if spec is None or isinstance(spec, Calibration):
         return spec
-    config = data_config(spec, split, data_options, seed)
+    config = spec if isinstance(spec, DataConfig) else data_config(spec, split, data_options, seed)
     from ..data import load_calibration
 
     tokenizer = model_tokenizer(model, tokenizer, trust_remote_code)

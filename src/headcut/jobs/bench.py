@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..arguments import checked, values
+from ..arguments.kinds import values
+from ..arguments.table import checked
 from ..config import BenchConfig
 from ..errors import HeadcutError
 from ..model.checks import check_checkpoint
@@ -53,7 +54,7 @@ def bench(
     card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
     # torch is imported with the timing, not at ``import headcut``
     from .bench_results import report_json
-    from .bench_run import bench as run_bench
+    from .bench_run import timed
 
     with values():
         if config is None:
@@ -85,7 +86,7 @@ def bench(
                 t.finish()
 
         stack.callback(finish_all)
-        results = run_bench(
+        results = timed(
             list(models),
             config,
             names=names,
@@ -94,7 +95,8 @@ def bench(
             trust_remote_code=trust_remote_code,
             progress=on_progress,
         )
-    report = report_json(results, config)
+    warnings = list(notes)
+    report = report_json(results, config, warnings)
     for r in results:
         notes += [f"{r.name}: {n}" for n in r.notes]
     if len(results) > 1 and not config.interleave:

@@ -126,9 +126,10 @@ def device_name(device: str) -> str:
     return platform.processor() or platform.machine()
 
 
-def report_json(results: list[BenchResult], config: BenchConfig) -> dict[str, Any]:
+def report_json(results: list[BenchResult], config: BenchConfig, warnings: list[str] | None = None) -> dict[str, Any]:
     """The ``--json`` document: settings, environment, the schedule (``interleaved``: in rounds, the order
-    rotated each round; ``back to back``: one model after the other) and one entry per model."""
+    rotated each round; ``back to back``: one model after the other), the ``warnings`` of the settings (None:
+    ``config.validate()``'s, read here) and one entry per model."""
     from .. import __version__
 
     return {
@@ -139,6 +140,6 @@ def report_json(results: list[BenchResult], config: BenchConfig) -> dict[str, An
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "headcut": __version__,
-        "warnings": config.validate(),
+        "warnings": config.validate() if warnings is None else warnings,
         "models": [r.to_json() for r in results],
     }

@@ -86,7 +86,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..arguments import bench_config, bench_models, values
+from ..arguments.fields import bench_config
+from ..arguments.kinds import values
+from ..arguments.table import bench_models
 from ..config import BenchConfig
 from ..model import loading as io
 from .bench_onnx import OnnxRow, onnx_for
@@ -124,12 +126,36 @@ def bench(
     ``memory`` with ``warmup=0``; ``onnx export`` and ``onnxruntime ...`` for onnxruntime) and the rounds
     of all of them as ``rounds`` and ``generate rounds`` with index -1 and name :data:`ALL_MODELS`; back
     to back (or with a single row) each model's timed calls are its own ``runs`` and ``generate``
-    stages."""
+    stages. The arguments are checked first (:func:`headcut.bench` checks them at its edge and calls
+    :func:`timed`)."""
     bench_models(models, names)
     bench_config("config", config)
     with values():
         config.validate()
-        runtimes = config.runtimes()
+    return timed(
+        models,
+        config,
+        names=names,
+        task=task,
+        allow_pickle=allow_pickle,
+        trust_remote_code=trust_remote_code,
+        progress=progress,
+    )
+
+
+def timed(
+    models: Sequence[str | Path | nn.Module],
+    config: BenchConfig,
+    *,
+    names: Sequence[str] | None = None,
+    task: str | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+    progress: ProgressFn | None = None,
+) -> list[BenchResult]:
+    """:func:`bench` on checked arguments: ``models`` and ``names`` as :func:`headcut.arguments.table.bench_models`
+    checks them and a validated ``config`` (``BenchConfig.validate``)."""
+    runtimes = config.runtimes()
 
     def rounds(stage: str, done: int, total: int) -> None:
         if progress is not None:

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..arguments import checked, values
+from ..arguments.kinds import values
+from ..arguments.table import checked
 from ..config import EvalOptions, eval_options
 from ..data import Calibration, DataConfig
 from ..errors import HeadcutError, HeadcutTypeError, label
@@ -110,9 +111,10 @@ def evaluate(
                 f"nothing to evaluate: give {label('data')} (the metric of the model's task head) "
                 f"or {label('lm_eval')} TASKS (lm-evaluation-harness)"
             )
+        spec = None
         if data is not None:
             check_data_spec(data, label("data"))
-            checked_data(data, split, data_options, seed)
+            spec = checked_data(data, split, data_options, seed)
         sizes = opts.window_sizes()
         if sizes and data is None:
             raise OptionError("{windows} needs {data}: the text to measure perplexity on")
@@ -125,7 +127,9 @@ def evaluate(
             from ..model.harness import check_installed
 
             check_installed()
-        config = data_config(data, split, data_options, seed) if sizes else None
+        config = (
+            (spec if isinstance(spec, DataConfig) else data_config(data, split, data_options, seed)) if sizes else None
+        )
     notes: list[str] = []
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     prepared = None
@@ -175,7 +179,7 @@ def evaluate(
         report.update(_windows_report(windows))
         report["data"] = data_json
     elif data is not None:
-        cal = calibration(data, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
+        cal = calibration(spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
         assert cal is not None
         with progress.task(f"evaluating ({cal.task})", len(cal.batches), "batches") as bar:
             result = run_eval(loaded.module, cal, progress=lambda d, t: bar.update(d, t))

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..arguments import checked, values
+from ..arguments.kinds import values
+from ..arguments.table import checked
 from ..errors import HeadcutError, label
 from ..files.names import real_path
 from ..model.masks import HeadMask, check_mask

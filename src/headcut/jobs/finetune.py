@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from ..arguments import checked, values
+from ..arguments.kinds import values
+from ..arguments.table import checked
 from ..config import FinetuneConfig
 from ..errors import HeadcutError, label
 from ..files.names import real_path

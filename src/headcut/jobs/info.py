@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..arguments import checked
+from ..arguments.table import checked
 from ..progress import quiet
 from .base import ModelLike, load_model
 

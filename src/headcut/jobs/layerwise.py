@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..arguments import checked
+from ..arguments.table import checked
 from ..errors import HeadcutError, label
 from ..files.atomic import OutputDir
 from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
@@ -159,7 +159,7 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     stats.layers = len(streamed.layers)
     stats.layer_bytes = max(streamed.layer_bytes(i) for i in range(len(streamed.layers)))
     stats.checkpoint_bytes = checkpoint_bytes(folder)
-    sets, budget, method, options = check_budget(streamed.model, request.config, request.options)
+    sets, budget, method, options = check_budget(streamed.model, request.config, request.options, checked=True)
     assert isinstance(method, ScoreMethod)  # the layer-wise choice admits the one-shot score methods only
     means: dict[str, Any] | None = {} if getattr(options, "bias_compensation", False) else None
     if means is not None:

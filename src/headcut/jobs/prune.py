@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
-from ..arguments import checked
+from ..arguments.table import checked
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..data import Calibration
 from ..files.names import real_path
@@ -219,7 +219,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     loaded = load_model(src.model, src.task, src.allow_pickle, src.trust_remote_code, notes, progress, seed=seed)
     check_formats(loaded.module, request.formats, run.gguf_type, cut="uniform" if config.uniform else "any")
     # every round's budget, refused before reading data
-    rounds = schedule(loaded.module, config, opts, rec.recover_steps, rec.via_steps)
+    rounds = schedule(loaded.module, config, opts, rec.recover_steps, rec.via_steps, checked=True)
     if getattr(opts, "bias_compensation", False):
         from ..model import compensation
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..arguments import values
+from ..arguments.kinds import values
 from ..catalog import METHODS, MethodEntry, method_entry
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
+from ..data import DataConfig
 from ..errors import HeadcutError, label
 from ..files.atomic import OutputDir, OutputFile
 from ..outputs.formats import parse_formats
@@ -163,6 +164,8 @@ def prune_request(
             notes.append(f"method {method} reads no data: the data given was not used")
             used = None
         data_spec, eval_spec = data_specs(used, eval_data, data.split, data.eval_split, data.data_options, config.seed)
+        if isinstance(recover_data, DataConfig):  # the job reads it as it is (jobs.base.calibration)
+            recover_data.validate()
         if recover_data is not None and eval_spec is not None:
             spec = (
                 data_config(recover_data, data.split, data.data_options, config.seed)

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from ..arguments import checked, values
+from ..arguments.kinds import values
+from ..arguments.table import checked
 from ..errors import HeadcutError, label
 from ..files.atomic import OutputDir, OutputFile
 from ..files.special import special_kind

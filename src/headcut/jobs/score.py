@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..arguments import checked, values
+from ..arguments.kinds import values
+from ..arguments.table import checked
 from ..config import ScoreConfig
 from ..errors import HeadcutError, label
 from ..progress import Reporter, quiet
@@ -58,14 +59,15 @@ def score(
         entry = scorer_entry(scorer)
         if entry.needs_data and data is None:
             raise HeadcutError(f"scorer {scorer} needs {label('data')} (value-l1, magnitude and random do not)")
+        spec = None
         if entry.needs_data:
             check_data_spec(data, label("data"))
-            checked_data(data, split, data_options, seed)
+            spec = checked_data(data, split, data_options, seed)
     notes: list[str] = []
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     cal = None
     if entry.needs_data:
-        cal = calibration(data, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
+        cal = calibration(spec, loaded, tokenizer, split, data_options, seed, trust_remote_code, progress, "data")
         assert cal is not None
         with progress.task(f"scoring ({scorer})", len(cal.batches), "batches") as bar:
             result = run_score(loaded.module, cal.batches, config, progress=lambda d, t: bar.update(d, t))

@@ -98,6 +98,7 @@ def choose(state: PruneState, run: RoundRun) -> None:
             progress=bars,
             on_step=bars.on_step,
             dist=state.dist,
+            checked=True,  # the request's config and options (jobs/request.py), checked there
             **state.training,
         )
     finally:

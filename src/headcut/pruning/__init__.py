@@ -49,15 +49,19 @@ def needs_data(name: str) -> bool:
 
 
 def check_budget(
-    model: nn.Module, config: PruneConfig, options: Any = None
+    model: nn.Module, config: PruneConfig, options: Any = None, *, checked: bool = False
 ) -> tuple[list[BlockSet], Budget, Method, Any]:
     """Validate ``config`` and the method's ``options`` against ``model`` without reading data:
     every refusal of :func:`plan_prune` that comes before scoring or training. Returns the prune
-    units, the resolved budget, the method and its validated options."""
-    config.validate()
+    units, the resolved budget, the method and its validated options. ``checked``: ``config`` is validated and
+    ``options`` are the method's Options, made and checked by the method (a prune request's,
+    :func:`headcut.jobs.request.prune_request`): only what ``model`` decides is checked here."""
+    if not checked:
+        config.validate()
     method = get_method(config.method)
-    options = make_options(method, options)
-    method.check(config, options)
+    if not checked:
+        options = make_options(method, options)
+        method.check(config, options)
     sets = block_sets(model_blocks(model), config.gqa)
     total = sum(s.heads * s.width for s in sets)
     step, stepwise = method.step(total, config, options)
@@ -83,6 +87,7 @@ def plan_prune(
     dist: Dist | None = None,
     identity: dict[str, Any] | None = None,
     device: Any = None,
+    checked: bool = False,
 ) -> PruneResult:
     """Decide which heads to keep with ``config.method``; the heads are not removed (see :func:`prune`).
 
@@ -94,8 +99,8 @@ def plan_prune(
     replaces it with any :class:`Metric`. ``progress(phase, done, total)`` (phases ``prune``, ``score``,
     ``eval``, ``train``), ``on_step`` (training steps), ``checkpoint_dir``/``resume``/``dist``/
     ``identity``/``device`` (training runs): see :class:`headcut.pruning.method.Problem`. Refusals
-    (HeadcutError) come before any scoring or training."""
-    sets, budget, method, options = check_budget(model, config, options)
+    (HeadcutError) come before any scoring or training; ``checked``: see :func:`check_budget`."""
+    sets, budget, method, options = check_budget(model, config, options, checked=checked)
     if metric is None and eval_calibration is not None:
         metric = eval_metric(model, eval_calibration, progress)
     if metric is None and config.max_drop is not None:

@@ -312,7 +312,8 @@ StepLog = Callable[[dict[str, Any]], None]
 def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateOptions) -> tuple[PruneResult, GateRun]:
     """Train ``learner_cls``'s gates on ``problem.model`` (in place: ``joint`` mode changes its weights)
     with ``problem.data`` and return the exact-K result (mask, heads per block) and the run. The model
-    is left in eval mode, without hooks. ``options`` must be resolved (:meth:`GateOptions.resolved`)."""
+    is left in eval mode, without hooks. ``options`` must be resolved (:meth:`GateOptions.resolved`); the
+    training engine validates them (:class:`headcut.training.engine.Trainer`)."""
     model, blocks, sets, budget, config = problem.model, problem.blocks, problem.sets, problem.budget, problem.config
     train, eval_calibration = problem.data, problem.eval_data
     dist = problem.dist or Dist()
@@ -322,7 +323,6 @@ def train_gates(problem: Problem, learner_cls: type[GateLearner], options: GateO
         raise HeadcutError("no training batches in --data")
     if eval_calibration is not None and eval_calibration.task != train.task:
         raise HeadcutError(f"the eval data is for {eval_calibration.task}, the training data for {train.task}")
-    options.validate()
     mode = options.mode or learner_cls.default_mode
     slots = Slots.from_sets(sets)
     k = slots.target(budget.target)

@@ -27,12 +27,21 @@ class Round:
 
 
 def schedule(
-    model: nn.Module, config: PruneConfig, options: Any, recover_steps: int, via_steps: int | None
+    model: nn.Module,
+    config: PruneConfig,
+    options: Any,
+    recover_steps: int,
+    via_steps: int | None,
+    *,
+    checked: bool = False,
 ) -> list[Round]:
     """The rounds of ``config`` on ``model``: one round of ``config`` itself without ``via``; with it, a cut to
     ``via`` heads and then to the budget. Every round's budget is refused as :func:`check_budget` refuses one,
-    before any data is read (the budget first, then ``via``'s bounds, then the first round's)."""
-    _, budget, _, _ = check_budget(model, config, options)  # refuse an unreachable budget before reading data
+    before any data is read (the budget first, then ``via``'s bounds, then the first round's). ``checked``:
+    ``config`` and ``options`` are a checked request's (:func:`check_budget`), and so are the rounds' cuts of it."""
+    _, budget, _, _ = check_budget(
+        model, config, options, checked=checked
+    )  # refuse an unreachable budget before reading data
     if config.via is None:
         return [Round(config, recover_steps)]
     via = config.via
@@ -48,6 +57,6 @@ def schedule(
         last = i == len(stops) - 1
         cut = replace(config, keep=keep, sparsity=None, via=None)
         if not last:  # the final budget was checked above
-            check_budget(model, cut, options)
+            check_budget(model, cut, options, checked=checked)
         rounds.append(Round(cut, recover_steps if last else early_steps))
     return rounds
