@@ -168,6 +168,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "names": optional(strings),
         "progress": optional(reporter),
         "update_cards": boolean,
+        "on_warning": optional(function),
         **_MODEL_IN,
     },
     "info": {"model": model, **_MODEL_IN},

@@ -106,8 +106,6 @@ def bench(
 
     config = BenchConfig(seed=run.seed, **(settings or {}))  # the flags not given: the declared defaults
     update_cards = CardOptions(**(cards or {})).update_cards
-    for warning in config.validate():
-        log.log.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
     try:
         measured = api.bench(
@@ -118,6 +116,9 @@ def bench(
             allow_pickle=source.allow_pickle,
             trust_remote_code=source.trust_remote_code,
             update_cards=update_cards,
+            on_warning=lambda warning: log.log.print(
+                f"warning: {warning}", highlight=False, markup=False, soft_wrap=True
+            ),  # checked once, by the API
         )
     finally:
         log.close()

@@ -127,11 +127,10 @@ def with_settings(cls: type, name: str, skip: tuple[str, ...] = (), required: tu
 
 def data_spec(path: str, options: dict[str, Any], seed: int, split: str | None = None) -> Any:
     """A :class:`headcut.data.DataConfig` for ``path`` with the data options given (``options``, as
-    :func:`with_specs` hands them; ``split``: another split than theirs, for ``--eval-data``), validated."""
+    :func:`with_specs` hands them; ``split``: another split than theirs, for ``--eval-data``); the API checks it,
+    once, before it reads anything."""
     values = {**options, **({"split": split} if split is not None else {})}
-    config = DataConfig(path=path, seed=seed, **values)
-    config.validate()
-    return config
+    return DataConfig(path=path, seed=seed, **values)
 
 
 def data_values(options: dict[str, Any]) -> dict[str, Any]:

@@ -455,7 +455,13 @@ def open_rows(config: Any, dataset: Any = None) -> contextlib.AbstractContextMan
 
 
 def load_calibration(
-    model: nn.Module, tokenizer: Any, config: DataConfig, dataset: Any = None, unlabelled: bool = False
+    model: nn.Module,
+    tokenizer: Any,
+    config: DataConfig,
+    dataset: Any = None,
+    unlabelled: bool = False,
+    *,
+    checked: bool = False,
 ) -> Calibration:
     """Read ``config.path`` and turn it into batches for ``model``'s task (see the module's doc).
 
@@ -464,8 +470,10 @@ def load_calibration(
     Columns, labels, shuffling and batches are as for a table file. ``unlabelled``: inputs only, for
     distillation (a classifier's rows need only their text column, any label column is not read, and the
     batches carry no ``labels``); refused for a seq2seq model, whose distillation needs target tokens.
+    ``checked``: ``config`` was validated by the caller (a job checks its request once, at its edge).
     """
-    config.validate(need_path=dataset is None)
+    if not checked:
+        config.validate(need_path=dataset is None)
     task = detect_task(model)
     if unlabelled and task == "seq2seq":
         raise HeadcutError(

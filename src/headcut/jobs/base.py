@@ -156,7 +156,7 @@ def calibration(
     tokenizer = model_tokenizer(model, tokenizer, trust_remote_code)
     dataset = None if isinstance(spec, (str, os.PathLike, DataConfig)) else spec
     with progress.step(f"reading {what}"):
-        return load_calibration(model.module, tokenizer, config, dataset=dataset, unlabelled=unlabelled)
+        return load_calibration(model.module, tokenizer, config, dataset=dataset, unlabelled=unlabelled, checked=True)
 
 
 def file_digest(path: Path) -> str:

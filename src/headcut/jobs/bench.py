@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ def bench(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     update_cards: bool = False,
+    on_warning: Callable[[str], None] | None = None,
     **settings: Any,
 ) -> Benchmark:
     """Time ``models`` on synthetic inputs (``headcut bench``): latency, throughput, FLOPs, memory, and
@@ -51,7 +52,9 @@ def bench(
     By default the models are timed interleaved, in rounds (all of them in memory at once), and every
     result after the first carries the interval of its per-round speed-ups and a ``within_noise`` verdict
     (see :mod:`headcut.jobs.bench_run`). ``update_cards``: write the measured speed-up into the model
-    card (README.md) of every headcut output after the first model (``headcut bench --update-card``)."""
+    card (README.md) of every headcut output after the first model (``headcut bench --update-card``).
+    ``on_warning``: called with each doubtful setting's warning as soon as the settings are checked, before any
+    model is read (they are also the report's ``warnings``)."""
     # torch is imported with the timing, not at ``import headcut``
     from .bench_results import report_json
     from .bench_run import timed
@@ -66,6 +69,8 @@ def bench(
         elif settings:
             raise HeadcutError("give config= or settings, not both")
         notes = config.validate()
+    for warning in notes if on_warning is not None else ():
+        on_warning(warning)
     for m in models:  # refuse a missing folder before spending minutes on the others
         if isinstance(m, (str, os.PathLike)):
             check_checkpoint(m, allow_pickle)

@@ -17,6 +17,7 @@ from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..data import DataConfig
 from ..errors import HeadcutError, label
 from ..files.atomic import OutputDir, OutputFile
+from ..options import check_fields
 from ..outputs.formats import parse_formats
 from ..progress import Reporter
 from .base import check_data_spec, data_config, data_specs, pick_device, same_data, spec_path
@@ -250,8 +251,7 @@ def _check_recovery(rec: RecoveryConfig, data: Any, via: int | None) -> None:
     """The refusals of the recovery keywords, in the order they have always been given."""
     L = label
     recover_steps, recover_data = rec.recover_steps, rec.recover_data
-    if not (isinstance(recover_steps, int) and recover_steps >= 0):
-        raise HeadcutError(f"{L('recover_steps')} must be a whole number >= 0 (got {recover_steps})")
+    check_fields(rec, ("recover_steps",))  # each range: the declaration's, checked where its message has always been
     if recover_steps and data is None:
         raise HeadcutError(
             f"{L('recover_steps')} trains the pruned model: it needs {L('data')} (training data with labels)"
@@ -262,24 +262,18 @@ def _check_recovery(rec: RecoveryConfig, data: Any, via: int | None) -> None:
                 f"{L('recover_data')} is read by the recovery fine-tuning: it needs {L('recover_steps')} N"
             )
         check_data_spec(recover_data, L("recover_data"))
-    if rec.recover_hidden_weight < 0:
-        raise HeadcutError(f"{L('recover_hidden_weight')} must be a number >= 0 (got {rec.recover_hidden_weight!r})")
+    check_fields(rec, ("recover_hidden_weight",))
     if rec.recover_hidden_weight and not recover_steps:
         raise HeadcutError(
             f"{L('recover_hidden_weight')} weighs a term of the recovery fine-tuning: it needs {L('recover_steps')} N"
         )
-    if not (isinstance(rec.recover_average, (int, float)) and 0 <= rec.recover_average <= 1):
-        raise HeadcutError(
-            f"{L('recover_average')} must be a fraction of the recovery's steps, in [0, 1] (got "
-            f"{rec.recover_average!r})"
-        )
+    check_fields(rec, ("recover_average",))
     if rec.recover_average and not recover_steps:
         raise HeadcutError(
             f"{L('recover_average')} averages the weights of the recovery fine-tuning: it needs {L('recover_steps')} N"
         )
+    check_fields(rec, ("via_steps",))
     if rec.via_steps is not None:
-        if rec.via_steps < 0:  # its type: RULES['prune'] (optional integer)
-            raise HeadcutError(f"{L('via_steps')} must be a whole number >= 0 (got {rec.via_steps!r})")
         if via is None or not recover_steps:
             raise HeadcutError(
                 f"{L('via_steps')} sets the recovery steps of {L('via')}'s first round: it needs "
