@@ -21,23 +21,11 @@ from ..model.checks import check_checkpoint
 from ..outputs.formats import check_formats, parse_formats
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
 from ..progress import Reporter, quiet
-from .base import (
-    Agreement,
-    Bars,
-    ModelLike,
-    calibration,
-    checkpoint_found,
-    data_settings,
-    data_specs,
-    load_model,
-    local_reads,
-    move,
-    pick_device,
-    plain_arguments,
-    run_fingerprint,
-    spec_path,
-)
+from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
+from .bars import Bars
+from .base import ModelLike, calibration, data_specs, load_model, move, pick_device, plain_arguments
 from .results import Written
+from .saving import local_reads, spec_path
 
 
 @dataclass(kw_only=True)

@@ -145,7 +145,9 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     from ..outputs.reports import prune_report, weights_bytes
     from ..pruning import check_budget, run_search
     from ..pruning.ranked import ScoreMethod, oriented
-    from .base import Bars, LoadedModel, calibration, local_reads, plain_arguments
+    from .bars import Bars
+    from .base import LoadedModel, calibration, plain_arguments
+    from .saving import local_reads
 
     src, data, config = request.source, request.data, request.config
     progress = request.run.progress or quiet()

@@ -20,21 +20,12 @@ from ..outputs.formats import check_formats
 from ..outputs.reports import prune_report, weights_bytes
 from ..progress import Reporter, quiet
 from ..pruning.schedule import schedule
-from .base import (
-    Agreement,
-    ModelLike,
-    calibration,
-    checkpoint_found,
-    data_settings,
-    load_model,
-    local_reads,
-    move,
-    plain_arguments,
-    run_fingerprint,
-)
+from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
+from .base import ModelLike, calibration, load_model, move, plain_arguments
 from .layerwise import prune_layerwise
 from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
 from .results import Pruned
+from .saving import local_reads
 from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering, round_record
 
 
@@ -180,7 +171,7 @@ SMALL_DATA = 2000
 def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: Agreement) -> Pruned:
     """The work of :func:`prune` on a checked request: load and read, the rounds' stages, the report.
     ``agreement``: that of the run's processes, reached once the model and the data are read
-    (:class:`headcut.jobs.base.Agreement`)."""
+    (:class:`headcut.jobs.agreement.Agreement`)."""
     src, config, data, rec, run = request.source, request.config, request.data, request.recovery, request.run
     method, seed, opts, notes = config.method, config.seed, request.options, request.notes
     dist, torch_device, checkpoint_dir = request.dist, request.device, request.checkpoint_dir

@@ -20,8 +20,9 @@ from ..files.atomic import OutputDir, OutputFile
 from ..options import check_fields
 from ..outputs.formats import parse_formats
 from ..progress import Reporter
-from .base import check_data_spec, data_config, data_specs, pick_device, same_data, spec_path
+from .base import check_data_spec, data_config, data_specs, pick_device, same_data
 from .layerwise_choice import Choice, choose, refusal
+from .saving import spec_path
 
 
 @dataclass

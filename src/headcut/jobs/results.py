@@ -19,7 +19,7 @@ from ..files.special import special_kind
 from ..model import saving
 from ..model.masks import HeadMask
 from ..outputs.reports import PRUNE_REPORT, write_trajectory_csv, write_trajectory_png
-from .base import save_model
+from .saving import save_model
 
 
 @dataclass(kw_only=True)

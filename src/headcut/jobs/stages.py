@@ -25,7 +25,8 @@ from ..model.masks import HeadMask
 from ..model.surgery import model_blocks
 from ..progress import Reporter
 from ..pruning.schedule import Round
-from .base import Bars, move
+from .bars import Bars
+from .base import move
 
 
 @dataclass
