@@ -467,3 +467,39 @@ def test_no_new_hand_written_flags(command):
 def test_the_hand_written_list_is_current(command):
     """A flag that gained a declaration leaves HAND_WRITTEN (the list says what is still typed by hand)."""
     assert set(_hand_written(command)) == set(HAND_WRITTEN.get(command, ()))
+
+
+#: the API keywords whose default differs from their declaration's on purpose: (function, keyword) -> why
+API_OWN_DEFAULT = {
+    # None: the declared default (safetensors) as the API has always spelt it; a list of formats is also taken
+    ("prune", "formats"): "None",
+    ("finetune", "formats"): "None",
+    ("export", "formats"): "None",
+}
+
+
+@pytest.mark.parametrize("function", ["prune", "score", "finetune", "evaluate", "export", "bench"])
+def test_every_api_keyword_has_its_declarations_default(function):
+    """A Python keyword that names a declared option (of the configs the function builds, or of the settings the
+    commands share) defaults to the declaration's default: the command line and the API run alike when a flag or
+    keyword is left out."""
+    import inspect
+
+    import headcut
+    from headcut.arguments.table import BUILDS
+    from headcut.config import DataSources, ModelSource, OutputSettings, RunSettings
+
+    declared = {}
+    for cls in (*BUILDS.get(function, ()), DataSources, ModelSource, OutputSettings, RunSettings):
+        for spec in specs(cls):
+            declared.setdefault(spec.name, spec)
+    checked = 0
+    for name, param in inspect.signature(getattr(headcut, function)).parameters.items():
+        spec = declared.get(name)
+        if spec is None or param.kind is inspect.Parameter.VAR_KEYWORD or (function, name) in API_OWN_DEFAULT:
+            continue
+        if param.default is inspect.Parameter.empty:
+            continue  # a required keyword: the command line requires its flag too, or takes it as MODEL/--method
+        assert param.default == spec.default, f"{function}({name}=...) defaults to {param.default!r}, its declaration"
+        checked += 1
+    assert checked, f"{function}: no keyword checked"
