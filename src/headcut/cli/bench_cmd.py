@@ -104,13 +104,12 @@ def bench(
     from ..jobs.bench_results import device_name
     from .render import bench_table
 
-    config = BenchConfig(seed=run.seed, **(settings or {}))  # the flags not given: the declared defaults
     update_cards = CardOptions(**(cards or {})).update_cards
     plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
     try:
         measured = api.bench(
             models,
-            config=config,
+            seed=run.seed,
             task=source.task,
             progress=log.progress,
             allow_pickle=source.allow_pickle,
@@ -118,11 +117,12 @@ def bench(
             update_cards=update_cards,
             on_warning=lambda warning: log.log.print(
                 f"warning: {warning}", highlight=False, markup=False, soft_wrap=True
-            ),  # checked once, by the API
+            ),
+            **(settings or {}),  # the flags given, checked once by the API (the others: the declared defaults)
         )
     finally:
         log.close()
-    log.show(bench_table(measured.results, config, device_name(config.device)))
+    log.show(bench_table(measured.results, measured.config, device_name(measured.config.device)))
     for card in measured.cards:
         log.show(f"speed written to {card}")
     log.notes(measured.notes)

@@ -69,8 +69,9 @@ def bench(
         elif settings:
             raise HeadcutError("give config= or settings, not both")
         notes = config.validate()
-    for warning in notes if on_warning is not None else ():
-        on_warning(warning)
+    if on_warning is not None:
+        for warning in notes:
+            on_warning(warning)
     for m in models:  # refuse a missing folder before spending minutes on the others
         if isinstance(m, (str, os.PathLike)):
             check_checkpoint(m, allow_pickle)
