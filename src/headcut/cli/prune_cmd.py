@@ -18,7 +18,7 @@ from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
 from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
-from ..options import static_specs
+from ..options import specs, static_specs
 from ..outputs.reports import PRUNE_REPORT
 from .app import app
 from .declared import (
@@ -169,7 +169,7 @@ def prune_cmd(
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
-    from .. import api
+    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
     budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
@@ -247,7 +247,9 @@ def prune_cmd(
         log.close()
     if not pruned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
-    from .render import prune_summary
+    from .render import (
+        prune_summary,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
+    )
 
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
         log.show(item)
@@ -266,7 +268,6 @@ def prune_cmd(
 
 def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     """Every declared option of ``cls`` (:func:`headcut.options.specs`): the value given, else its default."""
-    from ..options import specs
 
     return {spec.name: given.get(spec.name, spec.default) for spec in specs(cls)}
 
