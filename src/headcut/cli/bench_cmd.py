@@ -100,13 +100,10 @@ def bench(
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     json_out = reporting.json_out
     log = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    from ..jobs.bench_results import (
-        device_name,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    )
-    from .render import (
-        bench_table,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    )
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
+    from ..jobs.bench_results import device_name
+    from .render import bench_table
 
     config = BenchConfig(seed=run.seed, **(settings or {}))  # the flags not given: the declared defaults
     update_cards = CardOptions(**(cards or {})).update_cards

@@ -71,8 +71,9 @@ def eval_(
     """Evaluate MODEL (see EVAL_HELP)."""
     data, seed, json_out = sources.data, run.seed, reporting.json_out
     out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    from .render import (  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
+    from .render import (
         harness_table,
         metrics_table,
         windows_table,

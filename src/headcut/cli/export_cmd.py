@@ -53,10 +53,9 @@ def export(
     out, force, output_format, gguf_type = Path(str(output.out)), output.force, output.formats, output.gguf_type
     json_out, task = reporting.json_out, source.task
     gqa = PruneConfig(**(cut or {})).gqa
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    from ..outputs.formats import (
-        parse_formats,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    )
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
+    from ..outputs.formats import parse_formats
 
     parse_formats(output_format)  # a bad --format is refused before anything is read
 

@@ -65,7 +65,8 @@ def finetune_cmd(
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
     log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
 
     settings, data_options = settings or {}, data_options or {}
     given = FinetuneInputs(**(inputs or {}))
@@ -129,9 +130,8 @@ def finetune_cmd(
         log.close()
     if not tuned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
-    from .render import (
-        finetune_summary,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    )
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .render import finetune_summary
 
     for line in finetune_summary(tuned.report, tuned.result, FINETUNE_REPORT):
         log.show(line)

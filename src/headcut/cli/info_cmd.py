@@ -23,10 +23,9 @@ from .params import ModelArg
 @with_settings(ModelSource, "source")
 def info(model: ModelArg, reporting: Reporting = Reporting(), source: ModelSource = ModelSource()) -> None:
     """Show a model's attention blocks: name, kind, layer, heads, KV heads, head size; and its size."""
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    from .render import (
-        info_table,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    )
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
+    from .render import info_table
 
     plan_outputs(reads={"MODEL": model}, files={"--json": reporting.json_out})
     out = Out(reporting.json_out, reporting.quiet)

@@ -169,7 +169,8 @@ def prune_cmd(
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
     budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
@@ -247,9 +248,8 @@ def prune_cmd(
         log.close()
     if not pruned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
-    from .render import (
-        prune_summary,  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    )
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .render import prune_summary
 
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
         log.show(item)

@@ -58,8 +58,9 @@ def score_cmd(
     """Score heads (see SCORE_HELP)."""
     data, seed, json_out = sources.data, run.seed, reporting.json_out
     out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
-    from .. import api  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
-    from .render import (  # here, not at the top: torch loads only when a command runs (--help and completion stay fast)
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
+    from .. import api
+    from .render import (
         heatmap_tables,
         write_plot,
     )
