@@ -17,6 +17,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..config import BenchConfig
+from ..data.config import DataConfig
 from ..options import specs
 from .kinds import Rule, boolean, integer, mapping, number, optional, text, wrong
 
@@ -63,7 +65,6 @@ def check_given(cls: type, given: Mapping[str, Any], label: Callable[[str], str]
 
 def data_options(name: str, value: Any) -> None:
     """A dict of :class:`~headcut.data.DataConfig` fields (unknown names are refused by the API with the list)."""
-    from ..data.config import DataConfig
 
     mapping(name, value)
     check_given(DataConfig, value, lambda key: f"{name}[{key!r}]")
@@ -71,7 +72,6 @@ def data_options(name: str, value: Any) -> None:
 
 def bench_config(name: str, value: Any) -> None:
     """A :class:`~headcut.config.BenchConfig` whose fields have their kinds (``config.runs``)."""
-    from ..config import BenchConfig
 
     if not isinstance(value, BenchConfig):
         raise wrong(name, "a headcut.BenchConfig", value)

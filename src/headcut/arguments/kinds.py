@@ -20,7 +20,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..data import Calibration, DataConfig
+from ..devices import parse_size
 from ..errors import HeadcutError, HeadcutTypeError, HeadcutValueError, is_finite, label, shown
+from ..files.atomic import OutputDir, OutputFile
+from ..model.masks import HeadMask
+from ..model.stock import CheckpointForm
 
 #: a rule: refuse ``value`` of the argument ``name`` (a HeadcutTypeError or HeadcutValueError), else None
 Rule = Callable[[str, Any], None]
@@ -211,7 +216,6 @@ def data(name: str, value: Any) -> None:
         if not str(os.fspath(value)).strip():
             raise HeadcutValueError(f"{name} is empty: pass a data file or a datasets name")
         return  # a missing local file: jobs.base.check_data_spec, with the other data checks
-    from ..data import Calibration, DataConfig
 
     if isinstance(value, (DataConfig, Calibration)) or _is_datasets(value):
         return
@@ -235,7 +239,6 @@ def tokenizer(name: str, value: Any) -> None:
 
 def mask(name: str, value: Any) -> None:
     """A HeadMask, a mask mapping (``{"keep"|"drop": {block: [heads]}}``) or a mask JSON file."""
-    from ..model.masks import HeadMask
 
     if isinstance(value, (str, os.PathLike)):
         path(name, value)
@@ -263,7 +266,6 @@ def size(name: str, value: Any) -> None:
     """A memory size: ``12GB``, ``12GiB``, ``500MB`` or a whole number of bytes."""
     if isinstance(value, bool) or not isinstance(value, (str, numbers.Integral)):
         raise wrong(name, "a size such as 12GB or a number of bytes", value)
-    from ..devices import parse_size
 
     try:
         parse_size(value if isinstance(value, str) else int(value))
@@ -279,14 +281,12 @@ def bool_or_path(name: str, value: Any) -> None:
 
 def output(name: str, value: Any) -> None:
     """Where a model is written: a path, or an :class:`~headcut.files.atomic.OutputDir` checked by its maker."""
-    from ..files.atomic import OutputDir
 
     if not isinstance(value, OutputDir):
         path(name, value)
 
 
 def output_file(name: str, value: Any) -> None:
-    from ..files.atomic import OutputFile
 
     if not isinstance(value, OutputFile):
         path(name, value)
@@ -328,7 +328,6 @@ def function(name: str, value: Any) -> None:
 
 def checkpoint_form(name: str, value: Any) -> None:
     """A :class:`headcut.model.stock.CheckpointForm` (what :func:`headcut.model.stock.stock_form` returns)."""
-    from ..model.stock import CheckpointForm
 
     if not isinstance(value, CheckpointForm):
         raise wrong(name, "a CheckpointForm from headcut.model.stock.stock_form", value)

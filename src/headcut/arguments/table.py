@@ -23,7 +23,9 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ..config import FinetuneConfig, LayerwiseConfig, PruneConfig, RecoveryConfig, ScoreConfig
+from .. import catalog
+from ..catalog import method_entry, scorer_entry
+from ..config import BenchConfig, FinetuneConfig, LayerwiseConfig, PruneConfig, RecoveryConfig, ScoreConfig
 from ..data.config import DataConfig
 from ..errors import HeadcutTypeError, HeadcutValueError
 from ..files.space import file_error
@@ -64,7 +66,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _catalog(name: str) -> Callable[[], Any]:
     def read() -> Any:
-        from .. import catalog
 
         return getattr(catalog, name)
 
@@ -72,13 +73,11 @@ def _catalog(name: str) -> Callable[[], Any]:
 
 
 def _method(value: str) -> Any:
-    from ..catalog import method_entry
 
     return method_entry(value)
 
 
 def _scorer(value: str) -> Any:
-    from ..catalog import scorer_entry
 
     return scorer_entry(value)
 
@@ -101,7 +100,6 @@ def _method_options(given: Mapping[str, Any]) -> type:
 
 
 def _bench_settings(given: Mapping[str, Any]) -> type:
-    from ..config import BenchConfig
 
     return BenchConfig
 

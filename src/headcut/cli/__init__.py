@@ -7,14 +7,13 @@ from __future__ import annotations
 # each module registers its command on ``app``, in the order --help lists them
 from . import bench_cmd, eval_cmd, export_cmd, finetune_cmd, info_cmd, methods_cmd, prune_cmd, score_cmd  # noqa: F401
 from .app import app
+from .failures import stop_on_signals
 
 __all__ = ["app", "main"]
 
 
 def main() -> None:
     """The console script: ``headcut`` (and ``python -m headcut``)."""
-    from .failures import stop_on_signals
-
     stop_on_signals()
     try:
         app(prog_name="headcut")

@@ -100,6 +100,7 @@ def bench(
     """Benchmark MODELS (see BENCH_HELP): a table on stdout, the same numbers and more with --json."""
     json_out = reporting.json_out
     log = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
     from ..jobs.bench_results import device_name
     from .render import bench_table

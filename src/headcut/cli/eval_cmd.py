@@ -71,8 +71,13 @@ def eval_(
     """Evaluate MODEL (see EVAL_HELP)."""
     data, seed, json_out = sources.data, run.seed, reporting.json_out
     out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
-    from .render import harness_table, metrics_table, windows_table
+    from .render import (
+        harness_table,
+        metrics_table,
+        windows_table,
+    )
 
     spec = data_spec(data, data_options or {}, seed) if data is not None else None
     plan_outputs(reads={"MODEL": model, "--data": data}, files={"--json": json_out})

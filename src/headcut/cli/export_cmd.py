@@ -53,6 +53,7 @@ def export(
     out, force, output_format, gguf_type = Path(str(output.out)), output.force, output.formats, output.gguf_type
     json_out, task = reporting.json_out, source.task
     gqa = PruneConfig(**(cut or {})).gqa
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
     from ..outputs.formats import parse_formats
 

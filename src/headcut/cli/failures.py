@@ -151,6 +151,7 @@ def handle_errors(fn: F) -> F:
 @contextmanager
 def locked_run(target: OutputDir, main: bool, out: Path, checkpoint: Path | None, log: Out) -> Iterator[None]:
     """:func:`headcut.training.checkpoint.locked_output`, with the progress closed at the end."""
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from ..training.checkpoint import locked_output
 
     try:

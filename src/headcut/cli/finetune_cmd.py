@@ -65,6 +65,7 @@ def finetune_cmd(
 ) -> None:
     """Fine-tune MODEL (see FINETUNE_HELP)."""
     log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
 
     settings, data_options = settings or {}, data_options or {}
@@ -129,6 +130,7 @@ def finetune_cmd(
         log.close()
     if not tuned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .render import finetune_summary
 
     for line in finetune_summary(tuned.report, tuned.result, FINETUNE_REPORT):

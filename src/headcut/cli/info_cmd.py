@@ -23,6 +23,7 @@ from .params import ModelArg
 @with_settings(ModelSource, "source")
 def info(model: ModelArg, reporting: Reporting = Reporting(), source: ModelSource = ModelSource()) -> None:
     """Show a model's attention blocks: name, kind, layer, heads, KV heads, head size; and its size."""
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
     from .render import info_table
 

@@ -18,7 +18,7 @@ from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
 from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
-from ..options import static_specs
+from ..options import specs, static_specs
 from ..outputs.reports import PRUNE_REPORT
 from .app import app
 from .declared import (
@@ -169,6 +169,7 @@ def prune_cmd(
 ) -> None:
     """Prune heads (see PRUNE_HELP)."""
     log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
 
     options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
@@ -247,6 +248,7 @@ def prune_cmd(
         log.close()
     if not pruned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .render import prune_summary
 
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
@@ -266,7 +268,6 @@ def prune_cmd(
 
 def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:
     """Every declared option of ``cls`` (:func:`headcut.options.specs`): the value given, else its default."""
-    from ..options import specs
 
     return {spec.name: given.get(spec.name, spec.default) for spec in specs(cls)}
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..catalog import METHODS
 from ..options import static_specs
+from . import app
 
 
 def _cell(text: str) -> str:
@@ -40,8 +41,6 @@ def command_options(name: str) -> str:
     """A table of the flags of ``headcut NAME`` as ``--help`` shows them (a method's own: see methods.md)."""
     import typer.main
 
-    from . import app
-
     command = typer.main.get_command(app).commands[name]
     ctx = command.make_context(name, ["--help"], resilient_parsing=True)
     rows = ["| flag | value | default | what |", "|---|---|---|---|"]
@@ -65,8 +64,6 @@ def command_options(name: str) -> str:
 def regions() -> dict[str, str]:
     """Region name -> its generated text."""
     import typer.main
-
-    from . import app
 
     out = {"methods": method_options()}
     for name in typer.main.get_command(app).commands:

@@ -194,6 +194,7 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         arrow = "higher is better" if metric["higher_is_better"] else "lower is better"
         summary.add_row(f"{metric['name']} ({arrow})", _fmt(metric["before"]), _fmt(metric["after"]))
     out.append(summary)
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from ..pruning import get_method
 
     own = get_method(report["method"]).summary(report, result)  # a method's own lines (lottery, auber)

@@ -58,8 +58,12 @@ def score_cmd(
     """Score heads (see SCORE_HELP)."""
     data, seed, json_out = sources.data, run.seed, reporting.json_out
     out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
+    # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
-    from .render import heatmap_tables, write_plot
+    from .render import (
+        heatmap_tables,
+        write_plot,
+    )
 
     config = ScoreConfig(**(settings or {}))  # the flags not given: the declared defaults
     config.validate()

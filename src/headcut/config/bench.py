@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
+from ..devices import check_device
 from ..errors import HeadcutError, HeadcutValueError
+from ..extras import imported
 from ..options import OptionError, check_fields, option, specs
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
@@ -117,7 +119,6 @@ class BenchConfig:
                         v=value,
                         h="2**63 - 1" if high == LARGEST_COUNT else high,
                     )
-        from ..devices import check_device
 
         check_device(self.device, auto=False)
         if "onnxruntime" in self.runtimes():
@@ -128,7 +129,6 @@ class BenchConfig:
         return notes
 
     def _check_onnxruntime(self) -> None:
-        from ..extras import imported
 
         hint = "pip install 'headcut[onnx]' (onnx, onnxscript, onnxruntime)"
         try:

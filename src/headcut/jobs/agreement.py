@@ -14,8 +14,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import __version__
 from ..data import Calibration
 from ..errors import HeadcutError, first_line, label
+from ..files.space import file_error
+from ..training.checkpoint import digest, has_checkpoint
+from ..training.distributed import from_env, launched_processes, lost_process
 from .base import data_config
 
 #: values of each parameter that a model's digest in :func:`run_fingerprint` reads (with every name and shape)
@@ -48,7 +52,6 @@ class Agreement:
         processes, and every process raises the same one line (``process 1: <its error>``); the failed process
         raises its own error as it is when it is not a refusal (a bug keeps its traceback). After the agreement,
         a collective that fails because another process went away is a one-line error."""
-        from ..training.distributed import from_env, launched_processes, lost_process
 
         try:
             yield
@@ -82,8 +85,6 @@ def _setup_error(exc: Exception) -> tuple[str, bool]:
     if isinstance(exc, HeadcutError):
         return Exception.__str__(exc), True
     if isinstance(exc, OSError):
-        from ..files.space import file_error
-
         error = file_error(exc)
         if error is not None:
             return Exception.__str__(error), True
@@ -94,7 +95,6 @@ def weights_digest(model: nn.Module) -> str:
     """A digest of ``model``'s weights: every name, dtype and shape, and the first :data:`SAMPLED_VALUES` values
     of each tensor (two copies of different checkpoints differ there; reading every weight would cost seconds a
     gigabyte)."""
-    from ..training.checkpoint import digest
 
     return digest(
         {
@@ -125,8 +125,6 @@ def run_fingerprint(
     (keyword: module) by :func:`weights_digest`, each of ``reads`` (keyword: data) by its examples and the
     digest of its batches (the digest a resume checkpoint records), and ``found`` (what the process found in
     its resume checkpoint folder, with ``resume``)."""
-    from .. import __version__
-    from ..training.checkpoint import digest
 
     out = {"ran headcut": __version__, "ran torch": torch.__version__}
     for name, value in settings.items():
@@ -145,7 +143,6 @@ def run_fingerprint(
 def checkpoint_found(checkpoint_dir: str | os.PathLike[str] | None) -> str:
     """What a resumed run found in its checkpoint folder, for :func:`run_fingerprint` (every process of the run
     must find the same: a folder that only one machine has is refused before the work)."""
-    from ..training.checkpoint import has_checkpoint
 
     found = checkpoint_dir is not None and has_checkpoint(checkpoint_dir)
     return "a resume checkpoint" if found else "no resume checkpoint"

@@ -19,12 +19,13 @@ import torch
 from torch import nn
 
 from ..arguments.table import checked
-from ..data import Calibration, DataConfig, looks_local
+from ..data import Calibration, DataConfig, load_calibration, load_tokenizer, looks_local
 from ..data.files import precheck
 from ..errors import HeadcutError, label
 from ..model import loading as io
 from ..model import saving
 from ..progress import Reporter
+from ..training.distributed import from_env
 
 ModelLike: TypeAlias = str | os.PathLike[str] | nn.Module
 
@@ -115,7 +116,6 @@ def model_tokenizer(model: LoadedModel, tokenizer: Any, trust_remote_code: bool)
     """``tokenizer`` if given, else the tokenizer of the model's checkpoint folder (or Hub id)."""
     if tokenizer is not None:
         return tokenizer
-    from ..data import load_tokenizer
 
     if model.folder is None and model.given_module:
         raise HeadcutError("pass tokenizer= for a model that was not loaded from a checkpoint folder")
@@ -142,7 +142,6 @@ def calibration(
     if spec is None or isinstance(spec, Calibration):
         return spec
     config = spec if isinstance(spec, DataConfig) else data_config(spec, split, data_options, seed)
-    from ..data import load_calibration
 
     tokenizer = model_tokenizer(model, tokenizer, trust_remote_code)
     dataset = None if isinstance(spec, (str, os.PathLike, DataConfig)) else spec
@@ -200,7 +199,6 @@ def data_specs(
 
 
 def pick_device(device: str | None) -> Any:
-    from ..training.distributed import from_env
 
     dist = from_env()
     return dist, dist.device(device or "auto")

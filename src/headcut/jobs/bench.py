@@ -15,8 +15,11 @@ from ..arguments.table import checked
 from ..config import BenchConfig
 from ..errors import HeadcutError
 from ..model.checks import check_checkpoint
+from ..outputs.modelcard import update_speed
 from ..progress import Reporter, Task, quiet
 from .base import ModelLike
+from .bench_results import device_name
+from .bench_run import timed
 
 
 @dataclass
@@ -57,7 +60,6 @@ def bench(
     model is read (they are also the report's ``warnings``)."""
     # torch is imported with the timing, not at ``import headcut``
     from .bench_results import report_json
-    from .bench_run import timed
 
     with values():
         if config is None:
@@ -113,9 +115,6 @@ def bench(
         )
     cards: list[Path] = []
     if update_cards:
-        from ..outputs.modelcard import update_speed
-        from .bench_results import device_name
-
         threads = f", {results[0].threads} threads" if results and config.device == "cpu" else ""
         cards, skipped = update_speed(results, list(models), f"{device_name(config.device)} ({config.device}{threads})")
         notes += skipped

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import transformers
 
+from .. import __version__
 from ..config import BenchConfig
 from ..stats import paired_speedup
 
@@ -130,7 +131,6 @@ def report_json(results: list[BenchResult], config: BenchConfig, warnings: list[
     """The ``--json`` document: settings, environment, the schedule (``interleaved``: in rounds, the order
     rotated each round; ``back to back``: one model after the other), the ``warnings`` of the settings (None:
     ``config.validate()``'s, read here) and one entry per model."""
-    from .. import __version__
 
     return {
         "config": config.to_json(),

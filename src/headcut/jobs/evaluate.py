@@ -11,8 +11,10 @@ from typing import Any
 from ..arguments.kinds import values
 from ..arguments.table import checked
 from ..config import EvalOptions, eval_options
-from ..data import Calibration, DataConfig
+from ..data import Calibration, DataConfig, detect_task, load_windows
 from ..errors import HeadcutError, HeadcutTypeError, label
+from ..model.evaluation import evaluate as run_eval
+from ..model.harness import check_installed, check_model, prepare_tasks, run_harness
 from ..options import OptionError
 from ..progress import Reporter, quiet
 from .base import (
@@ -24,6 +26,7 @@ from .base import (
     data_config,
     load_model,
     model_tokenizer,
+    move,
 )
 
 
@@ -54,8 +57,6 @@ def _place(loaded: LoadedModel, device: str | None) -> None:
     if device is None:
         return
     import torch
-
-    from .base import move
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -101,7 +102,6 @@ def evaluate(
     ``headcut[lm-eval]``), with ``lm_eval_include`` (a folder of custom task YAML files), ``lm_eval_fewshot``,
     ``lm_eval_limit`` and ``lm_eval_batch_size``; ``device``: evaluate there (a model given as a module is moved
     in place). ``data`` may be left out with ``lm_eval``."""
-    from ..model.evaluation import evaluate as run_eval
 
     progress = progress or quiet()
     with values():
@@ -124,8 +124,6 @@ def evaluate(
                 "not a ready Calibration"
             )
         if opts.lm_eval is not None:
-            from ..model.harness import check_installed
-
             check_installed()
         config = (
             (spec if isinstance(spec, DataConfig) else data_config(data, split, data_options, seed)) if sizes else None
@@ -134,9 +132,6 @@ def evaluate(
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, progress, seed=seed)
     prepared = None
     if opts.lm_eval is not None:  # the harness's tasks first: a task that cannot be read stops the run now
-        from ..data import detect_task
-        from ..model.harness import check_model, prepare_tasks
-
         check_model(detect_task(loaded.module))
         names = opts.task_names()
         harness_tokenizer = model_tokenizer(loaded, tokenizer, trust_remote_code)
@@ -146,8 +141,6 @@ def evaluate(
     report: dict[str, Any] = {"model": loaded.name}
     result, data_json, windows = None, None, {}
     if sizes:
-        from ..data import load_windows
-
         assert isinstance(config, DataConfig)
         tok = model_tokenizer(loaded, tokenizer, trust_remote_code)
         dataset = None if isinstance(data, (str, os.PathLike, DataConfig)) else data
@@ -188,9 +181,6 @@ def evaluate(
         report.update({**result.to_json(), "data": data_json})
     harness = None
     if prepared is not None:
-        from ..data import detect_task
-        from ..model.harness import run_harness
-
         with progress.step(f"lm-eval: {', '.join(prepared.expanded)}"):
             harness = run_harness(
                 loaded.module,

@@ -10,9 +10,12 @@ from typing import Any
 
 from ..arguments.kinds import values
 from ..arguments.table import checked
+from ..catalog import GQA_POLICIES
 from ..errors import HeadcutError, label
 from ..files.names import real_path
-from ..model.masks import HeadMask, check_mask
+from ..files.plan import plan_outputs
+from ..model.masks import HeadMask, check_mask, read_mask_file
+from ..model.surgery import slim
 from ..outputs.formats import check_formats, parse_formats
 from ..outputs.reports import export_report
 from ..progress import quiet
@@ -49,10 +52,6 @@ def export(
     :mod:`headcut.outputs.formats`), checked here before the work. ``out``/``force``: save the result there, the
     paths checked and locked before the model is loaded (``headcut export --out``)."""
     import contextlib
-
-    from ..catalog import GQA_POLICIES
-    from ..files.plan import plan_outputs
-    from ..model.masks import read_mask_file
 
     arguments = arguments if arguments is not None else plain_arguments({"model": model, "gqa": gqa, "task": task})
     with values():
@@ -98,7 +97,6 @@ def _export(
     arguments: dict[str, Any],
 ) -> Exported:
     """The work of :func:`export` on a checked request."""
-    from ..model.surgery import slim
 
     notes: list[str] = []
     loaded = load_model(model, task, allow_pickle, trust_remote_code, notes, quiet())

@@ -17,10 +17,15 @@ from ..arguments.table import checked
 from ..config import FinetuneConfig
 from ..errors import HeadcutError, label
 from ..files.names import real_path
+from ..files.plan import plan_outputs
 from ..model.checks import check_checkpoint
+from ..model.evaluation import PRIMARY
 from ..outputs.formats import check_formats, parse_formats
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
 from ..progress import Reporter, quiet
+from ..training.checkpoint import checkpoint_dir_for, clear_checkpoint_dir, locked_output, prepare_checkpoint_dir
+from ..training.finetuning import finetune as run_finetune
+from ..training.parallel import engine_note, resolve_engine
 from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
 from .bars import Bars
 from .base import ModelLike, calibration, data_specs, load_model, move, pick_device, plain_arguments
@@ -90,9 +95,6 @@ def finetune(
     :mod:`headcut.training.parallel`). ``checkpoint_dir``/``resume``/``restart``: the resume checkpoint (see :func:`prune`).
     ``formats``/``gguf_type``: what ``save`` writes (see :mod:`headcut.outputs.formats`). ``out``/``force``: save the
     result there, the paths checked and locked before any work (see :func:`prune`; ``headcut finetune --out``)."""
-    from ..files.plan import plan_outputs
-    from ..training.checkpoint import checkpoint_dir_for, locked_output
-    from ..training.finetuning import finetune as run_finetune
 
     agreement = Agreement()  # several processes: they agree before training, or all stop with one line
     with agreement.guard():
@@ -189,14 +191,11 @@ def finetune(
                 )
                 restart = restart or force
             if checkpoint_dir is not None:
-                from ..training.checkpoint import prepare_checkpoint_dir
-
                 prepare_checkpoint_dir(checkpoint_dir, resume, restart)
             elif resume:
                 raise HeadcutError("resume needs a checkpoint folder")
             dist, torch_device = pick_device(device)
             notes: list[str] = []
-            from ..training.parallel import engine_note
 
             notes += engine_note(engine, dist)
             if labels is not None and isinstance(model, nn.Module):
@@ -229,10 +228,7 @@ def finetune(
                 if c is not None:
                     notes += [f"{what}: {n}" for n in c.notes]
             if checkpoint_dir is not None and dist.main and not resume:
-                from ..training.checkpoint import clear_checkpoint_dir
-
                 clear_checkpoint_dir(checkpoint_dir)
-            from ..training.parallel import resolve_engine
 
             # every process's data, model and settings, before the first collective: the same everywhere, or every
             # process stops with one line naming the difference (or the error of a process whose setup failed)
@@ -260,7 +256,6 @@ def finetune(
                 move(loaded.module, torch_device)
             if teacher_model is not None:
                 move(teacher_model, torch_device)
-            from ..model.evaluation import PRIMARY
 
             metric = PRIMARY[eval_cal.task][0] if eval_cal is not None else None
             bars = Bars(progress, "finetune", metric, train="fine-tuning")

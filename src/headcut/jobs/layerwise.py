@@ -18,14 +18,28 @@ from typing import Any
 from ..arguments.table import checked
 from ..errors import HeadcutError, label
 from ..files.atomic import OutputDir
+from ..files.plan import check_paths
+from ..model import compensation
+from ..model.loading import open_checkpoint
+from ..model.masks import plan_cuts, resolve_mask
+from ..model.saving import SavedModel, finish_checkpoint
+from ..model.stock import stock_form
 from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
 from ..model.streamed_cut import write_layerwise
+from ..model.surgery import slim
 from ..model.tensor_files import DTYPE_BYTES
+from ..outputs.modelcard import write_card
+from ..outputs.reports import prune_report, weights_bytes
 from ..progress import Reporter, quiet
+from ..pruning import check_budget, run_search
+from ..pruning.ranked import ScoreMethod, oriented
 from ..scoring.layerwise import score_layerwise, spill_folder
+from .bars import Bars
+from .base import LoadedModel, calibration, plain_arguments
 from .layerwise_choice import Choice, checkpoint_bytes
 from .request import PruneRequest
 from .results import Pruned
+from .saving import local_reads
 
 
 @dataclass(kw_only=True)
@@ -52,12 +66,6 @@ class LayerwisePruned(Pruned):
     ) -> Any:
         """Read the checkpoint again layer by layer, cut and write every layer, then the config, the side files,
         the report and the model card (atomically, as any save)."""
-        from ..files.plan import check_paths
-        from ..model.masks import plan_cuts, resolve_mask
-        from ..model.saving import SavedModel, finish_checkpoint
-        from ..model.stock import stock_form
-        from ..outputs.modelcard import write_card
-        from ..outputs.reports import weights_bytes
 
         if formats not in (None, "safetensors", ("safetensors",), ["safetensors"]):
             raise HeadcutError(f"{label('layerwise')} writes safetensors only (convert the output with headcut export)")
@@ -109,7 +117,6 @@ class LayerwisePruned(Pruned):
         its uncut weights, added after its cut; and the final check of the compensated model's names."""
         if self.means is None:
             return None, None, None
-        from ..model import compensation
 
         bias_field = compensation.bias_field(fresh.model, fresh.blocks)
         by_layer: dict[int, list[Any]] = {}
@@ -139,15 +146,6 @@ class LayerwisePruned(Pruned):
 
 def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
     """The work of :func:`headcut.prune` on a checked request that runs layer-wise."""
-    from ..model.loading import open_checkpoint
-    from ..model.masks import plan_cuts
-    from ..model.surgery import slim
-    from ..outputs.reports import prune_report, weights_bytes
-    from ..pruning import check_budget, run_search
-    from ..pruning.ranked import ScoreMethod, oriented
-    from .bars import Bars
-    from .base import LoadedModel, calibration, plain_arguments
-    from .saving import local_reads
 
     src, data, config = request.source, request.data, request.config
     progress = request.run.progress or quiet()
@@ -165,8 +163,6 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     assert isinstance(method, ScoreMethod)  # the layer-wise choice admits the one-shot score methods only
     means: dict[str, Any] | None = {} if getattr(options, "bias_compensation", False) else None
     if means is not None:
-        from ..model import compensation
-
         compensation.bias_field(streamed.model, streamed.blocks)  # refused before any work
     loaded = LoadedModel(streamed.model, str(src.model), folder)
     cal = calibration(

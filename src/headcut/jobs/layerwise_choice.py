@@ -10,6 +10,9 @@ from typing import Any
 
 from ..devices import available_memory, gib, parse_size
 from ..errors import HeadcutError, label
+from ..model.checks import weight_files
+from ..pruning import get_method
+from ..pruning.ranked import ScoreMethod
 from ..scoring.layerwise import LAYERWISE_SCORERS
 
 
@@ -17,8 +20,6 @@ def refusal(
     model: Any, method: str, config: Any, eval_data: Any, refit: bool, recover_steps: int, formats: Any
 ) -> str | None:
     """Why a prune request cannot run layer-wise (None: it can). Messages name keywords (:func:`label`)."""
-    from ..pruning import get_method
-    from ..pruning.ranked import ScoreMethod
 
     L = label
     chosen = get_method(method)
@@ -50,7 +51,6 @@ def refusal(
 
 def checkpoint_bytes(folder: Path) -> int:
     """The bytes of a checkpoint's safetensors files."""
-    from ..model.checks import weight_files
 
     return sum(f.stat().st_size for f in weight_files(folder) if f.is_file())
 

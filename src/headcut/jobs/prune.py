@@ -14,12 +14,17 @@ from ..arguments.table import checked
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..data import Calibration
 from ..files.names import real_path
+from ..model import compensation
+from ..model.evaluation import PRIMARY
 from ..model.masks import HeadMask
 from ..model.surgery import model_blocks
 from ..outputs.formats import check_formats
 from ..outputs.reports import prune_report, weights_bytes
 from ..progress import Reporter, quiet
 from ..pruning.schedule import schedule
+from ..training.checkpoint import clear_checkpoint_dir
+from ..training.finetuning import frozen_teacher
+from ..training.parallel import resolve_engine
 from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
 from .base import ModelLike, calibration, load_model, move, plain_arguments
 from .layerwise import prune_layerwise
@@ -212,8 +217,6 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     # every round's budget, refused before reading data
     rounds = schedule(loaded.module, config, opts, rec.recover_steps, rec.via_steps, checked=True)
     if getattr(opts, "bias_compensation", False):
-        from ..model import compensation
-
         compensation.bias_field(loaded.module, model_blocks(loaded.module))  # refused before any work
     cal = calibration(
         request.data_spec, loaded, src.tokenizer, split, data_options, seed, src.trust_remote_code, progress, "data"
@@ -258,10 +261,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
             "data)"
         )
     if checkpoint_dir is not None and training and dist.main and not run.resume:
-        from ..training.checkpoint import clear_checkpoint_dir
-
         clear_checkpoint_dir(checkpoint_dir)
-    from ..training.parallel import resolve_engine
 
     engine = resolve_engine(getattr(opts, "engine", "auto"), dist)
     # every process's data, model and settings, before the first collective: the same everywhere, or every process
@@ -288,9 +288,6 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
             found=checkpoint_found(checkpoint_dir) if run.resume else None,
         ),
     )
-
-    from ..model.evaluation import PRIMARY
-    from ..training.finetuning import frozen_teacher
 
     # the learned gates under FSDP: the model stays whole in CPU memory, its shards train on the device
     sharded = request.entry.kind == "learned" and engine == "fsdp"

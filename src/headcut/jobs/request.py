@@ -17,9 +17,12 @@ from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..data import DataConfig
 from ..errors import HeadcutError, label
 from ..files.atomic import OutputDir, OutputFile
+from ..files.plan import plan_outputs
 from ..options import check_fields
 from ..outputs.formats import parse_formats
 from ..progress import Reporter
+from ..pruning import get_method, make_options
+from ..training.checkpoint import checkpoint_dir_for, locked_output, prepare_checkpoint_dir
 from .base import check_data_spec, data_config, data_specs, pick_device, same_data
 from .layerwise_choice import Choice, choose, refusal
 from .saving import spec_path
@@ -95,7 +98,6 @@ class PruneRequest:
     path: Choice
 
     def lock(self) -> Any:
-        from ..training.checkpoint import locked_output
 
         if self.target is None:
             return contextlib.nullcontext()
@@ -113,9 +115,6 @@ def prune_request(
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock, in that order (``config`` is built from
     the keywords but not yet validated: this check does it first)."""
-    from ..files.plan import plan_outputs
-    from ..pruning import get_method, make_options
-    from ..training.checkpoint import checkpoint_dir_for
 
     L = label
     method, rec = config.method, recovery
@@ -222,8 +221,6 @@ def prune_request(
             )
             trajectory_file = files.get(L("trajectory"))
         if ckpt is not None and entry.resumable:
-            from ..training.checkpoint import prepare_checkpoint_dir
-
             prepare_checkpoint_dir(ckpt, run.resume, run.restart or (run.force and own_checkpoint))
     return PruneRequest(
         source=source,

@@ -14,10 +14,12 @@ from torch import nn
 from ..arguments.kinds import values
 from ..arguments.table import checked
 from ..errors import HeadcutError, label
+from ..extras import usable
 from ..files.atomic import OutputDir, OutputFile
 from ..files.special import special_kind
 from ..model import saving
 from ..model.masks import HeadMask
+from ..outputs.formats import parse_formats
 from ..outputs.reports import PRUNE_REPORT, write_trajectory_csv, write_trajectory_png
 from .saving import save_model
 
@@ -50,7 +52,6 @@ class Written:
         """Write the model, its report and its model card (``README.md``) to ``out`` (atomically; ``force``
         replaces only a folder headcut wrote). ``formats``: ``safetensors``, ``onnx``, ``gguf`` or several
         (default: the command's ``formats``); ``gguf_type``: ``f16``, ``f32`` or ``q8_0``."""
-        from ..outputs.formats import parse_formats
 
         with values():
             chosen = parse_formats(formats) if formats is not None else self.formats
@@ -86,7 +87,6 @@ class Pruned(Written):
     ) -> list[Path]:
         """Write the trajectory (one row per step) to a ``.csv`` file, and its plot beside it as ``.png``
         when matplotlib is installed and imports (and ``png``); returns the files written."""
-        from ..extras import usable
 
         csv_file = csv_path if isinstance(csv_path, OutputFile) else OutputFile(csv_path, "--trajectory", force=force)
         if csv_file.path.suffix.lower() != ".csv":

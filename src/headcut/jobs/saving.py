@@ -15,7 +15,9 @@ from ..files.atomic import OutputDir
 from ..files.names import real_path
 from ..files.plan import check_paths
 from ..model import saving
-from ..outputs.formats import check_formats
+from ..model.stock import stock_form
+from ..outputs.formats import check_formats, write_formats
+from ..outputs.modelcard import write_card
 from ..outputs.reports import weights_bytes
 
 
@@ -34,10 +36,6 @@ def save_model(
     """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
     ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
     import json
-
-    from ..model.stock import stock_form
-    from ..outputs.formats import write_formats
-    from ..outputs.modelcard import write_card
 
     check_formats(model, formats, gguf_type)
     target_path = out.path if isinstance(out, OutputDir) else Path(out)

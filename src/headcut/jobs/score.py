@@ -8,9 +8,12 @@ from typing import Any
 
 from ..arguments.kinds import values
 from ..arguments.table import checked
+from ..catalog import scorer_entry
 from ..config import ScoreConfig
 from ..errors import HeadcutError, label
+from ..model.surgery import model_blocks
 from ..progress import Reporter, quiet
+from ..scoring import score as run_score
 from .base import ModelLike, calibration, check_data_spec, checked_data, load_model
 
 
@@ -46,9 +49,6 @@ def score(
 ) -> Scores:
     """Score every head of ``model`` with ``scorer`` on ``data`` (``headcut score``; the data-free scorers
     value-l1, magnitude and random need none)."""
-    from ..catalog import scorer_entry
-    from ..model.surgery import model_blocks
-    from ..scoring import score as run_score
 
     progress = progress or quiet()
     with values():

@@ -18,13 +18,22 @@ from typing import Any
 
 from torch import nn
 
+from ..adapters import adapter_for
 from ..config import FinetuneConfig, PruneConfig, RecoveryConfig
 from ..data import Calibration
 from ..errors import HeadcutError, label
+from ..model import compensation
 from ..model.masks import HeadMask
-from ..model.surgery import model_blocks
+from ..model.surgery import model_blocks, slim
 from ..progress import Reporter
+from ..pruning import eval_metric, plan_prune
+from ..pruning.refit import refit_outputs
 from ..pruning.schedule import Round
+from ..pruning.search import uniform_budgets
+from ..pruning.units import block_sets, nearest
+from ..scoring.fluctuation import input_moments
+from ..training.finetuning import finetune as run_finetune
+from ..training.finetuning import frozen_teacher
 from .bars import Bars
 from .base import move
 
@@ -79,8 +88,6 @@ class RoundRun:
 
 def choose(state: PruneState, run: RoundRun) -> None:
     """The method's choice of heads on the model as the round finds it (the model itself unchanged)."""
-    from ..pruning import plan_prune
-    from ..training.finetuning import frozen_teacher
 
     method = state.config.method
     if run.index:  # the earlier round left the model on the CPU
@@ -127,13 +134,10 @@ def choose(state: PruneState, run: RoundRun) -> None:
 def cut(state: PruneState, run: RoundRun) -> None:
     """Remove the heads the round chose; with ``bias_compensation``, fold the removed heads' mean output into the
     output projections' biases (measured on the uncut model) and measure the compensated model."""
-    from ..model.surgery import slim
 
     result = run.result
     compensate = bool(getattr(state.options, "bias_compensation", False))
     if compensate:
-        from ..model import compensation
-
         bias_field = compensation.bias_field(state.model, model_blocks(state.model))
         added = _compensation(state.model, result.mask, state.cal, state.progress, state.device)
     slimmed = slim(state.model, result.mask, gqa=state.config.gqa)
@@ -145,8 +149,6 @@ def cut(state: PruneState, run: RoundRun) -> None:
         state.notes.append(_compensation_note(len(added), bias_field))
         run.compensated = {"blocks": sorted(added), "field": bias_field, "metric_uncompensated": result.metric_after}
         if state.eval_cal is not None:
-            from ..pruning import eval_metric
-
             move(state.model, state.device)
             result.metric_after = eval_metric(state.model, state.eval_cal).measure(
                 HeadMask.full(model_blocks(state.model))
@@ -160,8 +162,6 @@ def refit(state: PruneState, run: RoundRun) -> None:
     teacher, run.refit_teacher = run.refit_teacher, None
     if teacher is None:
         return
-    from ..pruning import eval_metric
-    from ..pruning.refit import refit_outputs
 
     model, eval_cal = state.model, state.eval_cal
     if state.cal is None:
@@ -188,7 +188,6 @@ def recover(state: PruneState, run: RoundRun) -> None:
     steps = run.round.recover_steps
     if not steps:
         return
-    from ..training.finetuning import finetune as run_finetune
 
     model, teacher, cal, extra = state.model, state.unpruned, state.cal, state.extra
     assert teacher is not None  # kept whenever a round recovers
@@ -289,9 +288,6 @@ def as_one_cut(runs: list[RoundRun], mask: HeadMask, config: PruneConfig) -> tup
 def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int | None) -> list[int]:
     """The ``--uniform`` budgets nearest ``target`` for a run without ``--uniform`` on a family whose stock config
     could hold a uniform cut (an empty list otherwise): what the summary offers for a stock checkpoint."""
-    from ..adapters import adapter_for
-    from ..pruning.search import uniform_budgets
-    from ..pruning.units import block_sets, nearest
 
     if config.uniform or adapter_for(model).stock_spec(str(model.config.model_type)) is None or target is None:
         return []
@@ -304,8 +300,6 @@ def _uniform_alternatives(model: nn.Module, config: PruneConfig, target: int | N
 def _compensation(model: nn.Module, mask: HeadMask, cal: Calibration | None, progress: Reporter, device: Any) -> Any:
     """FLAP's bias compensation for ``mask`` (:mod:`headcut.model.compensation`): the output projections' mean
     inputs over ``cal`` on the unpruned ``model`` (one more forward pass), and each block's bias increment."""
-    from ..model import compensation
-    from ..scoring.fluctuation import input_moments
 
     if cal is None:
         raise HeadcutError(f"{label('bias_compensation')} needs calibration data ({label('data')})")
