@@ -296,6 +296,7 @@ def _offered():
         FinetuneConfig,
         FinetuneInputs,
         LayerwiseConfig,
+        MaskSource,
         ModelSource,
         OutputSettings,
         PlotOptions,
@@ -316,7 +317,11 @@ def _offered():
         "prune": [PruneConfig, RecoveryConfig, LayerwiseConfig, TrajectoryOptions, DataConfig, DataSources]
         + [OutputSettings, RunSettings, *shared],
         "finetune": [FinetuneConfig, FinetuneInputs, DataConfig, DataSources, OutputSettings, RunSettings, *shared],
-        "export": [(PruneConfig, tuple(s.name for s in specs(PruneConfig) if s.name != "gqa")), OutputSettings]
+        "export": [
+            MaskSource,
+            (PruneConfig, tuple(s.name for s in specs(PruneConfig) if s.name != "gqa")),
+            OutputSettings,
+        ]
         + shared,  # prune's --gqa
         "eval": [EvalOptions, DataConfig, data_only, seed_only, *shared],
         "bench": [BenchConfig, CardOptions, seed_only, *shared],
@@ -446,8 +451,6 @@ HAND_WRITTEN = {
     # required on the command line, and it decides which method options the command offers; PruneConfig.method's
     # Python default ("gradient") is not the command's, so a generated "Default: gradient." would be false
     "prune": ("--method",),
-    # required: a declared flag's parameter defaults to None, which would lose click's "Missing option" refusal
-    "export": ("--mask",),
 }
 
 

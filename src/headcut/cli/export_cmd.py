@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
-import typer
-
-from ..config import PruneConfig
+from ..config import MaskSource, PruneConfig
 from ..config.run import ModelSource, OutputSettings
 from ..files.plan import plan_outputs
 from ..options import specs
@@ -30,20 +27,13 @@ from .render import checkpoint_lines, formats_lines
 )
 @handle_errors
 @with_specs(PruneConfig, "cut", skip=tuple(s.name for s in specs(PruneConfig) if s.name != "gqa"))  # prune's --gqa
+@with_settings(MaskSource, "inputs", required=("mask",))
 @with_settings(OutputSettings, "output", required=("out",))
 @with_settings(Reporting, "reporting")
 @with_settings(ModelSource, "source")
 def export(
     model: ModelArg,
-    mask: Annotated[
-        Path,
-        typer.Option(
-            "--mask",
-            metavar="MASK.json",
-            show_default=False,
-            help='Mask JSON: {"keep": {block: \\[heads]}} or {"drop": ...} (a prune report\'s "mask" entry works too).',
-        ),
-    ],
+    inputs: MaskSource = MaskSource(),
     output: OutputSettings = OutputSettings(),
     cut: dict | None = None,
     reporting: Reporting = Reporting(),
@@ -52,6 +42,7 @@ def export(
     """Remove the heads a mask file drops and save a slimmed model that loads back."""
     out, force, output_format, gguf_type = Path(str(output.out)), output.force, output.formats, output.gguf_type
     json_out, task = reporting.json_out, source.task
+    mask = Path(str(inputs.mask))
     gqa = PruneConfig(**(cut or {})).gqa
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api

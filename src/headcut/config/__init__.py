@@ -23,7 +23,7 @@ from __future__ import annotations
 from .bench import BENCH_RUNTIMES, BenchConfig, CardOptions
 from .checks import check_choice
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
-from .prune import LayerwiseConfig, PruneConfig, RecoveryConfig, TrajectoryOptions
+from .prune import LayerwiseConfig, MaskSource, PruneConfig, RecoveryConfig, TrajectoryOptions
 from .run import DataSources, ModelSource, OutputSettings, RunSettings
 from .score import DEFAULT_EPSILON, PlotOptions, ScoreConfig
 from .train import DistillOptions, FinetuneConfig, FinetuneInputs, TrainConfig
@@ -40,6 +40,7 @@ __all__ = [
     "FinetuneInputs",
     "LM_EVAL_DEFAULT",
     "LayerwiseConfig",
+    "MaskSource",
     "ModelSource",
     "OutputSettings",
     "PlotOptions",

@@ -140,3 +140,16 @@ class TrajectoryOptions:
         panel=R,
         help="Per-step metric to FILE.csv and a PNG (needs --eval-data).",
     )
+
+
+@dataclass
+class MaskSource:
+    """The mask ``export`` cuts to (:func:`headcut.export`'s ``mask``; the API also takes a mapping or a
+    :class:`~headcut.model.masks.HeadMask`): ``mask``, a mask JSON file."""
+
+    mask: str | None = option(
+        None,
+        metavar="MASK.json",
+        panel=R,
+        help='Mask JSON: {"keep": {block: [heads]}} or {"drop": ...} (a prune report\'s "mask" entry works too).',
+    )
