@@ -23,8 +23,8 @@ from ..model.evaluation import PRIMARY
 from ..outputs.formats import check_formats, parse_formats
 from ..outputs.reports import FINETUNE_REPORT, finetune_report
 from ..progress import Reporter, quiet
+from ..training import finetuning  # finetuning.finetune looked up when called (tests stand in for it)
 from ..training.checkpoint import checkpoint_dir_for, clear_checkpoint_dir, locked_output, prepare_checkpoint_dir
-from ..training.finetuning import finetune as run_finetune
 from ..training.parallel import engine_note, resolve_engine
 from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
 from .bars import Bars
@@ -266,7 +266,7 @@ def finetune(
                 else str(real_path(teacher_name)),
             }
             try:
-                result = run_finetune(
+                result = finetuning.finetune(
                     loaded.module,
                     cal,
                     config,
