@@ -21,7 +21,6 @@ line reads its defaults from here without loading torch. Every ``validate`` rais
 from __future__ import annotations
 
 from .bench import BENCH_RUNTIMES, BenchConfig, CardOptions
-from .checks import check_choice
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
 from .prune import LayerwiseConfig, MaskSource, PruneConfig, RecoveryConfig, TrajectoryOptions
 from .run import DataSources, ModelSource, OutputSettings, RunSettings
@@ -50,6 +49,5 @@ __all__ = [
     "ScoreConfig",
     "TrainConfig",
     "TrajectoryOptions",
-    "check_choice",
     "eval_options",
 ]
