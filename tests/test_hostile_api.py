@@ -116,7 +116,8 @@ CASES: list[tuple[str, Any, type, str]] = [
     ),
     ("prune-method-int", lambda c, out: headcut.prune(c["M"], 3, keep=4), HeadcutTypeError, "method"),
     ("prune-method-unknown", lambda c, out: headcut.prune(c["M"], "nope", keep=4), HeadcutValueError, "method"),
-    ("prune-method-missing", lambda c, out: headcut.prune(c["M"], keep=4), HeadcutTypeError, "method"),
+    # no method: the default recipe of the model's kind, which reads training data
+    ("prune-recipe-without-data", lambda c, out: headcut.prune(c["M"], keep=4), HeadcutValueError, "data"),
     (
         "prune-option-str",
         lambda c, out: headcut.prune(c["M"], "pass", keep=4, data=c["train"], max_steps="5"),

@@ -301,6 +301,7 @@ def _offered():
         OutputSettings,
         PlotOptions,
         PruneConfig,
+        RecipeChoice,
         RecoveryConfig,
         RunSettings,
         ScoreConfig,
@@ -314,7 +315,8 @@ def _offered():
     return {
         "info": shared,
         "score": [ScoreConfig, PlotOptions, DataConfig, data_only, seed_only, *shared],
-        "prune": [PruneConfig, RecoveryConfig, LayerwiseConfig, TrajectoryOptions, DataConfig, DataSources]
+        "prune": [PruneConfig, RecipeChoice, RecoveryConfig, LayerwiseConfig, TrajectoryOptions, DataConfig]
+        + [DataSources]
         + [OutputSettings, RunSettings, *shared],
         "finetune": [FinetuneConfig, FinetuneInputs, DataConfig, DataSources, OutputSettings, RunSettings, *shared],
         "export": [
@@ -326,6 +328,7 @@ def _offered():
         "eval": [EvalOptions, DataConfig, data_only, seed_only, *shared],
         "bench": [BenchConfig, CardOptions, seed_only, *shared],
         "methods": [(Reporting, ("quiet",))],
+        "recipes": [(Reporting, ("quiet",))],
     }
 
 

@@ -560,7 +560,8 @@ def test_cli_data_free_method_needs_no_data(ckpts, tmp_path):
 
 REFUSALS = [
     (["--method", "nope", "--keep", "4"], ["unknown method 'nope'", "greedy-gnorm"]),
-    (["--keep", "4"], ["--method is required"]),
+    (["--recipe", "nope", "--keep", "4"], ["no recipe 'nope'", "encoder"]),
+    (["--method", "gradient", "--recipe", "encoder", "--keep", "4"], ["--method", "--recipe, not both"]),
     (["--method", "gradient"], ["no budget"]),
     (["--method", "gradient", "--keep", "4", "--sparsity", "0.5"], ["one budget"]),
     (["--method", "gradient", "--sparsity", "1.5"], ["--sparsity"]),

@@ -145,7 +145,7 @@ DEFAULT_CURVE = "headcut default (fluctuation, refit, distilled recovery)"
 
 #: what the default's curve is, said above each accuracy table
 DEFAULT_SAID = (
-    "The default: the main job's recipe now, on the command line, seed 0 (FLAP's fluctuation cut, a "
+    "The default: `encoder`, the default recipe of a classifier, run on the command line, seed 0 (FLAP's fluctuation cut, a "
     "least-squares refit, 1,000 steps of batch 8 of distilled recovery with averaged weights, in two rounds "
     "below 24 heads; [targets on every task](#targets-on-every-task))."
 )

@@ -235,10 +235,10 @@ def small_data_targets(data: dict[str, dict[str, Any]], verdicts: list[Verdict])
     head = ["", "## Targets on every task", ""]
     if summary:
         head += [
-            "The main job's default now (`headcut prune MODEL --method fluctuation --keep K --data train.csv "
-            "--refit --recover-steps 500 --recover-hidden-weight 2 --recover-average 0.5 --max-examples 4000 "
-            "--batch-size 8`, with `--via 24` below 24 heads and `--via 24 --via-steps 250 --recover-steps 750` "
-            "below 12), seed 0, on every task against issue 33's targets: 16 heads within 1 point of the "
+            "The default recipe of a classifier, `encoder` (`headcut prune MODEL --keep K --data train.csv`, the "
+            "README main job's command; by its flags: `--method fluctuation --refit --recover-steps 500 "
+            "--recover-hidden-weight 2 --recover-average 0.5 --max-examples 4000 --batch-size 8`, with `--via 24` "
+            "below 24 heads and `--via 24 --via-steps 250 --recover-steps 750` below 12), seed 0, on every task against issue 33's targets: 16 heads within 1 point of the "
             "unpruned model and 8 within 2, or within the test set's standard error where that is larger, in at "
             "most 1,000 training steps of batch 8 and 15 minutes on 2 CPU cores (accuracy in %; a time without "
             "brackets: the run alone on the machine, two torch threads; the rows below have every run):",
@@ -261,7 +261,7 @@ def small_data_targets(data: dict[str, dict[str, Any]], verdicts: list[Verdict])
         "with `--via 16` below 12 heads (two rounds of 500 steps); the rows *the previous default* are the same "
         "with `--recover-average 0.5` (a constant learning rate, the weights averaged over each recovery's last "
         "250 steps) and `--via 24` below 24 heads (two rounds of 500 steps at 16 and 8 heads); the rows *the "
-        "default* are the main job's recipe now, the previous default with `--recover-hidden-weight 2` (the "
+        "default* are the default recipe, `encoder`, the previous default with `--recover-hidden-weight 2` (the "
         "hidden-state term weighed twice as much) and, below 12 heads, `--via-steps 250 --recover-steps 750` "
         "(the first round recovers for 250 steps, the second for 750; *with 500 steps in each round*: before "
         "that); a row *the ... default with ...* changes what it names "
@@ -332,7 +332,7 @@ DIAGNOSES = {
     ),
     "small_data_cli": (
         "Small data: the recipe with another method's cut, and the default",
-        "The rows *the default* are the main job's recipe, *the previous default* its recipe before "
+        "The rows *the default* are the default recipe, `encoder`, *the previous default* its recipe before "
         "`--recover-hidden-weight 2`, *the earlier default* its recipe before weight averaging (their "
         "commands are in the results file: `--method fluctuation --refit --recover-steps 500 "
         "--recover-hidden-weight 1`, with `--via 16` at 8 heads (the earlier default; *in one round*: "

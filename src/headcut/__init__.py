@@ -3,6 +3,7 @@
 The Python API mirrors the command line (:mod:`headcut.api`)::
 
     import headcut
+    res = headcut.prune("model/", keep=16, data="train.csv", eval_data="dev.csv")  # the default recipe
     res = headcut.prune("model/", method="pass", keep=16, data="train.csv", eval_data="dev.csv", seed=0)
     res.model, res.mask, res.report     # slimmed model, kept heads, the report `--json` writes
     res.save("slim/")                    # what `headcut prune --out slim/` writes
@@ -45,6 +46,9 @@ _EXPORTS: dict[str, str] = {
     "export": "headcut.api",
     "bench": "headcut.api",
     "info": "headcut.api",
+    "recipe_for": "headcut.api",
+    "Recipe": "headcut.recipes",
+    "read_recipe": "headcut.recipes",
     "Pruned": "headcut.api",
     "Scores": "headcut.api",
     "Finetuned": "headcut.api",

@@ -3,6 +3,7 @@
 ```python
 import headcut
 
+res = headcut.prune("model/", keep=16, data="train.csv", eval_data="dev.csv")   # the default recipe
 res = headcut.prune("model/", method="pass", keep=16, data="train.csv", eval_data="dev.csv", seed=0)
 res.model, res.mask, res.report          # slimmed model, kept heads, the report `--json` writes
 res.save("slim/")                        # what `headcut prune --out slim/` writes
@@ -23,6 +24,8 @@ headcut.bench(["model/", "slim/"], device="cpu")
 * **Results** carry ``report``: the dict the command's ``--json`` writes. Those of commands that write a
   model have ``save(out, force=False)``: atomic, with the command line's checks (see
   :mod:`headcut.files`); ``force`` replaces only a folder headcut wrote.
+* **Recipes**: ``prune`` without ``method`` runs a recipe (:mod:`headcut.recipes`), by default the default recipe
+  of the model's kind; ``recipe_for(model, recipe)`` is the one it would run.
 * ``progress``: a :class:`headcut.progress.Reporter` (default: silent).
 * **Errors**: every refusal is a :class:`~headcut.errors.HeadcutError`. Each function checks its arguments
   first (:mod:`headcut.arguments`), before anything is loaded, read or written: a wrong kind of value is a
@@ -43,6 +46,7 @@ from .jobs.export import Exported, export
 from .jobs.finetune import Finetuned, finetune
 from .jobs.info import info
 from .jobs.prune import prune
+from .jobs.recipes import recipe_for
 from .jobs.results import Pruned, Written
 from .jobs.score import Scores, score
 
@@ -62,6 +66,7 @@ __all__ = [
     "info",
     "load",
     "prune",
+    "recipe_for",
     "same_data",
     "save",
     "score",

@@ -26,6 +26,7 @@ from ..errors import HeadcutError, HeadcutTypeError, HeadcutValueError, is_finit
 from ..files.atomic import OutputDir, OutputFile
 from ..model.masks import HeadMask
 from ..model.stock import CheckpointForm
+from ..recipes import Recipe
 
 #: a rule: refuse ``value`` of the argument ``name`` (a HeadcutTypeError or HeadcutValueError), else None
 Rule = Callable[[str, Any], None]
@@ -207,6 +208,18 @@ _DATA_KINDS = (
     "a data file or datasets name (str or os.PathLike), a headcut.DataConfig, a datasets.Dataset or "
     "DatasetDict, or a list of dict rows"
 )
+
+
+def recipe(name: str, value: Any) -> None:
+    """A recipe (see :mod:`headcut.recipes`): a built-in name or a file path, a mapping of its YAML form, or a
+    :class:`~headcut.recipes.Recipe` (what it holds is checked when it is read)."""
+    if isinstance(value, (str, os.PathLike)):
+        if not str(os.fspath(value)).strip():
+            raise HeadcutValueError(f"{name} is empty: give a recipe's name or file")
+        return
+    if isinstance(value, (Recipe, Mapping)):
+        return
+    raise wrong(name, "a recipe name, a recipe file, a mapping or a headcut.recipes.Recipe", value)
 
 
 def data(name: str, value: Any) -> None:

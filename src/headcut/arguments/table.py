@@ -52,6 +52,7 @@ from .kinds import (
     output,
     output_file,
     path,
+    recipe,
     registered,
     reporter,
     size,
@@ -93,19 +94,20 @@ BUILDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _method_options(given: Mapping[str, Any]) -> type:
+def _method_options(given: Mapping[str, Any]) -> type | None:
+    """The method's options class (None without a method: a recipe's method, whose options its run checks)."""
     from ..pruning import get_method  # the method's module (torch) only when its options are checked
 
-    return get_method(given["method"]).Options
+    return get_method(given["method"]).Options if given.get("method") is not None else None
 
 
-def _bench_settings(given: Mapping[str, Any]) -> type:
+def _bench_settings(given: Mapping[str, Any]) -> type | None:
 
     return BenchConfig
 
 
 #: function -> its ``**`` parameter and the configuration class whose fields it takes (from the other arguments)
-SPREAD: dict[str, tuple[str, Callable[[Mapping[str, Any]], type]]] = {
+SPREAD: dict[str, tuple[str, Callable[[Mapping[str, Any]], type | None]]] = {
     "prune": ("options", _method_options),
     "bench": ("settings", _bench_settings),
 }
@@ -132,7 +134,8 @@ WIDER = ("method", "scorer", "trajectory", "recover_data", "max_memory")
 RULES: dict[str, dict[str, Rule]] = {
     "prune": {
         "model": model,
-        "method": registered(_method),
+        "method": optional(registered(_method)),
+        "recipe": optional(recipe),
         "data": optional(data),
         "trajectory": bool_or_path,
         "recover_data": optional(data),
@@ -233,7 +236,9 @@ def check(function: str, given: Mapping[str, Any]) -> None:
     spread, settings_of = SPREAD.get(function, ("", None))
     for name, value in given.items():
         if name == spread and settings_of is not None and value:
-            check_given(settings_of(given), value, lambda key: key)
+            settings = settings_of(given)
+            if settings is not None:
+                check_given(settings, value, lambda key: key)
             continue
         rule = rules.get(name)
         if rule is not None:

@@ -5,7 +5,17 @@ runs, so ``--help`` and shell completion are fast."""
 from __future__ import annotations
 
 # each module registers its command on ``app``, in the order --help lists them
-from . import bench_cmd, eval_cmd, export_cmd, finetune_cmd, info_cmd, methods_cmd, prune_cmd, score_cmd  # noqa: F401
+from . import (  # noqa: F401
+    bench_cmd,
+    eval_cmd,
+    export_cmd,
+    finetune_cmd,
+    info_cmd,
+    methods_cmd,
+    prune_cmd,
+    recipes_cmd,
+    score_cmd,
+)
 from .app import app
 from .failures import stop_on_signals
 

@@ -13,13 +13,15 @@ from typing import Any
 import typer
 
 from ..catalog import METHODS
-from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig, TrajectoryOptions
+from ..config import LayerwiseConfig, PruneConfig, RecipeChoice, RecoveryConfig, TrajectoryOptions
 from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
 from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
 from ..options import specs, static_specs
 from ..outputs.reports import PRUNE_REPORT
+from ..recipes.files import RECIPE_FILE
+from ..recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, RECOVER_FIELDS
 from .app import app
 from .declared import (
     click_params,
@@ -42,8 +44,13 @@ PRUNE_HELP = "\n\n".join(
     [
         "Remove attention heads of MODEL with a pruning method and save the slimmed model to --out, with "
         f"{PRUNE_REPORT} inside it (the mask, heads, parameters, sizes, metric before/after).",
-        f"Methods: {', '.join(METHODS)}. headcut methods lists them with their papers; headcut methods NAME describes "
-        "one; headcut prune --method NAME --help shows its own options.",
+        "Without --method, a recipe runs: --recipe NAME|FILE, by default the default recipe of the model's kind "
+        "(headcut recipes lists the recipes and the measurements behind them); the flags given change its options "
+        f"and --via its rounds. The recipe that ran is saved beside the report ({RECIPE_FILE}): --recipe OUT replays "
+        "it.",
+        f"--method M runs the paper's method alone, with its defaults. Methods: {', '.join(METHODS)}. headcut methods "
+        "lists them with their papers; headcut methods NAME describes one; headcut prune --method NAME --help shows "
+        "its own options.",
         "Budget: --keep K heads, or --sparsity S (K = floor((1 - S) x heads)), met exactly in whole units "
         "(layers sharing weights lose a head together; --gqa group/auto removes whole KV groups) or refused "
         "with the nearest valid budgets; or --max-drop D (score-based methods): remove heads step by step while the "
@@ -133,6 +140,8 @@ class MethodCommand(TidyCommand):
     name="prune",
     help=PRUNE_HELP,
     epilog=examples(
+        "headcut prune model/ --keep 16 --data train.csv --eval-data dev.csv --out slim/   # the default recipe",
+        "headcut prune model/ --keep 16 --data train.csv --out slim2/ --recipe slim/   # replay slim/'s recipe",
         "headcut prune model/ --method pass --keep 16 --data train.csv --eval-data dev.csv --out slim/",
         "headcut prune model/ --method greedy-gnorm --keep 48 --data cal.csv --eval-data dev.csv --out slim/",
         "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "
@@ -144,6 +153,7 @@ class MethodCommand(TidyCommand):
 @handle_errors
 @with_specs(DataConfig, "data_options")
 @with_specs(PruneConfig, "budget")
+@with_specs(RecipeChoice, "recipe_choice")
 @with_specs(LayerwiseConfig, "layerwise_options")
 @with_specs(RecoveryConfig, "recovery")
 @with_specs(TrajectoryOptions, "traced")
@@ -156,6 +166,7 @@ def prune_cmd(
     ctx: typer.Context,
     model: ModelArg,
     method: MethodOpt = None,
+    recipe_choice: dict | None = None,
     sources: DataSources = DataSources(),
     output: OutputSettings = OutputSettings(),
     traced: dict | None = None,
@@ -182,6 +193,7 @@ def prune_cmd(
     given = {  # the report's arguments, in the order it has always listed them
         "model": model,
         "method": method,
+        "recipe": (recipe_choice or {}).get("recipe"),
         "data": data,
         "eval_data": eval_data,
         "eval_split": eval_split,
@@ -207,11 +219,26 @@ def prune_cmd(
             **options,
         }
     )
-    if method is None:
-        raise HeadcutError(f"--method is required; choose one of: {', '.join(METHODS)}")
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the pruned model in")
-    entry = METHODS.get(method)
+    recipe = (recipe_choice or {}).get("recipe")
+    book = None
+    if method is None or recipe is not None:
+        if method is not None:
+            raise HeadcutError("give --method (the method alone, with its paper's defaults) or --recipe, not both")
+        book = api.recipe_for(
+            model,
+            recipe,
+            task=source.task,
+            allow_pickle=source.allow_pickle,
+            trust_remote_code=source.trust_remote_code,
+        )
+        seed_given = ctx.params.get("seed") is not None  # a declared flag not given is None
+        book, budget, recovery, data_options = _on_recipe(
+            book, budget, recovery, options, data_options, seed if seed_given else None
+        )
+        options, seed = {}, book.seed if book.seed is not None else seed
+    entry = METHODS.get(book.method if book is not None else str(method))
     use_data = data is not None and (entry is None or entry.data != "none")
     data_cfg = data_spec(data, data_options, seed) if use_data else data
     eval_cfg = data_spec(eval_data, data_options, seed, split=eval_split) if eval_data is not None else None
@@ -220,6 +247,7 @@ def prune_cmd(
         pruned = api.prune(
             model,
             method,
+            recipe=book,
             data=data_cfg,
             eval_data=eval_cfg,
             seed=seed,
@@ -253,6 +281,8 @@ def prune_cmd(
 
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
         log.show(item)
+    if book is not None:
+        log.show(f"recipe {book.name}: {_recipe_line(book)}; the run's own: {Path(out) / RECIPE_FILE}")
     if pruned.written:
         log.log.print(
             f"trajectory written to {' and '.join(map(str, pruned.written))}",
@@ -264,6 +294,45 @@ def prune_cmd(
             log.note("no trajectory PNG: matplotlib is not installed (pip install 'headcut[plots]')")
     log.notes(pruned.report["notes"])
     log.json(pruned.report)
+
+
+def _on_recipe(
+    book: Any,
+    budget: dict[str, Any],
+    recovery: dict[str, Any],
+    options: dict[str, Any],
+    data_options: dict[str, Any],
+    seed: int | None,
+) -> tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The recipe with the flags given on top (each flag given changes its option, also to the flag's default),
+    and what is left for ``prune``'s keywords: the flags no recipe holds (``--via``, ``--via-steps``,
+    ``--recover-data``) and the data options, the recipe's under those given; ``seed``: ``--seed`` if given."""
+    book = book.changed(
+        method_options=options,
+        cut={k: v for k, v in budget.items() if k in CUT_FIELDS},
+        refit=bool(recovery.get("refit")),
+        recover={k: v for k, v in recovery.items() if k in RECOVER_FIELDS},
+        budget={k: v for k, v in budget.items() if k in BUDGET_FIELDS} or None,
+        seed=seed,
+    )
+    left_budget = {k: v for k, v in budget.items() if k not in CUT_FIELDS + BUDGET_FIELDS}
+    left_recovery = {k: v for k, v in recovery.items() if k not in RECOVER_FIELDS and k != "refit"}
+    return book, left_budget, left_recovery, {**book.data, **data_options}
+
+
+def _recipe_line(book: Any) -> str:
+    """One line of what a recipe runs (stderr, before the work)."""
+    parts = [book.method + "".join(f" {k}={v}" for k, v in book.method_options.items())]
+    parts += [f"{k}={v}" for k, v in book.cut.items()]
+    parts += ["refit"] if book.refit else []
+    recover = book.recover
+    if recover.get("recover_steps"):
+        parts.append("recovery " + ", ".join(f"{k.removeprefix('recover_')}={v}" for k, v in recover.items()))
+    if book.data:
+        parts.append(", ".join(f"{k}={v}" for k, v in book.data.items()))
+    if book.schedule:
+        parts.append(f"{len(book.schedule)} schedule case(s) (headcut recipes {book.name})")
+    return "; ".join(parts)
 
 
 def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:

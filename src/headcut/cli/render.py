@@ -172,8 +172,10 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
     training curve."""
     out: list[Any] = []
     heads, params, size, metric = report["heads"], report["params"], report["size_bytes"], report["metric"]
+    recipe = (report.get("recipe") or {}).get("name")
+    who = report["method"] if recipe in (None, report["method"]) else f"recipe {recipe} ({report['method']})"
     out.append(
-        f"{report['model']}: {report['method']} kept {heads['after']} of {heads['before']} heads "
+        f"{report['model']}: {who} kept {heads['after']} of {heads['before']} heads "
         f"({STOPPED.get(report['stopped'], report['stopped'])})"
     )
     blocks = Table(title="heads per block", box=box.SIMPLE_HEAD)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .bench import BENCH_RUNTIMES, BenchConfig, CardOptions
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
-from .prune import LayerwiseConfig, MaskSource, PruneConfig, RecoveryConfig, TrajectoryOptions
+from .prune import LayerwiseConfig, MaskSource, PruneConfig, RecipeChoice, RecoveryConfig, TrajectoryOptions
 from .run import DataSources, ModelSource, OutputSettings, RunSettings
 from .score import DEFAULT_EPSILON, PlotOptions, ScoreConfig
 from .train import DistillOptions, FinetuneConfig, FinetuneInputs, TrainConfig
@@ -39,6 +39,7 @@ __all__ = [
     "FinetuneInputs",
     "LM_EVAL_DEFAULT",
     "LayerwiseConfig",
+    "RecipeChoice",
     "MaskSource",
     "ModelSource",
     "OutputSettings",

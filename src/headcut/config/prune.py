@@ -118,6 +118,20 @@ class RecoveryConfig:
 
 
 @dataclass
+class RecipeChoice:
+    """The recipe ``prune`` runs without ``method`` (:func:`headcut.prune`'s keyword of the same name; the API
+    also takes a mapping or a :class:`~headcut.recipes.Recipe`): a built-in recipe's name, or a file."""
+
+    recipe: str | None = option(
+        None,
+        metavar="NAME|FILE",
+        panel=B,
+        help="A recipe instead of --method: a built-in one (headcut recipes lists them), a recipe .yaml/.json, or a "
+        "pruned folder or its headcut-report.json to replay it. Default: the default recipe of the model's kind.",
+    )
+
+
+@dataclass
 class LayerwiseConfig:
     """Whether ``prune`` reads the checkpoint one layer at a time (:mod:`headcut.model.streamed`): ``layerwise``
     asks for it; it is also chosen when the checkpoint would not fit ``max_memory`` (``12GB``, ``12GiB``, bytes;

@@ -8,7 +8,6 @@ pruned model exist only in the saved folder (``headcut.load(out)`` loads it like
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,13 +32,15 @@ from ..outputs.reports import prune_report, weights_bytes
 from ..progress import Reporter, quiet
 from ..pruning import check_budget, run_search
 from ..pruning.ranked import ScoreMethod, oriented
+from ..pruning.schedule import Round
 from ..scoring.layerwise import score_layerwise, spill_folder
 from .bars import Bars
 from .base import LoadedModel, calibration, plain_arguments
 from .layerwise_choice import Choice, checkpoint_bytes
+from .recipes import resolved_recipe
 from .request import PruneRequest
 from .results import Pruned
-from .saving import local_reads
+from .saving import local_reads, write_report
 
 
 @dataclass(kw_only=True)
@@ -104,7 +105,7 @@ class LayerwisePruned(Pruned):
                 report["layerwise"] = self.stats.to_json()
                 report["seconds"] = round(float(report.get("seconds") or 0.0) + self.stats.write_seconds, 3)
                 write_card(tmp, fresh.model, report, source=self.folder, formats=None, has_weights=True)
-                (tmp / self.REPORT).write_text(json.dumps(report, indent=2) + "\n")
+                write_report(tmp, report, self.REPORT)
         finally:
             if not held:
                 target.release()
@@ -259,6 +260,15 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
         notes=notes,
     )
     report["layerwise"] = stats.to_json()
+    report["recipe"] = resolved_recipe(
+        request.recipe,
+        request.options,
+        config,
+        request.recovery,
+        request.data_spec,
+        data.data_options,
+        [Round(config, request.recovery)],
+    ).to_dict()
     reads = local_reads(**{"MODEL": folder, "--data": request.data_spec})
     return LayerwisePruned(
         model=streamed.model,

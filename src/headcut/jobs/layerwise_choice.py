@@ -17,9 +17,17 @@ from ..scoring.layerwise import LAYERWISE_SCORERS
 
 
 def refusal(
-    model: Any, method: str, config: Any, eval_data: Any, refit: bool, recover_steps: int, formats: Any
+    model: Any,
+    method: str,
+    config: Any,
+    eval_data: Any,
+    refit: bool,
+    recover_steps: int,
+    formats: Any,
+    rounds: bool = False,
 ) -> str | None:
-    """Why a prune request cannot run layer-wise (None: it can). Messages name keywords (:func:`label`)."""
+    """Why a prune request cannot run layer-wise (None: it can; ``rounds``: a recipe may cut it in rounds).
+    Messages name keywords (:func:`label`)."""
 
     L = label
     chosen = get_method(method)
@@ -35,6 +43,7 @@ def refusal(
         (config.max_drop is not None, "max_drop"),
         (config.trajectory, "trajectory"),
         (config.via is not None, "via"),
+        (rounds, "recipe"),
         (eval_data is not None, "eval_data"),
         (refit, "refit"),
         (bool(recover_steps), "recover_steps"),

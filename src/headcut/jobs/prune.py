@@ -10,9 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass
 from typing import Any
 
+from ..arguments.kinds import values
 from ..arguments.table import checked
 from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
 from ..data import Calibration
+from ..errors import HeadcutError, label
 from ..files.names import real_path
 from ..model import compensation
 from ..model.evaluation import PRIMARY
@@ -22,12 +24,14 @@ from ..outputs.formats import check_formats
 from ..outputs.reports import prune_report, weights_bytes
 from ..progress import Reporter, quiet
 from ..pruning.schedule import schedule
+from ..recipes import Recipe
 from ..training.checkpoint import clear_checkpoint_dir
 from ..training.finetuning import frozen_teacher
 from ..training.parallel import resolve_engine
 from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
 from .base import ModelLike, calibration, load_model, move, plain_arguments
 from .layerwise import prune_layerwise
+from .recipes import keyword_changes, recipe_for, resolved_recipe
 from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
 from .results import Pruned
 from .saving import local_reads
@@ -37,8 +41,9 @@ from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering
 @checked("prune")
 def prune(
     model: ModelLike,
-    method: str,
+    method: str | None = None,
     *,
+    recipe: str | os.PathLike[str] | Recipe | Mapping[str, Any] | None = None,
     keep: int | None = None,
     sparsity: float | None = None,
     max_drop: float | None = None,
@@ -78,7 +83,13 @@ def prune(
     **options: Any,
 ) -> Pruned:
     """Choose heads with ``method`` and remove them (``headcut prune``); see the module's doc for models and
-    data. Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
+    data. Without ``method``, run a recipe (:mod:`headcut.recipes`): ``recipe`` (a built-in name such as
+    ``encoder``, a YAML or JSON file, a prune's ``headcut-report.json`` to replay it, a mapping or a
+    :class:`~headcut.recipes.Recipe`), by default the default recipe of the model's kind (``headcut recipes``
+    lists them); the keywords below given a value other than their default change the recipe's options (a
+    budget replaces its budget, ``data_options`` go over its data options, ``via`` replaces its schedule), and
+    the report's ``recipe`` is the run resolved (replayable). ``method`` alone is that method with its paper's
+    defaults (a recipe of one stage). Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
     while the eval metric stays within D; score-based methods), met exactly in whole units or refused
     with the nearest valid budgets before any data is read. ``options``: the method's own options (e.g.
     ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
@@ -111,6 +122,34 @@ def prune(
     unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
     agreement = Agreement()  # several processes: they agree before the work, or all stop with one line
     with agreement.guard():
+        book = None
+        if method is None or recipe is not None:
+            given = dict(
+                keep=keep,
+                sparsity=sparsity,
+                max_drop=max_drop,
+                uniform=uniform,
+                gqa=gqa,
+                min_heads_per_block=min_heads_per_block,
+                refit=refit,
+                recover_steps=recover_steps,
+                recover_hidden_weight=recover_hidden_weight,
+                recover_average=recover_average,
+                seed=seed,
+            )
+            book = _recipe(model, method, recipe, given, options, task, allow_pickle, trust_remote_code)
+            method, options = book.method, book.method_options
+            budget, cut, recover = book.budget, book.cut, book.recover
+            keep, sparsity, max_drop = (budget.get(k) for k in ("keep", "sparsity", "max_drop"))
+            uniform = cut.get("uniform", uniform)
+            gqa = cut.get("gqa", gqa)
+            min_heads_per_block = cut.get("min_heads_per_block", min_heads_per_block)
+            refit = book.refit
+            recover_steps = recover.get("recover_steps", 0)
+            recover_hidden_weight = recover.get("recover_hidden_weight", 0.0)
+            recover_average = recover.get("recover_average", 0.0)
+            data_options = {**book.data, **(data_options or {})}
+            seed = book.seed if book.seed is not None else seed
         request = prune_request(
             Source(
                 model, task=task, tokenizer=tokenizer, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code
@@ -151,6 +190,7 @@ def prune(
                 # max_memory: a size string, or bytes as an int (parse_size reads both)
                 layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory),  # type: ignore[arg-type]
             ),
+            book,
         )
         with request.lock():
             if request.path.layerwise:  # one process only
@@ -166,6 +206,26 @@ def prune(
                 if request.trajectory_file is not None:
                     pruned.written = pruned.write_trajectory(request.trajectory_file)
     return pruned
+
+
+def _recipe(
+    model: Any,
+    method: str | None,
+    recipe: Any,
+    given: Mapping[str, Any],
+    options: Mapping[str, Any],
+    task: str | None,
+    allow_pickle: bool,
+    trust_remote_code: bool,
+) -> Recipe:
+    """The recipe a prune without ``method`` (or with ``recipe``) runs, with the keywords ``given`` on top."""
+    with values():
+        if method is not None:
+            raise HeadcutError(
+                f"give {label('method')} (the method alone, with its paper's defaults) or {label('recipe')}, not both"
+            )
+        book = recipe_for(model, recipe, task=task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
+    return book.changed(method_options=options, **keyword_changes(given))
 
 
 #: fewer labelled examples than this: the recovery suggests ``--recover-data`` (issue 33: on 900 rows it closed
@@ -215,7 +275,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     loaded = load_model(src.model, src.task, src.allow_pickle, src.trust_remote_code, notes, progress, seed=seed)
     check_formats(loaded.module, request.formats, run.gguf_type, cut="uniform" if config.uniform else "any")
     # every round's budget, refused before reading data
-    rounds = schedule(loaded.module, config, opts, rec.recover_steps, rec.via_steps, checked=True)
+    plan = request.recipe.schedule if request.recipe is not None else ()
+    rounds = schedule(loaded.module, config, opts, rec, plan, checked=True)
     if getattr(opts, "bias_compensation", False):
         compensation.bias_field(loaded.module, model_blocks(loaded.module))  # refused before any work
     cal = calibration(
@@ -306,7 +367,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         metric=PRIMARY[eval_cal.task][0] if eval_cal is not None else None,
         device=torch_device,
         dist=dist,
-        unpruned=frozen_teacher(loaded.module) if rec.recover_steps or rec.refit else None,
+        unpruned=frozen_teacher(loaded.module) if rec.refit or any(r.recover_steps for r in rounds) else None,
         notes=notes,
         training=dict(
             checkpoint_dir=checkpoint_dir if training else None,
@@ -352,6 +413,9 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         notes=notes,
     )
     _add_rounds(report, last, records, pruned_metric, extra, loaded.module)
+    report["recipe"] = resolved_recipe(
+        request.recipe, opts, config, rec, request.data_spec, data_options, rounds
+    ).to_dict()
     reads = local_reads(
         **{
             "MODEL": loaded.folder,

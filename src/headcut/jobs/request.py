@@ -22,9 +22,11 @@ from ..options import check_fields
 from ..outputs.formats import parse_formats
 from ..progress import Reporter
 from ..pruning import get_method, make_options
+from ..recipes import Recipe
 from ..training.checkpoint import checkpoint_dir_for, locked_output, prepare_checkpoint_dir
 from .base import check_data_spec, data_config, data_specs, pick_device, same_data
 from .layerwise_choice import Choice, choose, refusal
+from .recipes import check_recipe_run
 from .saving import spec_path
 
 
@@ -75,7 +77,8 @@ class PruneRequest:
     """A prune request checked before any work (:func:`prune_request`): what was asked (``source``, ``config``,
     ``method_options`` as given, ``data``, ``recovery``, ``run``) and what the check settled (the method's
     ``entry`` and ``options`` object, the data specs, the device, the formats, the checkpoint folder, the
-    output target and trajectory file, the layer-wise ``path``, and the ``notes`` so far)."""
+    output target and trajectory file, the layer-wise ``path``, and the ``notes`` so far); ``recipe``: the recipe
+    it came from (its schedule gives the rounds), None for a method alone."""
 
     source: Source
     config: PruneConfig
@@ -96,6 +99,7 @@ class PruneRequest:
     target: OutputDir | None
     trajectory_file: OutputFile | None
     path: Choice
+    recipe: Recipe | None = None
 
     def lock(self) -> Any:
 
@@ -111,10 +115,12 @@ def prune_request(
     data: DataRequest,
     recovery: RecoveryConfig,
     run: RunSettings,
+    recipe: Recipe | None = None,
 ) -> PruneRequest:
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock, in that order (``config`` is built from
-    the keywords but not yet validated: this check does it first)."""
+    the keywords but not yet validated: this check does it first). ``recipe``: the recipe the keywords came from
+    (:func:`headcut.jobs.recipes.recipe_for`), whose schedule the run follows unless ``via`` is given."""
 
     L = label
     method, rec = config.method, recovery
@@ -144,6 +150,9 @@ def prune_request(
             raise HeadcutError(
                 f"{L('via')} and {L('bias_compensation')} do not go together: compensate a one-round cut"
             )
+        if recipe is not None:  # with via, the recipe's schedule does not run
+            compensated = config.via is None and getattr(opts, "bias_compensation", False)
+            check_recipe_run(recipe, {"bias_compensation": compensated}, data.data)
         if getattr(opts, "eval_every", None) is not None and eval_data is None:
             raise HeadcutError(f"{L('eval_every')} needs {L('eval_data')}")
         _check_recovery(rec, data.data, config.via)
@@ -189,7 +198,16 @@ def prune_request(
             source.model,
             run.layerwise.layerwise,
             run.layerwise.max_memory,
-            refusal(source.model, method, config, eval_data, rec.refit, recover_steps, chosen_formats),
+            refusal(
+                source.model,
+                method,
+                config,
+                eval_data,
+                rec.refit,
+                recover_steps,
+                chosen_formats,
+                rounds=recipe is not None and config.via is None and recipe.rounds_vary,
+            ),
         )
         if path.layerwise and dist.world > 1:
             raise HeadcutError(f"{L('layerwise')} runs in one process; launch it without torchrun or accelerate")
@@ -242,6 +260,7 @@ def prune_request(
         target=target,
         trajectory_file=trajectory_file,
         path=path,
+        recipe=recipe,
     )
 
 

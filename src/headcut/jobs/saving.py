@@ -3,6 +3,7 @@ for (:func:`save_model`), and the local files a job reads (which an output must 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..model.stock import stock_form
 from ..outputs.formats import check_formats, write_formats
 from ..outputs.modelcard import write_card
 from ..outputs.reports import weights_bytes
+from ..recipes import RECIPE_FILE, from_dict, recipe_yaml
 
 
 def save_model(
@@ -35,7 +37,6 @@ def save_model(
 ) -> saving.SavedModel:
     """Save ``model`` with ``report`` and a model card inside it (the report's ``out``, weights size and
     ``formats`` filled in); ``formats``: see :mod:`headcut.outputs.formats`."""
-    import json
 
     check_formats(model, formats, gguf_type)
     target_path = out.path if isinstance(out, OutputDir) else Path(out)
@@ -52,7 +53,7 @@ def save_model(
         write_card(
             folder, model, report, source=source, formats=report.get("formats"), has_weights="safetensors" in formats
         )
-        (folder / report_name).write_text(json.dumps(report, indent=2) + "\n")
+        write_report(folder, report, report_name)
 
     saved = saving.save(
         model,
@@ -66,6 +67,14 @@ def save_model(
     if saved.notes:
         report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
     return saved
+
+
+def write_report(folder: Path, report: dict[str, Any], name: str) -> None:
+    """The report file ``name`` in ``folder`` (a save's staging folder) and, for a prune, its resolved recipe
+    beside it as YAML (:data:`headcut.recipes.RECIPE_FILE`: ``--recipe OUT/headcut-recipe.yaml`` replays it)."""
+    (folder / name).write_text(json.dumps(report, indent=2) + "\n")
+    if isinstance(report.get("recipe"), dict):
+        (folder / RECIPE_FILE).write_text(recipe_yaml(from_dict(report["recipe"], "the run's recipe")))
 
 
 def local_reads(**specs: Any) -> dict[str, Path | None]:

@@ -4,7 +4,8 @@ order, each a function of the job's shared :class:`PruneState` and the round's :
 * :func:`choose`: the method chooses the heads (scoring or training);
 * :func:`cut`: the surgery (and FLAP's bias compensation, when asked);
 * :func:`refit`: the kept heads' output projections refitted to the outputs of the model the round cut;
-* :func:`recover`: the round's recovery fine-tuning, distilled from the unpruned model.
+* :func:`recover`: the round's recovery fine-tuning, distilled from the unpruned model, with the round's own
+  recovery options (:attr:`headcut.pruning.schedule.Round.recovery`).
 
 A new stage is one function here and one entry in :data:`STAGES`; what it leaves for the report goes on
 :class:`RoundRun` (the last round's) or into :func:`round_record` (the earlier rounds')."""
@@ -193,7 +194,7 @@ def recover(state: PruneState, run: RoundRun) -> None:
     assert teacher is not None  # kept whenever a round recovers
     if cal is None:
         raise HeadcutError(f"{label('recover_steps')} needs training data with labels ({label('data')})")
-    config = recovery_config(state.recovery, steps, state.config.seed)
+    config = recovery_config(run.round.recovery, steps, state.config.seed)
     if extra is not None:
         cal = dataclasses.replace(cal, batches=cal.batches + extra.batches, examples=cal.examples + extra.examples)
         config = dataclasses.replace(config, alpha=1.0)

@@ -87,6 +87,21 @@ def resolve_class(config_class: type, model_type: str, architectures: Any, task:
         raise HeadcutError(f"{model_type} has no base model in transformers") from None
 
 
+def class_task(cls: type) -> str | None:
+    """The task (:data:`headcut.catalog.TASKS`, but ``base``) whose transformers Auto class loads ``cls`` or a class
+    it derives from (headcut's cut classes derive from the stock ones), or None."""
+    names = {c.__name__ for c in cls.__mro__}
+    for task, auto in TASKS.items():
+        if task == "base":
+            continue
+        # the Auto class's names by model type (its lazy mapping's table: reading it imports no model)
+        table = getattr(getattr(transformers, auto)._model_mapping, "_model_mapping", {})
+        for value in table.values():
+            if names & ({value} if isinstance(value, str) else set(value)):
+                return task
+    return None
+
+
 def read_config_file(folder: Path) -> dict[str, Any]:
     """The JSON object of ``folder/config.json`` (one-line errors: unreadable, not JSON, too deep)."""
     path = folder / "config.json"

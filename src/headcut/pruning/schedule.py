@@ -1,62 +1,103 @@
 """A cut as a schedule of rounds: each round cuts the model the round before left to a number of heads, scored
-on that model, and its recovery runs for its own number of steps (``prune``'s ``via``).
+on that model, and its recovery runs with its own options (``prune``'s ``via``, or a recipe's ``schedule``).
 
-Today's ``via K`` is the two-round schedule ``[K, budget]``, the first round recovering for ``via_steps`` steps
-(default: ``recover_steps``) and the last for ``recover_steps``. A schedule of more rounds is one more stop in
-:func:`schedule`'s list; the job runs whatever list it gets (:mod:`headcut.jobs.prune`)."""
+``via K`` is the two-round schedule ``[K, budget]``, the first round recovering for ``via_steps`` steps (default:
+``recover_steps``) and the last for ``recover_steps``. A recipe's schedule (:class:`headcut.recipes.Case`) lists
+the rounds of a budget: each round's heads (a count, a share of the model's heads, the budget) and its own
+recovery options; the job runs whatever list :func:`schedule` gives (:mod:`headcut.jobs.prune`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from torch import nn
 
-from ..config import PruneConfig
+from ..config import PruneConfig, RecoveryConfig
 from ..errors import HeadcutError, label
+from ..recipes import Case, RoundPlan
 from . import check_budget
 
 
 @dataclass(frozen=True)
 class Round:
     """One round of a schedule: ``config`` the cut (its ``keep`` the heads this round leaves; no ``via``) and
-    ``recover_steps`` the steps of the recovery that follows it (0: none)."""
+    ``recovery`` what follows it (its ``recover_steps``: the steps of this round's recovery, 0: none)."""
 
     config: PruneConfig
-    recover_steps: int
+    recovery: RecoveryConfig
+
+    @property
+    def recover_steps(self) -> int:
+        return self.recovery.recover_steps
 
 
 def schedule(
     model: nn.Module,
     config: PruneConfig,
     options: Any,
-    recover_steps: int,
-    via_steps: int | None,
+    recovery: RecoveryConfig,
+    plan: Sequence[Case] = (),
     *,
     checked: bool = False,
 ) -> list[Round]:
-    """The rounds of ``config`` on ``model``: one round of ``config`` itself without ``via``; with it, a cut to
-    ``via`` heads and then to the budget. Every round's budget is refused as :func:`check_budget` refuses one,
-    before any data is read (the budget first, then ``via``'s bounds, then the first round's). ``checked``:
-    ``config`` and ``options`` are a checked request's (:func:`check_budget`), and so are the rounds' cuts of it."""
+    """The rounds of ``config`` on ``model``: with ``via``, a cut to ``via`` heads and then to the budget; else
+    the rounds of ``plan``'s case for the budget (a recipe's schedule; no case, or a ``max_drop`` budget: one
+    round of ``config`` itself). Every round's budget is refused as :func:`check_budget` refuses one, before any
+    data is read (the budget first, then the rounds' bounds, then each earlier round's). ``checked``: ``config``
+    and ``options`` are a checked request's (:func:`check_budget`), and so are the rounds' cuts of it."""
     _, budget, _, _ = check_budget(
         model, config, options, checked=checked
     )  # refuse an unreachable budget before reading data
-    if config.via is None:
-        return [Round(config, recover_steps)]
-    via = config.via
-    if not budget.target < via < budget.total:
-        raise HeadcutError(
-            f"{label('via')} {via} must lie between the heads kept in the end ({budget.target}) "
-            f"and the model's {budget.total}"
-        )
-    stops = [via, budget.target]  # heads left after each round: a longer schedule lists more stops here
-    early_steps = recover_steps if via_steps is None else via_steps
-    rounds = []
-    for i, keep in enumerate(stops):
-        last = i == len(stops) - 1
+    if config.via is not None:
+        via = config.via
+        if not budget.target < via < budget.total:
+            raise HeadcutError(
+                f"{label('via')} {via} must lie between the heads kept in the end ({budget.target}) "
+                f"and the model's {budget.total}"
+            )
+        early = {} if recovery.via_steps is None else {"recover_steps": recovery.via_steps}
+        plans: Sequence[RoundPlan] = (RoundPlan(via, early), RoundPlan(None))
+    else:
+        case = None
+        if plan and config.max_drop is None and budget.target is not None:
+            case = next((c for c in plan if c.below is None or budget.target < c.below * budget.total), None)
+        if case is None:
+            return [Round(config, recovery)]
+        plans = case.rounds
+    rounds: list[Round] = []
+    before = budget.total
+    for i, planned in enumerate(plans):
+        last = i == len(plans) - 1
+        keep = budget.target if last else _heads(model, config, options, planned.keep, budget.total, checked)
+        if not last and not budget.target < keep < before:
+            raise HeadcutError(
+                f"round {i + 1} of the schedule keeps {keep} heads: a round before the last must keep fewer "
+                f"heads than the one before it ({before}) and more than the budget ({budget.target})"
+            )
         cut = replace(config, keep=keep, sparsity=None, via=None)
         if not last:  # the final budget was checked above
             check_budget(model, cut, options, checked=checked)
-        rounds.append(Round(cut, recover_steps if last else early_steps))
+        rounds.append(Round(cut, replace(recovery, **planned.recovery)))
+        before = keep
     return rounds
+
+
+def _heads(
+    model: nn.Module, config: PruneConfig, options: Any, keep: int | Fraction | None, total: int, checked: bool
+) -> int:
+    """A round's heads: a count as it is; a share of the model's ``total`` heads: the nearest count at or above
+    it that the model can keep (whole units; none: ``total``, which the bounds then refuse)."""
+    assert keep is not None  # only the last round keeps the budget
+    if not isinstance(keep, Fraction):
+        return keep
+    wanted = -(-total * keep.numerator // keep.denominator)  # ceil
+    for heads in range(wanted, total):
+        try:
+            check_budget(model, replace(config, keep=heads, sparsity=None, via=None), options, checked=checked)
+        except HeadcutError:
+            continue
+        return heads
+    return total

@@ -1,0 +1,119 @@
+"""``headcut recipes [NAME|FILE]``: the built-in recipes (which kind of model each is the default of, what it runs,
+the measurements behind it), or one recipe in full: a built-in one, a recipe file, or the recipe a prune saved."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from ..recipes import builtin_recipes, read_recipe, recipe_yaml
+from ..recipes.recipe import BUDGET, Recipe
+from .app import app
+from .declared import with_settings
+from .failures import handle_errors
+from .help import TidyCommand, examples
+from .output import Out, Reporting
+
+
+def _complete_recipes(incomplete: str) -> list[str]:
+    return [name for name in builtin_recipes() if name.startswith(incomplete)]
+
+
+def _rounds(recipe: Recipe) -> list[str]:
+    """The schedule in words: one line per case."""
+    lines = []
+    for case in recipe.schedule:
+        when = f"a budget under {case.below} of the heads" if case.below is not None else "every budget"
+        steps = []
+        for r in case.rounds:
+            keep = BUDGET if r.keep is None else str(r.keep)
+            own = ", ".join(f"{k}={v}" for k, v in r.recovery.items())
+            steps.append(keep + (f" ({own})" if own else ""))
+        lines.append(f"{when}: {len(case.rounds)} rounds, to " + " -> ".join(steps))
+    return lines or ["one round, to the budget"]
+
+
+def _measured(recipe: Recipe) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    keys: list[str] = []
+    for row in recipe.measured:
+        keys += [k for k in row if k not in keys]
+    table = Table(box=box.SIMPLE_HEAD, title=f"measured with {recipe.name}")
+    for key in keys:
+        table.add_column(key, overflow="fold")
+    for row in recipe.measured:
+        table.add_row(*("" if row.get(k) is None else str(row.get(k)) for k in keys))
+    return table
+
+
+@app.command(
+    cls=TidyCommand,
+    name="recipes",
+    epilog=examples(
+        "headcut recipes",
+        "headcut recipes encoder",
+        "headcut recipes slim/   # the recipe a prune saved (headcut-recipe.yaml)",
+        "headcut recipes my-recipe.yaml --json -",
+    ),
+)
+@handle_errors
+@with_settings(Reporting, "reporting", skip=("quiet",))
+def recipes_cmd(
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            help="A recipe to show in full: a built-in name, a recipe .yaml/.json, a pruned folder or its report.",
+            metavar="RECIPE",
+            autocompletion=_complete_recipes,
+        ),
+    ] = None,
+    reporting: Reporting = Reporting(),
+) -> None:
+    """List the built-in recipes (the models each is the default of, what it runs, the measurements behind it),
+    or show one recipe in full (checked as headcut prune --recipe reads it): its stages with their options, data
+    options, schedule of rounds and measurements, then the recipe as YAML."""
+    from rich import box
+    from rich.table import Table
+
+    log = Out(reporting.json_out)
+    if name is None:
+        found = builtin_recipes()
+        table = Table(box=box.SIMPLE_HEAD, title="recipes (headcut recipes NAME for one)")
+        for column in ("recipe", "default for", "stages", "rounds", "measured"):
+            table.add_column(column, overflow="fold")
+        for recipe in found.values():
+            stages = ", ".join(s.name if s.name != "choose" else f"choose ({recipe.method})" for s in recipe.stages)
+            table.add_row(
+                recipe.name,
+                recipe.default_for or "-",
+                stages,
+                "; ".join(_rounds(recipe)),
+                f"{len(recipe.measured)} runs" if recipe.measured else "-",
+            )
+        log.show(table)
+        log.json([r.to_dict() for r in found.values()])
+        return
+    recipe = read_recipe(name)
+    log.show(f"{recipe.name}: {recipe.about}" if recipe.about else recipe.name)
+    if recipe.default_for:
+        log.show(f"the default recipe of {recipe.default_for} models (headcut prune MODEL without --method)")
+    table = Table(box=box.SIMPLE_HEAD, title="stages, in order (each option: headcut prune's keyword)")
+    for column in ("stage", "options"):
+        table.add_column(column, overflow="fold")
+    for stage in recipe.stages:
+        table.add_row(stage.name, ", ".join(f"{k}={v}" for k, v in stage.options.items()) or "-")
+    log.show(table)
+    for what, values in (("data", recipe.data), ("budget", recipe.budget)):
+        if values:
+            log.show(f"{what}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+    if recipe.seed is not None:
+        log.show(f"seed: {recipe.seed}")
+    for line in _rounds(recipe):
+        log.show(f"rounds: {line}")
+    if recipe.measured:
+        log.show(_measured(recipe))
+    log.show(recipe_yaml(recipe).rstrip())
+    log.json(recipe.to_dict())
