@@ -27,7 +27,7 @@ MethodOpt = Annotated[
     str | None,
     typer.Option(
         "--method",
-        help="Pruning method (headcut methods lists them).",
+        help="One paper's method alone, with its defaults (headcut methods lists them); without it a recipe runs.",
         metavar="METHOD",
         show_default=False,
         autocompletion=_choices(METHODS),

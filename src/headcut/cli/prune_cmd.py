@@ -42,8 +42,9 @@ GIVEN = "headcut.method_options"
 
 PRUNE_HELP = "\n\n".join(
     [
-        "Remove attention heads of MODEL with a pruning method and save the slimmed model to --out, with "
-        f"{PRUNE_REPORT} inside it (the mask, heads, parameters, sizes, metric before/after).",
+        "Remove attention heads of MODEL (with the default recipe of its kind, a recipe, or one method) and save the "
+        f"slimmed model to --out, with {PRUNE_REPORT} inside it (the mask, heads, parameters, sizes, metric "
+        "before/after).",
         "Without --method, a recipe runs: --recipe NAME|FILE, by default the default recipe of the model's kind "
         "(headcut recipes lists the recipes and the measurements behind them); the flags given change its options "
         f"and --via its rounds. The recipe that ran is saved beside the report ({RECIPE_FILE}): --recipe OUT replays "
