@@ -42,9 +42,10 @@ them); ``run`` without ``--only`` measures every candidate, several hours on 2 s
 
 On 2026-11-28 (2 CPU cores shared with other jobs, load average 1-5) the rows measured were, in this order:
 every SmolLM2 one-shot row but ``michel-quarter`` and ``flap-long-*``, the probe, ``flap-uniform+recovery-third``,
-Gemma 3's ``unpruned``, ``fluctuation+bias-4``, ``gradient-4``, SmolLM2's ``gradient+recovery-quarter`` and Gemma 3's
-``gradient-6``: ``michel-third`` alone took 13 minutes and one recovery step 93 s, so the rest did not fit the
-session (``list`` names them; ``run --only NAME ...`` measures them).
+Gemma 3's ``unpruned``, ``fluctuation+bias-4``, ``gradient-4`` and SmolLM2's ``gradient+recovery-quarter``:
+``michel-third`` alone took 13 minutes, one recovery step 71-93 s and a Gemma 3 evaluation 5.5 minutes, so the
+rest (Gemma 3's ``gradient-6`` among them) did not fit the session (``list`` names them; ``run --only NAME ...``
+measures them).
 """
 
 from __future__ import annotations
