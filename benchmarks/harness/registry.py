@@ -73,6 +73,12 @@ STUDIES: tuple[Study, ...] = (
         listed=False,
     ),
     Study(
+        "decoder_recipe",
+        "python -m benchmarks.studies.decoder_recipe run",
+        "Decoders: the candidates for the default recipe",
+        listed=False,
+    ),
+    Study(
         "long_context",
         "python -m benchmarks.studies.long_context",
         "Long context: decode speed and KV cache",

@@ -25,6 +25,7 @@ from benchmarks.harness.curves import (
 from benchmarks.harness.formatting import fmt, pyplot
 from benchmarks.harness.levers import LEVERS, RECOVERY_LOSSES
 from benchmarks.harness.long_context import render_markdown as long_context_markdown
+from benchmarks.harness.render_decoder_default import decoder_default_section
 from benchmarks.harness.registry import STUDIES
 from benchmarks.harness.render_decoders import (
     KV_SECTIONS,
@@ -620,6 +621,8 @@ def page(data: dict[str, dict[str, Any]], img: Path | None = None) -> str:
         lines += kv_methods_section(data)
     if data.get("peer_llm", {}).get("rows"):
         lines += peer_llm_section(data["peer_llm"], data)
+    if data.get("decoder_recipe", {}).get("rows"):
+        lines += decoder_default_section(data["decoder_recipe"])
     if data.get("layerwise_memory", {}).get("rows"):
         lines += layerwise_section(data["layerwise_memory"])
     lines += _long_context(data)

