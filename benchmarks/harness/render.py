@@ -25,8 +25,8 @@ from benchmarks.harness.curves import (
 from benchmarks.harness.formatting import fmt, pyplot
 from benchmarks.harness.levers import LEVERS, RECOVERY_LOSSES
 from benchmarks.harness.long_context import render_markdown as long_context_markdown
-from benchmarks.harness.render_decoder_default import decoder_default_section
 from benchmarks.harness.registry import STUDIES
+from benchmarks.harness.render_decoder_default import decoder_default_section
 from benchmarks.harness.render_decoders import (
     KV_SECTIONS,
     kv_methods_section,

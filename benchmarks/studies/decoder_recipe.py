@@ -11,7 +11,7 @@ another style than the one they were calibrated and recovered on.
 Every row: ``headcut.prune(src, method, keep=..., gqa="group", data=<speeches>, data_options=CAL_OPTIONS,
 seed=0, **keywords)`` (timed: the prune's wall seconds, recovery included), ``save`` to a temporary folder,
 reloaded with ``headcut.load``, then perplexity at windows of 128 and of 2,048 tokens with
-:func:`benchmarks.studies.peer_llm.perplexity` (float32). Also recorded: the KV groups removed, the query heads
+:func:`benchmarks.harness.perplexity.perplexity` (float32). Also recorded: the KV groups removed, the query heads
 kept, the 1-minute load average before and after (the 2 cores are shared), and whether the saved folder is
 stock-loadable: loaded by ``transformers.AutoModelForCausalLM.from_pretrained`` without remote code, its logits
 on one 128-token window equal ``headcut.load``'s (largest gap under 1e-3). A request that headcut refuses is a
@@ -65,7 +65,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.studies.peer_llm import perplexity
+from benchmarks.harness.perplexity import perplexity
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "decoder_recipe.json"
 WORK = Path(os.environ.get("HEADCUT_CACHE", Path.home() / ".cache" / "headcut")).expanduser() / "decoder_recipe"

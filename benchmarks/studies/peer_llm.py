@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import subprocess
@@ -61,6 +60,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from benchmarks.harness.perplexity import perplexity
 
 #: the KV groups removed (of SmolLM2's 90), as in the harness's KV studies
 BUDGETS = [6, 12, 18, 30, 45]
@@ -89,28 +90,6 @@ HEADCUT_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 #: the peer's environment
 PEER_PACKAGES = [["torch==2.13.0"], ["transformers==4.48.3", "torch-pruning==1.6.1"]]
 DEFAULT_VENV = Path("/work/venvs/torch-pruning")
-
-
-def perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int, tokens_per_batch: int = 2048) -> float:
-    """exp of the mean next-token loss over ``ids`` (1-D) cut into non-overlapping windows of ``window`` tokens
-    (the remainder dropped), every window its own input: the loss of every next token in each window, weighted
-    by tokens."""
-    n = ids.numel() // window * window
-    windows = ids[:n].view(-1, window)
-    per_batch = max(1, tokens_per_batch // window)
-    nll, count = 0.0, 0
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(windows), per_batch):
-            x = windows[start : start + per_batch]
-            logits = model(input_ids=x, use_cache=False).logits[:, :-1].float()
-            nll += float(
-                torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum"
-                )
-            )
-            count += x[:, 1:].numel()
-    return math.exp(nll / count)
 
 
 def peak_rss_mib() -> float:
@@ -578,12 +557,13 @@ def write_ids(path: Path, tokenizer: Any, held_text: str, cal_blocks: torch.Tens
 
 
 def run_cut(python: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
-    """One cut in its own process (``python peer_llm.py cut``); its row."""
+    """One cut in its own process (``python -m benchmarks.studies.peer_llm cut``); its row."""
     work.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "work": str(work), "out": str(work / "row.json")}
     (work / "spec.json").write_text(json.dumps(spec))
     start = time.perf_counter()
-    subprocess.run([python, str(Path(__file__).resolve()), "cut", str(work / "spec.json")], check=True)
+    root = Path(__file__).resolve().parents[2]  # the repository: -m finds benchmarks.harness from there
+    subprocess.run([python, "-m", "benchmarks.studies.peer_llm", "cut", str(work / "spec.json")], cwd=root, check=True)
     row = json.loads((work / "row.json").read_text())
     row["wall_seconds"] = time.perf_counter() - start
     return row
