@@ -213,14 +213,11 @@ def stock_loadable(folder: Path, model: torch.nn.Module, check: torch.Tensor) ->
 
 
 def _heads(model: torch.nn.Module) -> tuple[int, int]:
-    """Query and KV heads left in ``model``, from its attention projections."""
-    hd = model.config.head_dim
-    q = kv = 0
-    for layer in model.model.layers:
-        a = layer.self_attn
-        q += a.q_proj.out_features // hd if hasattr(a, "q_proj") else 0
-        kv += a.k_proj.out_features // hd if hasattr(a, "k_proj") else 0
-    return q, kv
+    """Query and KV heads left in ``model``, as headcut's adapters read its attention blocks."""
+    from headcut.model.surgery import model_blocks
+
+    blocks = model_blocks(model)
+    return sum(b.heads for b in blocks), sum(b.kv_heads for b in blocks)
 
 
 def measure(model_name: str, cand: Candidate) -> dict[str, Any]:

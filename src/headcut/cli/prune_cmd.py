@@ -322,7 +322,7 @@ def _on_recipe(
 
 
 def _recipe_line(book: Any) -> str:
-    """One line of what a recipe runs (stderr, before the work)."""
+    """One line of what a recipe ran (after the summary)."""
     parts = [book.method + "".join(f" {k}={v}" for k, v in book.method_options.items())]
     parts += [f"{k}={v}" for k, v in book.cut.items()]
     parts += ["refit"] if book.refit else []

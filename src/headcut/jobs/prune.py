@@ -145,9 +145,9 @@ def prune(
             gqa = cut.get("gqa", gqa)
             min_heads_per_block = cut.get("min_heads_per_block", min_heads_per_block)
             refit = book.refit
-            recover_steps = recover.get("recover_steps", 0)
-            recover_hidden_weight = recover.get("recover_hidden_weight", 0.0)
-            recover_average = recover.get("recover_average", 0.0)
+            ran = RecoveryConfig(**recover)  # the recipe's recovery options, the declared defaults for the others
+            recover_steps, recover_hidden_weight = ran.recover_steps, ran.recover_hidden_weight
+            recover_average = ran.recover_average
             data_options = {**book.data, **(data_options or {})}
             seed = book.seed if book.seed is not None else seed
         request = prune_request(
