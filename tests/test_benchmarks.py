@@ -48,6 +48,18 @@ def test_the_page_is_the_one_the_store_gives(stored: dict) -> None:
         assert (DOCS / image).is_file(), image
 
 
+def test_the_decoder_recipes_measurements_are_the_studys(stored: dict) -> None:
+    """The built-in ``decoder`` recipe's ``measured`` rows are the decoder study's rows that ran it, number for
+    number, and cover both models."""
+    from benchmarks.harness.render_decoder_default import measured_rows
+    from headcut.recipes import builtin_recipes
+
+    recipe = builtin_recipes()["decoder"]
+    rows = measured_rows(stored["decoder_recipe"], recipe)
+    assert [dict(m) for m in recipe.measured] == rows
+    assert {r["model"] for r in rows} == {"SmolLM2-135M-Instruct", "Gemma 3 270M"}
+
+
 def test_the_summary_holds_the_declared_verdicts(stored: dict) -> None:
     summary = page(stored).split("\n## ", 2)[1]
     assert summary.startswith("Summary")

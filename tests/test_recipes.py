@@ -7,8 +7,9 @@ import json
 from fractions import Fraction
 
 import pytest
+import torch
 import yaml
-from helpers import cls_rows, digest, one_line_error, run, save_tiny, write_rows
+from helpers import cls_rows, digest, one_line_error, run, save_tiny, sentence, write_rows
 
 import headcut
 from headcut.errors import HeadcutError, HeadcutValueError
@@ -115,7 +116,7 @@ def test_unreadable_recipes_are_refused_on_one_line(tmp_path):
     bad.write_text("stages: [unclosed\n")
     with pytest.raises(HeadcutValueError, match="not YAML"):
         read_recipe(bad)
-    with pytest.raises(HeadcutValueError, match="no recipe 'nothing-here'.*built-in recipe \\(encoder"):
+    with pytest.raises(HeadcutValueError, match="no recipe 'nothing-here'.*built-in recipe \\(decoder, encoder\\)"):
         read_recipe("nothing-here")
     report = tmp_path / "report.json"
     report.write_text(json.dumps({"report_format": 1, "command": "export"}))
@@ -235,10 +236,58 @@ def test_the_recipe_refusals(tiny, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_causal_lm_has_no_default_recipe_yet(tmp_path):
-    src = save_tiny(tmp_path / "llama", "llama", "LlamaForCausalLM")
-    with pytest.raises(HeadcutValueError, match="no default recipe for a causal-lm model: its default recipe is still"):
-        headcut.prune(src, keep=4, data="x.txt")
+@pytest.fixture(scope="module")
+def tiny_lm(tmp_path_factory):
+    """A tiny Llama (3 layers x 6 query heads in 2 KV groups of 3, 64 positions) and a text file of 40 lines."""
+    root = tmp_path_factory.mktemp("recipes-lm")
+    rng = torch.Generator().manual_seed(0)
+    text = root / "text.txt"
+    text.write_text("\n\n".join(sentence(rng, 30) for _ in range(40)) + "\n")
+    return {"src": save_tiny(root / "llama", "llama", "LlamaForCausalLM"), "text": text, "root": root}
+
+
+def test_a_causal_lm_runs_the_decoder_recipe(tiny_lm, tmp_path):
+    """No method: a causal LM runs the built-in ``decoder`` recipe, the same heads and bytes as its method and
+    options given by hand; its blocks, longer than the tiny model's 64 positions, are read at 64, with a note."""
+    src, text = tiny_lm["src"], tiny_lm["text"]
+    decoder = default_recipe("causal-lm")
+    assert decoder is not None and decoder == builtin_recipes()["decoder"]
+    assert decoder.cut.get("gqa") == "group" and decoder.measured
+    by_recipe = headcut.prune(src, keep=12, data=text, out=tmp_path / "a")
+    assert by_recipe.report["recipe"]["name"] == "decoder"
+    assert by_recipe.report["heads"]["after"] == 12
+    wanted = decoder.data["seq_len"]
+    assert wanted > 64
+    assert any(
+        f"reads blocks of {wanted} tokens, more than this model's 64 positions" in n for n in by_recipe.report["notes"]
+    )
+    assert by_recipe.report["recipe"]["data"]["seq_len"] == 64
+    by_hand = headcut.prune(
+        src,
+        decoder.method,
+        keep=12,
+        data=text,
+        data_options={**decoder.data, "seq_len": 64},
+        out=tmp_path / "b",
+        **decoder.cut,
+        **decoder.method_options,
+    )
+    assert by_hand.report["mask"] == by_recipe.report["mask"]
+    assert digest(tmp_path / "a")["model.safetensors"] == digest(tmp_path / "b")["model.safetensors"]
+    # whole KV groups go: every layer keeps a multiple of the group's 3 query heads
+    assert all(len(kept) % 3 == 0 for kept in by_recipe.mask.keep.values())
+    # the README's one line on the CLI, and its replay from the folder
+    result = run("prune", src, "--keep", "6", "--data", text, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    assert "recipe decoder" in result.stdout and "more than this model's 64 positions" in result.output
+    headcut.prune(src, recipe=tmp_path / "c", data=text, out=tmp_path / "d")
+    assert digest(tmp_path / "c")["model.safetensors"] == digest(tmp_path / "d")["model.safetensors"]
+    # a --seq-len given longer than the model reads is still refused
+    with pytest.raises(HeadcutError, match="longer than the model's 64 positions"):
+        headcut.prune(src, keep=12, data=text, data_options={"seq_len": 128})
+
+
+def test_a_model_of_another_kind_has_no_default_recipe(tmp_path):
     base = save_tiny(tmp_path / "base", "bert", "BertModel")
     with pytest.raises(HeadcutValueError, match="no default recipe for a base model: no recipe has been measured"):
         headcut.prune(base, keep=4, data="x.txt")

@@ -8,12 +8,18 @@ import math
 import torch
 
 
-def perplexity(model: torch.nn.Module, ids: torch.Tensor, window: int, tokens_per_batch: int = 2048) -> float:
+def perplexity(
+    model: torch.nn.Module, ids: torch.Tensor, window: int, tokens_per_batch: int = 2048, bos: int | None = None
+) -> float:
     """exp of the mean next-token loss over ``ids`` (1-D) cut into non-overlapping windows of ``window`` tokens
     (the remainder dropped), every window its own input: the loss of every next token in each window, weighted
-    by tokens."""
+    by tokens. With ``bos`` (for a model whose tokenizer starts every text with it, as Gemma's does: without it
+    Gemma 3's perplexity is several times higher), each window is read after that token and every one of the
+    window's tokens is predicted (the first one from ``bos`` alone)."""
     n = ids.numel() // window * window
     windows = ids[:n].view(-1, window)
+    if bos is not None:
+        windows = torch.cat([torch.full((len(windows), 1), bos, dtype=windows.dtype), windows], dim=1)
     per_batch = max(1, tokens_per_batch // window)
     nll, count = 0.0, 0
     model.eval()

@@ -75,7 +75,7 @@ STUDIES: tuple[Study, ...] = (
     Study(
         "decoder_recipe",
         "python -m benchmarks.studies.decoder_recipe run",
-        "Decoders: the candidates for the default recipe",
+        "Decoders: the default recipe and its candidates",
         listed=False,
     ),
     Study(

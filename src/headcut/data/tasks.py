@@ -217,7 +217,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
-def _max_positions(config: Any) -> int | None:
+def max_positions(config: Any) -> int | None:
+    """The most positions a model of ``config`` reads (None: no limit in its config)."""
     for attr in ("max_position_embeddings", "n_positions", "n_ctx"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
@@ -428,7 +429,7 @@ def _texts_per_row(
 
 def _check_model(model: nn.Module, tokenizer: Any, task: str, config: DataConfig) -> None:
     mconf = model.config
-    limit = _max_positions(mconf)
+    limit = max_positions(mconf)
     if limit is not None and config.seq_len > limit:
         raise HeadcutError(f"--seq-len {config.seq_len} is longer than the model's {limit} positions")
     if task == "classification":

@@ -34,7 +34,7 @@ from ..errors import HeadcutError, label
 from .blocks import affixes, token_ids
 from .columns import pick
 from .config import TEXT_COLUMNS, DataConfig
-from .tasks import Calibration, _max_positions, _pad_id, detect_task, open_rows
+from .tasks import Calibration, _pad_id, detect_task, max_positions, open_rows
 from .text import pieces_of
 
 __all__ = ["TextStream", "load_windows"]
@@ -168,7 +168,7 @@ def load_windows(
             f"{label('windows')} measures the perplexity of a causal LM; this model has a {task} head "
             "(its metric needs no --windows)"
         )
-    limit = _max_positions(model.config)
+    limit = max_positions(model.config)
     for size in sizes:
         if size < 2:
             raise HeadcutError(f"{label('windows')} {size}: a window needs at least 2 tokens")

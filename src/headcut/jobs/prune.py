@@ -31,7 +31,7 @@ from ..training.parallel import resolve_engine
 from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
 from .base import ModelLike, calibration, load_model, move, plain_arguments
 from .layerwise import prune_layerwise
-from .recipes import keyword_changes, recipe_for, resolved_recipe
+from .recipes import keyword_changes, recipe_data, recipe_for, resolved_recipe
 from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
 from .results import Pruned
 from .saving import local_reads
@@ -122,7 +122,7 @@ def prune(
     unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
     agreement = Agreement()  # several processes: they agree before the work, or all stop with one line
     with agreement.guard():
-        book = None
+        book, data_note = None, None
         if method is None or recipe is not None:
             given = dict(
                 keep=keep,
@@ -148,7 +148,7 @@ def prune(
             ran = RecoveryConfig(**recover)  # the recipe's recovery options, the declared defaults for the others
             recover_steps, recover_hidden_weight = ran.recover_steps, ran.recover_hidden_weight
             recover_average = ran.recover_average
-            data_options = {**book.data, **(data_options or {})}
+            data_options, data_note = recipe_data(book, data_options, model, task, allow_pickle, trust_remote_code)
             seed = book.seed if book.seed is not None else seed
         request = prune_request(
             Source(
@@ -192,6 +192,8 @@ def prune(
             ),
             book,
         )
+        if data_note is not None:
+            request.notes.append(data_note)
         with request.lock():
             if request.path.layerwise:  # one process only
                 pruned: Pruned = prune_layerwise(request, arguments, request.path)

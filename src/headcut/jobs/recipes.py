@@ -12,15 +12,24 @@ from typing import Any
 from ..catalog import METHODS
 from ..config import PruneConfig, RecoveryConfig
 from ..data import DataConfig
+from ..data.tasks import max_positions
 from ..errors import HeadcutValueError, label
 from ..model.loading import class_task, open_checkpoint
 from ..options import specs
 from ..pruning.schedule import Round
 from ..recipes import Case, Recipe, RoundPlan, Stage, builtin_recipes, default_recipe, read_recipe
-from ..recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, KINDS, RECOVER_FIELDS
+from ..recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, RECOVER_FIELDS
 
 #: the recipe name that means the default recipe of the model's kind
 DEFAULT = "default"
+
+
+def _opened(model: Any, task: str | None, allow_pickle: bool, trust_remote_code: bool) -> tuple[Any, type]:
+    """The config and the class of ``model`` (a checkpoint: its config read, no weights; or a loaded module)."""
+    if isinstance(model, (str, os.PathLike)):
+        found = open_checkpoint(os.fspath(model), task, allow_pickle, trust_remote_code)
+        return found[2], found[3]
+    return getattr(model, "config", None), type(model)
 
 
 def model_task(
@@ -31,11 +40,35 @@ def model_task(
     read, no weights)."""
     if task is not None:
         return task
-    if isinstance(model, (str, os.PathLike)):
-        cls = open_checkpoint(os.fspath(model), task, allow_pickle, trust_remote_code)[3]
-    else:
-        cls = type(model)
-    return class_task(cls)
+    return class_task(_opened(model, task, allow_pickle, trust_remote_code)[1])
+
+
+def recipe_data(
+    recipe: Recipe,
+    given: Mapping[str, Any] | None,
+    model: Any,
+    task: str | None = None,
+    allow_pickle: bool = False,
+    trust_remote_code: bool = False,
+) -> tuple[dict[str, Any], str | None]:
+    """The data options a run of ``recipe`` reads: the recipe's, with those ``given`` on top; a recipe's
+    ``seq_len`` (not one given) longer than the model reads is read at the model's positions, with a note saying
+    so (a recipe measured with long blocks runs on a model of a shorter context)."""
+    data = {**recipe.data, **(given or {})}
+    wanted = recipe.data.get("seq_len")
+    if wanted is None:
+        return data, None
+    limit = max_positions(_opened(model, task, allow_pickle, trust_remote_code)[0])
+    if limit is None or wanted <= limit:
+        return data, None
+    if "seq_len" not in (given or {}):
+        data["seq_len"] = limit
+    if data["seq_len"] > limit:
+        return data, None  # given longer than the model reads: the data check refuses it
+    return data, (
+        f"recipe {recipe.name} reads blocks of {wanted} tokens, more than this model's {limit} positions: "
+        f"read in blocks of {data['seq_len']}"
+    )
 
 
 def recipe_for(
@@ -56,15 +89,10 @@ def recipe_for(
     if found is not None:
         return found
     covered = ", ".join(f"{r.default_for} ({r.name})" for r in builtin_recipes().values() if r.default_for)
-    pending = [k for k in KINDS if default_recipe(k) is None]
-    why = (
-        "its default recipe is still being measured (docs/benchmarks.md shows the candidates so far)"
-        if kind in pending
-        else "no recipe has been measured on such models"
-    )
     raise HeadcutValueError(
-        f"no default recipe for a {kind or 'base'} model: {why}. Give the method to run (method, e.g. "
-        f"fluctuation) or a recipe (recipe NAME or FILE); the default recipes: {covered or 'none'}"
+        f"no default recipe for a {kind or 'base'} model: no recipe has been measured on such models. Give the "
+        f"method to run (method, e.g. fluctuation) or a recipe (recipe NAME or FILE); the default recipes: "
+        f"{covered or 'none'}"
     )
 
 
