@@ -68,8 +68,9 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
         lines.append(
             f"`headcut prune MODEL --keep K --data D --out O` on a causal LM runs the built-in `{recipe.name}` recipe "
             f"(`headcut recipes {recipe.name}`): {recipe.about} It is the candidate marked **default** in the tables "
-            "below, chosen among them by measurement (`benchmarks/studies/decoder_recipe.py`): the one whose worse "
-            "window rose least at both of SmolLM2's budgets."
+            "below, chosen among them by measurement (`benchmarks/studies/decoder_recipe.py`): the candidate closest "
+            "to the targets on SmolLM2 among those that did not break Gemma 3 at 4 of its 18 KV heads (the reading "
+            "under the tables says why)."
         )
     lines += [
         "",

@@ -31,12 +31,12 @@ removed (keep 56 and 48).
 
 Candidates (:func:`candidates`, in the order ``list`` gives them): FLAP's fluctuation with bias compensation,
 non-uniform and uniform; one-shot gradient; iterative gradient (``michel``, 3 rounds, no normalisation, as
-``peer_llm`` runs it); each with a least-squares refit (``+refit``); calibration on the same number of tokens in
-2,048-token blocks (``*-long-*``: :data:`LONG_OPTIONS`; ``*-long1-*``: one block a batch, :data:`LONG1_OPTIONS`, the
-default recipe's data options); uniform (stock-loadable) cuts; then distilled recovery (:data:`RECOVER_STEPS` steps,
+``peer_llm`` runs it); one-shot gradient with a least-squares refit (``gradient+refit-*``); calibration on the same
+number of tokens in 2,048-token blocks (``*-long-*``: :data:`LONG_OPTIONS`; ``*-long1-*``: one block a batch,
+:data:`LONG1_OPTIONS`); uniform (stock-loadable) cuts; then distilled recovery (:data:`RECOVER_STEPS` steps,
 ``recover_hidden_weight=0``, on the calibration blocks in batches of 8: :data:`RECOVER_OPTIONS`) after each of the
-one-shot methods of :data:`RECOVER_BASES`, with and without weight averaging (``recover_average=0.5``), and
-:data:`MORE_RECOVER_STEPS` steps after ``michel``; ``flap+recovery-probe`` (2 steps) measures one step's time. On
+one-shot methods of :data:`RECOVER_BASES`, with and without weight averaging (``recover_average=0.5``);
+``flap+recovery-probe`` (2 steps) measures one step's time. On
 Gemma 3 (its windows read after its BOS token), FLAP at 4 (refused under ``gqa="group"``: every block there is one
 unit; the refusal is the row), gradient at 4 and 6 in 256- and 2,048-token blocks, ``michel``, and gradient with
 the recovery. ``run`` without ``--only`` measures every candidate, several hours on 2 cores; the rows measured are
@@ -86,8 +86,6 @@ LONG1_OPTIONS: dict[str, Any] = {**LONG_OPTIONS, "batch_size": 1}
 #: 93 s a step on the 2 shared cores (load average about 4), so 4 steps are what fit about 12 minutes a cut
 RECOVER_STEPS = 4
 RECOVER_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 64, "batch_size": 8}
-#: the longer recovery that fits 15 minutes a cut after ``michel`` on 2 quiet cores (about 30 s a step)
-MORE_RECOVER_STEPS = 12
 #: the one-shot methods a recovery row may start from (``run --only`` picks the rows: the best training-free ones)
 RECOVER_BASES: dict[str, tuple[str, dict[str, Any]]] = {
     "flap": ("fluctuation", {"bias_compensation": True}),
@@ -163,30 +161,17 @@ def candidates(model: str) -> list[Candidate]:
     )
     for label, n in SMOLLM_BUDGETS.items():
         rows.append(Candidate(f"gradient+refit-{label}", "gradient", n, {"refit": True}))
-    for label, n in SMOLLM_BUDGETS.items():
-        rows.append(Candidate(f"gradient-uniform+refit-{label}", "gradient", n, {"refit": True, "uniform": True}))
     michel = {"rounds": 3, "normalize": "none"}
     for label, n in SMOLLM_BUDGETS.items():
         rows.append(Candidate(f"michel-long-{label}", "michel", n, dict(michel), dict(LONG_OPTIONS)))
     rows.append(Candidate("michel-uniform-third", "michel", SMOLLM_BUDGETS["third"], {**michel, "uniform": True}))
     rows.append(Candidate("gradient-uniform-third", "gradient", SMOLLM_BUDGETS["third"], {"uniform": True}))
     for label, n in SMOLLM_BUDGETS.items():
-        rows.append(Candidate(f"gradient-long+refit-{label}", "gradient", n, {"refit": True}, dict(LONG_OPTIONS)))
-    for label, n in SMOLLM_BUDGETS.items():
         rows.append(Candidate(f"gradient-long-{label}", "gradient", n, data_options=dict(LONG_OPTIONS)))
     for label, n in SMOLLM_BUDGETS.items():
         rows.append(Candidate(f"gradient-long1-{label}", "gradient", n, data_options=dict(LONG1_OPTIONS)))
     third = SMOLLM_BUDGETS["third"]
     rows.append(Candidate("gradient-long-uniform-third", "gradient", third, {"uniform": True}, dict(LONG_OPTIONS)))
-    rows.append(
-        Candidate("flap-uniform+refit-third", "fluctuation", SMOLLM_BUDGETS["third"], {**uniform_flap, "refit": True})
-    )
-    rows.append(
-        Candidate(
-            "fluctuation-uniform+refit-third", "fluctuation", SMOLLM_BUDGETS["third"], {"uniform": True, "refit": True}
-        )
-    )
-    third = SMOLLM_BUDGETS["third"]
     flap_method, flap_kw = RECOVER_BASES["flap"]
     rows.append(Candidate("flap+recovery-probe", flap_method, third, {**flap_kw, **_recovery(2)}, RECOVER_OPTIONS))
     uniform = {**flap_kw, "uniform": True, **_recovery(RECOVER_STEPS)}
@@ -197,9 +182,6 @@ def candidates(model: str) -> list[Candidate]:
                 name = f"{tag}+recovery{'-avg' if average else ''}-{label}"
                 kw = {**base, **_recovery(RECOVER_STEPS, average)}
                 rows.append(Candidate(name, method, n, kw, RECOVER_OPTIONS))
-    for label, n in SMOLLM_BUDGETS.items():
-        kw = {**RECOVER_BASES["michel"][1], **_recovery(MORE_RECOVER_STEPS)}
-        rows.append(Candidate(f"michel+recovery{MORE_RECOVER_STEPS}-{label}", "michel", n, kw, RECOVER_OPTIONS))
     return rows
 
 
@@ -230,14 +212,15 @@ def eval_ids(src: Path) -> tuple[torch.Tensor, int | None]:
     read after where the tokenizer starts every text with one (Gemma 3; SmolLM2's adds none)."""
     from transformers import AutoTokenizer
 
+    from headcut.data.blocks import affixes
     from headcut_offline import hamlet_path
 
     tok = AutoTokenizer.from_pretrained(src)
     ids = tok(hamlet_path().read_text(), add_special_tokens=False)["input_ids"]
     if len(ids) < EVAL_TOKENS:
         raise SystemExit(f"hamlet.txt has {len(ids)} tokens, fewer than {EVAL_TOKENS}")
-    probe = tok("a")["input_ids"]
-    bos = tok.bos_token_id if tok.bos_token_id is not None and probe[:1] == [tok.bos_token_id] else None
+    prefix = affixes(tok)[0]  # the special tokens the tokenizer puts before every text, as headcut's blocks read
+    bos = prefix[0] if len(prefix) == 1 else None
     return torch.tensor(ids[:EVAL_TOKENS], dtype=torch.long), bos
 
 
