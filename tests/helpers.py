@@ -642,3 +642,16 @@ def load_without_headcut(cases: list[dict]) -> dict:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+#: the vLLM environment the README's test command builds (vLLM pins its own torch and transformers)
+VLLM_ENV_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+
+
+def vllm_python() -> str | None:
+    """The interpreter of the vLLM install the serving tests use: ``$HEADCUT_VLLM_PYTHON``, else the README
+    test command's ``.venv-vllm`` at the repository root, else None (those tests skip)."""
+    given = os.environ.get("HEADCUT_VLLM_PYTHON")
+    if given:
+        return given
+    return str(VLLM_ENV_PYTHON) if VLLM_ENV_PYTHON.is_file() else None

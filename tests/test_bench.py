@@ -76,6 +76,9 @@ GEN_KEYS = {
     "speedup_p25",
     "speedup_p75",
     "within_noise",
+    "prefill_included",
+    "bytes_per_token",
+    "ideal_speedup",
 }
 # tiny Llama (helpers.make_model): 3 layers, hidden 48, 6 query heads and 2 KV heads of size 8
 LLAMA = dict(layers=3, hidden=48, heads=6, kv_heads=2, head_dim=8, ffn=37, vocab=99)
@@ -133,6 +136,11 @@ def test_json_structure(ckpts):
     assert llama["speedup_p25"] is None and llama["within_noise"] is None
     assert 0 < bert["speedup_p25"] <= bert["speedup_p75"] and isinstance(bert["within_noise"], bool)
     assert llama["generation"]["speedup_p25"] is None and llama["generation"]["within_noise"] is None
+    # bytes read per new token: the weights once per step for the batch of 2, plus each sequence's cache at the
+    # mean cached length of the 4 decoding steps (8 prompt + 4 new - 1 cached at the end)
+    gen = llama["generation"]
+    assert gen["prefill_included"] is True and gen["kv_cache_positions"] == 11
+    assert gen["bytes_per_token"] == pytest.approx((llama["weights_bytes"] + 2 * gen["kv_bytes_per_token"] * 9) / 2)
     for m in data["models"]:
         assert m["median_ms"] > 0 and m["p90_ms"] > 0 and m["examples_per_s"] > 0
         assert m["p25_ms"] <= m["median_ms"] <= m["p75_ms"]
@@ -155,6 +163,10 @@ def test_slimmed_has_fewer_flops_params_heads(ckpts, family):
     assert full.heads > slim.heads > empty.heads
     assert 1.0 < slim.flop_ratio < empty.flop_ratio
     assert slim.flop_ratio == full.flops / slim.flops
+    if family == "llama":  # the ideal decode speed-up: the ratio of bytes read per new token
+        assert full.generation.ideal_speedup == 1.0
+        assert slim.generation.ideal_speedup == full.generation.bytes_per_token / slim.generation.bytes_per_token
+        assert 1.0 < slim.generation.ideal_speedup < empty.generation.ideal_speedup
 
 
 def test_llama_flops_are_the_analytic_count(ckpts):

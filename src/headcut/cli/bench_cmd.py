@@ -35,7 +35,7 @@ BENCH_HELP = "\n\n".join(
         "\n".join(
             [
                 "Columns:",
-                "runtime (with --runtime onnxruntime): torch, or onnxruntime running the ONNX graph.",
+                "runtime (with --runtime onnxruntime or vllm): torch, onnxruntime running the ONNX graph, or vllm.",
                 "heads: attention heads left in the model.",
                 "params: distinct parameters (tied weights once).",
                 "GFLOPs: one forward of the whole batch, counted by torch's FlopCounterMode (matmuls and attention "
@@ -48,8 +48,12 @@ BENCH_HELP = "\n\n".join(
                 "'within noise' when that interval contains 1: the difference is within this machine's run-to-run noise.",
                 "peak MiB: CUDA: max memory allocated during the forwards (weights included); CPU (Linux): peak "
                 "resident memory the forwards add on top of the loaded model.",
-                "gen tok/s: batch size x new tokens / median generation time (prefill included).",
+                "gen tok/s: batch size x new tokens / median generation time (prefill included; vllm rows: the "
+                "decoding steps only).",
                 "gen speed-up: this model's gen tok/s / the first model's, with the same interval and verdict.",
+                "gen ideal: the gen speed-up that the bytes read per new token predict for a memory-bound decoder "
+                "(weights read once per step for the batch, plus each sequence's KV cache at its mean cached length): "
+                "the first model's bytes / this model's.",
                 "KV B/token: bytes of the keys and values in the returned KV cache / batch size / cached positions.",
             ]
         ),
@@ -58,6 +62,13 @@ BENCH_HELP = "\n\n".join(
         "statistics, in rows beside the PyTorch ones; --runtime torch,onnxruntime gives both rows for every MODEL. "
         "The ONNX graph is float32 whatever --dtype says; --device cuda uses onnxruntime's CUDAExecutionProvider "
         "(onnxruntime-gpu). FLOPs, params and heads are the PyTorch model's; the first row is the baseline.",
+        "--runtime vllm serves each MODEL folder in a vLLM engine of its own (one process per MODEL, all loaded "
+        "first and timed in the same rounds; vLLM's interpreter: --vllm-python, as vLLM pins its own torch and "
+        "transformers). Its forward is a prefill of --batch-size prompts of --seq-len random tokens (no prefix "
+        "caching) and its generation the steps that decode --gen-tokens more tokens after that prefill (timed "
+        "inside vLLM's process); FLOPs (the FLOP ratio is the ideal prefill speed-up) and the KV cache are computed "
+        "from the layers vLLM built. A cut in headcut's own form is refused: serve a stock cut (--uniform) or a "
+        "--format decilm folder.",
         "--json PATH|- writes the same numbers and more: every run's time, tokens/s, FLOPs per op, weights bytes, "
         "cache sizes, encoder-decoder cross-attention cache per encoder token, generation speed-up.",
     ]
@@ -72,6 +83,7 @@ BENCH_HELP = "\n\n".join(
         "headcut bench model/ slim/ --device cuda --dtype float16 --batch-size 32 --json -",
         "headcut bench lm/ lm-slim/ --batch-size 1 --seq-len 128 --gen-tokens 64",
         "headcut bench model/ slim/ --runtime torch,onnxruntime",
+        "headcut bench lm/ lm-slim/ --runtime vllm --vllm-python vllm-env/bin/python --batch-size 1 --seq-len 2048",
         "headcut bench model/ slim/ --update-card",
     ),
 )

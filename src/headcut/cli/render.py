@@ -465,16 +465,19 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
         "peak\nMiB",
         "gen\ntok/s",
         "gen\nspeed-up",
+        "gen\nideal",
         "KV B/\ntoken",
     ]
     if not relative:
         columns = [c for c in columns if c not in ("FLOP\nratio", "speed-\nup")]
     if not any(r.generation is not None for r in results):  # no model generates: no generation columns
-        columns = [c for c in columns if c not in ("gen\ntok/s", "gen\nspeed-up", "KV B/\ntoken")]
+        columns = [c for c in columns if c not in ("gen\ntok/s", "gen\nspeed-up", "gen\nideal", "KV B/\ntoken")]
     elif not relative or not any(r.generation is not None and r.generation.speedup is not None for r in results):
         columns.remove("gen\nspeed-up")
+    if "gen\nideal" in columns and not any(r.generation is not None and r.generation.ideal_speedup for r in results):
+        columns.remove("gen\nideal")
     if all(getattr(r, "runtime", "torch") == "torch" for r in results):
-        columns.remove("runtime")  # the column appears once onnxruntime is asked for
+        columns.remove("runtime")  # the column appears once another runtime is asked for
     for col in columns:
         if col == "model":
             table.add_column(col, overflow="fold", min_width=8)
@@ -499,6 +502,7 @@ def bench_table(results: list[Any], config: Any, device_name: str) -> Table:
             "gen\nspeed-up": "-"
             if gen is None
             else _speedup(gen.speedup, gen.speedup_p25, gen.speedup_p75, gen.within_noise),
+            "gen\nideal": "-" if gen is None or gen.ideal_speedup is None else f"{gen.ideal_speedup:.2f}x",
             "KV B/\ntoken": "-" if gen is None else f"{gen.kv_bytes_per_token:,.0f}",
         }
         table.add_row(*(cells[c] for c in columns))

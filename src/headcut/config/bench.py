@@ -9,15 +9,24 @@ from typing import Any
 from ..catalog import ATTN_IMPLEMENTATIONS, DTYPE_NAMES
 from ..devices import check_device
 from ..errors import HeadcutError, HeadcutValueError
-from ..extras import imported
+from ..extras import imported, vllm_interpreter
 from ..options import OptionError, check_fields, option, specs
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
-BENCH_RUNTIMES = ("torch", "onnxruntime")
+BENCH_RUNTIMES = ("torch", "onnxruntime", "vllm")
 #: the --help section of bench's options
 P = "Options"
 #: the largest count torch takes (it unpacks them into a C ``long long``)
 LARGEST_COUNT = 2**63 - 1
+
+
+def check_vllm_python(python: str | None) -> str:
+    """The interpreter ``--runtime vllm`` runs vLLM with (:func:`headcut.extras.vllm_interpreter`), as a
+    one-line HeadcutValueError when it has no vLLM."""
+    try:
+        return vllm_interpreter(python)
+    except HeadcutError as exc:
+        raise HeadcutValueError(Exception.__str__(exc)) from None
 
 
 @dataclass
@@ -79,9 +88,17 @@ class BenchConfig:
         "torch",
         metavar="RUNTIME",
         panel=P,
-        complete=BENCH_RUNTIMES + ("torch,onnxruntime",),
-        help="torch, onnxruntime or torch,onnxruntime: one row per MODEL and runtime (onnxruntime: the "
-        "folder's model.onnx, else a temporary export; extra [onnx]).",
+        complete=BENCH_RUNTIMES + ("torch,onnxruntime", "torch,vllm"),
+        help="torch, onnxruntime, vllm, or several comma-separated: one row per MODEL and runtime (onnxruntime: "
+        "the folder's model.onnx, else a temporary export; extra [onnx]; vllm: the folder served by a vLLM "
+        "engine, see --vllm-python).",
+    )
+    vllm_python: str | None = option(
+        None,
+        metavar="PYTHON",
+        panel=P,
+        help="The Python interpreter of the environment vLLM is installed in, for --runtime vllm (vLLM pins its "
+        "own torch and transformers, so it often has its own virtualenv); default: this one.",
     )
     interleave: bool = option(
         True,
@@ -101,7 +118,7 @@ class BenchConfig:
         if not parts or unknown:
             raise HeadcutValueError(
                 f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
-                f"{', '.join(BENCH_RUNTIMES)} or both comma-separated (torch,onnxruntime)"
+                f"{', '.join(BENCH_RUNTIMES)} or several comma-separated (torch,onnxruntime)"
             )
         return tuple(r for r in BENCH_RUNTIMES if r in parts)
 
@@ -123,6 +140,8 @@ class BenchConfig:
         check_device(self.device, auto=False)
         if "onnxruntime" in self.runtimes():
             self._check_onnxruntime()
+        if "vllm" in self.runtimes():
+            check_vllm_python(self.vllm_python)
         notes = []
         if self.device == "cpu" and self.dtype == "float16":
             notes.append("float16 on CPU is often much slower than float32 and some kernels lack it")

@@ -79,6 +79,10 @@ class OnnxRow(Row):
         self.feeds = self.runner.feeds(self.inputs)
         self.call = self.runner.prepare(self.feeds)
         self.notes = ([note] if note else []) + _onnx_dtype_note(model, self.runner.dtype)
+        self.weights_read = sum(f.stat().st_size for f in self._files())
+
+    def _files(self) -> list[Path]:
+        return [self.path] + [f for f in (self.path.with_name(self.path.name + ".data"),) if f.is_file()]
 
     def forward(self) -> Any:
         try:
@@ -116,7 +120,7 @@ class OnnxRow(Row):
     def result(self, times: list[float], generation: GenerationResult | None) -> BenchResult:
         model, config = self.model, self.config
         heads, kv_heads = head_counts(model)
-        files = [self.path] + [f for f in (self.path.with_name(self.path.name + ".data"),) if f.is_file()]
+        files = self._files()
         return BenchResult(
             name=self.label,
             architecture=type(model).__name__.removeprefix("Headcut"),

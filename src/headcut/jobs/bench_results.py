@@ -38,6 +38,14 @@ class GenerationResult:
     speedup_p75: float | None = None
     #: whether that interval contains 1.0 (None: no pairs, or a single round)
     within_noise: bool | None = None
+    #: whether the timed calls include the prompt's prefill (torch, onnxruntime) or only the decoding steps (vllm)
+    prefill_included: bool = True
+    #: bytes read per new token: the weights read once per decoding step (shared by the batch) plus each
+    #: sequence's KV cache at the mean cached length of the decoding steps, over the batch size
+    bytes_per_token: float | None = None
+    #: the speed-up those bytes alone predict for a memory-bound decoder: the first row's bytes per token / this
+    #: row's (filled by :func:`compare`)
+    ideal_speedup: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +110,8 @@ def compare(results: list[BenchResult], *, paired: bool = False) -> list[BenchRe
         gen, base = r.generation, first.generation
         if gen is not None and base is not None and base.tokens_per_s > 0:
             gen.speedup = gen.tokens_per_s / base.tokens_per_s
+        if gen is not None and base is not None and base.bytes_per_token and gen.bytes_per_token:
+            gen.ideal_speedup = base.bytes_per_token / gen.bytes_per_token
         if not paired or k == 0:
             continue
         interval = paired_speedup(first.runs_ms, r.runs_ms)

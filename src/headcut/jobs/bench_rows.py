@@ -65,11 +65,21 @@ def latency(times: list[float], config: BenchConfig, text: bool) -> dict[str, An
     )
 
 
-def generation_result(new_tokens: int, times: list[float], batch: int, size: dict[str, int | None]) -> GenerationResult:
-    """A :class:`GenerationResult` from the timed calls and the cache size of :func:`kv_cache_size`'s form."""
+def generation_result(
+    new_tokens: int,
+    times: list[float],
+    batch: int,
+    size: dict[str, int | None],
+    weights: int | None = None,
+    prefill_included: bool = True,
+) -> GenerationResult:
+    """A :class:`GenerationResult` from the timed calls and the cache size of :func:`kv_cache_size`'s form;
+    ``weights``: the bytes of weights one decoding step reads (for ``bytes_per_token``)."""
     median = statistics.median(times)
     positions = int(size["positions"] or 0)
     cache_bytes = int(size["bytes"] or 0)
+    per_position = cache_bytes / (batch * positions) if positions else 0.0
+    mean_cached = max(positions - new_tokens / 2, 0.0)
     result = GenerationResult(
         new_tokens=int(new_tokens),
         runs_ms=times,
@@ -79,7 +89,9 @@ def generation_result(new_tokens: int, times: list[float], batch: int, size: dic
         tokens_per_s=batch * new_tokens / (median / 1000.0),
         kv_cache_bytes=cache_bytes,
         kv_cache_positions=positions,
-        kv_bytes_per_token=cache_bytes / (batch * positions) if positions else 0.0,
+        kv_bytes_per_token=per_position,
+        prefill_included=prefill_included,
+        bytes_per_token=(weights + batch * per_position * mean_cached) / batch if weights and new_tokens else None,
     )
     if size.get("cross_bytes") is not None:
         cross_bytes, cross_positions = int(size["cross_bytes"] or 0), int(size.get("cross_positions") or 0)
@@ -176,8 +188,17 @@ class Row:
         self.peak = rss.stop()
         self.kind = rss.kind if self.peak is not None else "unavailable"
 
+    #: the bytes of weights one decoding step reads (None: not known)
+    weights_read: int | None = None
+    #: whether a timed generation includes the prompt's prefill
+    prefill_included = True
+
     def generation(self, times: list[float] | None, batch: int) -> GenerationResult | None:
-        return None if times is None else generation_result(self.new_tokens, times, batch, self.cache)
+        if times is None:
+            return None
+        return generation_result(
+            self.new_tokens, times, batch, self.cache, self.weights_read, prefill_included=self.prefill_included
+        )
 
 
 class TorchRow(Row):
@@ -188,6 +209,7 @@ class TorchRow(Row):
         self.model, self.config, self.label, self.report = model, config, label, report
         self.clock = torch.device(config.device)
         model.to(device=self.clock, dtype=DTYPES[config.dtype] if config.dtype else None)
+        self.weights_read = weights_bytes(model)
         if config.attn_implementation:
             model.set_attn_implementation(config.attn_implementation)
         model.eval()

