@@ -137,3 +137,25 @@ def test_kv_bytes_and_attention_pairs_count_sliding_windows():
     assert attention_pairs(5, None) == 15
     assert attention_pairs(5, 2) == 3 + 3 * 2
     assert attention_pairs(5, 5) == 15
+
+
+def test_reports_say_which_engines_load_the_output(tmp_path):
+    """The report's ``engines`` and the model card: a uniform cut of a causal LM is stock (transformers without
+    remote code, vLLM); a per-layer cut loads in transformers only with headcut's code, and the report says what
+    would make it servable; an encoder is not offered to vLLM."""
+    from helpers import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny", "llama", "LlamaForCausalLM")
+    uniform = headcut.export(folder, {"drop": {f"self.{i}": [0, 1, 2] for i in range(3)}}, out=tmp_path / "u")
+    assert [e["engine"] for e in uniform.report["engines"]] == ["transformers", "vLLM"]
+    assert uniform.report["engines"][1]["how"] == "vllm serve OUT" and uniform.report["not_served"] is None
+    card = (tmp_path / "u" / "README.md").read_text()
+    assert "| vLLM | `.` | `vllm serve path/to/this/folder` |" in card
+    layered = headcut.export(folder, {"drop": {"self.0": [0, 1, 2]}}, out=tmp_path / "l")
+    assert [e["engine"] for e in layered.report["engines"]] == ["transformers"]
+    assert "trust_remote_code=True" in layered.report["engines"][0]["how"]
+    assert "--uniform" in layered.report["not_served"] and "--format decilm" in layered.report["not_served"]
+    assert "No serving engine loads this cut" in (tmp_path / "l" / "README.md").read_text()
+    encoder = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
+    cut = headcut.export(encoder, {"drop": {f"self.{i}": [0] for i in range(2)}}, out=tmp_path / "b")
+    assert "vLLM" not in [e["engine"] for e in cut.report["engines"]] and cut.report["not_served"] is None

@@ -316,7 +316,7 @@ def checkpoint_lines(report: dict[str, Any]) -> list[str]:
         return [
             f"checkpoint: plain transformers {form.get('architecture')}, loads with {loader} "
             "(no trust_remote_code, no headcut)"
-        ]
+        ] + serving_lines(report)
     line = (
         f"checkpoint: headcut's form, loads with {loader}; not a plain transformers checkpoint "
         f"because {form.get('why_not_stock')}"
@@ -328,7 +328,20 @@ def checkpoint_lines(report: dict[str, Any]) -> list[str]:
             + " or ".join(f"--keep {k}" for k in near)
             + " (their quality was not measured)"
         )
-    return [line]
+    return [line] + serving_lines(report)
+
+
+def serving_lines(report: dict[str, Any]) -> list[str]:
+    """The serving engines that load the output (``report["engines"]``) beyond transformers, or, for a causal LM
+    none loads, what would make it servable (``report["not_served"]``)."""
+    served = [e for e in report.get("engines") or [] if e.get("engine") not in ("transformers",)]
+    out = str(report.get("out") or "OUT")
+    lines = []
+    if served:
+        lines.append("serves in: " + "; ".join(f"{e['engine']}: {str(e['how']).replace('OUT', out)}" for e in served))
+    if report.get("not_served"):
+        lines.append(str(report["not_served"]))
+    return lines
 
 
 # ---- finetune -----------------------------------------------------------------------------------------

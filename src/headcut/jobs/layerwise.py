@@ -40,7 +40,7 @@ from .layerwise_choice import Choice, checkpoint_bytes
 from .recipes import resolved_recipe
 from .request import PruneRequest
 from .results import Pruned
-from .saving import local_reads, write_report
+from .saving import local_reads, serving_entries, write_report
 
 
 @dataclass(kw_only=True)
@@ -102,6 +102,7 @@ class LayerwisePruned(Pruned):
                 notes = finish_checkpoint(fresh.model, tmp, self.folder, self.trust_remote_code, form)
                 if isinstance(report.get("size_bytes"), dict):
                     report["size_bytes"]["after"] = weights_bytes(tmp)
+                serving_entries(report, fresh.model)
                 report["layerwise"] = self.stats.to_json()
                 report["seconds"] = round(float(report.get("seconds") or 0.0) + self.stats.write_seconds, 3)
                 write_card(tmp, fresh.model, report, source=self.folder, formats=None, has_weights=True)

@@ -20,6 +20,7 @@ from ..model.stock import stock_form
 from ..outputs.formats import check_formats, write_formats
 from ..outputs.modelcard import write_card
 from ..outputs.reports import weights_bytes
+from ..outputs.serving import engines, not_served
 from ..recipes import RECIPE_FILE, from_dict, recipe_yaml
 
 
@@ -50,6 +51,7 @@ def save_model(
             report["formats"] = write_formats(model, folder, formats, gguf_type)
         if isinstance(report.get("size_bytes"), dict):
             report["size_bytes"]["after"] = weights_bytes(folder) if "safetensors" in formats else None
+        serving_entries(report, model)
         write_card(
             folder, model, report, source=source, formats=report.get("formats"), has_weights="safetensors" in formats
         )
@@ -67,6 +69,16 @@ def save_model(
     if saved.notes:
         report.setdefault("notes", []).extend(n for n in saved.notes if n not in report.get("notes", []))
     return saved
+
+
+def serving_entries(report: dict[str, Any], model: nn.Module) -> None:
+    """The report's ``engines`` (what loads the output) and, for a causal LM no serving engine loads,
+    ``not_served`` (what would make it servable): :mod:`headcut.outputs.serving`."""
+    causal_lm = bool(getattr(model, "can_generate", lambda: False)()) and not getattr(
+        model.config, "is_encoder_decoder", False
+    )
+    report["engines"] = engines(report, causal_lm)
+    report["not_served"] = not_served(report, causal_lm)
 
 
 def write_report(folder: Path, report: dict[str, Any], name: str) -> None:

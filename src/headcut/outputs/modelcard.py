@@ -315,6 +315,19 @@ def _files_section(
     return lines
 
 
+def _engine_lines(report: dict[str, Any]) -> list[str]:
+    """Which engines load what the folder holds (the report's ``engines``, :mod:`headcut.outputs.serving`)."""
+    rows = report.get("engines") or []
+    if not rows:
+        return []
+    lines = ["Engines that load it:", "", "| engine | what | how |", "| --- | --- | --- |"]
+    for e in rows:
+        how = str(e["how"]).replace('"OUT', '"path/to/this/folder').replace(" OUT", " path/to/this/folder")
+        lines.append(f"| {e['engine']} | `{e['path']}` | `{how}` |")
+    hint = report.get("not_served")
+    return lines + ([""] + [f"{str(hint)[0].upper()}{str(hint)[1:]}."] if hint else []) + [""]
+
+
 def card_text(
     model: nn.Module,
     report: dict[str, Any],
@@ -372,7 +385,7 @@ def card_text(
     body += [f"| {name} | {hb} | {ha} | {kb} | {ka} |" for name, hb, ha, kb, ka in rows]
     body += ["", "## How", "", *_method_section(report), "", "## Quality", "", *_metric_section(report), ""]
     checkpoint = report.get("checkpoint") if isinstance(report.get("checkpoint"), dict) else None
-    body += ["## How to load it", "", *_files_section(model, formats, has_weights, checkpoint)]
+    body += ["## How to load it", "", *_files_section(model, formats, has_weights, checkpoint), *_engine_lines(report)]
     body += [
         SPEED_MARK,
         "## Speed",
