@@ -159,3 +159,38 @@ def test_reports_say_which_engines_load_the_output(tmp_path):
     encoder = save_tiny(tmp_path / "bert", "bert", "BertForSequenceClassification")
     cut = headcut.export(encoder, {"drop": {f"self.{i}": [0] for i in range(2)}}, out=tmp_path / "b")
     assert "vLLM" not in [e["engine"] for e in cut.report["engines"]] and cut.report["not_served"] is None
+
+
+@needs_vllm
+def test_vllm_serves_a_per_layer_cut_written_as_decilm(tmp_path):
+    """A per-layer KV cut of SmolLM2 (layer 0 and layer 7 emptied, layers keeping 1, 2 or 3 KV groups) written with
+    --format decilm: vLLM loads OUT/decilm natively (DeciLMForCausalLM, headcut's configuration code), builds the
+    written head counts, and its log-probabilities of the prompts equal those of ``headcut.load(OUT)`` (float32)
+    within float tolerance; its greedy tokens are the headcut model's."""
+    _models()
+    mask = {
+        "drop": {"self.0": list(range(9)), "self.1": [3, 4, 5], "self.2": [0, 1, 2, 6, 7, 8], "self.7": list(range(9))}
+    }
+    res = headcut.export(offline.smollm_dir(), mask, formats="safetensors,decilm", out=tmp_path / "cut")
+    written = res.report["formats"]["decilm"]
+    assert written["no_op_layers"] == [7] and written["kv_heads"][:3] == [1, written["kv_heads"][1], 1]
+    assert {"engine": "vLLM", "path": "decilm", "how": "vllm serve OUT/decilm --trust-remote-code"} in res.report[
+        "engines"
+    ]
+    served = serve(tmp_path / "cut" / "decilm", PROMPTS, 8, python=PYTHON, prompt_logprobs=5, trust_remote_code=True)
+    facts = served["facts"]
+    assert facts["architecture"] == "DeciLMForCausalLM"
+    assert [a["kv_heads"] for a in facts["attention"]] == [k for k in written["kv_heads"] if k]
+    assert {a["heads"] for a in facts["attention"]} == {written["query_heads"]}
+    model = headcut.load(tmp_path / "cut", dtype="float32").eval()
+    worst = 0.0
+    for prompt, table, tokens in zip(PROMPTS, served["prompt_logprobs"], served["tokens"]):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+            greedy = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+        assert tokens == greedy[0, len(prompt) :].tolist()
+        for position in range(1, len(prompt)):
+            for token, value in table[position].items():
+                worst = max(worst, abs(float(logprobs[position - 1, int(token)]) - value))
+    assert worst < 5e-3, worst

@@ -57,7 +57,7 @@ TASKS: dict[str, str] = {
 #: grouped-query attention policies of ``--gqa`` (see :mod:`headcut.model.masks`)
 GQA_POLICIES = ("auto", "group", "uniform", "duplicate")
 #: ``--format`` values of the commands that write a model (``safetensors,onnx`` writes both)
-OUTPUT_FORMATS = ("safetensors", "onnx", "gguf")
+OUTPUT_FORMATS = ("safetensors", "onnx", "gguf", "decilm")
 #: ``--gguf-type`` values: the GGUF tensor type of the weight matrices
 GGUF_TYPES = ("f16", "f32", "q8_0")
 #: ``--dtype`` values of ``headcut bench``

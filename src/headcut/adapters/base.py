@@ -138,6 +138,19 @@ class StockSpec:
     fallback_sets: tuple[tuple[str, Any], ...] = ()
 
 
+@dataclass(frozen=True)
+class DecilmSpec:
+    """How a family's checkpoint maps onto NVIDIA's DeciLM / Nemotron-NAS layout (``--format decilm``; see
+    :mod:`headcut.outputs.formats.decilm`): Llama blocks whose attention can differ per layer. ``attention``:
+    the module prefix of a layer's attention tensors (``model.layers.N.<attention>.``); ``norm``: the norm in front
+    of it (both dropped for a layer without attention); ``sets``: config fields the DeciLM config needs set (e.g.
+    ``qkv_bias`` for a family whose q, k and v projections have biases but its output projection none)."""
+
+    attention: str = "self_attn"
+    norm: str = "input_layernorm"
+    sets: tuple[tuple[str, Any], ...] = ()
+
+
 #: what a config lookup returns for a field that neither config.json nor its config class has
 MISSING: Any = object()
 
@@ -331,6 +344,14 @@ class Adapter:
     def stock_spec(self, model_type: str) -> StockSpec | None:
         """How the stock config of ``model_type`` states one head count for every block, or None where it
         cannot (:attr:`no_stock` says why); see :mod:`headcut.model.stock`."""
+        return None
+
+    #: why the family cannot be written in the DeciLM layout (a family with a :meth:`decilm_spec` sets none)
+    no_decilm: ClassVar[str] = "DeciLM / Nemotron-NAS holds Llama blocks only"
+
+    def decilm_spec(self, config: Any) -> DecilmSpec | None:
+        """How a model of this family (its ``config``) is written as DeciLM, or None where it cannot be
+        (:attr:`no_decilm` says why)."""
         return None
 
     def empty_style(self, block: Block) -> EmptyStyle:

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from .base import Adapter, Block, BlockCut, EmptyStyle, Stack, StockSpec, stack_blocks
+from .base import Adapter, Block, BlockCut, DecilmSpec, EmptyStyle, Stack, StockSpec, stack_blocks
 
 
 class LlamaAdapter(Adapter):
@@ -52,3 +52,14 @@ class LlamaAdapter(Adapter):
 
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(o="o_proj", cache=True)
+
+    no_decilm = "a sliding window (DeciLM's Llama attention attends to every position)"
+
+    def decilm_spec(self, config: Any) -> DecilmSpec | None:
+        # DeciLM's blocks are Llama's: Mistral's without a window; Qwen2's with q/k/v biases and none on o_proj
+        # (vLLM's DeciLM reads ``qkv_bias`` for the first and ``attention_bias`` for the second)
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            return None
+        if config.model_type == "qwen2":
+            return DecilmSpec(sets=(("qkv_bias", True), ("attention_bias", False)))
+        return DecilmSpec()

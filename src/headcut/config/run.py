@@ -65,7 +65,7 @@ class DataSources:
 @dataclass
 class OutputSettings:
     """Where and how a model is written: ``out`` (a folder, written atomically), ``force`` (replace a folder headcut
-    wrote), ``formats`` (comma-separated: safetensors, onnx, gguf) and ``gguf_type``."""
+    wrote), ``formats`` (comma-separated: safetensors, onnx, gguf, decilm) and ``gguf_type``."""
 
     out: str | None = option(
         None, metavar="DIR", panel=OPTIONS_PANEL, complete="folders", help="Output folder (written atomically)."
@@ -82,7 +82,8 @@ class OutputSettings:
         metavar="FORMATS",
         panel=OPTIONS_PANEL,
         complete=OUTPUT_FORMATS,
-        help="What --out holds, comma-separated: safetensors, onnx (extra [onnx]), gguf (llama.cpp; extra [gguf]).",
+        help="What --out holds, comma-separated: safetensors, onnx (extra [onnx]), gguf (llama.cpp; extra [gguf]), "
+        "decilm (a per-layer cut of a Llama-layout decoder as DeciLM in OUT/decilm/, which vLLM serves).",
     )
     gguf_type: str = option(
         "f16",

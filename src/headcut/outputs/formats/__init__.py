@@ -1,6 +1,6 @@
-"""The files an output folder holds besides (or instead of) safetensors: ONNX and GGUF.
+"""The files an output folder holds besides (or instead of) safetensors: ONNX, GGUF and a DeciLM folder.
 
-``--format`` names them, comma-separated (``safetensors``, ``onnx``, ``gguf``; default
+``--format`` names them, comma-separated (``safetensors``, ``onnx``, ``gguf``, ``decilm``; default
 ``safetensors``). :func:`check_formats` refuses what cannot be written before any long work starts
 (a missing optional extra, a family the format cannot express); :func:`write_formats` writes them
 into the staging folder of the output, from the slimmed model in memory, and returns what each
@@ -23,6 +23,7 @@ from torch import nn
 from ...catalog import OUTPUT_FORMATS
 from ...errors import HeadcutError
 from ...model.saving import HEADCUT_FILES
+from .decilm import check_decilm, export_decilm
 from .gguf import check_gguf, export_gguf
 from .onnx import check_onnx, export_onnx
 
@@ -52,6 +53,8 @@ def check_formats(model: nn.Module, formats: Sequence[str], gguf_type: str = "f1
         check_onnx(model)
     if "gguf" in formats:
         check_gguf(model, gguf_type, cut)
+    if "decilm" in formats:
+        check_decilm(model, cut)
 
 
 def _drop_weights(folder: Path) -> None:
@@ -76,6 +79,8 @@ def write_formats(
         out["onnx"] = export_onnx(model, folder).to_json()
     if "gguf" in formats:
         out["gguf"] = export_gguf(model, folder, outtype=gguf_type).to_json()
+    if "decilm" in formats:
+        out["decilm"] = export_decilm(model, folder).to_json()
     if "safetensors" not in formats:
         _drop_weights(folder)
     else:
