@@ -53,7 +53,6 @@ on the decoder default (``benchmarks/harness/render_decoder_default.py``) marks 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import subprocess
@@ -68,9 +67,9 @@ from typing import Any
 import torch
 
 from benchmarks.harness.perplexity import perplexity
+from benchmarks.harness.speeches import speeches_file
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "decoder_recipe.json"
-WORK = Path(os.environ.get("HEADCUT_CACHE", Path.home() / ".cache" / "headcut")).expanduser() / "decoder_recipe"
 WINDOWS = [128, 2048]
 EVAL_TOKENS = 16384
 THREADS = 2
@@ -189,22 +188,6 @@ def checkpoint(model: str) -> Path:
     from headcut_offline import gemma3_dir, smollm_dir
 
     return gemma3_dir() if model == "gemma3" else smollm_dir()
-
-
-def speeches_file() -> Path:
-    """The convention speeches as one text file (blank lines between speeches), written once."""
-    from headcut_offline import data_dir
-
-    out = WORK / "speeches.txt"
-    if not out.is_file():
-        csv.field_size_limit(1 << 24)
-        with (data_dir() / "political_data.csv").open(newline="", encoding="utf-8") as f:
-            texts = [row["text"].strip() for row in csv.DictReader(f)]
-        WORK.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text("\n\n".join(t for t in texts if t) + "\n", encoding="utf-8")
-        tmp.replace(out)
-    return out
 
 
 def eval_ids(src: Path) -> tuple[torch.Tensor, int | None]:

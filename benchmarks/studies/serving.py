@@ -58,7 +58,7 @@ def _source() -> str:
 
 
 def _speeches() -> Path:
-    from benchmarks.studies.decoder_recipe import speeches_file
+    from benchmarks.harness.speeches import speeches_file
 
     return speeches_file()
 
