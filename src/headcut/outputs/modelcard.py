@@ -247,6 +247,17 @@ def _checkpoint_lines(model: nn.Module, checkpoint: dict[str, Any]) -> list[str]
             "```",
             "",
         ]
+        padding = checkpoint.get("padding")
+        if isinstance(padding, dict) and padding.get("query_heads_added"):
+            lines += [
+                f"To hold one head count in every layer, {padding['query_heads_added']} zero query heads were added "
+                f"({padding.get('query_heads_per_kv_head')} query heads per KV head in every layer; the layers the "
+                f"cut left fewer per KV head got zero q rows and zero o columns, so the outputs are the cut's). "
+                f"They add {int(padding.get('params_added') or 0):,} parameters to the checkpoint (beyond the "
+                "cut's count) and their share of the q/o compute; the KV cache and the K/V projections are unchanged by "
+                "them.",
+                "",
+            ]
         if arch != _architecture(model):
             lines += [
                 f"It is written as `{arch}`, not `{_architecture(model)}`: the {_architecture(model)} config "
