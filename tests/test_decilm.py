@@ -121,6 +121,19 @@ def test_the_plan_weighs_query_padding_against_kv_padding():
         plan_heads(kept, set(), 9, query_heads=4)
 
 
+def test_the_cli_and_the_card_say_what_was_written(tmp_path):
+    folder = save_tiny(tmp_path / "tiny", "llama", "LlamaForCausalLM")
+    result = run("export", str(folder), "--mask", _mask(tmp_path, MASK), "--format", "safetensors,decilm",
+                 "--out", str(tmp_path / "o"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "wrote decilm/ (DeciLM for vLLM: 6 query heads per layer, 4 KV heads written, 9 zero query heads" in (
+        result.output.replace("\n", " ")
+    )
+    assert "serves in: vLLM: vllm serve " in result.output
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "vllm serve path/to/this/folder/decilm --trust-remote-code" in card and "- decilm" in card
+
+
 def test_decilm_is_refused_where_it_cannot_be_written(tmp_path):
     folder = save_tiny(tmp_path / "tiny", "llama", "LlamaForCausalLM")
     uniform = run("export", str(folder), "--mask", _mask(tmp_path, {"drop": {f"self.{i}": [0, 1, 2] for i in range(3)}}),

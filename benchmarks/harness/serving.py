@@ -55,8 +55,13 @@ def render_markdown(data: dict[str, Any]) -> str:
                     text += f" ({low:.2f}-{high:.2f}{', noise' if within else ''})"
                 return text
 
+            name = row["name"]
+            label = desc.get(name) or (
+                f"{desc.get(name.rsplit('-q', 1)[0], name)}, written with {name.rsplit('-q', 1)[1]} query heads "
+                "per layer (the plan not chosen)"
+            )
             lines.append(
-                f"| {desc.get(row['name'], row['name'])} | {row['heads']} ({row['kv_heads']}) "
+                f"| {label} | {row['heads']} ({row['kv_heads']}) "
                 f"| {gen.get('kv_bytes_per_token', 0):,.0f} | {row['tokens_per_s']:,.0f} "
                 f"| {speed(row['speedup'], row['speedup_p25'], row['speedup_p75'], row['within_noise'])} "
                 f"| {_x(row['flop_ratio'])} | {gen.get('tokens_per_s', 0):,.1f} "

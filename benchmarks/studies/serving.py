@@ -16,6 +16,9 @@ the calibration text of the decoder-recipe study, ``benchmarks/studies/decoder_r
   (``--keep 180`` / ``--keep 201``), different per layer: written with ``--format decilm`` as a DeciLM
   (Nemotron-NAS) checkpoint, which vLLM serves natively (query heads padded where a layer's KV count needs it; the
   report says what the padding costs). A quarter cannot be uniform (3 groups per layer).
+* ``<cut>-q<Q>``: a DeciLM cut written again with the plan the writer did not choose (its report's
+  ``alternatives``: no KV padding, or SmolLM2's own 9 query heads), to measure the choice
+  (``headcut.outputs.formats.decilm.export_decilm(model, folder, query_heads=Q)``).
 
 Each context (``--contexts``) is one ``headcut.bench([...], runtime="vllm")`` call: all the models loaded in vLLM
 engines of their own, then timed interleaved (``--runs`` rounds of one prefill of each, the order rotated; then
@@ -75,7 +78,36 @@ def prepare() -> dict[str, str]:
             print("+", " ".join(cmd), file=sys.stderr, flush=True)
             subprocess.run(cmd, check=True)
         folders[name] = str(out / serve)
+    folders.update(_alternatives(folders))
     return folders
+
+
+def _alternatives(folders: dict[str, str]) -> dict[str, str]:
+    """Each DeciLM cut written again with the other plan its report records (``alternatives``: no KV padding, or the
+    model's own query-head count), so that the table measures the choice the writer made against the one it did
+    not: ``<cut>-q<Q>``."""
+    import shutil
+
+    import headcut
+    from headcut.model.saving import SIDE_FILES
+    from headcut.outputs.formats.decilm import export_decilm
+
+    out: dict[str, str] = {}
+    for name in [n for n in folders if n.endswith("-layers")]:
+        decilm = (_cut_facts(folders[name]).get("decilm") or {}).get("alternatives") or {}
+        for alt in decilm.values():
+            q = int(alt["query_heads"])
+            target = CACHE / f"{name}-q{q}"
+            if not (target / "decilm" / "config.json").is_file():
+                cut = Path(folders[name]).parent
+                target.mkdir(parents=True, exist_ok=True)
+                for f in cut.iterdir():
+                    if f.is_file() and f.name in SIDE_FILES:
+                        shutil.copyfile(f, target / f.name)
+                print(f"+ {name}: DeciLM with {q} query heads per layer", file=sys.stderr, flush=True)
+                export_decilm(headcut.load(cut), target, query_heads=q)
+            out[f"{name}-q{q}"] = str(target / "decilm")
+    return out
 
 
 def _cut_facts(folder: str) -> dict[str, Any]:
@@ -113,7 +145,7 @@ def run(args: argparse.Namespace) -> None:
     for context in [int(c) for c in args.contexts.split(",")]:
         if str(context) in data["contexts"] and not args.rerun:
             continue
-        names = list(ORDER)
+        names = [n for n in ORDER if n in folders] + sorted(n for n in folders if n not in ORDER)
         print(f"context {context}: {', '.join(names)}", file=sys.stderr, flush=True)
         res = headcut.bench(
             [folders[n] for n in names],
@@ -135,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
         RESULTS.write_text(json.dumps(data, indent=1) + "\n")
     import torch
 
-    data["cuts"] = {n: _cut_facts(folders[n]) for n in ORDER if n != "unpruned"}
+    data["cuts"] = {n: _cut_facts(folders[n]) for n in folders if n != "unpruned" and "-q" not in n}
     data["machine"] = {
         "cpu": device_name,
         "vllm": _vllm_version(args.vllm_python),

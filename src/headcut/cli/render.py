@@ -373,6 +373,16 @@ def formats_lines(report: dict[str, Any]) -> list[str]:
             f"wrote {gguf['file']} ({gguf.get('outtype')}, llama.cpp architecture {gguf.get('arch')}, "
             f"{gguf.get('bytes', 0) / 2**20:.1f} MiB)"
         )
+    decilm = formats.get("decilm")
+    if decilm:
+        pad = decilm.get("padding") or {}
+        kv = decilm.get("kv_bytes_per_token") or {}
+        out.append(
+            f"wrote {decilm['folder']}/ (DeciLM for vLLM: {decilm['query_heads']} query heads per layer, "
+            f"{pad.get('kv_heads_written')} KV heads written, {pad.get('query_heads_added')} zero query heads and "
+            f"{pad.get('kv_heads_added')} zero KV heads added, {int(pad.get('params_added') or 0):,} parameters; "
+            f"KV cache {kv.get('written')} bytes per token, the cut's {kv.get('cut')}, unpruned {kv.get('unpruned')})"
+        )
     if formats and "safetensors" not in formats:
         out.append("no safetensors weights written (--format leaves them out)")
     return out

@@ -54,8 +54,6 @@ from .bench_rows import Row, StageFn, latency
 WORKER = Path(__file__).with_name("vllm_worker.py")
 #: bytes per value of vLLM's dtypes
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-#: GiB of KV cache asked for on a CPU beyond what the longest batch needs
-KV_MARGIN_GIB = 1
 
 
 def _tail(path: Path, lines: int = 6) -> str:
@@ -211,15 +209,25 @@ def check_length(folder: Path, label: str, prompt: int, new_tokens: int) -> None
 
 
 def _kv_space_gib(folder: Path, batch: int, length: int, dtype_bytes: int) -> int:
-    """GiB of CPU KV cache to ask vLLM for: ``batch`` sequences of ``length`` positions at the config's largest
-    per-token size (every layer with all its query heads as KV heads: an upper bound for any cut), plus a margin."""
+    """GiB of CPU KV cache to ask vLLM for: ``batch`` sequences of ``length`` positions at the config's per-token
+    size (its KV heads per layer: ``block_configs`` where it has them, else ``num_key_value_heads``; sliding
+    windows not counted, an upper bound), with a quarter more for vLLM's block rounding, at least 1 GiB."""
     text = _text_config(folder)
     layers = int(text.get("num_hidden_layers") or 32)
     heads = int(text.get("num_attention_heads") or 32)
     hidden = int(text.get("hidden_size") or 4096)
     head_dim = int(text.get("head_dim") or hidden // max(heads, 1))
-    per_token = 2 * layers * heads * head_dim * dtype_bytes
-    return int(math.ceil(batch * length * per_token / 2**30)) + KV_MARGIN_GIB
+    blocks = text.get("block_configs")
+    if isinstance(blocks, list) and blocks:
+        kv = 0
+        for block in blocks:
+            attention = block.get("attention", {}) if isinstance(block, dict) else {}
+            group = attention.get("n_heads_in_group")
+            kv += 0 if attention.get("no_op") or not group else heads // int(group)
+    else:
+        kv = layers * int(text.get("num_key_value_heads") or heads)
+    per_token = 2 * kv * head_dim * dtype_bytes
+    return max(1, int(math.ceil(1.25 * batch * length * per_token / 2**30)))
 
 
 class VllmRow(Row):

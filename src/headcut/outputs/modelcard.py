@@ -312,6 +312,20 @@ def _files_section(
             "```",
             "",
         ]
+    decilm = formats.get("decilm")
+    if decilm:
+        pad = decilm.get("padding") or {}
+        lines += [
+            f"DeciLM / Nemotron-NAS for vLLM (`{decilm.get('folder')}/`, `DeciLMForCausalLM`, headcut's "
+            f"`configuration_decilm.py`): {decilm.get('query_heads')} query heads in every layer, KV heads per layer "
+            f"{decilm.get('kv_heads')}; {pad.get('query_heads_added')} zero query heads and {pad.get('kv_heads_added')} "
+            f"zero KV heads hold the cut in that layout (exact; {int(pad.get('params_added') or 0):,} parameters).",
+            "",
+            "```bash",
+            f"vllm serve path/to/this/folder/{decilm.get('folder')} --trust-remote-code",
+            "```",
+            "",
+        ]
     gguf = formats.get("gguf")
     if gguf:
         lines += [
@@ -356,7 +370,7 @@ def card_text(
     tags = ["headcut", "pruned", "attention-head-pruning"]
     if report.get("command") == "prune" and report.get("method"):
         tags.append(str(report["method"]))
-    tags += [f for f in ("onnx", "gguf") if f in formats]
+    tags += [f for f in ("onnx", "gguf", "decilm") if f in formats]
     header = ["---"]
     header.append(
         f"base_model: {_yaml_str(base)}"
