@@ -16,7 +16,7 @@ def render_markdown(data: dict[str, Any]) -> str:
     lines = ["## Serving in vLLM", ""]
     lines.append(
         f"SmolLM2-135M-Instruct and its cuts served by vLLM's CPU build {m.get('vllm')} (`headcut bench --runtime "
-        "vllm`, vLLM in its own virtualenv), batch 1, float32, on {m.get('cpu')} ({m.get('cores')} cores, 2 threads), "
+        f"vllm`, vLLM in its own virtualenv), batch 1, float32, on {m.get('cpu')} ({m.get('cores')} cores, 2 threads), "
         f"{m.get('date')}; measured by `python -m benchmarks.studies.serving run` ({data.get('seconds', 0) / 60:.0f} "
         "min). Each context is one interleaved benchmark: every model in a vLLM engine of its own, rounds of one "
         "prefill of each (a prompt of C - 33 random tokens at a context of C, no prefix caching), then rounds of one "
@@ -56,10 +56,12 @@ def render_markdown(data: dict[str, Any]) -> str:
                 return text
 
             name = row["name"]
-            label = desc.get(name) or (
-                f"{desc.get(name.rsplit('-q', 1)[0], name)}, written with {name.rsplit('-q', 1)[1]} query heads "
-                "per layer (the plan not chosen)"
-            )
+            base, _, q = name.partition("-layers-q")
+            if q:
+                label = f"{desc.get(base + '-layers', name)}, {q} query heads per layer"
+            else:
+                written = (cuts.get(name, {}).get("decilm") or {}).get("query_heads")
+                label = desc.get(name, name) + (f", {written} query heads per layer" if written else "")
             lines.append(
                 f"| {label} | {row['heads']} ({row['kv_heads']}) "
                 f"| {gen.get('kv_bytes_per_token', 0):,.0f} | {row['tokens_per_s']:,.0f} "
@@ -71,7 +73,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines.append("")
     padded = {n: c.get("decilm") for n, c in cuts.items() if c.get("decilm")}
     if padded:
-        lines.append("The DeciLM forms' padding (from the prune reports' `formats.decilm`):")
+        lines.append("The DeciLM forms' padding when measured (the prune reports' `formats.decilm`; the other plan of")
+        lines.append("each is its `alternatives` entry):")
         lines.append("")
         for name, facts in padded.items():
             lines.append(f"- {desc.get(name, name)}: {json.dumps(facts.get('padding', facts), sort_keys=True)}")

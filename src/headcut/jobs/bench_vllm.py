@@ -358,7 +358,7 @@ class VllmRow(Row):
             peak_memory_bytes=None,
             peak_memory_kind="unavailable",
             generation=generation,
-            notes=notes + [f"vLLM {self.facts.get('vllm')}: prefill rows; generation decode-only"],
+            notes=notes + [f"served by vLLM {self.facts.get('vllm')} ({self.facts.get('platform')})"],
             runtime="vllm",
         )
 

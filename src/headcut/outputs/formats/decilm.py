@@ -18,10 +18,12 @@ output, the configuration code):
   ``Q / k >= g_l``; each kept KV head's group gets ``Q / k`` query slots, its real query heads first and then zero
   ones (zero q rows and biases, zero o columns: their output adds exactly nothing), and a layer's ``k - kv_l``
   padded KV heads are zero too (read only by zero query heads). Padding costs either way: a zero query head its q
-  rows and o columns (weights read at every step, and compute), a zero KV head its k and v rows and its KV cache.
-  The plan kept reads the fewest bytes per decoded token of one sequence at the model's full context
-  (``max_position_embeddings``): weights plus KV cache, the quantity a memory-bound decoder's speed follows; then
-  the fewest query heads. The report gives its padding (query heads, KV heads and parameters added) and the best
+  rows and o columns and its attention over the whole context (the engine computes it like any other: its scores
+  read every cached key and value of its group), a zero KV head its k and v rows and its KV cache. The plan kept
+  does the least of that work per decoded token at the model's full context (``max_position_embeddings``): each
+  query or KV head written costs its two rows and the context's K and V, so the fewest query plus KV heads; then
+  the fewest query heads. (Counting only bytes stored, KV padding looked dearer; vLLM on CPU measured otherwise:
+  the benchmark page's "Serving in vLLM".) The report gives its padding (query heads, KV heads and parameters added) and the best
   plan without KV padding and with ``Q`` = the model's query heads, where they differ, so the cost of the choice
   is on record.
 * **Layers without heads** are ``no_op``, except layer 0 (vLLM's DeciLM starts its residual stream in layer 0's
@@ -122,9 +124,8 @@ def plan_heads(
     query_heads: int | None = None,
 ) -> dict[str, HeadPlan]:
     """The DeciLM plans for layers keeping ``kept`` = ``(kv heads, query heads per KV head)`` each (see the
-    module): ``chosen``, the plan that reads the fewest bytes per decoded token (``q_head_bytes`` per query head
-    written: its q rows and o columns; ``kv_head_bytes`` per KV head written: its K and V cache at the context the
-    choice is made for, plus its k and v rows), then the fewest query heads; or the plan with ``query_heads``
+    module): ``chosen``, the plan with the least work per decoded token (``q_head_bytes`` per query head written,
+    ``kv_head_bytes`` per KV head written: see :func:`export_decilm`), then the fewest query heads; or the plan with ``query_heads``
     when given. For the record: ``no_kv_padding`` (the fewest query heads among plans that pad no KV head) and
     ``original_q`` (``Q`` = the model's count)."""
     top = max([kv * g for kv, g in kept] + [1])
@@ -260,12 +261,15 @@ def export_decilm(model: nn.Module, folder: Path, query_heads: int | None = None
     kept = [(b.kv_heads, b.heads // b.kv_heads if b.kv_heads else 0) for b in blocks]
     value_bytes = next(iter(state.values())).element_size() if state else 4
     context = int(getattr(model.config, "max_position_embeddings", 0) or 4096)
+    # per decoded token at the full context: a query head reads its q row and o column and attends over the
+    # context's keys and values; a KV head holds them (and its k and v rows): the same order of work each
+    per_head = 2 * head_dim * (hidden + context) * value_bytes
     plans = plan_heads(
         kept,
         placeholders,
         int(model.config.num_attention_heads),
-        q_head_bytes=2 * head_dim * hidden * value_bytes,
-        kv_head_bytes=2 * head_dim * (hidden + context) * value_bytes,
+        q_head_bytes=per_head,
+        kv_head_bytes=per_head,
         query_heads=query_heads,
     )
     plan = plans["chosen"]
