@@ -82,8 +82,7 @@ class OutputSettings:
         metavar="FORMATS",
         panel=OPTIONS_PANEL,
         complete=OUTPUT_FORMATS,
-        help="What --out holds, comma-separated: safetensors, onnx (extra [onnx]), gguf (llama.cpp; extra [gguf]), "
-        "decilm (a per-layer cut of a Llama-layout decoder as DeciLM in OUT/decilm/, which vLLM serves).",
+        help="What --out holds, comma-separated: safetensors, onnx (extra [onnx]), gguf (llama.cpp), decilm (vLLM).",
     )
     gguf_type: str = option(
         "f16",
