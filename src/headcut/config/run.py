@@ -82,7 +82,7 @@ class OutputSettings:
         metavar="FORMATS",
         panel=OPTIONS_PANEL,
         complete=OUTPUT_FORMATS,
-        help="What --out holds, comma-separated: safetensors, onnx (extra [onnx]), gguf (llama.cpp), decilm (vLLM).",
+        help="What --out holds, comma-separated: safetensors, onnx (extra [onnx]), gguf (extra [gguf]), decilm (vLLM).",
     )
     gguf_type: str = option(
         "f16",
