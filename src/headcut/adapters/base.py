@@ -141,11 +141,13 @@ class StockSpec:
 @dataclass(frozen=True)
 class DecilmSpec:
     """How a family's checkpoint maps onto NVIDIA's DeciLM / Nemotron-NAS layout (``--format decilm``; see
-    :mod:`headcut.outputs.formats.decilm`): Llama blocks whose attention can differ per layer. ``attention``:
-    the module prefix of a layer's attention tensors (``model.layers.N.<attention>.``); ``norm``: the norm in front
+    :mod:`headcut.outputs.formats.decilm`): Llama blocks whose attention can differ per layer. ``layers``: the
+    layer list under the base model; ``attention``: the module prefix of a layer's attention tensors
+    (``model.<layers>.N.<attention>.``); ``norm``: the norm in front
     of it (both dropped for a layer without attention); ``sets``: config fields the DeciLM config needs set (e.g.
     ``qkv_bias`` for a family whose q, k and v projections have biases but its output projection none)."""
 
+    layers: str = "layers"
     attention: str = "self_attn"
     norm: str = "input_layernorm"
     sets: tuple[tuple[str, Any], ...] = ()

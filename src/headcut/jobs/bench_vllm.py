@@ -209,24 +209,15 @@ def check_length(folder: Path, label: str, prompt: int, new_tokens: int) -> None
 
 
 def _kv_space_gib(folder: Path, batch: int, length: int, dtype_bytes: int) -> int:
-    """GiB of CPU KV cache to ask vLLM for: ``batch`` sequences of ``length`` positions at the config's per-token
-    size (its KV heads per layer: ``block_configs`` where it has them, else ``num_key_value_heads``; sliding
-    windows not counted, an upper bound), with a quarter more for vLLM's block rounding, at least 1 GiB."""
+    """GiB of CPU KV cache to ask vLLM for: ``batch`` sequences of ``length`` positions at the config's
+    ``num_key_value_heads`` in every layer (an upper bound for a per-layer cut, whose config states its widest
+    layer; sliding windows not counted), with a quarter more for vLLM's block rounding, at least 1 GiB."""
     text = _text_config(folder)
     layers = int(text.get("num_hidden_layers") or 32)
     heads = int(text.get("num_attention_heads") or 32)
     hidden = int(text.get("hidden_size") or 4096)
     head_dim = int(text.get("head_dim") or hidden // max(heads, 1))
-    blocks = text.get("block_configs")
-    if isinstance(blocks, list) and blocks:
-        kv = 0
-        for block in blocks:
-            attention = block.get("attention", {}) if isinstance(block, dict) else {}
-            group = attention.get("n_heads_in_group")
-            kv += 0 if attention.get("no_op") or not group else heads // int(group)
-    else:
-        kv = layers * int(text.get("num_key_value_heads") or heads)
-    per_token = 2 * kv * head_dim * dtype_bytes
+    per_token = 2 * layers * int(text.get("num_key_value_heads") or heads) * head_dim * dtype_bytes
     return max(1, int(math.ceil(1.25 * batch * length * per_token / 2**30)))
 
 

@@ -277,8 +277,8 @@ def export_decilm(model: nn.Module, folder: Path, query_heads: int | None = None
     block_configs, no_op = [], []
     ffn = {"intermediate_size": int(model.config.intermediate_size), "no_op": False, "replace_with_linear": False}
     for block, layer in zip(blocks, plan.layers):
-        attn_prefix = f"{root}layers.{block.layer}.{spec.attention}."
-        norm_prefix = f"{root}layers.{block.layer}.{spec.norm}."
+        attn_prefix = f"{root}{spec.layers}.{block.layer}.{spec.attention}."
+        norm_prefix = f"{root}{spec.layers}.{block.layer}.{spec.norm}."
         names = [k for k in state if k.startswith(attn_prefix)]
         if layer.written == 0:
             no_op.append(block.layer)
