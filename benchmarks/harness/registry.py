@@ -91,6 +91,12 @@ STUDIES: tuple[Study, ...] = (
         listed=False,
     ),
     Study(
+        "kv_budget",
+        "python -m benchmarks.studies.kv_budget cuts && python -m benchmarks.studies.kv_budget speed",
+        "KV-cache budgets: heads placed by cost",
+        listed=False,
+    ),
+    Study(
         "refit_choice",
         "python -m benchmarks.studies.refit_choice",
         "What the measurements show (small data)",

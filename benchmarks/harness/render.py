@@ -23,6 +23,7 @@ from benchmarks.harness.curves import (
     training_free_curves,
 )
 from benchmarks.harness.formatting import fmt, pyplot
+from benchmarks.harness.kv_budget import render_markdown as kv_budget_markdown
 from benchmarks.harness.levers import LEVERS, RECOVERY_LOSSES
 from benchmarks.harness.long_context import render_markdown as long_context_markdown
 from benchmarks.harness.registry import STUDIES
@@ -629,6 +630,10 @@ def page(data: dict[str, dict[str, Any]], img: Path | None = None) -> str:
     lines += _long_context(data)
     if data.get("serving", {}).get("contexts"):
         lines += ["", *serving_markdown(data["serving"]).rstrip().splitlines(), *_note("serving")]
+    if data.get("kv_budget", {}).get("rows"):
+        recipe_rows = data.get("decoder_recipe", {}).get("rows", {})
+        unpruned = {m: recipe_rows.get(f"{m}/unpruned", {}).get("perplexity", {}) for m in ("gemma3", "smollm")}
+        lines += ["", *kv_budget_markdown(data["kv_budget"], unpruned).rstrip().splitlines(), *_note("kv_budget")]
     top = [
         "# Benchmarks",
         "",

@@ -66,12 +66,11 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness.hamlet import EVAL_TOKENS, WINDOWS, checkpoint, eval_ids
 from benchmarks.harness.perplexity import perplexity
 from benchmarks.harness.speeches import speeches_file
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "decoder_recipe.json"
-WINDOWS = [128, 2048]
-EVAL_TOKENS = 16384
 THREADS = 2
 #: calibration (and recovery) blocks of the speeches: 64 blocks of 256 tokens, as the page's SmolLM2 KV studies
 CAL_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 64, "batch_size": 16}
@@ -182,29 +181,6 @@ def candidates(model: str) -> list[Candidate]:
                 kw = {**base, **_recovery(RECOVER_STEPS, average)}
                 rows.append(Candidate(name, method, n, kw, RECOVER_OPTIONS))
     return rows
-
-
-def checkpoint(model: str) -> Path:
-    from headcut_offline import gemma3_dir, smollm_dir
-
-    return gemma3_dir() if model == "gemma3" else smollm_dir()
-
-
-def eval_ids(src: Path) -> tuple[torch.Tensor, int | None]:
-    """The first :data:`EVAL_TOKENS` tokens of hamlet.txt (no special tokens), and the BOS token every window is
-    read after where the tokenizer starts every text with one (Gemma 3; SmolLM2's adds none)."""
-    from transformers import AutoTokenizer
-
-    from headcut.data.blocks import affixes
-    from headcut_offline import hamlet_path
-
-    tok = AutoTokenizer.from_pretrained(src)
-    ids = tok(hamlet_path().read_text(), add_special_tokens=False)["input_ids"]
-    if len(ids) < EVAL_TOKENS:
-        raise SystemExit(f"hamlet.txt has {len(ids)} tokens, fewer than {EVAL_TOKENS}")
-    prefix = affixes(tok)[0]  # the special tokens the tokenizer puts before every text, as headcut's blocks read
-    bos = prefix[0] if len(prefix) == 1 else None
-    return torch.tensor(ids[:EVAL_TOKENS], dtype=torch.long), bos
 
 
 def _first_line(error: BaseException) -> str:

@@ -56,6 +56,8 @@ TASKS: dict[str, str] = {
 
 #: grouped-query attention policies of ``--gqa`` (see :mod:`headcut.model.masks`)
 GQA_POLICIES = ("auto", "group", "uniform", "duplicate")
+#: how --kv-budget places the heads it removes (headcut.pruning.costs)
+ALLOCATIONS = ("cost", "count")
 #: ``--format`` values of the commands that write a model (``safetensors,onnx`` writes both)
 OUTPUT_FORMATS = ("safetensors", "onnx", "gguf", "decilm")
 #: ``--gguf-type`` values: the GGUF tensor type of the weight matrices

@@ -9,7 +9,7 @@ from torch import nn
 from ..errors import HeadcutError
 from .albert import AlbertAdapter
 from .bart import BartAdapter
-from .base import MISSING, Adapter, Block, BlockCut, EmptyStyle, Registry, Stack
+from .base import MISSING, Adapter, Block, BlockCut, CacheCost, EmptyStyle, Registry, Stack
 from .bert import BertAdapter
 from .deberta_v2 import DebertaV2Adapter
 from .distilbert import DistilBertAdapter
@@ -96,6 +96,7 @@ __all__ = [
     "Adapter",
     "Block",
     "BlockCut",
+    "CacheCost",
     "EmptyStyle",
     "Stack",
     "adapter_for",

@@ -158,6 +158,51 @@ MISSING: Any = object()
 
 
 @dataclass(frozen=True)
+class CacheCost:
+    """What one block holds in the cache of one sequence during generation, per kept head (see
+    :mod:`headcut.model.kv_cache`): ``per_position`` values per cached position and KV head (keys and values:
+    ``2 * head_dim``), held for ``window`` positions at most (a sliding or chunked layer: transformers' dynamic
+    cache keeps ``sliding_window - 1``; None: every position); ``per_head`` and ``per_kv`` values of state per
+    kept query or KV head whatever the length (a linear-attention layer's recurrent and convolution states);
+    ``fixed_kv``: KV heads held whatever the cut (a layer whose keys and values other layers read); ``kind``: the
+    layer's cache kind as transformers names it (``full_attention``, ``sliding_attention``, ``dummy`` for a layer
+    that reads another's cache, ...)."""
+
+    kind: str
+    per_position: int
+    window: int | None = None
+    per_head: int = 0
+    per_kv: int = 0
+    fixed_kv: int | None = None
+
+    def values(self, heads: int, kv_heads: int, context: int) -> int:
+        """Values held after ``context`` tokens by the block with ``heads`` query and ``kv_heads`` KV heads."""
+        positions = context if self.window is None else min(context, self.window)
+        kv = self.fixed_kv if self.fixed_kv is not None else kv_heads
+        return positions * self.per_position * kv + self.per_head * heads + self.per_kv * kv_heads
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("kind", "per_position", "window", "per_head", "per_kv", "fixed_kv")}
+
+
+#: cache kinds (transformers' layer types) that hold keys and values for a window of positions
+WINDOWED = ("sliding_attention", "chunked_attention")
+#: cache kinds that hold keys and values for every position
+FULL = ("full_attention",)
+#: cache kinds that hold nothing (a layer reading another's keys and values; a layer without attention)
+NO_CACHE = ("dummy",)
+
+
+def cache_layer_types(config: Any) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each layer's cache kind and its arguments as transformers' own dynamic cache reads them off ``config``
+    (layer types, sliding windows, KV sharing), so that the count follows what generation holds."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    types, kwargs = get_layer_types_and_kwargs(config)
+    return list(types), list(kwargs)
+
+
+@dataclass(frozen=True)
 class Stack:
     """One stack of attention layers as a family's config describes it (config field names).
 
@@ -358,6 +403,30 @@ class Adapter:
 
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(cache=block.kind in self.cached_kinds)
+
+    def cache_costs(self, base: nn.Module, blocks: list[Block]) -> dict[str, CacheCost]:
+        """What each block of a generating model holds in its cache (:class:`CacheCost`), by the layer kinds
+        transformers' dynamic cache reads off the config: keys and values of ``head_dim`` per KV head, for a
+        window of positions where the layer slides. Families with other caches (linear attention, layers
+        sharing keys and values) override it; a kind the family does not say how to count is refused."""
+        types, kwargs = cache_layer_types(base.config)
+        out: dict[str, CacheCost] = {}
+        for block in blocks:
+            if block.kind not in self.cached_kinds:
+                continue
+            kind, args = types[block.layer], kwargs[block.layer]
+            out[block.name] = self.layer_cost(base, block, kind, args)
+        return out
+
+    def layer_cost(self, base: nn.Module, block: Block, kind: str, args: dict[str, Any]) -> CacheCost:
+        """The :class:`CacheCost` of ``block`` in a layer of cache kind ``kind`` (with the cache's ``args``)."""
+        if kind in NO_CACHE:
+            return CacheCost(kind, 0)
+        if kind in FULL:
+            return CacheCost(kind, 2 * block.head_dim)
+        if kind in WINDOWED:
+            return CacheCost(kind, 2 * block.head_dim, window=max(int(args["sliding_window"]) - 1, 0))
+        raise ValueError(f"headcut does not count the cache of {block.name} (a {kind} layer)")
 
     def head_attrs(self, block: Block, cut: BlockCut) -> dict[str, Any]:
         """Attributes of the attention module that hold head counts, after ``cut``."""

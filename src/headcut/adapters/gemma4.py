@@ -48,6 +48,7 @@ off the modules) and the record of a twice-slimmed model rebuilds the same funct
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -58,6 +59,7 @@ from .base import (
     Adapter,
     Block,
     BlockCut,
+    CacheCost,
     EmptyStyle,
     Rows,
     Stack,
@@ -266,6 +268,15 @@ class Gemma4Adapter(Adapter):
                 )
             )
         return out
+
+    def layer_cost(self, base: nn.Module, block: Block, kind: str, args: dict[str, Any]) -> CacheCost:
+        """A reader's layer holds nothing (transformers' ``dummy``); a store layer holds every KV head of its
+        own whatever its query heads (its keys and values are what the readers get)."""
+        cost = super().layer_cost(base, block, kind, args)
+        modes, _ = self._roles(base)
+        if modes[block.layer] != "store":
+            return cost
+        return replace(cost, fixed_kv=base.get_submodule(block.attn).k_proj.out_features // block.head_dim)
 
     # ---- the cut ----------------------------------------------------------------------------------------
 

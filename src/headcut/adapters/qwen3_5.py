@@ -73,6 +73,7 @@ from .base import (
     Adapter,
     Block,
     BlockCut,
+    CacheCost,
     EmptyStyle,
     Rows,
     Stack,
@@ -228,6 +229,16 @@ class Qwen35Adapter(Adapter):
                 conv_dim=2 * len(kv) * dk + len(q) * dv,
             ),
         ]
+
+    def layer_cost(self, base: nn.Module, block: Block, kind: str, args: dict[str, Any]) -> CacheCost:
+        """A linear-attention layer holds states, not positions: the recurrent state (``dk x dv`` per value
+        head) and the convolution's last ``kernel`` inputs of every channel (``dv`` per value head, the query
+        and key channels ``2 * dk`` per key head)."""
+        if not self._is_linear(block):
+            return super().layer_cost(base, block, kind, args)
+        mod = base.get_submodule(block.attn)
+        dk, dv, kernel = mod.head_k_dim, block.head_dim, mod.conv_kernel_size
+        return CacheCost(kind, 0, per_head=dk * dv + dv * kernel, per_kv=2 * dk * kernel)
 
     def notes(self, base: nn.Module, blocks: list[Block]) -> list[str]:
         if not any(b.mixer == LINEAR for b in blocks):

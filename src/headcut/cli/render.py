@@ -167,6 +167,72 @@ def write_plot(path: str, blocks: list[Any], scores: Any) -> None:
 # ---- prune --------------------------------------------------------------------------------------------
 
 
+def speed_lines(speed: dict[str, Any]) -> list[Any]:
+    """``--target-speedup``'s lines: the budgets timed and the one chosen."""
+    table = Table(
+        title=f"decoding {speed['tokens']} tokens at {speed['context']:,} on {speed['device']}: paired speed-ups, "
+        f"{speed['rounds']} rounds",
+        box=box.SIMPLE_HEAD,
+    )
+    for col in ("--kv-budget", "heads", "KV bytes", "median", "p25", "p75", f"p25 >= {speed['target']:g}x"):
+        table.add_column(col, justify="right")
+    for t in sorted(speed["tried"], key=lambda t: -t["fraction"]):
+        table.add_row(
+            f"{t['fraction']:g}",
+            f"{t['heads']:,}",
+            f"{t['kv_bytes']:,}",
+            f"{t['speedup_median']:.3g}x",
+            f"{t['speedup_p25']:.3g}x",
+            f"{t['speedup_p75']:.3g}x",
+            "yes" if t["reached"] else "no",
+        )
+    reached = speed["reached"]
+    line = (
+        f"target speed-up {speed['target']:g}x: --kv-budget {speed['chosen_fraction']:g}, the least cut timed at least "
+        f"that fast ({reached['speedup_median']:.3g}x median, {reached['speedup_p25']:.3g}x 25th percentile)"
+    )
+    return [table, line]
+
+
+def kv_lines(kv: dict[str, Any]) -> list[Any]:
+    """A byte budget's lines: asked for and reached, the allocation's candidates, and the cache per layer."""
+    asked = f"{kv['fraction']:.4g} asked ({kv['bytes_target']:,} B at most)"
+    line = (
+        f"KV cache of one sequence of {kv['context']:,} tokens: {kv['bytes_before']:,} -> {kv['bytes_after']:,} bytes, "
+        f"{kv['reached']:.4g} kept ({asked}), heads {kv['heads_before']:,} -> {kv['heads_after']:,}"
+    )
+    out: list[Any] = [line]
+    if kv.get("uniform_level") is not None:
+        out.append(f"allocation: the same {kv['uniform_level']} heads in every block (--uniform)")
+    elif kv["candidates"]:
+        parts = [
+            f"{c['name']} {c['bytes']:,} B" + ("" if c["loss"] is None else f" loss {c['loss']:.6g}")
+            for c in kv["candidates"]
+        ]
+        how = (
+            "every candidate made the same cut"
+            if kv.get("candidates_agree")
+            else "by calibration loss"
+            if any(c["loss"] is not None for c in kv["candidates"])
+            else "no data to measure a loss on"
+        )
+        out.append(f"allocation {kv['allocation']}: {kv['chosen']} chosen ({how}) of {'; '.join(parts)}")
+    table = Table(title="KV cache per layer", box=box.SIMPLE_HEAD)
+    for col in ("block", "kind", "window", "KV heads", "bytes before", "bytes after"):
+        table.add_column(col, justify="left" if col in ("block", "kind") else "right")
+    for row in kv["blocks"]:
+        table.add_row(
+            row["block"],
+            row["kind"],
+            "-" if row["window"] is None else f"{row['window']:,}",
+            f"{row['kv_heads'][0]} -> {row['kv_heads'][1]}",
+            f"{row['bytes'][0]:,}",
+            f"{row['bytes'][1]:,}",
+        )
+    out.append(table)
+    return out
+
+
 def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list[Any]:
     """What ``headcut prune`` shows: the stop reason, heads per block, before/after, the trajectory and the
     training curve."""
@@ -196,6 +262,12 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         arrow = "higher is better" if metric["higher_is_better"] else "lower is better"
         summary.add_row(f"{metric['name']} ({arrow})", _fmt(metric["before"]), _fmt(metric["after"]))
     out.append(summary)
+    speed = report.get("speed_target")
+    if speed:
+        out += speed_lines(speed)
+    kv = report.get("kv_budget")
+    if kv:
+        out += kv_lines(kv)
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from ..pruning import get_method
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..catalog import GQA_POLICIES, method_entry
+from ..catalog import ALLOCATIONS, GQA_POLICIES, method_entry
 from ..options import OptionError, check_fields, option
 
 #: the --help section of the budget and cut options
@@ -22,7 +22,10 @@ class PruneConfig:
     ``method``: a name in :data:`headcut.catalog.METHODS`. Budget: exactly one of ``keep`` (heads
     left) and ``sparsity`` (fraction removed: keep = floor((1 - s) * heads)), or ``max_drop`` (stop
     before the metric drops by more than this, in the metric's own units; score-based methods) with
-    ``keep``/``sparsity`` optional as a floor. A method that decides the count itself (``auber``)
+    ``keep``/``sparsity`` optional as a floor, or ``kv_budget`` (the fraction of the KV-cache bytes kept at
+    ``context`` tokens, the heads placed by ``allocation``: :mod:`headcut.pruning.costs`), or ``target_speedup``
+    (the least such cut whose decoding at ``context`` tokens is that much faster, timed on the run's device:
+    :mod:`headcut.jobs.speed_target`). A method that decides the count itself (``auber``)
     needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same
     number of heads in every block. ``min_heads_per_block``: never take a block below this. ``gqa``: the
     grouped-query policy (units and slimming). ``via``: cut in two rounds, to ``via`` heads and then to the
@@ -56,6 +59,36 @@ class PruneConfig:
     via: int | None = option(
         None, low=1, metavar="K", panel=B, help="Score-based: cut to K first (refit, recovery), then to the budget."
     )
+    kv_budget: float | None = option(
+        None,
+        low=0,
+        high=1,
+        low_open=True,
+        metavar="F",
+        panel=B,
+        help="Keep at most fraction F of the KV-cache bytes at --context tokens.",
+    )
+    context: int | None = option(
+        None,
+        low=1,
+        metavar="N",
+        panel=B,
+        help="Tokens --kv-budget/--target-speedup count at; default: the model's maximum.",
+    )
+    target_speedup: float | None = option(
+        None,
+        low=1,
+        low_open=True,
+        metavar="X",
+        panel=B,
+        help="Cut until decoding at --context on --device is X times faster, timed.",
+    )
+    allocation: str = option(
+        "cost",
+        choices=ALLOCATIONS,
+        panel=B,
+        help="--kv-budget: by score per byte saved (cost) or by score (count).",
+    )
     seed: int = 0
     trajectory: bool = False
 
@@ -65,7 +98,34 @@ class PruneConfig:
         entry = method_entry(self.method)
         if self.keep is not None and self.sparsity is not None:
             raise OptionError("give one budget: {keep} or {sparsity}, not both")
+        if self.kv_budget is not None:
+            if entry.kind != "score":
+                raise OptionError(
+                    "{kv_budget} places the heads by their scores (a score-based method: headcut methods lists "
+                    "them); %s keeps its own budget in heads ({keep} or {sparsity})" % self.method
+                )
+            if self.keep is not None or self.sparsity is not None or self.max_drop is not None:
+                raise OptionError("give one budget: {kv_budget} (bytes) or {keep}, {sparsity} or {max_drop} (heads)")
+            if self.via is not None or self.trajectory:
+                raise OptionError("{kv_budget} cuts in one round: no {via} or {trajectory}")
+        if self.target_speedup is not None:
+            if entry.kind != "score":
+                raise OptionError(
+                    "{target_speedup} times cuts placed by their scores (a one-shot score-based method); %s keeps "
+                    "its own budget in heads ({keep} or {sparsity})" % self.method
+                )
+            if any(v is not None for v in (self.keep, self.sparsity, self.max_drop, self.kv_budget)):
+                raise OptionError(
+                    "give one budget: {target_speedup} (speed) or {kv_budget}, {keep}, {sparsity} or {max_drop}"
+                )
+            if self.via is not None or self.trajectory:
+                raise OptionError("{target_speedup} cuts in one round: no {via} or {trajectory}")
+        if self.context is not None and self.kv_budget is None and self.target_speedup is None:
+            raise OptionError(
+                "{context} is the length {kv_budget} or {target_speedup} is counted at: give one of them too"
+            )
         budget_given = self.keep is not None or self.sparsity is not None or self.max_drop is not None
+        budget_given = budget_given or self.kv_budget is not None or self.target_speedup is not None
         if not budget_given and entry.budget == "required":
             raise OptionError("no budget: give {keep}, {sparsity} or {max_drop}")
         if self.via is not None and (self.max_drop is not None or self.trajectory):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
 from ..arguments.kinds import values
@@ -35,6 +35,7 @@ from .recipes import keyword_changes, recipe_data, recipe_for, resolved_recipe
 from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
 from .results import Pruned
 from .saving import local_reads
+from .speed_target import find_speed_budget
 from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering, round_record
 
 
@@ -47,6 +48,10 @@ def prune(
     keep: int | None = None,
     sparsity: float | None = None,
     max_drop: float | None = None,
+    kv_budget: float | None = None,
+    context: int | None = None,
+    target_speedup: float | None = None,
+    allocation: str = "cost",
     data: Any = None,
     eval_data: Any = None,
     uniform: bool = False,
@@ -91,7 +96,13 @@ def prune(
     the report's ``recipe`` is the run resolved (replayable). ``method`` alone is that method with its paper's
     defaults (a recipe of one stage). Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
     while the eval metric stays within D; score-based methods), met exactly in whole units or refused
-    with the nearest valid budgets before any data is read. ``options``: the method's own options (e.g.
+    with the nearest valid budgets before any data is read; or ``kv_budget`` F, the fraction of the KV-cache bytes
+    of one sequence of ``context`` tokens kept (default: the model's maximum length; decoders, score-based
+    methods), the heads placed by ``allocation`` (``cost``: by score per byte saved, refined by calibration loss;
+    ``count``: by score alone; :mod:`headcut.pruning.costs`), the report's ``kv_budget`` saying what was reached;
+    or ``target_speedup`` X, the least such cut whose greedy decoding at ``context`` tokens is X times faster than the
+    unpruned model's, timed on ``device`` (:mod:`headcut.jobs.speed_target`; one-shot score-based methods; the
+    report's ``speed_target`` has every budget timed). ``options``: the method's own options (e.g.
     ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
     refuses the others). ``checkpoint_dir``/``resume``/``restart``: a learned method's resume checkpoint
     (``restart`` discards a stale one). ``device``: where to score or train (auto: CUDA when available).
@@ -128,6 +139,10 @@ def prune(
                 keep=keep,
                 sparsity=sparsity,
                 max_drop=max_drop,
+                kv_budget=kv_budget,
+                context=context,
+                target_speedup=target_speedup,
+                allocation=allocation,
                 uniform=uniform,
                 gqa=gqa,
                 min_heads_per_block=min_heads_per_block,
@@ -141,7 +156,10 @@ def prune(
             method, options = book.method, book.method_options
             budget, cut, recover = book.budget, book.cut, book.recover
             keep, sparsity, max_drop = (budget.get(k) for k in ("keep", "sparsity", "max_drop"))
+            kv_budget, context = budget.get("kv_budget"), budget.get("context")
+            target_speedup = budget.get("target_speedup")
             uniform = cut.get("uniform", uniform)
+            allocation = cut.get("allocation", allocation)
             gqa = cut.get("gqa", gqa)
             min_heads_per_block = cut.get("min_heads_per_block", min_heads_per_block)
             refit = book.refit
@@ -159,6 +177,10 @@ def prune(
                 keep=keep,
                 sparsity=sparsity,
                 max_drop=max_drop,
+                kv_budget=kv_budget,
+                context=context,
+                target_speedup=target_speedup,
+                allocation=allocation,
                 uniform=uniform,
                 min_heads_per_block=min_heads_per_block,
                 gqa=gqa,
@@ -256,6 +278,10 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
                 keep=config.keep,
                 sparsity=config.sparsity,
                 max_drop=config.max_drop,
+                kv_budget=config.kv_budget,
+                context=config.context,
+                target_speedup=config.target_speedup,
+                allocation=config.allocation,
                 data=data.data,
                 eval_data=data.eval_data,
                 uniform=config.uniform,
@@ -356,6 +382,16 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     sharded = request.entry.kind == "learned" and engine == "fsdp"
     if not sharded:
         move(loaded.module, torch_device)
+    speed = None
+    if config.target_speedup is not None:  # the budget in bytes whose cut is measured to be fast enough
+        with progress.task(f"timing cuts for {config.target_speedup:g}x decoding", None, "budgets") as task:
+            speed = find_speed_budget(loaded.module, config, opts, cal, torch_device, task.update)
+        config = replace(config, kv_budget=speed.chosen, target_speedup=None)
+        rounds = [replace(rounds[-1], config=config)]
+        notes.append(
+            f"--target-speedup {speed.target:g}: --kv-budget {speed.chosen:g} was the least cut measured at least "
+            f"that fast ({len(speed.tried)} budgets timed at {speed.context:,} tokens on {speed.device})"
+        )
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
     state = PruneState(
         model=loaded.module,
@@ -415,6 +451,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         notes=notes,
     )
     _add_rounds(report, last, records, pruned_metric, extra, loaded.module)
+    if speed is not None:
+        report["speed_target"] = speed.to_json()
     report["recipe"] = resolved_recipe(
         request.recipe, opts, config, rec, request.data_spec, data_options, rounds
     ).to_dict()

@@ -28,6 +28,7 @@ from .base import check_data_spec, data_config, data_specs, pick_device, same_da
 from .layerwise_choice import Choice, choose, refusal
 from .recipes import check_recipe_run
 from .saving import spec_path
+from .speed_target import check_speed_target
 
 
 @dataclass
@@ -209,6 +210,7 @@ def prune_request(
                 rounds=recipe is not None and config.via is None and recipe.rounds_vary,
             ),
         )
+        check_speed_target(config, opts, path.layerwise)
         if path.layerwise and dist.world > 1:
             raise HeadcutError(f"{L('layerwise')} runs in one process; launch it without torchrun or accelerate")
         own_checkpoint = run.checkpoint_dir is None and out is not None and entry.resumable

@@ -147,7 +147,8 @@ def valid_counts(block: Block, policy: str) -> list[int]:
     return sorted({m * c for m in range(1, g + 1) for c in range(1, k + 1)} | {0})
 
 
-def _cut(block: Block, kept: list[int], policy: str) -> BlockCut | None:
+def block_cut(block: Block, kept: list[int], policy: str) -> BlockCut | None:
+    """The cut that keeps query heads ``kept`` of ``block`` under a GQA policy, or None where it cannot."""
     g = block.group_size
     if g == 1:
         return BlockCut(tuple(kept), tuple(kept), 1)
@@ -172,7 +173,7 @@ def plan_cuts(mask: HeadMask, blocks: list[Block], policy: str = "auto") -> dict
     cuts: dict[str, BlockCut] = {}
     for block in blocks:
         kept = mask.keep[block.name]
-        cut = _cut(block, kept, policy)
+        cut = block_cut(block, kept, policy)
         if cut is None:
             valid = valid_counts(block, policy)
             n = len(kept)

@@ -29,6 +29,7 @@ from torch import nn
 from ..catalog import METHODS, method_entry
 from ..config import PruneConfig
 from ..errors import HeadcutError
+from ..model.kv_cache import cache_account
 from ..model.masks import plan_cuts
 from ..model.surgery import model_blocks, slim
 from ..training.distributed import Dist
@@ -67,7 +68,15 @@ def check_budget(
     step, stepwise = method.step(total, config, options)
     # a method that decides the count itself takes --keep/--sparsity as an upper bound (its own check)
     bound_only = method.entry.budget == "optional"
-    budget = resolve_budget(sets, replace(config, keep=None, sparsity=None) if bound_only else config, step, stepwise)
+    account = None
+    if config.target_speedup is not None and config.kv_budget is None:
+        # checked as a budget in bytes; the job finds the fraction by timing (headcut.jobs.speed_target)
+        config = replace(config, kv_budget=1.0)
+    if config.kv_budget is not None:
+        account = cache_account(model, config.context)
+    budget = resolve_budget(
+        sets, replace(config, keep=None, sparsity=None) if bound_only else config, step, stepwise, account
+    )
     method.check_units(sets, budget, config, options)
     return sets, budget, method, options
 
@@ -100,6 +109,11 @@ def plan_prune(
     ``eval``, ``train``), ``on_step`` (training steps), ``checkpoint_dir``/``resume``/``dist``/
     ``identity``/``device`` (training runs): see :class:`headcut.pruning.method.Problem`. Refusals
     (HeadcutError) come before any scoring or training; ``checked``: see :func:`check_budget`."""
+    if config.target_speedup is not None:
+        raise HeadcutError(
+            "target_speedup is found by timing cuts (headcut.prune, headcut.jobs.speed_target): plan_prune takes "
+            "the kv_budget it chose"
+        )
     sets, budget, method, options = check_budget(model, config, options, checked=checked)
     if metric is None and eval_calibration is not None:
         metric = eval_metric(model, eval_calibration, progress)

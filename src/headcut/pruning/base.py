@@ -85,6 +85,8 @@ class PruneResult(HeadTotals):
     training: Any = None
     options: Any = None
     details: Any = None
+    #: a byte budget's record (:class:`headcut.pruning.costs.KvRecord`), None for a budget in heads
+    kv: Any = None
 
     def section(self) -> dict[str, Any]:
         """The method's own part of the report: the scorer options of a score-based method, the training
@@ -98,6 +100,8 @@ class PruneResult(HeadTotals):
             out["training"] = self.training.to_json()
         if self.details is not None:
             out[self.method] = self.details.to_json()
+        if self.kv is not None:
+            out["kv_budget"] = self.kv.to_json()
         return out
 
     def to_json(self) -> dict[str, Any]:

@@ -29,12 +29,14 @@ from torch import nn
 
 from ..catalog import ABS_PER, GNORM_PER, NORMALIZE, OBJECTIVES
 from ..config import PruneConfig, ScoreConfig
+from ..data import Calibration
 from ..errors import HeadcutError
 from ..model.masks import HeadMask
 from ..options import OptionError, check_fields, option
 from ..scoring import get_scorer
 from ..scoring.base import Batch
-from .base import PruneProgress, PruneResult, batches_of, score_masked
+from .base import PruneProgress, PruneResult, batches_of, eval_metric, score_masked
+from .costs import Judge
 from .method import MethodBase, Problem
 from .search import Budget, run_search
 from .units import BlockSet
@@ -199,6 +201,7 @@ class ScoreMethod(MethodBase):
             problem.config,
             problem.metric,
             problem.progress,
+            judge=calibration_judge(problem, budget),
         )
         result.score_config = score_config
         return result
@@ -221,6 +224,19 @@ class ScoreMethod(MethodBase):
                 "arbitrary; use a scorer that compares layers (gradient), or --gqa uniform (query heads ranked within "
                 "their layer; the KV cache shrinks only where a layer loses every head)"
             )
+
+
+def calibration_judge(problem: Problem, budget: Budget) -> Judge | None:
+    """A byte budget's refinement measure (:mod:`.costs`): the calibration data's loss (its task's primary
+    metric, oriented so that lower is better) with only a mask's heads; None where there is nothing to refine
+    or no calibration data to measure it on."""
+    if budget.bytes is None or budget.bytes.by_heads or budget.bytes.allocation != "cost":
+        return None
+    if not isinstance(problem.data, Calibration):
+        return None
+    metric = eval_metric(problem.model, problem.data, problem.progress)
+    sign = -1.0 if metric.higher_is_better else 1.0
+    return lambda mask: sign * metric.measure(mask)
 
 
 def ten_percent(total: int) -> int:

@@ -44,8 +44,8 @@ def schedule(
     checked: bool = False,
 ) -> list[Round]:
     """The rounds of ``config`` on ``model``: with ``via``, a cut to ``via`` heads and then to the budget; else
-    the rounds of ``plan``'s case for the budget (a recipe's schedule; no case, or a ``max_drop`` budget: one
-    round of ``config`` itself). Every round's budget is refused as :func:`check_budget` refuses one, before any
+    the rounds of ``plan``'s case for the budget (a recipe's schedule; no case, or a ``max_drop`` or
+    ``kv_budget`` budget: one round of ``config`` itself). Every round's budget is refused as :func:`check_budget` refuses one, before any
     data is read (the budget first, then the rounds' bounds, then each earlier round's). ``checked``: ``config``
     and ``options`` are a checked request's (:func:`check_budget`), and so are the rounds' cuts of it."""
     _, budget, _, _ = check_budget(
@@ -62,7 +62,7 @@ def schedule(
         plans: Sequence[RoundPlan] = (RoundPlan(via, early), RoundPlan(None))
     else:
         case = None
-        if plan and config.max_drop is None and budget.target is not None:
+        if plan and config.max_drop is None and config.kv_budget is None and budget.target is not None:
             case = next((c for c in plan if c.below is None or budget.target < c.below * budget.total), None)
         if case is None:
             return [Round(config, recovery)]

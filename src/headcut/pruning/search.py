@@ -35,7 +35,9 @@ from torch import nn
 from ..adapters import Block
 from ..config import PruneConfig
 from ..errors import HeadcutError, label
+from ..model.kv_cache import CacheAccount
 from .base import Metric, PruneProgress, PruneResult, Ranker, TrajectoryPoint, within_drop
+from .costs import ByteBudget, Judge, byte_step, kv_record, resolve_bytes
 from .units import (
     BlockSet,
     Move,
@@ -70,6 +72,13 @@ class Budget:
     levels: list[int] | None
     valid: list[int]
     rounds: int | None = None
+    #: a budget in KV-cache bytes (``--kv-budget``; :mod:`.costs`): the search stops when they fit
+    bytes: ByteBudget | None = None
+
+    @property
+    def by_bytes(self) -> bool:
+        """Whether the search removes units until the bytes fit (not a number of heads)."""
+        return self.bytes is not None and not self.bytes.by_heads
 
     def step_at(self, heads: int, steps_done: int) -> Budget:
         """This step's budget: with ``rounds``, the heads left to remove split over the steps left
@@ -114,9 +123,21 @@ def uniform_budgets(sets: list[BlockSet], floor: int = 0) -> list[int]:
     return [k * n_blocks for k in uniform_levels(UnitState.full(sets), floor)]
 
 
-def resolve_budget(sets: list[BlockSet], config: PruneConfig, step: int, stepwise: bool) -> Budget:
+def resolve_budget(
+    sets: list[BlockSet], config: PruneConfig, step: int, stepwise: bool, account: CacheAccount | None = None
+) -> Budget:
     """Check the budget against the units (HeadcutError naming the nearest valid budgets). ``step``:
-    heads per step; ``stepwise``: whether the search goes step by step (else to K at once)."""
+    heads per step; ``stepwise``: whether the search goes step by step (else to K at once); ``account``: the
+    model's cache, for a ``kv_budget``."""
+    if config.kv_budget is not None:
+        if account is None:
+            raise HeadcutError(f"internal: {label('kv_budget')} without the model's cache account")
+        in_bytes = resolve_bytes(sets, config, account)
+        n_blocks = sum(s.width for s in sets)
+        keep = in_bytes.level * n_blocks if in_bytes.level is not None else None
+        budget = resolve_budget(sets, replace(config, kv_budget=None, context=None, keep=keep), step, stepwise)
+        budget.bytes = in_bytes
+        return budget
     state = UnitState.full(sets)
     total = state.total()
     n_blocks = sum(s.width for s in sets)
@@ -257,12 +278,20 @@ def run_search(
     config: PruneConfig,
     metric: Metric | None,
     progress: PruneProgress | None = None,
+    judge: Judge | None = None,
 ) -> PruneResult:
-    """The removal loop (see the module's doc). The model is only gated, never changed."""
+    """The removal loop (see the module's doc). The model is only gated, never changed. ``judge``: a byte
+    budget's refinement measure (:mod:`.costs`)."""
     start = time.perf_counter()
     state = UnitState.full(sets)
+    first = state.copy()
     heads_before = state.per_block()
-    most = budget.total - budget.target
+    most: int | None = budget.total - budget.target
+    in_bytes = budget.bytes if budget.by_bytes else None
+    if in_bytes is not None:
+        most = None  # the heads a byte budget removes are known at its end
+    candidates: list = []
+    chosen: str | None = None
     if progress is not None:
         progress("prune", 0, most)
     before = metric.measure(state.mask(blocks)) if metric is not None else None
@@ -271,10 +300,25 @@ def run_search(
     best = state.copy()
     best_metric = before
     stopped = "budget" if budget.exact else "floor"
-    while state.total() > budget.target:
+    while (not in_bytes.fits(state)) if in_bytes is not None else state.total() > budget.target:
         importance = ranker.importance(model, state.mask(blocks), progress)
         rescored = ranker.rescoring or len(points) == 1
-        removed = remove_step(state, importance, budget.step_at(state.total(), len(points) - 1), config.uniform)
+        if in_bytes is not None:
+            kept_before = state.copy()
+            _, found, pick = byte_step(
+                state, importance, in_bytes, budget.floor, budget.step, judge, lambda st: st.mask(blocks)
+            )
+            if found:
+                candidates, chosen = found, pick
+            removed = [
+                f"{b.name}:{h}"
+                for i, s in enumerate(state.sets)
+                for b in s.blocks
+                for h in kept_before.kept[i]
+                if h not in state.kept[i]
+            ]
+        else:
+            removed = remove_step(state, importance, budget.step_at(state.total(), len(points) - 1), config.uniform)
         if not removed:
             break  # nothing left that may go (units, floors)
         value = metric.measure(state.mask(blocks)) if evaluate_steps and metric is not None else None
@@ -302,6 +346,10 @@ def run_search(
     if metric is not None and stopped != "max-drop" and not evaluate_steps:
         best_metric = metric.measure(state.mask(blocks))
     mask = state.mask(blocks)
+    record = None
+    if budget.bytes is not None:
+        record = kv_record(budget.bytes, first, state)
+        record.candidates, record.chosen = candidates, chosen
     return PruneResult(
         method=config.method,
         mask=mask,
@@ -316,5 +364,6 @@ def run_search(
         higher_is_better=metric.higher_is_better if metric is not None else None,
         metric_before=before,
         metric_after=best_metric,
-        target=budget.target,
+        target=state.total() if in_bytes is not None else budget.target,
+        kv=record,
     )

@@ -44,9 +44,9 @@ STAGES = ("choose", "cut", "refit", "recover")
 #: the stages every recipe has
 REQUIRED = ("choose", "cut")
 #: each stage's options: declared fields of the configuration that owns them (``choose``: the method's)
-CUT_FIELDS = ("uniform", "gqa", "min_heads_per_block")
+CUT_FIELDS = ("uniform", "gqa", "min_heads_per_block", "allocation")
 RECOVER_FIELDS = ("recover_steps", "recover_hidden_weight", "recover_average")
-BUDGET_FIELDS = ("keep", "sparsity", "max_drop")
+BUDGET_FIELDS = ("keep", "sparsity", "max_drop", "kv_budget", "context", "target_speedup")
 DATA_FIELDS = ("max_examples", "seq_len", "batch_size", "mlm_probability")
 #: a recipe's keys, in the order it is written
 KEYS = ("name", "about", "default_for", "stages", "data", "budget", "seed", "schedule", "measured")
@@ -247,6 +247,11 @@ def from_dict(raw: Any, where: str) -> Recipe:
         _check(PruneConfig(**budget), budget, f"{where}, budget")
         if "keep" in budget and "sparsity" in budget:
             raise HeadcutValueError(f"{where}, budget: give keep or sparsity, not both")
+        given = [k for k in ("keep", "sparsity", "max_drop", "kv_budget", "target_speedup") if k in budget]
+        if len(given) > 1 and given != ["keep", "max_drop"] and given != ["sparsity", "max_drop"]:
+            raise HeadcutValueError(f"{where}, budget: give one of {', '.join(given)}")
+        if "context" in budget and not {"kv_budget", "target_speedup"} & set(budget):
+            raise HeadcutValueError(f"{where}, budget: context is where kv_budget or target_speedup is counted")
     seed = mapping.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise HeadcutValueError(f"{where}: 'seed' must be an integer >= 0")
