@@ -224,6 +224,7 @@ def test_kv_budget_from_python_reaches_it_and_the_saved_model_holds_those_bytes(
     account = cache_account(reloaded, 64)
     assert account.bytes(account.current()) == kv["bytes_after"]  # the written model holds what was counted
     assert json.loads((out / "headcut-report.json").read_text())["kv_budget"] == kv
+    assert f"{kv['bytes_before']:,} -> {kv['bytes_after']:,} bytes" in (out / "README.md").read_text()  # the card
     # the recipe of the run replays it
     again = headcut.prune(src, recipe=out, data=text)
     assert again.mask.to_json() == pruned.mask.to_json()
@@ -397,3 +398,13 @@ def test_target_speedup_refusals(tiny_gemma3, kwargs, message):
     method = kwargs.pop("method")
     with pytest.raises(HeadcutError, match=message):
         headcut.prune(src, method, target_speedup=1.2, data=text, data_options=OPTIONS, **kwargs)
+
+
+def test_an_iterative_method_steps_towards_the_bytes_and_allocates_on_its_last_step(tiny_gemma3):
+    src, text = tiny_gemma3
+    pruned = headcut.prune(src, "michel", kv_budget=0.5, context=64, step=3, data=text, data_options=OPTIONS)
+    kv = pruned.report["kv_budget"]
+    assert kv["bytes_after"] <= kv["bytes_target"] and kv["candidates"]
+    assert pruned.report["scorings"] > 1  # scored again before every step
+    steps = pruned.report["trajectory"][1:]
+    assert all(len(p["removed"]) <= 3 for p in steps[:-1])  # --step heads at most, before the allocating step

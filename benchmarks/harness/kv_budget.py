@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-NAMES = {"gemma3": "Gemma 3 270M", "smollm": "SmolLM2-135M-Instruct"}
+NAMES = {
+    "gemma3": "Gemma 3 270M",
+    "smollm": "SmolLM2-135M-Instruct",
+    "gemma1b": "synthetic Gemma 3 1B shape (random weights, bfloat16)",
+}
 
 
 def _num(value: float) -> str:
@@ -147,14 +151,22 @@ def _speed(data: dict[str, Any]) -> list[str]:
     if not speed:
         return []
     out = [
-        "Decode speed at that context (the study's `speed`: a cache of that many random keys and values, greedy "
-        "tokens per second, runs interleaved; speed-up over the unpruned model with the p25-p75 of the paired "
-        "per-round ratios):",
+        "Decode speed at that context (the study's `speed`: each model decodes 16 tokens greedily from a cache of that "
+        "many random keys and values, timed as `--target-speedup` times it, in 5 interleaved rounds on 2 threads; "
+        "tokens/s the median; speed-up the median of the paired per-round ratios over the unpruned model, with their "
+        "p25-p75). The synthetic model is cut by the data-free magnitude scores (its outputs mean nothing):",
         "",
-        "| model | context | cut | tokens/s | speed-up | p25-p75 |",
-        "|---|---:|---|---:|---:|---|",
+        "| model | context | cut | heads kept | KV bytes kept | tokens/s | speed-up | p25-p75 |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
     ]
-    for name, block in sorted(speed.items()):
+    cuts = data.get("rows", {})
+    order = list(NAMES)
+
+    def place(name: str) -> tuple[int, int]:
+        model, context = name.split("/")
+        return (order.index(model) if model in order else len(order), int(context))
+
+    for name, block in sorted(speed.items(), key=lambda item: place(item[0])):
         model, context = name.split("/")
         rows = block["rows"]
         base = rows[0]
@@ -165,8 +177,13 @@ def _speed(data: dict[str, Any]) -> list[str]:
             q = (pairs[len(pairs) // 4], pairs[(3 * len(pairs)) // 4]) if pairs else (None, None)
             spread = "-" if row is base else f"{q[0]:.2f}-{q[1]:.2f}"
             speedup = "1.00" if row is base else f"{sorted(pairs)[len(pairs) // 2]:.2f}x"
+            cut = cuts.get(f"{model}/{context}/{row['name']}")
+            kv = cut["kv_budget"] if cut else None
+            heads = "all" if kv is None else f"{kv['heads_after']} of {kv['heads_before']}"
+            kept = "1" if kv is None else f"{kv['reached']:.3f}"
             out.append(
-                f"| {NAMES.get(model, model)} | {int(context):,} | {row['name']} | {median:.2f} | {speedup} | {spread} |"
+                f"| {NAMES.get(model, model)} | {int(context):,} | {row['name']} | {heads} | {kept} | {median:.2f} | "
+                f"{speedup} | {spread} |"
             )
     out.append("")
     return out

@@ -172,7 +172,7 @@ def one(model: str, context: int, allocation: str) -> None:
     data = load()
     data["rows"][key(model, context, allocation)] = row
     write(data)
-    print(f"{key(model, context, allocation)}: {row['perplexity']}", flush=True)
+    print(f"{key(model, context, allocation)}: {row.get('perplexity', 'speed only')}", flush=True)
 
 
 def cuts(models: list[str], contexts: list[int]) -> None:

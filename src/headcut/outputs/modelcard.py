@@ -127,7 +127,21 @@ def _method_section(report: dict[str, Any]) -> list[str]:
         if entry:
             lines.append(f"Paper: {entry.citation}.")
         target = report.get("target")
-        if target is not None:
+        kv = report.get("kv_budget")
+        speed = report.get("speed_target")
+        if speed and speed.get("reached"):
+            lines.append(
+                f"Budget: decoding {speed['target']:g}x faster at {speed['context']:,} tokens on {speed['device']}, "
+                f"measured {speed['reached']['speedup_median']:.3g}x (median of {speed['rounds']} paired rounds) at "
+                f"--kv-budget {speed['chosen_fraction']:g}."
+            )
+        if kv:
+            lines.append(
+                f"Budget: at most {kv['fraction']:g} of the KV cache of one sequence of {kv['context']:,} tokens; "
+                f"{kv['bytes_before']:,} -> {kv['bytes_after']:,} bytes ({kv['reached']:.3g} kept), the heads placed "
+                f"by the {kv['allocation']} allocation."
+            )
+        elif target is not None:
             stopped = STOPPED.get(str(report.get("stopped")), str(report.get("stopped")))
             lines.append(f"Budget: keep {target} heads ({stopped}).")
         arguments = report.get("arguments") or {}

@@ -22,8 +22,9 @@ scores are the method's (the total importance of a unit's heads); the candidates
    important to go first), then *fill-back*: the removed units put back, the most important first, wherever the
    bytes still fit;
 2. *count*: the count allocation's units, then the same fill-back;
-3. *knapsack*: the exact minimum of the summed scores, by dynamic programming over the bytes saved in 2,000 steps
-   of the bytes to save (each unit's saving rounded down, the bytes to save rounded up: every solution fits),
+3. *knapsack*: the exact minimum of the summed scores, by dynamic programming over the bytes saved in steps of the
+   savings' greatest common divisor (where that makes at most 20,000 steps; else in 2,000 steps of the bytes to
+   save, each unit's saving rounded down and the bytes to save rounded up, so that every solution fits),
    where each unit saves the same bytes whatever else goes (whole KV groups or single heads) and no
    ``--min-heads-per-block`` bounds a layer.
 
@@ -48,7 +49,9 @@ from ..model.kv_cache import CacheAccount
 from ..model.masks import HeadMask, block_cut
 from .units import BlockSet, Move, UnitState, set_moves, uniform_levels
 
-#: the steps of the knapsack's bytes axis
+#: the knapsack's bytes axis: in steps of the savings' greatest common divisor where the bytes to save are at most
+#: this many of them (exact), else in this many steps (each saving rounded down: every solution fits)
+EXACT_STEPS = 20000
 KNAPSACK_STEPS = 2000
 
 #: ``judge(mask)``: the calibration loss of the model with only ``mask``'s heads (lower is better)
@@ -230,12 +233,14 @@ def knapsack(state: UnitState, importance: dict[str, list[float]], budget: ByteB
     need = budget.state_bytes(state) - budget.target
     if not units or need <= 0:
         return None
-    step = max(need / KNAPSACK_STEPS, 1.0)
+    savings = [budget.saving(state, move) for move in units]
+    exact = math.gcd(*savings)  # every saving a whole number of these: the knapsack is exact in steps of it
+    step = float(exact) if need / exact <= EXACT_STEPS else need / KNAPSACK_STEPS
     goal = math.ceil(need / step)
     best = [0.0] + [math.inf] * goal  # best[b]: the least summed score of units saving b steps (goal: or more)
     came: list[array] = []  # came[j][t]: the b unit j was added to, to reach t (-1: not added)
-    for move in units:
-        w, size = weight(state, move), int(budget.saving(state, move) // step)
+    for move, saving in zip(units, savings):
+        w, size = weight(state, move), int(saving // step)
         new = best[:]
         back = array("i", [-1]) * (goal + 1)
         for b in range(goal + 1):
