@@ -212,18 +212,18 @@ def find_speed_budget(
     importance = oriented(scores.importance(), method.inverse)  # type: ignore[attr-defined]
     metric = eval_metric(model, cal) if isinstance(cal, Calibration) and config.allocation == "cost" else None
     judge = None if metric is None else (lambda m: (-1.0 if metric.higher_is_better else 1.0) * metric.measure(m))
-    least = None
     ladder = []
+    refused: HeadcutError | None = None
     for fraction in LADDER:
         try:
             budget = resolve_bytes(sets, replace(config, kv_budget=fraction, target_speedup=None), account)
-        except HeadcutError:
+        except HeadcutError as exc:
+            refused = exc
             continue
-        least = budget.least
         ladder.append((fraction, budget))
     if not ladder:
         raise HeadcutError(
-            f"{label('target_speedup')}: no KV budget on the ladder can be reached ({least} bytes least)"
+            f"{label('target_speedup')}: no KV budget from {LADDER[0]} to {LADDER[-1]} can be met ({refused})"
         )
     progress(0, now=f"prefilling the unpruned model's cache of {account.context:,} tokens")
     base = decode_call(model, account.context, tokens, device, config.seed)
@@ -259,8 +259,6 @@ def find_speed_budget(
             high = mid - 1  # try a lighter cut
         else:
             low = mid + 1
-        if best is None and low > high:
-            break
     search.seconds = time.perf_counter() - start
     if best is None:
         fastest = max(search.tried, key=lambda t: percentile(t.speedups, 25))
