@@ -41,9 +41,9 @@ from ..model.masks import HeadMask
 from ..model.measure import SelfTimed, time_rounds
 from ..model.surgery import model_blocks, slim
 from ..pruning import get_method
-from ..pruning.base import batches_of, eval_metric, score_masked
-from ..pruning.costs import allocate, resolve_bytes
-from ..pruning.ranked import oriented
+from ..pruning.base import batches_of
+from ..pruning.costs import allocate, loss_judge, resolve_bytes
+from ..pruning.ranked import Ranker
 from ..pruning.units import UnitState, block_sets
 from ..stats import paired_speedup, percentile
 
@@ -206,12 +206,12 @@ def find_speed_budget(
         kv_bytes_before=account.bytes(account.current()),
     )
     score_config = method.score_config(config, options)  # type: ignore[attr-defined]
-    batches = batches_of(cal) if cal is not None else None
+    batches = batches_of(cal) if cal is not None and method.entry.data != "none" else None
     progress(0, now="scoring the heads once")
-    scores = score_masked(model, HeadMask.full(blocks), batches, score_config, None)
-    importance = oriented(scores.importance(), method.inverse)  # type: ignore[attr-defined]
-    metric = eval_metric(model, cal) if isinstance(cal, Calibration) and config.allocation == "cost" else None
-    judge = None if metric is None else (lambda m: (-1.0 if metric.higher_is_better else 1.0) * metric.measure(m))
+    # the method's own ranking and the search's refinement measure: the cuts timed are those the prune makes
+    ranker = Ranker(method, score_config, batches)  # type: ignore[arg-type]
+    importance = ranker.importance(model, HeadMask.full(blocks), None)
+    judge = loss_judge(model, cal) if isinstance(cal, Calibration) and config.allocation == "cost" else None
     ladder = []
     refused: HeadcutError | None = None
     for fraction in LADDER:

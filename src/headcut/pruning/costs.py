@@ -43,10 +43,14 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from torch import nn
+
 from ..config import PruneConfig
+from ..data import Calibration
 from ..errors import HeadcutError, label
 from ..model.kv_cache import CacheAccount
 from ..model.masks import HeadMask, block_cut
+from .base import PruneProgress, eval_metric
 from .units import BlockSet, Move, UnitState, set_moves, uniform_levels
 
 #: the knapsack's bytes axis: in steps of the savings' greatest common divisor where the bytes to save are at most
@@ -56,6 +60,14 @@ KNAPSACK_STEPS = 2000
 
 #: ``judge(mask)``: the calibration loss of the model with only ``mask``'s heads (lower is better)
 Judge = Callable[[HeadMask], float]
+
+
+def loss_judge(model: nn.Module, calibration: Calibration, progress: PruneProgress | None = None) -> Judge:
+    """The refinement's measure: the calibration data's primary metric with only a mask's heads (gated), oriented
+    so that lower is better."""
+    metric = eval_metric(model, calibration, progress)
+    sign = -1.0 if metric.higher_is_better else 1.0
+    return lambda mask: sign * metric.measure(mask)
 
 
 @dataclass
@@ -319,18 +331,18 @@ def byte_step(
     step: int,
     judge: Judge | None,
     mask_of: Callable[[UnitState], HeadMask],
-) -> tuple[list[Move] | None, list[Candidate], str | None]:
+) -> tuple[list[Candidate], str | None]:
     """One step of a byte budget on ``state`` (in place): up to ``step`` heads in the ratio order, or, where they
-    would make the bytes fit, the allocation (see the module's doc). Returns the moves of a plain step (None for
-    the allocating step), and the allocation's candidates and choice."""
+    would make the bytes fit, the allocation (see the module's doc). Returns the allocation's candidates and
+    choice (none for a plain step)."""
     trial = state.copy()
-    taken = _greedy(trial, importance, budget, floor, by_ratio(budget), most=step)
+    _greedy(trial, importance, budget, floor, by_ratio(budget), most=step)
     if not budget.fits(trial):
         state.kept = trial.kept
-        return taken, [], None
+        return [], None
     final, candidates, chosen = allocate(state, importance, budget, floor, judge, mask_of)
     state.kept = final.kept
-    return None, candidates, chosen
+    return candidates, chosen
 
 
 @dataclass

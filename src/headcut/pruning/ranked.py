@@ -35,8 +35,8 @@ from ..model.masks import HeadMask
 from ..options import OptionError, check_fields, option
 from ..scoring import get_scorer
 from ..scoring.base import Batch
-from .base import PruneProgress, PruneResult, batches_of, eval_metric, score_masked
-from .costs import Judge
+from .base import PruneProgress, PruneResult, batches_of, score_masked
+from .costs import Judge, loss_judge
 from .method import MethodBase, Problem
 from .search import Budget, run_search
 from .units import BlockSet
@@ -234,9 +234,7 @@ def calibration_judge(problem: Problem, budget: Budget) -> Judge | None:
         return None
     if not isinstance(problem.data, Calibration):
         return None
-    metric = eval_metric(problem.model, problem.data, problem.progress)
-    sign = -1.0 if metric.higher_is_better else 1.0
-    return lambda mask: sign * metric.measure(mask)
+    return loss_judge(problem.model, problem.data, problem.progress)
 
 
 def ten_percent(total: int) -> int:

@@ -305,7 +305,7 @@ def run_search(
         rescored = ranker.rescoring or len(points) == 1
         if in_bytes is not None:
             kept_before = state.copy()
-            _, found, pick = byte_step(
+            found, pick = byte_step(
                 state, importance, in_bytes, budget.floor, budget.step, judge, lambda st: st.mask(blocks)
             )
             if found:
