@@ -14,22 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from ..adapters import Block, CacheCost, adapter_for
+from ..data.tasks import max_positions
 from ..errors import HeadcutError
 from .masks import HeadMask, plan_cuts
 from .surgery import model_blocks
-
-
-def model_context(config: Any) -> int | None:
-    """The longest context the model's positions allow (its ``max_position_embeddings``), or None."""
-    text = getattr(config, "get_text_config", lambda: config)()
-    value = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def generates(model: nn.Module) -> str | None:
@@ -93,7 +86,7 @@ def cache_account(model: nn.Module, context: int | None = None) -> CacheAccount:
     if why is not None:
         raise HeadcutError(f"no KV cache to budget: {why}")
     if context is None:
-        context = model_context(model.config)
+        context = max_positions(model.config.get_text_config())
         if context is None:
             raise HeadcutError("the model's config gives no maximum length: give the context length (--context N)")
     if context < 1:
