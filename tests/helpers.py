@@ -23,6 +23,16 @@ import headcut
 from headcut.model.masks import HeadMask
 
 V = 99  # vocabulary size of the tiny text models
+#: RoPE settings of the tiny decoders' tests (positions scaled from 16: the tiny models read 64)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16}
 
 
 def _cfg(family: str) -> Any:
@@ -300,6 +310,8 @@ GQA_DECODERS = [
     "qwen3_5",
     "gemma4",
 ]
+#: the families ``--format decilm`` writes (tests/test_vllm.py serves each in vLLM)
+DECILM_FAMILIES = ["llama", "mistral", "qwen2"]
 DECODERS = ["gpt2", "gpt-neox", *GQA_DECODERS, "bart", "marian", "t5"]
 #: the classes used for generation tests
 GENERATORS = {
@@ -333,10 +345,14 @@ def make_config(family: str, num_labels: int = 3) -> Any:
     return cfg
 
 
-def make_model(family: str, cls_name: str | None = None, seed: int = 0) -> torch.nn.Module:
+def make_model(family: str, cls_name: str | None = None, seed: int = 0, **config: Any) -> torch.nn.Module:
+    """The tiny random model of ``family``; ``config``: fields of its tiny config changed before it is built."""
     cls = getattr(T, cls_name or CLASSES[family][0])
     torch.manual_seed(seed)
-    model = cls(make_config(family)).eval()
+    cfg = make_config(family)
+    for key, value in config.items():
+        setattr(cfg, key, value)
+    model = cls(cfg).eval()
     # random biases make head removal visible in the output (zero-init biases hide bugs)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -442,10 +458,9 @@ def make_tokenizer() -> Any:
 
 
 def save_tiny(folder: Path, family: str, cls_name: str, tokenizer: bool = True, seed: int = 0, **config: Any) -> Path:
-    """A tiny checkpoint folder (random weights) with the word-level tokenizer."""
-    model = make_model(family, cls_name, seed=seed)
-    for key, value in config.items():
-        setattr(model.config, key, value)
+    """A tiny checkpoint folder (random weights) with the word-level tokenizer; ``config``: fields of the tiny
+    config changed before the model is built."""
+    model = make_model(family, cls_name, seed=seed, **config)
     model.save_pretrained(folder)
     if tokenizer:
         make_tokenizer().save_pretrained(folder)

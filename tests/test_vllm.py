@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import run, vllm_python
+from helpers import DECILM_FAMILIES, GENERATORS, LLAMA3_ROPE, YARN_ROPE, run, save_tiny, vllm_python
 
 import headcut
 import headcut_offline as offline
@@ -177,23 +178,82 @@ def test_vllm_serves_a_per_layer_cut_written_as_decilm(tmp_path):
     assert {"engine": "vLLM", "path": "decilm", "how": "vllm serve OUT/decilm --trust-remote-code"} in res.report[
         "engines"
     ]
-    served = serve(tmp_path / "cut" / "decilm", PROMPTS, 8, python=PYTHON, prompt_logprobs=5, trust_remote_code=True)
+    facts = _served_as_headcut_loads(tmp_path / "cut", written, PROMPTS)
+    assert {a["heads"] for a in facts["attention"]} == {written["query_heads"]}
+
+
+def _served_as_headcut_loads(cut: Path, written: dict, prompts: list) -> dict:
+    """Serve ``cut``'s DeciLM folder in vLLM (float32): it builds the written KV heads per layer, its greedy tokens
+    are ``headcut.load(cut)``'s, and its prompt log-probabilities are within 5e-3 of them; vLLM's facts."""
+    served = serve(cut / "decilm", prompts, 8, python=PYTHON, prompt_logprobs=5, trust_remote_code=True)
     facts = served["facts"]
     assert facts["architecture"] == "DeciLMForCausalLM"
     assert [a["kv_heads"] for a in facts["attention"]] == [k for k in written["kv_heads"] if k]
-    assert {a["heads"] for a in facts["attention"]} == {written["query_heads"]}
-    model = headcut.load(tmp_path / "cut", dtype="float32").eval()
+    model = headcut.load(cut, dtype="float32").eval()
     worst = 0.0
-    for prompt, table, tokens in zip(PROMPTS, served["prompt_logprobs"], served["tokens"]):
+    for prompt, table, tokens in zip(prompts, served["prompt_logprobs"], served["tokens"]):
         ids = torch.tensor([prompt])
         with torch.no_grad():
             logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
             greedy = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
-        assert tokens == greedy[0, len(prompt) :].tolist()
+        assert tokens == greedy[0, len(prompt) :].tolist(), prompt
         for position in range(1, len(prompt)):
             for token, value in table[position].items():
                 worst = max(worst, abs(float(logprobs[position - 1, int(token)]) - value))
     assert worst < 5e-3, worst
+    return facts
+
+
+#: prompts for the tiny models (their 99-token vocabulary)
+TINY_PROMPTS = [[1, 12, 40, 7, 88, 23, 61], [1, 5, 77, 30, 14, 52, 9, 70], [1, 95, 33]]
+#: one tiny model per family ``--format decilm`` writes, with the settings it keeps (head size 32: vLLM's CPU
+#: attention takes multiples of 32 from 32 on) and a per-layer cut (6 query heads in 2 KV groups of 3)
+TINY_DECILM = {
+    # attention and MLP biases (every emptied layer keeps its zero KV head for o's bias), a head size that is not
+    # width / heads, Llama 3's RoPE
+    "llama": (
+        {
+            "head_dim": 32,
+            "attention_bias": True,
+            "mlp_bias": True,
+            "rope_parameters": LLAMA3_ROPE,
+        },
+        {"drop": {"self.0": [0, 1, 2, 3, 4, 5], "self.1": [3, 4, 5]}},
+    ),
+    # no window, YaRN; a middle layer emptied (no_op)
+    "mistral": (
+        {
+            "sliding_window": None,
+            "head_dim": 32,
+            "rope_parameters": YARN_ROPE,
+        },
+        {"drop": {"self.1": [0, 1, 2, 3, 4, 5], "self.2": [0, 1, 2]}},
+    ),
+    # random q/k/v biases (tests/helpers.py), tied embeddings, linear RoPE
+    "qwen2": (
+        {
+            "hidden_size": 192,
+            "tie_word_embeddings": True,
+            "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+        },
+        {"drop": {"self.0": [0, 1, 2, 3, 4, 5], "self.2": [3, 4, 5]}},
+    ),
+}
+
+
+@needs_vllm
+@pytest.mark.parametrize("family", DECILM_FAMILIES)
+def test_vllm_serves_every_family_decilm_writes(tmp_path, family):
+    """Each family ``--format decilm`` accepts (``DECILM_FAMILIES``; the refused ones are tests/test_decilm.py's), a
+    tiny per-layer cut with the settings the writer keeps, served by vLLM in float32 from OUT/decilm: the written
+    head counts, the log-probabilities of ``headcut.load(OUT)`` within the SmolLM2 test's bound, its greedy
+    tokens."""
+    settings, mask = TINY_DECILM[family]
+    folder = save_tiny(tmp_path / family, family, GENERATORS[family], **settings)
+    res = headcut.export(folder, mask, formats="safetensors,decilm", out=tmp_path / "cut")
+    written = res.report["formats"]["decilm"]
+    facts = _served_as_headcut_loads(tmp_path / "cut", written, TINY_PROMPTS)
+    assert {(a["heads"], a["head_size"]) for a in facts["attention"]} == {(written["query_heads"], 32)}
 
 
 def test_runtime_vllm_without_vllm_says_how_to_install_it(tmp_path):

@@ -14,6 +14,8 @@ import os
 from types import ModuleType
 
 from .errors import HeadcutError, first_line
+from .formatting import printable
+from .processes import stop_group
 
 
 def installed(name: str) -> bool:
@@ -62,10 +64,33 @@ VLLM_INSTALL = (
 )
 
 
+#: seconds the probe of ``--vllm-python`` may take (it starts the interpreter and looks vLLM up without importing it:
+#: well under a second on an idle machine); past them its process group is killed and the interpreter refused
+PROBE_TIMEOUT_S = 30.0
+#: the first word of the probe's answer, written in the probe's code in two pieces: a program that echoes its
+#: arguments (``/bin/echo``) does not answer it, nor one that prints nothing and exits 0 (``/bin/true``)
+PROBE_MARKER = "headcut-vllm-probe"
+#: what the probe runs (``python -c``): exit 3 without a ``vllm`` package, else the marker and vLLM's version (from
+#: its distribution's metadata: importing vLLM takes seconds)
+VLLM_PROBE = (
+    "import importlib.util, sys\n"
+    "if importlib.util.find_spec('vllm') is None:\n"
+    "    sys.exit(3)\n"
+    "try:\n"
+    "    from importlib.metadata import packages_distributions, version\n"
+    "    found = version(packages_distributions().get('vllm', ['vllm'])[0])\n"
+    "except Exception:\n"
+    "    found = 'unknown'\n"
+    "print('headcut-vllm' + '-probe', found)\n"
+)
+
+
 def vllm_interpreter(python: str | None) -> str:
     """The Python interpreter that runs vLLM: ``python`` (a path, or a command on PATH), else this one; a
-    one-line HeadcutError when it is not there or has no ``vllm`` package (checked without importing vLLM,
-    which takes seconds)."""
+    one-line HeadcutError when it is not there, has no ``vllm`` package, or does not answer the probe
+    (:data:`VLLM_PROBE`: the marker and vLLM's version, checked without importing vLLM, which takes seconds) within
+    :data:`PROBE_TIMEOUT_S`. The probe runs in a session of its own, and its whole process group is killed once it
+    has answered, failed, timed out or been interrupted: nothing it started outlives it."""
     import shutil
     import subprocess
     import sys
@@ -75,17 +100,45 @@ def vllm_interpreter(python: str | None) -> str:
             raise HeadcutError(f"--runtime vllm needs vLLM, which this Python does not have: {VLLM_INSTALL}")
         return sys.executable
     found = shutil.which(python) or (python if os.path.isfile(python) else None)
+    named = printable(python, 200)
     if found is None:
-        raise HeadcutError(f"--vllm-python {python}: no such interpreter")
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+        raise HeadcutError(f"--vllm-python {named}: no such interpreter")
     try:
-        done = subprocess.run([found, "-c", probe], capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise HeadcutError(f"--vllm-python {python} does not run ({type(exc).__name__}: {exc})") from None
-    if done.returncode == 3:
-        raise HeadcutError(f"--vllm-python {python} has no vLLM installed: {VLLM_INSTALL}")
-    if done.returncode != 0:
-        lines = [line.strip() for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
-        why = lines[-1][:300] if lines else f"exit status {done.returncode}"
-        raise HeadcutError(f"--vllm-python {python} fails: {why}")
+        proc = subprocess.Popen(
+            [found, "-c", VLLM_PROBE],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise HeadcutError(
+            f"--vllm-python {named} does not run ({type(exc).__name__}: {printable(str(exc))})"
+        ) from None
+    try:
+        out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise HeadcutError(
+            f"--vllm-python {named} did not answer headcut's probe (python -c: look vLLM up) within "
+            f"{PROBE_TIMEOUT_S:g} s: stopped it; is it a Python interpreter?"
+        ) from None
+    finally:
+        stop_group(proc)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    if proc.returncode == 3:
+        raise HeadcutError(f"--vllm-python {named} has no vLLM installed: {VLLM_INSTALL}")
+    if proc.returncode != 0:
+        lines = [line for line in err.decode(errors="replace").splitlines() if line.strip()]
+        why = printable(lines[-1]) if lines else f"exit status {proc.returncode}"
+        raise HeadcutError(f"--vllm-python {named} fails: {why}")
+    answer = [line.split() for line in out.decode(errors="replace").splitlines()]
+    if not any(len(words) >= 2 and words[0] == PROBE_MARKER for words in answer):
+        printed = printable(out.decode(errors="replace"), 80)
+        said = f"printed {printed!r}" if printed else "printed nothing"
+        raise HeadcutError(
+            f"--vllm-python {named} is not a Python interpreter with vLLM: it exited 0 but {said} instead of the "
+            "answer to headcut's probe (python -c: look vLLM up)"
+        )
     return os.path.abspath(found)

@@ -397,9 +397,14 @@ class Adapter:
     no_decilm: ClassVar[str] = "DeciLM / Nemotron-NAS holds Llama blocks only"
 
     def decilm_spec(self, config: Any) -> DecilmSpec | None:
-        """How a model of this family (its ``config``) is written as DeciLM, or None where it cannot be
-        (:attr:`no_decilm` says why)."""
+        """How a model of this family (its ``config``) is written as DeciLM, or None where the engines' DeciLM
+        would not compute what the model computes (:meth:`no_decilm_reason` says why)."""
         return None
+
+    def no_decilm_reason(self, config: Any) -> str:
+        """Why :meth:`decilm_spec` gives None for ``config``: :attr:`no_decilm`, unless the family says more
+        (a setting of this config rather than the family)."""
+        return self.no_decilm
 
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(cache=block.kind in self.cached_kinds)

@@ -18,3 +18,7 @@ from .llama import LlamaAdapter
 class GemmaAdapter(LlamaAdapter):
     family = "gemma"
     model_types = ("gemma2", "gemma3_text")
+    no_decilm = (
+        "Gemma's blocks (scaled embeddings, 1 + w RMSNorms, norms after attention and MLP, a GELU MLP, Gemma 3's "
+        "q/k norms, Gemma 2's soft-capping) are not DeciLM's Llama blocks"
+    )

@@ -52,6 +52,9 @@ class Olmo2Adapter(LlamaAdapter):
 
     family = "olmo2"
     model_types = ("olmo2",)
+    no_decilm = (
+        "its q/k RMSNorms over all heads and its norms after attention and MLP, which DeciLM's Llama blocks do not have"
+    )
     no_stock = (
         "its q/k norms run over all heads, so the cut keeps every q_proj/k_proj row, which a stock config "
         "cannot describe"

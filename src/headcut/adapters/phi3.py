@@ -28,6 +28,7 @@ class Phi3Adapter(LlamaAdapter):
 
     family = "phi3"
     model_types = ("phi3",)
+    no_decilm = "its fused qkv_proj and gate_up_proj, which DeciLM's Llama blocks hold as separate projections"
 
     def blocks(self, base: nn.Module) -> list[Block]:
         out = []

@@ -14,3 +14,4 @@ from .llama import LlamaAdapter
 class Qwen3Adapter(LlamaAdapter):
     family = "qwen3"
     model_types = ("qwen3",)
+    no_decilm = "per-head q/k RMSNorms (q_norm, k_norm), which DeciLM's Llama attention does not have"

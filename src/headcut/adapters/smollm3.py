@@ -12,3 +12,7 @@ from .llama import LlamaAdapter
 class SmolLM3Adapter(LlamaAdapter):
     family = "smollm3"
     model_types = ("smollm3",)
+    no_decilm = (
+        "layers that skip the rotary embedding (no_rope_layers), where DeciLM's Llama attention rotates every "
+        "layer's queries and keys"
+    )

@@ -68,7 +68,9 @@ BENCH_HELP = "\n\n".join(
         "caching) and its generation the steps that decode --gen-tokens more tokens after that prefill (timed "
         "inside vLLM's process); FLOPs (the FLOP ratio is the ideal prefill speed-up) and the KV cache are computed "
         "from the layers vLLM built. A cut in headcut's own form is refused: serve a stock cut (--uniform) or a "
-        "--format decilm folder.",
+        "--format decilm folder. A vLLM process that sends nothing for 90 s (it writes a heartbeat every 10 s while "
+        "it works) or takes more than --vllm-timeout for one answer is stopped with everything it started, as it is "
+        "on Ctrl-C or SIGTERM.",
         "--json PATH|- writes the same numbers and more: every run's time, tokens/s, FLOPs per op, weights bytes, "
         "cache sizes, encoder-decoder cross-attention cache per encoder token, generation speed-up.",
     ]
@@ -118,7 +120,9 @@ def bench(
     from .render import bench_table
 
     update_cards = CardOptions(**(cards or {})).update_cards
-    plan_outputs(reads={f"MODEL {m}": m for m in models}, files={"--json": json_out})
+    reads: dict[str, str | None] = {f"MODEL {m}": m for m in models}
+    reads["--vllm-python"] = (settings or {}).get("vllm_python")  # an input too: never written over
+    plan_outputs(reads=reads, files={"--json": json_out})
     try:
         measured = api.bench(
             models,

@@ -20,6 +20,7 @@ from rich.markup import escape
 from ..errors import HeadcutError
 from ..files.atomic import OutputDir
 from ..files.space import file_error
+from ..formatting import visible
 from ..interrupts import Interrupted
 from ..options import cli_name
 from .output import Out
@@ -28,8 +29,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def fail(message: str) -> None:
-    """Print a one-line error and exit with code 2."""
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, markup=True)
+    """Print a one-line error and exit with code 2 (control characters in it, from a file name or a file's text,
+    shown escaped: :func:`headcut.formatting.visible`)."""
+    Console(stderr=True, soft_wrap=True).print(
+        f"[bold red]error:[/] {escape(visible(message))}", highlight=False, markup=True
+    )
     raise typer.Exit(2)
 
 

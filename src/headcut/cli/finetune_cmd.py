@@ -101,7 +101,8 @@ def finetune_cmd(
     data_cfg = data_spec(data, data_options, seed)
     eval_cfg = data_spec(eval_data, data_options, seed, split=eval_split) if eval_data is not None else None
     try:
-        plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
+        reads = {"MODEL": model, "--data": data, "--eval-data": eval_data, "--distill-from": teacher}  # every input
+        plan_outputs(reads=reads, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         tuned = api.finetune(
             model,
             data_cfg,

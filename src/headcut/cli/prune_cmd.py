@@ -249,7 +249,14 @@ def prune_cmd(
     data_cfg = data_spec(data, data_options, seed) if use_data else data
     eval_cfg = data_spec(eval_data, data_options, seed, split=eval_split) if eval_data is not None else None
     try:
-        plan_outputs(reads={"MODEL": model}, files={"--json": json_out}, out=out, force=force)  # --json vs --out
+        reads = {  # every input: --json never writes over one, --out never holds one
+            "MODEL": model,
+            "--data": data,
+            "--eval-data": eval_data,
+            "--recover-data": recovery.get("recover_data"),
+            "--recipe": book.source if book is not None else None,
+        }
+        plan_outputs(reads=reads, files={"--json": json_out}, out=out, force=force)  # --json vs --out
         pruned = api.prune(
             model,
             method,

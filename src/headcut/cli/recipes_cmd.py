@@ -7,7 +7,10 @@ from typing import Annotated, Any
 
 import typer
 
+from ..files.plan import plan_outputs
+from ..formatting import visible
 from ..recipes import builtin_recipes, read_recipe, recipe_yaml
+from ..recipes.files import recipe_path
 from ..recipes.recipe import BUDGET, Recipe
 from .app import app
 from .declared import with_settings
@@ -18,6 +21,14 @@ from .output import Out, Reporting
 
 def _complete_recipes(incomplete: str) -> list[str]:
     return [name for name in builtin_recipes() if name.startswith(incomplete)]
+
+
+def _text(value: Any) -> Any:
+    """A value of a recipe as a table cell: its text as it is (no rich markup read in it, every control character
+    visible; :func:`headcut.formatting.visible`)."""
+    from rich.text import Text
+
+    return Text(visible(str(value)))
 
 
 def _rounds(recipe: Recipe) -> list[str]:
@@ -41,11 +52,11 @@ def _measured(recipe: Recipe) -> Any:
     keys: list[str] = []
     for row in recipe.measured:
         keys += [k for k in row if k not in keys]
-    table = Table(box=box.SIMPLE_HEAD, title=f"measured with {recipe.name}")
+    table = Table(box=box.SIMPLE_HEAD, title=_text(f"measured with {recipe.name}"))
     for key in keys:
-        table.add_column(key, overflow="fold")
+        table.add_column(_text(key), overflow="fold")
     for row in recipe.measured:
-        table.add_row(*("" if row.get(k) is None else str(row.get(k)) for k in keys))
+        table.add_row(*(_text("" if row.get(k) is None else row.get(k)) for k in keys))
     return table
 
 
@@ -79,6 +90,9 @@ def recipes_cmd(
     from rich.table import Table
 
     log = Out(reporting.json_out)
+    # the recipe file is an input: --json never writes over it (nor into the folder it is read from)
+    read = recipe_path(name) if name is not None else None
+    plan_outputs(reads={"RECIPE": read}, files={"--json": reporting.json_out})
     if name is None:
         found = builtin_recipes()
         table = Table(box=box.SIMPLE_HEAD, title="recipes (headcut recipes NAME for one)")
@@ -87,32 +101,35 @@ def recipes_cmd(
         for recipe in found.values():
             stages = ", ".join(s.name if s.name != "choose" else f"choose ({recipe.method})" for s in recipe.stages)
             table.add_row(
-                recipe.name,
+                _text(recipe.name),
                 recipe.default_for or "-",
-                stages,
-                "; ".join(_rounds(recipe)),
+                _text(stages),
+                _text("; ".join(_rounds(recipe))),
                 f"{len(recipe.measured)} run{'s' if len(recipe.measured) != 1 else ''}" if recipe.measured else "-",
             )
         log.show(table)
         log.json([r.to_dict() for r in found.values()])
         return
     recipe = read_recipe(name)
-    log.show(f"{recipe.name}: {recipe.about}" if recipe.about else recipe.name)
+    from ..jobs.recipes import check_recipe  # torch: only once a recipe is read
+
+    check_recipe(recipe)  # every value checked as headcut prune --recipe checks it
+    log.show(visible(f"{recipe.name}: {recipe.about}" if recipe.about else recipe.name))
     if recipe.default_for:
         log.show(f"the default recipe of {recipe.default_for} models (headcut prune MODEL without --method)")
     table = Table(box=box.SIMPLE_HEAD, title="stages, in order (each option: headcut prune's keyword)")
     for column in ("stage", "options"):
         table.add_column(column, overflow="fold")
     for stage in recipe.stages:
-        table.add_row(stage.name, ", ".join(f"{k}={v}" for k, v in stage.options.items()) or "-")
+        table.add_row(stage.name, _text(", ".join(f"{k}={v}" for k, v in stage.options.items()) or "-"))
     log.show(table)
     for what, values in (("data", recipe.data), ("budget", recipe.budget)):
         if values:
-            log.show(f"{what}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+            log.show(visible(f"{what}: " + ", ".join(f"{k}={v}" for k, v in values.items())))
     if recipe.seed is not None:
         log.show(f"seed: {recipe.seed}")
     for line in _rounds(recipe):
-        log.show(f"rounds: {line}")
+        log.show(visible(f"rounds: {line}"))
     if recipe.measured:
         log.show(_measured(recipe))
     log.show(recipe_yaml(recipe).rstrip())

@@ -18,6 +18,8 @@ BENCH_RUNTIMES = ("torch", "onnxruntime", "vllm")
 P = "Options"
 #: the largest count torch takes (it unpacks them into a C ``long long``)
 LARGEST_COUNT = 2**63 - 1
+#: seconds a vLLM worker may take for one answer (``--vllm-timeout``; :mod:`headcut.jobs.bench_vllm`)
+VLLM_TIMEOUT_S = 3600.0
 
 
 def check_vllm_python(python: str | None) -> str:
@@ -99,6 +101,15 @@ class BenchConfig:
         panel=P,
         help="The Python interpreter of the environment vLLM is installed in, for --runtime vllm (vLLM pins its "
         "own torch and transformers, so it often has its own virtualenv); default: this one.",
+    )
+    vllm_timeout: float = option(
+        VLLM_TIMEOUT_S,
+        low=1,
+        metavar="SECONDS",
+        panel=P,
+        help="Seconds the vLLM worker of --runtime vllm may take for one answer (loading a MODEL, one timed prefill "
+        "or decode) before it is stopped; a worker that sends nothing for 90 s, not even its heartbeat, is stopped "
+        "as hung sooner.",
     )
     interleave: bool = option(
         True,

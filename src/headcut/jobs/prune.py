@@ -35,7 +35,7 @@ from .recipes import keyword_changes, recipe_data, recipe_for, resolved_recipe
 from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
 from .results import Pruned
 from .saving import local_reads
-from .speed_target import find_speed_budget
+from .speed_target import check_speed_memory, find_speed_budget
 from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering, round_record
 
 
@@ -307,6 +307,8 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     rounds = schedule(loaded.module, config, opts, rec, plan, checked=True)
     if getattr(opts, "bias_compensation", False):
         compensation.bias_field(loaded.module, model_blocks(loaded.module))  # refused before any work
+    if config.target_speedup is not None:  # its timing's caches fit the device, before any data is read
+        check_speed_memory(loaded.module, config, torch_device)
     cal = calibration(
         request.data_spec, loaded, src.tokenizer, split, data_options, seed, src.trust_remote_code, progress, "data"
     )

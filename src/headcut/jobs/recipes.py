@@ -9,13 +9,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import is_dataclass
 from typing import Any
 
+from ..arguments.table import check
 from ..catalog import METHODS
 from ..config import PruneConfig, RecoveryConfig
 from ..data import DataConfig
 from ..data.tasks import max_positions
-from ..errors import HeadcutValueError, label
+from ..errors import HeadcutError, HeadcutValueError, label
 from ..model.loading import class_task, open_checkpoint
 from ..options import specs
+from ..pruning import get_method, make_options
 from ..pruning.schedule import Round
 from ..recipes import Case, Recipe, RoundPlan, Stage, builtin_recipes, default_recipe, read_recipe
 from ..recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, RECOVER_FIELDS
@@ -83,17 +85,51 @@ def recipe_for(
     :class:`~headcut.recipes.Recipe`), or, with None or ``"default"``, the default recipe of the model's kind
     (refused, with what to do instead, for a kind no measured recipe covers)."""
     if recipe is not None and recipe != DEFAULT:
-        return read_recipe(recipe)
+        return check_recipe(read_recipe(recipe))
     kind = model_task(model, task, allow_pickle, trust_remote_code)
     found = default_recipe(kind) if kind is not None else None
     if found is not None:
-        return found
+        return check_recipe(found)
     covered = ", ".join(f"{r.default_for} ({r.name})" for r in builtin_recipes().values() if r.default_for)
     raise HeadcutValueError(
         f"no default recipe for a {kind or 'base'} model: no recipe has been measured on such models. Give the "
         f"method to run (method, e.g. fluctuation) or a recipe (recipe NAME or FILE); the default recipes: "
         f"{covered or 'none'}"
     )
+
+
+def check_recipe(recipe: Recipe) -> Recipe:
+    """``recipe`` (returned as it is) once every value in it passed the checks ``prune``'s keywords of the same
+    names pass (:func:`headcut.arguments.table.check`: the kind of each, integers of 64 bits; the declarations'
+    choices and ranges; the method's options by the method, :func:`headcut.pruning.make_options`; the budget's
+    combinations, :meth:`headcut.config.PruneConfig.validate`), so that a recipe file takes exactly the values the
+    flags take: what ``headcut prune --recipe`` and ``headcut recipes`` make of a file, before anything is built.
+    The refusal names the recipe and its key (the Python keyword, as the file writes it)."""
+    where = f"recipe {recipe.name}" + (f" ({recipe.source})" if recipe.source else "")
+    given: dict[str, Any] = {
+        "method": recipe.method,
+        **recipe.cut,
+        **recipe.budget,
+        **recipe.recover,
+        "data_options": dict(recipe.data),
+        "options": recipe.method_options,
+    }
+    if recipe.seed is not None:
+        given["seed"] = recipe.seed
+    try:
+        check("prune", given)
+        for case in recipe.schedule:
+            for plan in case.rounds:
+                check("prune", {**({"keep": plan.keep} if isinstance(plan.keep, int) else {}), **plan.recovery})
+        method = get_method(recipe.method)
+        options = make_options(method, dict(recipe.method_options))
+        if recipe.budget:
+            config = PruneConfig(method=recipe.method, **recipe.cut, **recipe.budget)
+            config.validate()
+            method.check(config, options)
+    except HeadcutError as exc:
+        raise HeadcutValueError(f"{where}: {exc}") from None
+    return recipe
 
 
 def keyword_changes(values: Mapping[str, Any]) -> dict[str, Any]:

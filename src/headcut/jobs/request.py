@@ -166,9 +166,12 @@ def prune_request(
             raise HeadcutError(
                 f"{L('resume')} applies to the methods that keep checkpoints ({learned}), not to {method}"
             )
-        if run.device is not None and entry.data != "training":
+        if run.device is not None and entry.data != "training" and config.target_speedup is None:
             trains = ", ".join(m.name for m in METHODS.values() if m.data == "training")
-            raise HeadcutError(f"{L('device')} applies to the methods that train ({trains}), not to {method}")
+            raise HeadcutError(
+                f"{L('device')} applies to the methods that train ({trains}) and to {L('target_speedup')} (timed "
+                f"there), not to {method}"
+            )
         notes: list[str] = []
         used = data.data  # the data read: none for a method that reads none (and no recovery or refit)
         if used is not None and entry.data == "none" and not recover_steps and not rec.refit:
@@ -229,6 +232,7 @@ def prune_request(
                     L("data"): spec_path(used),
                     L("eval_data"): spec_path(eval_data),
                     L("recover_data"): spec_path(recover_data),
+                    L("recipe"): recipe.source if recipe is not None else None,
                 },
                 files={
                     L("trajectory"): traj,

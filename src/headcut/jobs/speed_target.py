@@ -35,8 +35,9 @@ from torch import nn
 from ..adapters.runtime import returned_cache
 from ..config import PruneConfig
 from ..data import Calibration
+from ..devices import available_memory, gib
 from ..errors import HeadcutError, label
-from ..model.kv_cache import cache_account
+from ..model.kv_cache import CacheAccount, cache_account, check_context
 from ..model.masks import HeadMask
 from ..model.measure import SelfTimed, time_rounds
 from ..model.surgery import model_blocks, slim
@@ -174,6 +175,45 @@ def check_speed_target(config: PruneConfig, options: Any, layerwise: bool) -> No
         raise HeadcutError(
             f"{label('target_speedup')} times the cut model: it needs the model in memory (not {label('layerwise')}); "
             f"give {label('kv_budget')} instead"
+        )
+
+
+def memory_needed(model: nn.Module, account: CacheAccount, device: torch.device) -> int:
+    """Bytes the timing of :func:`find_speed_budget` holds on ``device`` beyond the model as it is now: the weights
+    of one cut copy (and of the model itself where it is not on ``device`` yet), the caches of the unpruned model
+    and of a cut with a fresh copy of each (four unpruned caches at most), the prompt's token ids, and one prefill
+    chunk's attention scores over the whole context in the model's element size (an eager attention holds every
+    query head's of the widest layer at once; the fused ones one head's at most)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    on_device = all(p.device == device for p in model.parameters())
+    cache = account.bytes(account.current())
+    eager = getattr(model.config, "_attn_implementation", None) == "eager"
+    heads = max((b.heads for b in account.blocks), default=1) if eager else 1
+    context = account.context
+    scores = heads * min(CHUNK, context) * context * account.element_bytes
+    return weights * (1 if on_device else 2) + 4 * cache + 8 * context + scores
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes free on ``device``: the GPU's free memory (CUDA), else the machine's available memory."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return available_memory()
+
+
+def check_speed_memory(model: nn.Module, config: PruneConfig, device: torch.device) -> None:
+    """Refuse ``--target-speedup`` at a ``--context`` whose timing would not fit ``device`` (:func:`memory_needed`
+    against :func:`device_memory`), before anything of it is allocated; the context is checked against the model's
+    positions first (:func:`headcut.model.kv_cache.check_context`)."""
+    check_context(model, config.context)
+    account = cache_account(model, config.context)
+    needed, free = memory_needed(model, account, device), device_memory(device)
+    if needed > free:
+        raise HeadcutError(
+            f"{label('target_speedup')} times decoding at {account.context:,} tokens: that holds about {gib(needed)} "
+            f"on {device} (the unpruned and cut models' KV caches of {gib(account.bytes(account.current()))} each, "
+            f"copied for every timed call, and a cut copy of the weights), and {gib(free)} is free: give a shorter "
+            f"{label('context')} or a device with more memory"
         )
 
 

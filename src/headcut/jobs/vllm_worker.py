@@ -20,6 +20,17 @@ command answers ``{"ok": false, "error": "..."}`` and the worker goes on. Comman
   has its first token), then ``new_tokens`` more tokens decoded: answers the milliseconds of the decoding steps
   only, and the tokens each request decoded in them.
 * ``quit``: exit.
+
+While a command runs, a daemon thread writes a heartbeat on the protocol's channel every
+``$HEADCUT_VLLM_HEARTBEAT_S`` seconds (default 10): ``{"alive": true, "cmd": ..., "s": seconds so far}``, never
+after the command's answer. It starts before the first ``import vllm`` (which alone takes a while), so headcut can
+tell a worker that works (a long load, a long prefill) from one that hangs or was never a vLLM worker: headcut
+stops a worker that writes nothing at all for a while, and one that takes too long for an answer. When the
+heartbeat cannot be written, headcut is gone (its end of the pipe closed): the worker then ends its process group
+(itself and whatever vLLM started), as nobody is left to read what it computes.
+
+A failed command's ``error`` is the exception's type and the meaningful part of its message (:func:`reason`:
+pydantic's "Value error, ..." rather than its "For further information visit ..." line).
 """
 
 from __future__ import annotations
@@ -27,10 +38,103 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Any
+from typing import IO, Any
+
+#: seconds between two heartbeats while a command runs (headcut sets it in the environment)
+HEARTBEAT_S = float(os.environ.get("HEADCUT_VLLM_HEARTBEAT_S") or 10.0)
+#: the most characters of an exception's message an answer carries
+REASON_CHARS = 600
+#: lines of an exception's text that carry no reason: pydantic's pointer to its docs, a bare address
+_BOILERPLATE = re.compile(r"^(for further information visit\b.*|(see )?https?://\S+\.?)$", re.IGNORECASE)
+#: pydantic's first line of a ValidationError
+_PYDANTIC_HEADER = re.compile(r"^\d+ validation errors? for \S+$")
+#: the prefixes pydantic writes before a validator's own message
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def reason(text: str, limit: int = REASON_CHARS) -> str:
+    """The meaningful part of an exception's message ``text``, on one line of at most ``limit`` characters.
+
+    Lines that only point elsewhere (pydantic's "For further information visit https://errors.pydantic.dev/...", a
+    bare URL) are dropped. A pydantic ValidationError (``N validation error(s) for Model``, then per error its
+    location, its message and ``[type=..., input_value=...]``) gives its messages: the validator's own text without
+    pydantic's "Value error, " prefix and the ``[type=...]`` suffix, a field's location before its message
+    (``max_model_len: Input should be ...``). Other messages: their lines joined."""
+    raw = [line.rstrip() for line in text.splitlines()]
+    raw = [line for line in raw if line.strip() and not _BOILERPLATE.match(line.strip())]
+    if raw and _PYDANTIC_HEADER.match(raw[0].strip()):
+        parts: list[str] = []
+        body = raw[1:]
+        for i, line in enumerate(body):
+            cut = line.rfind(" [type=")
+            piece = (line[:cut] if cut >= 0 else line).strip()
+            for prefix in _PYDANTIC_PREFIXES:
+                piece = piece.removeprefix(prefix)
+            located = not line[:1].isspace() and i + 1 < len(body) and body[i + 1].startswith("  ")
+            if located and not body[i + 1].strip().startswith(_PYDANTIC_PREFIXES):
+                piece += ":"  # a field's location, its message on the next (indented) line
+            if piece:
+                parts.append(piece)
+        joined = " ".join(parts)
+    else:
+        joined = " ".join(line.strip() for line in raw)
+    joined = " ".join(joined.split())
+    return joined if len(joined) <= limit else joined[: limit - 3].rstrip() + "..."
+
+
+class Channel:
+    """The protocol's channel (headcut's pipe): answers, and the heartbeats of a running command, one line each,
+    never interleaved."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.running: str | None = None
+        self.started = 0.0
+
+    def begin(self, cmd: str) -> None:
+        with self.lock:
+            self.running, self.started = cmd, time.monotonic()
+
+    def answer(self, answer: dict[str, Any]) -> None:
+        text = json.dumps(answer)
+        with self.lock:
+            self.running = None
+            try:
+                self.stream.write(text + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                _end_group()
+
+    def beat(self) -> None:
+        """One heartbeat if a command runs; headcut gone (a closed pipe): end this process group."""
+        with self.lock:
+            if self.running is None:
+                return
+            line = json.dumps({"alive": True, "cmd": self.running, "s": round(time.monotonic() - self.started, 1)})
+            try:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                _end_group()
+
+    def beats(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_S)
+            self.beat()
+
+
+def _end_group() -> None:
+    """End this process and what it started (its process group, when it leads one: headcut starts it so)."""
+    if os.getpgrp() == os.getpid():
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(1)
 
 
 def _facts(llm: Any) -> dict[str, Any]:
@@ -190,6 +294,8 @@ def main() -> None:
     proto = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # vLLM logs to stdout: keep the protocol's channel clean
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: no spawned core to time
+    channel = Channel(proto)
+    threading.Thread(target=channel.beats, name="headcut-heartbeat", daemon=True).start()
     worker = Worker()
     for line in sys.stdin:
         if not line.strip():
@@ -198,18 +304,19 @@ def main() -> None:
             msg = json.loads(line)
             cmd = msg.get("cmd")
             if cmd == "quit":
-                proto.write(json.dumps({"ok": True}) + "\n")
+                channel.answer({"ok": True})
                 break
             if cmd not in ("load", "generate", "prefill", "decode"):
                 raise ValueError(f"unknown command {cmd!r}")
             if cmd != "load" and worker.llm is None:
                 raise ValueError("no model loaded")
+            channel.begin(cmd)
             answer = getattr(worker, cmd)(msg)
-            proto.write(json.dumps({"ok": True, **answer}) + "\n")
+            channel.answer({"ok": True, **answer})
         except Exception as exc:  # the answer carries the failure; headcut decides what it means
             traceback.print_exc(file=sys.stderr)
-            text = str(exc).strip().splitlines()
-            proto.write(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {text[-1] if text else ''}"}) + "\n")
+            why = reason(str(exc))
+            channel.answer({"ok": False, "error": f"{type(exc).__name__}: {why}" if why else type(exc).__name__})
 
 
 if __name__ == "__main__":

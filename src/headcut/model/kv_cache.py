@@ -20,7 +20,7 @@ from torch import nn
 
 from ..adapters import Block, CacheCost, adapter_for
 from ..data.tasks import max_positions
-from ..errors import HeadcutError
+from ..errors import HeadcutError, label, shown
 from .masks import HeadMask, plan_cuts
 from .surgery import model_blocks
 
@@ -77,6 +77,18 @@ def element_bytes(model: nn.Module) -> int:
         if p.dtype.is_floating_point:
             return torch.empty((), dtype=p.dtype, device="meta").element_size()
     return 4
+
+
+def check_context(model: nn.Module, context: int | None) -> None:
+    """Refuse a ``context`` (a budget's ``--context``) longer than the positions ``model``'s config says it reads:
+    the model cannot decode there, and the cache counted or timed there (:func:`cache_account` counts any length)
+    would be one no run holds."""
+    limit = max_positions(model.config.get_text_config())
+    if context is not None and limit is not None and context > limit:
+        raise HeadcutError(
+            f"{label('context')} {shown(context)} is longer than the {limit:,} positions this model reads (its "
+            f"config's maximum length): give {label('context')} {limit} at most"
+        )
 
 
 def cache_account(model: nn.Module, context: int | None = None) -> CacheAccount:

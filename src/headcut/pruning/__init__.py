@@ -29,7 +29,7 @@ from torch import nn
 from ..catalog import METHODS, method_entry
 from ..config import PruneConfig
 from ..errors import HeadcutError
-from ..model.kv_cache import cache_account
+from ..model.kv_cache import cache_account, check_context
 from ..model.masks import plan_cuts
 from ..model.surgery import model_blocks, slim
 from ..training.distributed import Dist
@@ -73,6 +73,7 @@ def check_budget(
         # checked as a budget in bytes; the job finds the fraction by timing (headcut.jobs.speed_target)
         config = replace(config, kv_budget=1.0)
     if config.kv_budget is not None:
+        check_context(model, config.context)
         account = cache_account(model, config.context)
     budget = resolve_budget(
         sets, replace(config, keep=None, sparsity=None) if bound_only else config, step, stepwise, account

@@ -38,6 +38,7 @@ from ..config import PruneConfig, RecoveryConfig
 from ..data.config import DataConfig
 from ..errors import HeadcutValueError
 from ..options import OptionError, check_fields, static_specs
+from .limits import check_size
 
 #: the stages of a round, in the order they run (:data:`headcut.jobs.stages.STAGES`)
 STAGES = ("choose", "cut", "refit", "recover")
@@ -96,6 +97,8 @@ class Recipe:
     seed: int | None = None
     schedule: tuple[Case, ...] = ()
     measured: tuple[Mapping[str, Any], ...] = ()
+    #: the file the recipe was read from (None: built in, or given as a mapping); an input no run writes
+    source: str | None = field(default=None, compare=False)
 
     def stage(self, name: str) -> Stage | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -225,7 +228,9 @@ class Recipe:
 def from_dict(raw: Any, where: str) -> Recipe:
     """A recipe from its YAML or JSON form, every key and value checked (``where`` names the recipe in the
     messages): the stages and their order, each option a declared one of its stage with a value its declaration
-    allows, the schedule's shares and rounds."""
+    allows, the schedule's shares and rounds; nothing larger or deeper than a recipe can be
+    (:func:`headcut.recipes.limits.check_size`)."""
+    check_size(raw, where)
     mapping = _mapping(raw, where)
     unknown = [k for k in mapping if k not in KEYS]
     if unknown:
@@ -233,6 +238,8 @@ def from_dict(raw: Any, where: str) -> Recipe:
     name = mapping.get("name")
     if not isinstance(name, str) or not name.strip():
         raise HeadcutValueError(f"{where}: 'name' must be a non-empty string")
+    if not name.isprintable():
+        raise HeadcutValueError(f"{where}: 'name' must be printable text (no control characters or line ends)")
     about = mapping.get("about", "")
     if not isinstance(about, str):
         raise HeadcutValueError(f"{where}: 'about' must be a string")
@@ -333,7 +340,7 @@ def _stage_options(name: str, raw: Any, where: str) -> dict[str, Any]:
     if name == "choose":
         options = _mapping(raw if raw is not None else {}, where)
         method = options.get("method")
-        if method not in METHODS:
+        if not isinstance(method, str) or method not in METHODS:
             raise HeadcutValueError(f"{where}: 'method' must name a method: {', '.join(METHODS)}")
         declared = {s.name: s for s in static_specs(METHODS[method].options)}
         _options({k: v for k, v in options.items() if k != "method"}, tuple(declared), f"{where} ({method})")

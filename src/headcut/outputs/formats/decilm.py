@@ -31,14 +31,20 @@ output, the configuration code):
   zero KV head with ``Q`` zero query heads, which add exactly their output bias.
 * The MLP of every layer is the model's own (``ffn.intermediate_size``); the rest of the config is the model's.
 
-Families: those whose adapter gives a :meth:`headcut.adapters.Adapter.decilm_spec` (Llama, Mistral without a
-sliding window, Qwen2); a cut with the same heads in every layer is refused (its stock checkpoint is what to
-serve), as are models that are not causal LMs.
+Families: those whose adapter gives a :meth:`headcut.adapters.Adapter.decilm_spec` for the model's config (Llama,
+Mistral without a sliding window, Qwen2; RoPE and activation as vLLM's DeciLM computes them), the others refused
+with :meth:`headcut.adapters.Adapter.no_decilm_reason`; fields a DeciLM engine reads beyond a Llama config
+(:data:`FOREIGN_FIELDS`) are written only as the family's spec sets them, and every tensor written must have its
+place in the layout (:data:`LAYOUT`). A cut written as a stock checkpoint (the same heads in every layer, where
+the family's stock config holds them: :func:`headcut.model.stock.stock_form`) is refused, that checkpoint being
+what engines serve; a cut with the same heads in every layer written in headcut's form (every head dropped, or
+counts the stock config refuses) is written. Models that are not causal LMs are refused.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,12 +56,22 @@ from torch import nn
 from ...adapters import adapter_for
 from ...errors import HeadcutError
 from ...model.saving import SIDE_FILES
+from ...model.stock import stock_form
 from . import configuration_decilm
 
 #: the subfolder of an output that holds the DeciLM checkpoint
 DECILM_FOLDER = "decilm"
 #: the query-head counts tried: up to this many times the largest count a layer keeps
 Q_FACTOR = 4
+#: config fields vLLM's DeciLM reads that a Llama config does not have (a window, q/k/v biases apart from o's, a
+#: logit scale, a non-NeoX rotary): dropped from the model's config, so only the family's spec sets them
+FOREIGN_FIELDS = ("sliding_window", "layer_types", "bias", "qkv_bias", "logit_scale", "position_embedding_type")
+#: the tensor names DeciLM's Llama layout has a place for (vLLM's loader refuses any other)
+LAYOUT = re.compile(
+    r"lm_head\.weight|model\.(embed_tokens|norm)\.weight"
+    r"|model\.layers\.\d+\.((input|post_attention)_layernorm\.weight"
+    r"|self_attn\.[qkvo]_proj\.(weight|bias)|mlp\.(gate|up|down)_proj\.(weight|bias))"
+)
 
 
 @dataclass
@@ -207,7 +223,8 @@ def check_decilm(model: nn.Module, cut: str | None = None) -> None:
     if getattr(config, "is_encoder_decoder", False) or not getattr(model, "can_generate", lambda: False)():
         raise HeadcutError("--format decilm writes causal LMs (DeciLMForCausalLM); this model is not one")
     if adapter.decilm_spec(config) is None:
-        raise HeadcutError(f"--format decilm: {getattr(config, 'model_type', adapter.family)}: {adapter.no_decilm}")
+        family = getattr(config, "model_type", None) or adapter.family
+        raise HeadcutError(f"--format decilm: {family}: {adapter.no_decilm_reason(config)}")
     blocks = adapter.blocks(model.base_model)
     if len(blocks) != getattr(config, "num_hidden_layers", -1) or any(b.fused_qkv or b.layout for b in blocks):
         raise HeadcutError("--format decilm holds one Llama attention per layer; this model has another layout")
@@ -216,6 +233,8 @@ def check_decilm(model: nn.Module, cut: str | None = None) -> None:
 def _base_config(model: nn.Module, q: int, head_dim: int, blocks: list[dict[str, Any]], sets: Any) -> dict[str, Any]:
     data = model.config.to_dict()
     for key in ("headcut", "auto_map", "architectures", "transformers_version", "custom_pipelines", "_name_or_path"):
+        data.pop(key, None)
+    for key in FOREIGN_FIELDS:
         data.pop(key, None)
     data.update(dict(sets))
     data.update(
@@ -229,8 +248,6 @@ def _base_config(model: nn.Module, q: int, head_dim: int, blocks: list[dict[str,
         head_dim=head_dim,
         block_configs=blocks,
     )
-    data.pop("sliding_window", None)
-    data.pop("layer_types", None)
     return data
 
 
@@ -244,7 +261,7 @@ def export_decilm(model: nn.Module, folder: Path, query_heads: int | None = None
     assert spec is not None
     base = model.base_model
     blocks = sorted(adapter.blocks(base), key=lambda b: b.layer)
-    if len({(b.heads, b.kv_heads) for b in blocks}) == 1:
+    if len({(b.heads, b.kv_heads) for b in blocks}) == 1 and stock_form(model).stock:
         raise HeadcutError(
             "--format decilm is for cuts with different heads per layer; this model keeps the same heads in every "
             "layer, and its stock checkpoint is what engines serve"
@@ -316,6 +333,9 @@ def export_decilm(model: nn.Module, folder: Path, query_heads: int | None = None
         else:
             seen[ident] = name
     tensors = {k: v.detach().contiguous() for k, v in state.items()}
+    stray = [k for k in tensors if not LAYOUT.fullmatch(k)]
+    if stray:
+        raise HeadcutError(f"--format decilm: {stray[0]} has no place in DeciLM's Llama layout")
     target = folder / DECILM_FOLDER
     if target.exists():
         shutil.rmtree(target)
