@@ -2,12 +2,13 @@
 rotten/fresh head and fine-tuned by ``headcut.finetune`` on Rotten Tomatoes snippets (one epoch,
 batch 32, 64 tokens, lr 5e-5); cached in ``$HEADCUT_CACHE`` (default ``~/.cache/headcut``).
 
-    python benchmarks/classifier.py          # prints the classifier's folder (progress on stderr)
-    python benchmarks/classifier.py --convention    # the second real task's classifier (party of a sentence)
-    python benchmarks/classifier.py --review-plot   # small data: review (rotten/fresh) or plot, 900 rows
-    python benchmarks/classifier.py --debates       # small data: who speaks in a 2016 debate, 786 rows
+    python -m benchmarks.classifier                 # prints the classifier's folder (progress on stderr)
+    python -m benchmarks.classifier --convention    # the second real task's classifier (party of a sentence)
+    python -m benchmarks.classifier --review-plot   # small data: review (rotten/fresh) or plot, 900 rows
+    python -m benchmarks.classifier --debates       # small data: who speaks in a 2016 debate, 786 rows
 
-The demo (``scripts/demo.sh``) and the benchmark scripts use it; it is the same as
+(from the repository's root, where ``headcut_offline`` is; ``scripts/demo.sh`` runs the file with the root on
+``PYTHONPATH``). The demo and the benchmark scripts use it; it is the same as
 
     headcut finetune <MiniLM> --task sequence-classification --labels rotten,fresh \\
         --data train.csv --max-examples 4000 --epochs 1 --batch-size 32 --seq-len 64 --lr 5e-5 --out <cache>

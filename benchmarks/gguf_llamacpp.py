@@ -13,7 +13,7 @@ llama.cpp's speed: prompt tokens/s (one ``--block`` batch) and generation tokens
 decodes after it; best of ``--repeat``). The f32 file runs with an f32 KV cache (an exactness check); f16 and q8_0 run with
 llama.cpp's default f16 KV cache.
 
-    python benchmarks/gguf_llamacpp.py [--tokens 2048] [--block 512] [--gen 64] [--threads 2] [--repeat 3] [--json PATH]
+    python -m benchmarks.gguf_llamacpp [--tokens 2048] [--block 512] [--gen 64] [--threads 2] [--repeat 3] [--json PATH]
 
 With ``--folder DIR`` (repeatable) it measures headcut outputs instead of its own cuts: each folder's
 safetensors model (transformers, through ``headcut.load``) against the ``*.gguf`` file beside it, as

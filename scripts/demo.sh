@@ -28,6 +28,8 @@ case "$method" in
     what="$method's choice of heads, then 500 steps of recovery fine-tuning distilled from the unpruned model: one epoch";;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
+# the repository's helpers (headcut_offline, at its root: no part of the installed package) for the Python below
+export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$work"
 say() { printf '\n== %s\n' "$*" >&2; }
 

@@ -34,9 +34,12 @@ from headcut.learned import dqn
 from headcut.model.evaluation import evaluate
 from headcut.model.gating import gated
 from headcut.model.layer_cache import LayerReplay
-from headcut.pruning.auber import AuberOptions, greedy_policy, initial_state, train_agent, unit_norms, units_of
+from headcut.pruning.auber.agent import greedy_policy, train_agent
+from headcut.pruning.auber.options import AuberOptions
+from headcut.pruning.auber.state import initial_state, unit_norms, units_of
 from headcut.pruning.units import block_sets
-from headcut.training.engine import EarlyStopping, Trainer
+from headcut.training.early_stopping import EarlyStopping
+from headcut.training.engine import Trainer
 
 # ---- the agent ----------------------------------------------------------------------------------------------
 
@@ -432,7 +435,7 @@ def test_options_validate():
 
 
 def test_the_default_reward_is_the_papers_accuracy_only_on_the_whole_mini_dev():
-    from headcut.pruning.auber import mini_dev_size, reward_metric_for
+    from headcut.pruning.auber.split import mini_dev_size, reward_metric_for
 
     assert mini_dev_size(3000) == 2000 and mini_dev_size(60) == 40
     assert reward_metric_for("classification", None, 2000, 3000)[0] == "accuracy"

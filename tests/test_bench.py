@@ -18,9 +18,9 @@ import headcut
 from headcut.cli import app
 from headcut.config import BenchConfig
 from headcut.errors import HeadcutError
-from headcut.jobs.bench_results import BenchResult, compare, report_json
-from headcut.jobs.bench_rows import bench_model
-from headcut.jobs.bench_run import ALL_MODELS, bench
+from headcut.jobs.bench.results import BenchResult, compare, report_json
+from headcut.jobs.bench.rows import bench_model
+from headcut.jobs.bench.run import ALL_MODELS, bench
 from headcut.model.inputs import make_inputs
 from headcut.model.measure import count_flops, time_rounds
 from headcut.stats import paired_speedup, percentile, round_order
@@ -533,7 +533,7 @@ def test_table_marks_speedups_within_noise(ckpts):
 
     from rich.console import Console
 
-    from headcut.cli.render import bench_table
+    from headcut.cli.render.bench import bench_table
 
     config = BenchConfig(**FAST)
     base, fast, same = bench([ckpts["bert"], ckpts["bert-slim"], ckpts["bert-empty"]], config)

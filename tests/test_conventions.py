@@ -225,7 +225,7 @@ def test_fine_tuning_evaluations_and_timing_report_through_the_reporter(tiny):
     import io
 
     from headcut.config import BenchConfig
-    from headcut.jobs.bench_rows import bench_model
+    from headcut.jobs.bench.rows import bench_model
 
     log = io.StringIO()
     with Reporter("lines", stream=log, every=0, heartbeat=False) as progress:  # every update prints
@@ -262,6 +262,8 @@ def test_the_demo_helpers_are_no_part_of_the_library():
     import headcut_offline
 
     assert callable(headcut_offline.rotten_tomatoes_splits) and headcut_offline.RT_LABELS == ("rotten", "fresh")
+    # a folder of the repository (pytest's pythonpath), outside src/: `pip install headcut` does not install it
+    assert Path(headcut_offline.__file__).resolve().parent == REPO / "headcut_offline"
 
 
 def test_library_functions_write_nothing_to_stdout(tiny, capfd):

@@ -611,7 +611,7 @@ def test_mixup_distillation_is_zero_for_the_teacher_itself_and_deterministic():
 
 
 def test_majority_note_flags_a_pruned_classifier_no_better_than_its_most_frequent_label() -> None:
-    from headcut.jobs.prune import _majority_note
+    from headcut.jobs.prune.job import _majority_note
 
     cal = Calibration(
         task="classification",

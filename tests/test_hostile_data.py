@@ -444,7 +444,8 @@ def test_temporary_folders_carry_the_pid_and_stale_ones_are_removed(tmp_path, mo
 def test_unreadable_data_is_refused_before_the_model_loads(tmp_path, monkeypatch, name, content):
     """A data file the run would refuse (not UTF-8 text, a byte deep in a table included; empty) is refused before
     any model is loaded, by every command that reads data, from the CLI and from Python."""
-    from headcut.jobs import base, evaluate, finetune, prune, score
+    from headcut.jobs import base, evaluate, finetune, score
+    from headcut.jobs.prune import job as prune_job
 
     model = save_tiny(tmp_path / "model", "bert", "BertForSequenceClassification")
     data = tmp_path / name
@@ -454,7 +455,7 @@ def test_unreadable_data_is_refused_before_the_model_loads(tmp_path, monkeypatch
     def loading(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 
-    for module in (base, evaluate, finetune, prune, score):
+    for module in (base, evaluate, finetune, prune_job, score):
         monkeypatch.setattr(module, "load_model", loading)
     commands = [
         ("prune", model, "--method", "fluctuation", "--keep", "6", "--data", data, "--out", tmp_path / "out"),

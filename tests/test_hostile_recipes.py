@@ -19,7 +19,7 @@ from helpers import cls_rows, digest, one_line_error, run, save_tiny, sentence, 
 
 import headcut
 from headcut.errors import HeadcutError, HeadcutTypeError, HeadcutValueError
-from headcut.jobs.recipes import check_recipe
+from headcut.jobs.prune import check_recipe
 from headcut.recipes import builtin_recipes, from_dict, read_recipe
 
 

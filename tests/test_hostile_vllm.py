@@ -1,4 +1,4 @@
-"""A hostile or broken ``--vllm-python`` (``headcut bench --runtime vllm``, :func:`headcut.jobs.bench_vllm.serve`):
+"""A hostile or broken ``--vllm-python`` (``headcut bench --runtime vllm``, :func:`headcut.jobs.bench.vllm_rows.serve`):
 an interpreter that passes the probe and then never answers, sleeps with a child process, prints what is not JSON
 or exits at once; one that is no Python at all (``/bin/true``); a worker whose answers and log hold escape bytes;
 Ctrl-C and SIGTERM while headcut waits for it. Every case ends in one line naming the interpreter (or the
@@ -25,8 +25,8 @@ from helpers import one_line_error, run, save_tiny
 import headcut
 from headcut import extras
 from headcut.errors import HeadcutError
-from headcut.jobs import bench_vllm
-from headcut.jobs.vllm_worker import reason
+from headcut.jobs.bench import vllm_rows
+from headcut.jobs.bench.vllm_worker import reason
 
 #: seconds headcut may take to exit after the signal (it stops the worker's group: SIGTERM, then SIGKILL after
 #: TERM_S, 3 s; its start-up is before the signal)
@@ -129,7 +129,7 @@ def watchdog():
 def short(monkeypatch):
     """The worker's deadlines in seconds, not minutes."""
     for name, value in (("HEARTBEAT_S", 0.2), ("SILENCE_S", 1.5), ("QUIT_S", 3.0), ("EXIT_S", 1.0), ("TERM_S", 1.0)):
-        monkeypatch.setattr(bench_vllm, name, value)
+        monkeypatch.setattr(vllm_rows, name, value)
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +203,7 @@ def test_the_python_api_stops_a_silent_worker_too(llama, tmp_path, short):
     assert_gone(pids)
     python, pids = fake_python(tmp_path / "serve", "junk")
     with pytest.raises(HeadcutError, match=f"{python}.*printed 'Loading weights ... done'"):
-        bench_vllm.serve(llama, [[1, 2, 3]], 2, python=str(python))
+        vllm_rows.serve(llama, [[1, 2, 3]], 2, python=str(python))
     assert_gone(pids)
 
 
@@ -384,6 +384,6 @@ def test_a_prompt_over_gpt2s_positions_is_refused_before_vllm_starts(tmp_path, s
     with pytest.raises(HeadcutError, match="exceed the model's 64 positions"):
         headcut.bench([folder], runtime="vllm", vllm_python=str(python), seq_len=100)
     with pytest.raises(HeadcutError, match="a prompt of 60 tokens and 8 new ones .* exceed the model's 64 positions"):
-        bench_vllm.serve(folder, [list(range(60))], 8, python=str(python))
+        vllm_rows.serve(folder, [list(range(60))], 8, python=str(python))
     assert not (pids / "worker").exists()
-    bench_vllm.check_length(folder, "tiny", 31, 32)
+    vllm_rows.check_length(folder, "tiny", 31, 32)

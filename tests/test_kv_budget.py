@@ -344,7 +344,7 @@ def test_cli_kv_budget_prints_the_budget_and_writes_it(tiny_gemma3, tmp_path):
 def _bytes_clock(monkeypatch):
     """Time every decode as 1 ms plus one per kilobyte of the model's KV cache at the context: a machine where the
     cache is all that costs (deterministic, so the search's choice can be checked)."""
-    from headcut.jobs import speed_target
+    from headcut.jobs.prune import speed_target
     from headcut.model.measure import SelfTimed
 
     def fake(model, context, tokens, device, seed):

@@ -13,7 +13,7 @@ from helpers import cls_rows, one_line_error, run, save_tiny, write_rows
 
 import headcut
 import headcut.api
-import headcut.jobs.prune
+import headcut.jobs.prune.job
 from headcut.catalog import METHODS, resolve
 from headcut.errors import HeadcutError
 from headcut.options import specs, static_specs
@@ -219,7 +219,7 @@ def test_a_bad_request_gets_the_same_refusal_from_cli_and_python(folders, monkey
     def no_loading(*a, **k):
         raise AssertionError("the request was not refused before loading the model")
 
-    monkeypatch.setattr(headcut.jobs.prune, "load_model", no_loading)
+    monkeypatch.setattr(headcut.jobs.prune.job, "load_model", no_loading)
     cli_args = []
     for a in args:
         if a in ("DATA", "EVAL"):

@@ -1,7 +1,7 @@
 """The project's own checks as tests, so the README's test command (and CI) runs them: ruff (lint and format)
-over the sources, tests and benchmarks, and mypy over the public API (``[tool.mypy]`` in pyproject.toml). The
-import layers are checked in test_layers.py. Each is skipped where its tool is not installed (the ``test``
-extra installs them)."""
+over the sources, tests, benchmarks and the repository's helpers (``headcut_offline``), and mypy over the public API
+(``[tool.mypy]`` in pyproject.toml). The import layers are checked in test_layers.py. Each is skipped where its tool
+is not installed (the ``test`` extra installs them)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PATHS = ["src", "tests", "benchmarks", "scripts"]
+PATHS = ["src", "tests", "benchmarks", "scripts", "headcut_offline"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from helpers import DECILM_FAMILIES, GENERATORS, LLAMA3_ROPE, YARN_ROPE, run, sa
 import headcut
 import headcut_offline as offline
 from headcut.errors import HeadcutError
-from headcut.jobs.bench_vllm import attention_pairs, check_length, kv_bytes, servable_folder, serve
+from headcut.jobs.bench.vllm_rows import attention_pairs, check_length, kv_bytes, servable_folder, serve
 
 pytestmark = pytest.mark.real
 

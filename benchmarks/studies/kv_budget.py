@@ -189,13 +189,13 @@ def cuts(models: list[str], contexts: list[int]) -> None:
 
 def speed(models: list[str], contexts: list[int], rounds: int, tokens: int) -> None:
     """Decode tokens/s of the unpruned model and both cuts at each context, interleaved (see the module's doc): the
-    timing of ``--target-speedup`` (:func:`headcut.jobs.speed_target.timed_decode`, rounds of
+    timing of ``--target-speedup`` (:func:`headcut.jobs.prune.speed_target.timed_decode`, rounds of
     :func:`headcut.model.measure.time_rounds`), from caches of random keys and values."""
     import torch
 
     import headcut
     from benchmarks.harness.random_cache import model_shape, random_cache
-    from headcut.jobs.speed_target import timed_decode
+    from headcut.jobs.prune.speed_target import timed_decode
     from headcut.model.measure import time_rounds
 
     torch.set_num_threads(THREADS)

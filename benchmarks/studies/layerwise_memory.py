@@ -32,6 +32,7 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parent.parent  # this file also runs as a script, in its --build children
 RESULTS = BENCHMARKS / "results" / "layerwise_memory.json"
 sys.path.insert(0, str(BENCHMARKS.parent / "src"))
+sys.path.insert(0, str(BENCHMARKS.parent))  # headcut_offline, at the repository's root (no part of headcut)
 
 #: name -> Llama config fields (width 2048 for the depth pair: TinyLlama's shape; llama-3b: Llama 3.2 3B's shape
 #: with SmolLM2's vocabulary)

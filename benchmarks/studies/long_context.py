@@ -920,7 +920,7 @@ def machine() -> dict[str, Any]:
     import transformers
 
     import headcut
-    from headcut.jobs.bench_results import device_name
+    from headcut.jobs.bench import device_name
 
     cpu = device_name("cpu")
     try:

@@ -27,7 +27,7 @@ prefill, one prompt of C - 33 random tokens; decode, 32 tokens after such a prom
 positions), only the decoding steps timed. The ideals beside the
 figures: prefill, the FLOP ratio (FLOPs computed from the layers vLLM built); decode, the ratio of bytes read per new
 token (the matrices once per step, plus the KV cache at the mean cached length). See
-:mod:`headcut.jobs.bench_vllm` for every definition.
+:mod:`headcut.jobs.bench.vllm_rows` for every definition.
 """
 
 from __future__ import annotations

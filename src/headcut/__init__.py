@@ -69,7 +69,7 @@ _EXPORTS: dict[str, str] = {
     "read_mask_file": "headcut.model.masks",
     "resolve_mask": "headcut.model.masks",
     "ModelInfo": "headcut.model.info",
-    "BenchResult": "headcut.jobs.bench_results",
+    "BenchResult": "headcut.jobs.bench.results",
     "PruneResult": "headcut.pruning",
     # configurations
     "PruneConfig": "headcut.config",

@@ -45,8 +45,7 @@ from .jobs.evaluate import Evaluation, evaluate
 from .jobs.export import Exported, export
 from .jobs.finetune import Finetuned, finetune
 from .jobs.info import info
-from .jobs.prune import prune
-from .jobs.recipes import recipe_for
+from .jobs.prune import prune, recipe_for
 from .jobs.results import Pruned, Written
 from .jobs.score import Scores, score
 

@@ -314,13 +314,13 @@ METHODS: dict[str, MethodEntry] = {
         ),
         MethodEntry(
             "auber",
-            "headcut.pruning.auber:METHOD",
+            "headcut.pruning.auber.method:METHOD",
             "agent: a DQN prunes each layer in turn, rewarded by the change of a held-out metric, and decides "
             "how many heads go; fine-tunes after each layer (AUBER; for small data)",
             "auber §4, §5.1",
             "training",
             "agent",
-            "headcut.pruning.auber:AuberOptions",
+            "headcut.pruning.auber.options:AuberOptions",
             budget="optional",
         ),
         MethodEntry(

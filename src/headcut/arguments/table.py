@@ -204,7 +204,7 @@ RULES: dict[str, dict[str, Rule]] = {
 
 def bench_models(models: Any, names: Any) -> None:
     """``models`` (a non-empty list of models) and ``names`` (None, or one string per model): the checks of
-    :func:`headcut.bench` and :func:`headcut.jobs.bench_run.bench`."""
+    :func:`headcut.bench` and :func:`headcut.jobs.bench.run.bench`."""
     model_list("models", models)
     if names is not None:
         strings("names", names)

@@ -116,8 +116,8 @@ def bench(
     log = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
-    from ..jobs.bench_results import device_name
-    from .render import bench_table
+    from ..jobs.bench import device_name
+    from .render.bench import bench_table
 
     update_cards = CardOptions(**(cards or {})).update_cards
     reads: dict[str, str | None] = {f"MODEL {m}": m for m in models}

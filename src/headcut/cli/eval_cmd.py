@@ -73,7 +73,7 @@ def eval_(
     out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
-    from .render import (
+    from .render.evaluation import (
         harness_table,
         metrics_table,
         windows_table,

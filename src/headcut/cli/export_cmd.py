@@ -14,7 +14,7 @@ from .failures import handle_errors
 from .help import TidyCommand, examples
 from .output import Out, Reporting
 from .params import ModelArg
-from .render import checkpoint_lines, formats_lines
+from .render.checkpoint import checkpoint_lines, formats_lines
 
 
 @app.command(

@@ -132,7 +132,7 @@ def finetune_cmd(
     if not tuned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
-    from .render import finetune_summary
+    from .render.finetune import finetune_summary
 
     for line in finetune_summary(tuned.report, tuned.result, FINETUNE_REPORT):
         log.show(line)

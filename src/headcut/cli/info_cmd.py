@@ -25,7 +25,7 @@ def info(model: ModelArg, reporting: Reporting = Reporting(), source: ModelSourc
     """Show a model's attention blocks: name, kind, layer, heads, KV heads, head size; and its size."""
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
-    from .render import info_table
+    from .render.info import info_table
 
     plan_outputs(reads={"MODEL": model}, files={"--json": reporting.json_out})
     out = Out(reporting.json_out, reporting.quiet)

@@ -238,7 +238,7 @@ def prune_cmd(
         )
         seed_given = ctx.params.get("seed") is not None  # a declared flag not given is None
         book, budget, recovery = _on_recipe(book, budget, recovery, options, seed if seed_given else None)
-        from ..jobs.recipes import recipe_data
+        from ..jobs.prune import recipe_data
 
         data_options = recipe_data(
             book, data_options, model, source.task, source.allow_pickle, source.trust_remote_code
@@ -290,7 +290,7 @@ def prune_cmd(
     if not pruned.report.get("out"):
         return  # a data-parallel run's other processes save nothing
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
-    from .render import prune_summary
+    from .render.prune import prune_summary
 
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
         log.show(item)

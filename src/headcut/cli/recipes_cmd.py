@@ -111,7 +111,7 @@ def recipes_cmd(
         log.json([r.to_dict() for r in found.values()])
         return
     recipe = read_recipe(name)
-    from ..jobs.recipes import check_recipe  # torch: only once a recipe is read
+    from ..jobs.prune import check_recipe  # torch: only once a recipe is read
 
     check_recipe(recipe)  # every value checked as headcut prune --recipe checks it
     log.show(visible(f"{recipe.name}: {recipe.about}" if recipe.about else recipe.name))

@@ -60,7 +60,7 @@ def score_cmd(
     out = Out(json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
-    from .render import (
+    from .render.score import (
         heatmap_tables,
         write_plot,
     )

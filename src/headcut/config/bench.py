@@ -18,7 +18,7 @@ BENCH_RUNTIMES = ("torch", "onnxruntime", "vllm")
 P = "Options"
 #: the largest count torch takes (it unpacks them into a C ``long long``)
 LARGEST_COUNT = 2**63 - 1
-#: seconds a vLLM worker may take for one answer (``--vllm-timeout``; :mod:`headcut.jobs.bench_vllm`)
+#: seconds a vLLM worker may take for one answer (``--vllm-timeout``; :mod:`headcut.jobs.bench.vllm_rows`)
 VLLM_TIMEOUT_S = 3600.0
 
 
@@ -36,7 +36,7 @@ class BenchConfig:
     """How to benchmark. ``dtype``/``attn_implementation`` None: the checkpoint's own. ``runtime``:
     ``torch``, ``onnxruntime`` or both comma-separated (one row per model and runtime). ``interleave``:
     time the models in rounds (one forward of each per round, the order rotated), every model in memory
-    at once; False: one after the other (see :mod:`headcut.jobs.bench_run`)."""
+    at once; False: one after the other (see :mod:`headcut.jobs.bench.run`)."""
 
     device: str = option(
         "cpu", metavar="DEVICE", panel=P, complete=("cpu", "cuda", "mps"), help="cpu, cuda, cuda:N or mps."

@@ -25,7 +25,7 @@ class PruneConfig:
     ``keep``/``sparsity`` optional as a floor, or ``kv_budget`` (the fraction of the KV-cache bytes kept at
     ``context`` tokens, the heads placed by ``allocation``: :mod:`headcut.pruning.costs`), or ``target_speedup``
     (the least such cut whose decoding at ``context`` tokens is that much faster, timed on the run's device:
-    :mod:`headcut.jobs.speed_target`). A method that decides the count itself (``auber``)
+    :mod:`headcut.jobs.prune.speed_target`). A method that decides the count itself (``auber``)
     needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same
     number of heads in every block. ``min_heads_per_block``: never take a block below this. ``gqa``: the
     grouped-query policy (units and slimming). ``via``: cut in two rounds, to ``via`` heads and then to the
@@ -154,7 +154,7 @@ class RecoveryConfig:
     ``recover_hidden_weight`` (hidden-state matching) and ``recover_average`` (stochastic weight averaging over
     that fraction of the last steps, at a constant learning rate). ``via_steps``: the recovery steps of every
     round before the last of a ``via`` schedule (None: ``recover_steps``). Their checks, in the order their
-    messages are given, are :func:`headcut.jobs.request.prune_request`'s."""
+    messages are given, are :func:`headcut.jobs.prune.request.prune_request`'s."""
 
     recover_steps: int = option(
         0, low=0, metavar="N", panel=R, help="N distilled recovery steps on --data after the cut."

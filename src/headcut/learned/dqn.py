@@ -3,7 +3,7 @@
 
 Environment-free: :class:`Agent` sees states (one float per unit, 0 for a removed unit), picks
 actions (unit ``i``, or ``END`` = the last index) and learns from ``(s, a, r, s', done)``
-transitions; :mod:`headcut.pruning.auber` is the environment.
+transitions; :mod:`headcut.pruning.auber.environment` is the environment.
 
 What the paper fixes ("Reinforcement learning", §5.1) and this module follows:
 

@@ -56,7 +56,7 @@ def check_budget(
     every refusal of :func:`plan_prune` that comes before scoring or training. Returns the prune
     units, the resolved budget, the method and its validated options. ``checked``: ``config`` is validated and
     ``options`` are the method's Options, made and checked by the method (a prune request's,
-    :func:`headcut.jobs.request.prune_request`): only what ``model`` decides is checked here."""
+    :func:`headcut.jobs.prune.request.prune_request`): only what ``model`` decides is checked here."""
     if not checked:
         config.validate()
     method = get_method(config.method)
@@ -70,7 +70,7 @@ def check_budget(
     bound_only = method.entry.budget == "optional"
     account = None
     if config.target_speedup is not None and config.kv_budget is None:
-        # checked as a budget in bytes; the job finds the fraction by timing (headcut.jobs.speed_target)
+        # checked as a budget in bytes; the job finds the fraction by timing (headcut.jobs.prune.speed_target)
         config = replace(config, kv_budget=1.0)
     if config.kv_budget is not None:
         check_context(model, config.context)
@@ -112,7 +112,7 @@ def plan_prune(
     (HeadcutError) come before any scoring or training; ``checked``: see :func:`check_budget`."""
     if config.target_speedup is not None:
         raise HeadcutError(
-            "target_speedup is found by timing cuts (headcut.prune, headcut.jobs.speed_target): plan_prune takes "
+            "target_speedup is found by timing cuts (headcut.prune, headcut.jobs.prune.speed_target): plan_prune takes "
             "the kv_budget it chose"
         )
     sets, budget, method, options = check_budget(model, config, options, checked=checked)

@@ -62,9 +62,11 @@ from ..model.masks import HeadMask
 from ..model.surgery import slim
 from ..options import option
 from ..training.checkpoint import atomic_save, check_optimizer, check_scheduler, check_weights, digest, read_state
-from ..training.engine import EarlyStopping, Trainer, TrainingDiverged
+from ..training.early_stopping import EarlyStopping
+from ..training.engine import Trainer
 from ..training.finetuning import DistillationLoss, unpruned_teacher
 from ..training.finite import first_nonfinite
+from ..training.steps import TrainingDiverged
 from .base import PruneResult, TrajectoryPoint, score_masked, seed_in_range
 from .method import MethodBase, Problem, Summary
 from .search import Budget, remove_step

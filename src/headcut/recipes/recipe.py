@@ -40,7 +40,7 @@ from ..errors import HeadcutValueError
 from ..options import OptionError, check_fields, static_specs
 from .limits import check_size
 
-#: the stages of a round, in the order they run (:data:`headcut.jobs.stages.STAGES`)
+#: the stages of a round, in the order they run (:data:`headcut.jobs.prune.stages.STAGES`)
 STAGES = ("choose", "cut", "refit", "recover")
 #: the stages every recipe has
 REQUIRED = ("choose", "cut")

@@ -1,15 +1,9 @@
 """The training engine shared by the learned-gate pruning methods and fine-tuning (library only)."""
 
 from .checkpoint import CHECKPOINT_NAME
-from .engine import (
-    EarlyStopping,
-    TrainConfig,
-    Trainer,
-    TrainingDiverged,
-    TrainResult,
-    default_loss,
-    lr_factor,
-)
+from .early_stopping import EarlyStopping
+from .engine import TrainConfig, Trainer
+from .steps import TrainingDiverged, TrainResult, default_loss, lr_factor
 
 __all__ = [
     "CHECKPOINT_NAME",

@@ -1,4 +1,6 @@
-"""The training loop shared by the learned-gate methods and fine-tuning.
+"""The training loop shared by the learned-gate methods and fine-tuning (:class:`Trainer`); what it calls and
+gives back (the hooks' signatures, the default loss, the LR factor of a step, a run's result, the divergence error)
+is in :mod:`.steps`, early stopping in :mod:`.early_stopping`.
 
 * **Steps.** ``step`` counts optimizer steps. Each step runs ``grad_accum`` micro-batches (one
   element of ``train_batches`` each); each micro-batch's loss is divided by ``grad_accum`` before
@@ -15,7 +17,7 @@
   gates learn. Both flags are restored when :meth:`Trainer.train` returns.
 * **Optimizer.** AdamW with two parameter groups: model parameters at ``lr`` with ``weight_decay``,
   gate tensors at ``gate_lr`` (None: ``lr``) with no weight decay (decay would pull gates towards closed). The LR
-  schedule (:func:`lr_factor`) scales both groups; with ``gates_first`` N the model's group has LR 0 for the
+  schedule (:func:`.steps.lr_factor`) scales both groups; with ``gates_first`` N the model's group has LR 0 for the
   first N steps (the gates learn on the fixed model; dropout stays on), then follows the same schedule. The gradients of each group are clipped to
   ``max_grad_norm`` on their own (the gates' regulariser may be large, e.g. PASS's escalating lambda,
   and must not shrink the model's step).
@@ -39,14 +41,14 @@
 * **After each step.** ``after_step(step)`` (1-based, called under ``torch.no_grad`` after the
   optimizer step, inside the seeded RNG) may change the gates in place (PASS clips and re-opens them)
   and returns log values for the step's history entry.
-* **Early stopping** (``early_stopping``, :class:`EarlyStopping`): after each evaluation the run stops
+* **Early stopping** (``early_stopping``, :class:`.early_stopping.EarlyStopping`): after each evaluation the run stops
   once the watched metric has not improved for ``patience`` evaluations in a row, and the weights of
   the best evaluation are put back when :meth:`Trainer.train` returns. Such a run writes no
   checkpoints (the best weights would have to be saved with them).
 * **Divergence.** A step whose loss (averaged over its micro-batches and processes) or gradient norm
   (with ``max_grad_norm``) is not finite stops the run before the optimizer step, and so does a step that
   leaves a non-finite weight (one fused max-abs reduction over the trained tensors per step):
-  :meth:`Trainer.train` raises :class:`TrainingDiverged` (a one-line :class:`HeadcutError` naming the step,
+  :meth:`Trainer.train` raises :class:`.steps.TrainingDiverged` (a one-line :class:`HeadcutError` naming the step,
   the cause and the learning rates), so nothing downstream saves a model. Every checkpoint is written after
   that check, so the one left in ``checkpoint_dir`` holds the last good (finite) state;
   :meth:`Trainer.resume` refuses a checkpoint holding non-finite tensors or an impossible step.
@@ -64,7 +66,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,129 +88,21 @@ from .checkpoint import (
     read_state,
 )
 from .distributed import Dist
+from .early_stopping import EarlyStopping
 from .finite import all_finite, first_nonfinite
 from .parallel import Engine, rebuilt, start, whole
-
-LossFn = Callable[[nn.Module, dict[str, Any], int], tuple[torch.Tensor, dict[str, Any]]]
-EvalFn = Callable[[int], dict[str, Any]]
-ProgressFn = Callable[[int, "int | None"], None]
-AfterStepFn = Callable[[int], "dict[str, Any] | None"]
-StepFn = Callable[[dict[str, Any]], None]
-
-
-class TrainingDiverged(HeadcutError):
-    """A run whose loss, gradients or weights became non-finite (nan or inf). ``step``: the optimizer step
-    (1-based) it happened at; ``checkpoint``: the folder keeping the last good resume checkpoint, or None
-    when none was written."""
-
-    def __init__(self, message: str, step: int, checkpoint: Path | None = None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.checkpoint = checkpoint
-
-
-def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
-    """The LR multiplier of optimizer step ``step`` (1-based) of ``total``.
-
-    Warmup: ``step / warmup`` for ``step <= warmup`` (the full LR at the warmup's last step). Then
-    ``constant``: 1; ``linear``: ``(total - step + 1) / (total - warmup)``, from 1 at the first step
-    after warmup down to ``1 / (total - warmup)`` at the last step (0 would be the step after it).
-    """
-    if step <= warmup:
-        return step / warmup
-    if schedule == "constant":
-        return 1.0
-    return max(0.0, (total - step + 1) / max(1, total - warmup))
-
-
-@dataclass
-class TrainResult:
-    """``steps``: optimizer steps done (in all, counting those before a resume); ``history``: one dict
-    per step; ``seconds``: wall time of this call to :meth:`Trainer.train`."""
-
-    steps: int
-    history: list[dict[str, Any]] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-@dataclass
-class EarlyStopping:
-    """Stop when ``metric`` (a key of the evaluation's dict) has not improved for ``patience``
-    evaluations in a row; keep a copy of the weights of the best evaluation and put it back at the
-    end. :meth:`update` may also be called by the caller before training (step 0: the starting
-    point then counts as a candidate, so a run that only makes things worse gives back the start)."""
-
-    metric: str
-    higher_is_better: bool
-    patience: int
-    best: float | None = None
-    best_step: int | None = None
-    evaluations: int = 0
-    since_best: int = 0
-    stopped_at: int | None = None
-    _weights: dict[str, torch.Tensor] | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.patience, int) or self.patience < 1:
-            raise HeadcutError(f"patience must be an integer >= 1, got {self.patience!r}")
-
-    def update(self, model: nn.Module, step: int, metrics: dict[str, Any]) -> bool:
-        """Record one evaluation at ``step``; True when the run should stop."""
-        if self.metric not in metrics:
-            raise HeadcutError(f"early stopping watches {self.metric!r}, which the evaluation does not give")
-        value = float(metrics[self.metric])
-        self.evaluations += 1
-        improved = value == value and (
-            self.best is None or (value > self.best if self.higher_is_better else value < self.best)
-        )
-        if improved:
-            self.best, self.best_step, self.since_best = value, step, 0
-            self._weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            self.since_best += 1
-        if self.since_best >= self.patience:
-            self.stopped_at = step
-            return True
-        return False
-
-    def restore(self, model: nn.Module) -> bool:
-        """Put the best evaluation's weights back; False if there was none."""
-        if self._weights is None:
-            return False
-        model.load_state_dict(self._weights)
-        return True
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "metric": self.metric,
-            "higher_is_better": self.higher_is_better,
-            "patience": self.patience,
-            "best": self.best,
-            "best_step": self.best_step,
-            "evaluations": self.evaluations,
-            "stopped_at": self.stopped_at,
-        }
-
-
-def default_loss(model: nn.Module, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The model's own loss (``model(**batch).loss``; the batch carries ``labels``)."""
-    out = model(**batch)
-    loss = getattr(out, "loss", None)
-    if loss is None:
-        raise HeadcutError("the model returned no loss: the batches need labels, or give a loss_fn")
-    return loss, {}
-
-
-def _merge_logs(logs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Numbers averaged over the micro-batches of a step; anything else: the last micro-batch's value."""
-    merged: dict[str, Any] = {}
-    for key in dict.fromkeys(k for entry in logs for k in entry):
-        values = [entry[key] for entry in logs if key in entry]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            merged[key] = sum(values) / len(values)
-        else:
-            merged[key] = values[-1]
-    return merged
+from .steps import (
+    AfterStepFn,
+    EvalFn,
+    LossFn,
+    ProgressFn,
+    StepFn,
+    TrainingDiverged,
+    TrainResult,
+    default_loss,
+    lr_factor,
+    merge_logs,
+)
 
 
 class Trainer:
@@ -681,7 +575,7 @@ class Trainer:
                     else:
                         for m, p in zip(mean, model_params):
                             m.add_(p.detach().float() - m, alpha=1.0 / (self.step - averaged_from))
-            entry.update(_merge_logs(logs))
+            entry.update(merge_logs(logs))
             if self.after_step is not None:
                 with torch.no_grad():
                     entry.update({k: plain(v) for k, v in (self.after_step(self.step) or {}).items()})

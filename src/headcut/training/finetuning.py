@@ -37,7 +37,9 @@ from ..data import Calibration
 from ..errors import HeadcutError
 from ..model.evaluation import PRIMARY, evaluate
 from .distributed import Dist
-from .engine import EarlyStopping, ProgressFn, Trainer
+from .early_stopping import EarlyStopping
+from .engine import Trainer
+from .steps import ProgressFn
 
 
 @dataclass

@@ -11,23 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..arguments.kinds import values
-from ..catalog import METHODS, MethodEntry, method_entry
-from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
-from ..data import DataConfig
-from ..errors import HeadcutError, label
-from ..files.atomic import OutputDir, OutputFile
-from ..files.plan import plan_outputs
-from ..options import check_fields
-from ..outputs.formats import parse_formats
-from ..progress import Reporter
-from ..pruning import get_method, make_options
-from ..recipes import Recipe
-from ..training.checkpoint import checkpoint_dir_for, locked_output, prepare_checkpoint_dir
-from .base import check_data_spec, data_config, data_specs, pick_device, same_data
+from ...arguments.kinds import values
+from ...catalog import METHODS, MethodEntry, method_entry
+from ...config import LayerwiseConfig, PruneConfig, RecoveryConfig
+from ...data import DataConfig
+from ...errors import HeadcutError, label
+from ...files.atomic import OutputDir, OutputFile
+from ...files.plan import plan_outputs
+from ...options import check_fields
+from ...outputs.formats import parse_formats
+from ...progress import Reporter
+from ...pruning import get_method, make_options
+from ...recipes import Recipe
+from ...training.checkpoint import checkpoint_dir_for, locked_output, prepare_checkpoint_dir
+from ..base import check_data_spec, data_config, data_specs, pick_device, same_data
+from ..saving import spec_path
 from .layerwise_choice import Choice, choose, refusal
 from .recipes import check_recipe_run
-from .saving import spec_path
 from .speed_target import check_speed_target
 
 
@@ -121,7 +121,7 @@ def prune_request(
     """Every refusal a prune request can get before a model is loaded: budget, method and options and their
     combinations, device, data, formats, output paths and the run lock, in that order (``config`` is built from
     the keywords but not yet validated: this check does it first). ``recipe``: the recipe the keywords came from
-    (:func:`headcut.jobs.recipes.recipe_for`), whose schedule the run follows unless ``via`` is given."""
+    (:func:`headcut.jobs.prune.recipes.recipe_for`), whose schedule the run follows unless ``via`` is given."""
 
     L = label
     method, rec = config.method, recovery
@@ -194,7 +194,7 @@ def prune_request(
                     f"{L('eval_data')}"
                 )
         dist, torch_device = pick_device(run.device)
-        from ..training.parallel import engine_note  # torch: after the checks that need none
+        from ...training.parallel import engine_note  # torch: after the checks that need none
 
         notes += engine_note(getattr(opts, "engine", "auto"), dist)
         chosen_formats = parse_formats(run.formats)

@@ -1,6 +1,6 @@
 """The timing of PyTorch rows: a model prepared for timing (inputs made, FLOPs counted), its warmup,
 timed forwards and generation, and the measurement of prepared rows alone or interleaved in rounds (see
-:mod:`headcut.jobs.bench_run`)."""
+:mod:`headcut.jobs.bench.run`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters import adapter_for
-from ..adapters.runtime import returned_cache
-from ..config import BenchConfig
-from ..errors import HeadcutError, first_line
-from ..model.inputs import check_positions, describe_inputs, make_inputs, special_ids
-from ..model.measure import (
+from ...adapters import adapter_for
+from ...adapters.runtime import returned_cache
+from ...config import BenchConfig
+from ...errors import HeadcutError, first_line
+from ...model.inputs import check_positions, describe_inputs, make_inputs, special_ids
+from ...model.measure import (
     RssPeak,
     count_flops,
     kv_cache_size,
@@ -25,9 +25,9 @@ from ..model.measure import (
     time_calls,
     time_rounds,
 )
-from ..model.surgery import count_params, weights_bytes
-from ..stats import percentile
-from .bench_results import BenchResult, GenerationResult
+from ...model.surgery import count_params, weights_bytes
+from ...stats import percentile
+from .results import BenchResult, GenerationResult
 
 #: ``--dtype`` values
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -178,7 +178,7 @@ class Row:
         raise NotImplementedError
 
     def measure_memory(self, calls: int, step: Callable[[int], None]) -> None:
-        """Run ``calls`` untimed forwards and measure the peak memory they take (see :mod:`headcut.jobs.bench_run`)."""
+        """Run ``calls`` untimed forwards and measure the peak memory they take (see :mod:`headcut.jobs.bench.run`)."""
         if self.clock.type == "cuda":
             self._cuda_memory(calls, step)
             return
@@ -282,7 +282,7 @@ class TorchRow(Row):
 
 
 def measure(rows: Sequence[Row], config: BenchConfig, rounds: StageFn | None = None) -> list[BenchResult]:
-    """Warm up and time prepared ``rows`` (see :mod:`headcut.jobs.bench_run`), one result per row, in order.
+    """Warm up and time prepared ``rows`` (see :mod:`headcut.jobs.bench.run`), one result per row, in order.
 
     Several rows are timed interleaved, in rounds (:func:`time_rounds`), their progress reported to
     ``rounds`` as ``rounds`` and ``generate rounds``, each row's untimed generation as its own ``generate

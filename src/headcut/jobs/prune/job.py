@@ -1,6 +1,6 @@
-"""``headcut.prune``: check the request (:func:`headcut.jobs.request.prune_request`, the one check the command line
-makes too), then run the rounds of its schedule (:mod:`headcut.pruning.schedule`), each through the stages of
-:mod:`headcut.jobs.stages` (choose, cut, refit, recover), report and save (``headcut prune``)."""
+"""``headcut.prune``: check the request (:func:`headcut.jobs.prune.request.prune_request`, the one check the command
+line makes too), then run the rounds of its schedule (:mod:`headcut.pruning.schedule`), each through the stages of
+:mod:`headcut.jobs.prune.stages` (choose, cut, refit, recover), report and save (``headcut prune``)."""
 
 from __future__ import annotations
 
@@ -10,31 +10,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
-from ..arguments.kinds import values
-from ..arguments.table import checked
-from ..config import LayerwiseConfig, PruneConfig, RecoveryConfig
-from ..data import Calibration
-from ..errors import HeadcutError, label
-from ..files.names import real_path
-from ..model import compensation
-from ..model.evaluation import PRIMARY
-from ..model.masks import HeadMask
-from ..model.surgery import model_blocks
-from ..outputs.formats import check_formats
-from ..outputs.reports import prune_report, weights_bytes
-from ..progress import Reporter, quiet
-from ..pruning.schedule import schedule
-from ..recipes import Recipe
-from ..training.checkpoint import clear_checkpoint_dir
-from ..training.finetuning import frozen_teacher
-from ..training.parallel import resolve_engine
-from .agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
-from .base import ModelLike, calibration, load_model, move, plain_arguments
+from ...arguments.kinds import values
+from ...arguments.table import checked
+from ...config import LayerwiseConfig, PruneConfig, RecoveryConfig
+from ...data import Calibration
+from ...errors import HeadcutError, label
+from ...files.names import real_path
+from ...model import compensation
+from ...model.evaluation import PRIMARY
+from ...model.masks import HeadMask
+from ...model.surgery import model_blocks
+from ...outputs.formats import check_formats
+from ...outputs.reports import prune_report, weights_bytes
+from ...progress import Reporter, quiet
+from ...pruning.schedule import schedule
+from ...recipes import Recipe
+from ...training.checkpoint import clear_checkpoint_dir
+from ...training.finetuning import frozen_teacher
+from ...training.parallel import resolve_engine
+from ..agreement import Agreement, checkpoint_found, data_settings, run_fingerprint
+from ..base import ModelLike, calibration, load_model, move, plain_arguments
+from ..results import Pruned
+from ..saving import local_reads
 from .layerwise import prune_layerwise
 from .recipes import keyword_changes, recipe_data, recipe_for, resolved_recipe
 from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
-from .results import Pruned
-from .saving import local_reads
 from .speed_target import check_speed_memory, find_speed_budget
 from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering, round_record
 
@@ -101,7 +101,7 @@ def prune(
     methods), the heads placed by ``allocation`` (``cost``: by score per byte saved, refined by calibration loss;
     ``count``: by score alone; :mod:`headcut.pruning.costs`), the report's ``kv_budget`` saying what was reached;
     or ``target_speedup`` X, the least such cut whose greedy decoding at ``context`` tokens is X times faster than the
-    unpruned model's, timed on ``device`` (:mod:`headcut.jobs.speed_target`; one-shot score-based methods; the
+    unpruned model's, timed on ``device`` (:mod:`headcut.jobs.prune.speed_target`; one-shot score-based methods; the
     report's ``speed_target`` has every budget timed). ``options``: the method's own options (e.g.
     ``max_steps=500`` for a learned method, ``step=4`` for michel; :func:`headcut.pruning.make_options`
     refuses the others). ``checkpoint_dir``/``resume``/``restart``: a learned method's resume checkpoint

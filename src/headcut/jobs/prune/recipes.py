@@ -9,18 +9,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import is_dataclass
 from typing import Any
 
-from ..arguments.table import check
-from ..catalog import METHODS
-from ..config import PruneConfig, RecoveryConfig
-from ..data import DataConfig
-from ..data.tasks import max_positions
-from ..errors import HeadcutError, HeadcutValueError, label
-from ..model.loading import class_task, open_checkpoint
-from ..options import specs
-from ..pruning import get_method, make_options
-from ..pruning.schedule import Round
-from ..recipes import Case, Recipe, RoundPlan, Stage, builtin_recipes, default_recipe, read_recipe
-from ..recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, RECOVER_FIELDS
+from ...arguments.table import check
+from ...catalog import METHODS
+from ...config import PruneConfig, RecoveryConfig
+from ...data import DataConfig
+from ...data.tasks import max_positions
+from ...errors import HeadcutError, HeadcutValueError, label
+from ...model.loading import class_task, open_checkpoint
+from ...options import specs
+from ...pruning import get_method, make_options
+from ...pruning.schedule import Round
+from ...recipes import Case, Recipe, RoundPlan, Stage, builtin_recipes, default_recipe, read_recipe
+from ...recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, RECOVER_FIELDS
 
 #: the recipe name that means the default recipe of the model's kind
 DEFAULT = "default"

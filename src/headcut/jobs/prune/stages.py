@@ -19,24 +19,24 @@ from typing import Any
 
 from torch import nn
 
-from ..adapters import adapter_for
-from ..config import FinetuneConfig, PruneConfig, RecoveryConfig
-from ..data import Calibration
-from ..errors import HeadcutError, label
-from ..model import compensation
-from ..model.masks import HeadMask
-from ..model.surgery import model_blocks, slim
-from ..progress import Reporter
-from ..pruning import eval_metric, plan_prune
-from ..pruning.refit import refit_outputs
-from ..pruning.schedule import Round
-from ..pruning.search import uniform_budgets
-from ..pruning.units import block_sets, nearest
-from ..scoring.fluctuation import input_moments
-from ..training import finetuning  # finetuning.finetune looked up when called (tests stand in for it)
-from ..training.finetuning import frozen_teacher
-from .bars import Bars
-from .base import move
+from ...adapters import adapter_for
+from ...config import FinetuneConfig, PruneConfig, RecoveryConfig
+from ...data import Calibration
+from ...errors import HeadcutError, label
+from ...model import compensation
+from ...model.masks import HeadMask
+from ...model.surgery import model_blocks, slim
+from ...progress import Reporter
+from ...pruning import eval_metric, plan_prune
+from ...pruning.refit import refit_outputs
+from ...pruning.schedule import Round
+from ...pruning.search import uniform_budgets
+from ...pruning.units import block_sets, nearest
+from ...scoring.fluctuation import input_moments
+from ...training import finetuning  # finetuning.finetune looked up when called (tests stand in for it)
+from ...training.finetuning import frozen_teacher
+from ..bars import Bars
+from ..base import move
 
 
 @dataclass
@@ -107,7 +107,7 @@ def choose(state: PruneState, run: RoundRun) -> None:
             progress=bars,
             on_step=bars.on_step,
             dist=state.dist,
-            checked=True,  # the request's config and options (jobs/request.py), checked there
+            checked=True,  # the request's config and options (jobs/prune/request.py), checked there
             **state.training,
         )
     finally:

@@ -14,33 +14,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..arguments.table import checked
-from ..errors import HeadcutError, label
-from ..files.atomic import OutputDir
-from ..files.plan import check_paths
-from ..model import compensation
-from ..model.loading import open_checkpoint
-from ..model.masks import plan_cuts, resolve_mask
-from ..model.saving import SavedModel, finish_checkpoint
-from ..model.stock import stock_form
-from ..model.streamed import LayerwiseStats, StreamedModel, activation_bytes
-from ..model.streamed_cut import write_layerwise
-from ..model.surgery import slim
-from ..model.tensor_files import DTYPE_BYTES
-from ..outputs.modelcard import write_card
-from ..outputs.reports import prune_report, weights_bytes
-from ..progress import Reporter, quiet
-from ..pruning import check_budget, run_search
-from ..pruning.ranked import ScoreMethod, oriented
-from ..pruning.schedule import Round
-from ..scoring.layerwise import score_layerwise, spill_folder
-from .bars import Bars
-from .base import LoadedModel, calibration, plain_arguments
+from ...arguments.table import checked
+from ...errors import HeadcutError, label
+from ...files.atomic import OutputDir
+from ...files.plan import check_paths
+from ...model import compensation
+from ...model.loading import open_checkpoint
+from ...model.masks import plan_cuts, resolve_mask
+from ...model.saving import SavedModel, finish_checkpoint
+from ...model.stock import stock_form
+from ...model.streamed import LayerwiseStats, StreamedModel, activation_bytes
+from ...model.streamed_cut import write_layerwise
+from ...model.surgery import slim
+from ...model.tensor_files import DTYPE_BYTES
+from ...outputs.modelcard import write_card
+from ...outputs.reports import prune_report, weights_bytes
+from ...progress import Reporter, quiet
+from ...pruning import check_budget, run_search
+from ...pruning.ranked import ScoreMethod, oriented
+from ...pruning.schedule import Round
+from ...scoring.layerwise import score_layerwise, spill_folder
+from ..bars import Bars
+from ..base import LoadedModel, calibration, plain_arguments
+from ..results import Pruned
+from ..saving import local_reads, serving_entries, write_report
 from .layerwise_choice import Choice, checkpoint_bytes
 from .recipes import resolved_recipe
 from .request import PruneRequest
-from .results import Pruned
-from .saving import local_reads, serving_entries, write_report
 
 
 @dataclass(kw_only=True)

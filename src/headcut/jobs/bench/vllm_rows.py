@@ -1,9 +1,9 @@
 """vLLM rows of ``headcut bench --runtime vllm``, and serving a checkpoint folder in vLLM for a check.
 
 vLLM runs in a process of its own, with the interpreter of the environment it is installed in (``--vllm-python``;
-see :func:`headcut.extras.vllm_interpreter`), driven over a pipe by :mod:`headcut.jobs.vllm_worker`: one engine
+see :func:`headcut.extras.vllm_interpreter`), driven over a pipe by :mod:`headcut.jobs.bench.vllm_worker`: one engine
 per row, each loaded once and kept until the rows are measured, so vLLM rows take their turns in the same rounds as
-the torch and onnxruntime ones (the interleaving and noise rules of :mod:`headcut.jobs.bench_run`).
+the torch and onnxruntime ones (the interleaving and noise rules of :mod:`headcut.jobs.bench.run`).
 
 What a vLLM row measures (all timed inside the worker with ``time.perf_counter``, without the pipe):
 
@@ -63,18 +63,18 @@ from typing import IO, Any, NoReturn
 
 import torch
 
-from ..config import BenchConfig
-from ..config.bench import VLLM_TIMEOUT_S, check_vllm_python
-from ..data.tasks import max_positions
-from ..errors import HeadcutError, shown
-from ..errors import label as keyword
-from ..formatting import printable
-from ..interrupts import deferred_signals
-from ..model.measure import SelfTimed, time_calls
-from ..outputs.reports import weights_bytes as folder_weights_bytes
-from ..processes import stop_group, wait_exit
-from .bench_results import BenchResult, GenerationResult
-from .bench_rows import Row, StageFn, latency
+from ...config import BenchConfig
+from ...config.bench import VLLM_TIMEOUT_S, check_vllm_python
+from ...data.tasks import max_positions
+from ...errors import HeadcutError, shown
+from ...errors import label as keyword
+from ...formatting import printable
+from ...interrupts import deferred_signals
+from ...model.measure import SelfTimed, time_calls
+from ...outputs.reports import weights_bytes as folder_weights_bytes
+from ...processes import stop_group, wait_exit
+from .results import BenchResult, GenerationResult
+from .rows import Row, StageFn, latency
 
 #: the worker script (run by path with vLLM's interpreter)
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -108,7 +108,7 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 
 class VllmEngine:
-    """A vLLM worker process (:mod:`headcut.jobs.vllm_worker`, run by ``python``) holding one engine; :meth:`call`
+    """A vLLM worker process (:mod:`headcut.jobs.bench.vllm_worker`, run by ``python``) holding one engine; :meth:`call`
     sends a command and returns its answer, a one-line HeadcutError when it fails, the process dies, prints what
     is not an answer, or misses a deadline (``timeout``: seconds for one answer; ``hint``: what to change about it,
     for the message; see the module for the deadlines). Its log (vLLM's own output) goes to a temporary file whose
@@ -459,9 +459,9 @@ FACT_FIELDS = {
 
 
 def read_facts(answer: dict[str, Any], who: str) -> dict[str, Any]:
-    """The facts the worker answers ``load`` with (:func:`headcut.jobs.vllm_worker._facts`), checked: the layer lists
-    with whole numbers (a sliding window a whole number or None) and the texts as printable strings (they reach the
-    table and the notes); a one-line error naming ``who`` otherwise."""
+    """The facts the worker answers ``load`` with (:func:`headcut.jobs.bench.vllm_worker._facts`), checked: the layer
+    lists with whole numbers (a sliding window a whole number or None) and the texts as printable strings (they reach
+    the table and the notes); a one-line error naming ``who`` otherwise."""
     facts = dict(answer)
     for key, numbers in FACT_FIELDS.items():
         entries = facts.get(key)
