@@ -46,6 +46,11 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def _ordered(value: Any, root: str) -> str:
+    """:func:`_clean` ``value`` as JSON text in its own key order (a report's keys keep their order)."""
+    return json.dumps(_clean(value, root))
+
+
 def _clean(value: Any, root: str) -> Any:
     """``value`` (JSON) without its volatile keys, the case's folder written ``<ROOT>``."""
     if isinstance(value, dict):
@@ -71,7 +76,7 @@ def _files(folder: Path, root: str) -> dict[str, Any]:
         name = str(path.relative_to(folder))
         if path.suffix == ".json":
             try:
-                out[name] = _clean(json.loads(path.read_text()), root)
+                out[name] = _ordered(json.loads(path.read_text()), root)
             except ValueError:
                 out[name] = _digest(path)
         elif path.suffix in (".md", ".yaml", ".csv", ".py"):
@@ -356,7 +361,7 @@ def record(path: Path) -> None:
             if result.exception is not None and not isinstance(result.exception, SystemExit):
                 entry["exception"] = repr(result.exception)[:300]
             if json_file.exists():
-                entry["json"] = _clean(json.loads(json_file.read_text()), tmp)
+                entry["json"] = _ordered(json.loads(json_file.read_text()), tmp)
             if (folder / "OUT").exists():
                 entry["files"] = _files(folder / "OUT", tmp)
             out[name] = entry
@@ -366,7 +371,7 @@ def record(path: Path) -> None:
             folder.mkdir(parents=True)
             try:
                 done = call(folder / "OUT")
-                entry = {"report": _clean(getattr(done, "report", None), tmp)}
+                entry = {"report": _ordered(getattr(done, "report", None), tmp)}
             except Exception as exc:  # a refusal is a result too
                 entry = {"raised": type(exc).__name__, "message": str(exc).replace(tmp, "<ROOT>")}
             if (folder / "OUT").exists():
