@@ -391,8 +391,42 @@ def _diff(a: Any, b: Any, at: str, found: list[str]) -> None:
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
             _diff(x, y, f"{at}[{i}]", found)
+    elif isinstance(a, str) and isinstance(b, str) and a != b and a[:1] in "{[" and b[:1] in "{[":
+        try:
+            left, right = json.loads(a), json.loads(b)
+        except ValueError:
+            left = right = None
+        if left is None:
+            found.append(f"{at}: {a[:200]!r} -> {b[:200]!r}")
+        else:
+            before = len(found)
+            _diff(left, right, at, found)
+            if len(found) == before:  # the same values in another order
+                found.append(f"{at}: the same values, keys in another order: {_order(left, right)}")
+    elif isinstance(a, str) and isinstance(b, str) and a != b and "\n" in a + b:
+        import difflib
+
+        lines = [d for d in difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm="", n=0)][2:]
+        found.append(f"{at}: " + " | ".join(lines[:8]))
     elif a != b:
         found.append(f"{at}: {str(a)[:200]!r} -> {str(b)[:200]!r}")
+
+
+def _order(a: Any, b: Any, at: str = "") -> str:
+    """Where two equal JSON values first differ in key order."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if list(a) != list(b):
+            return f"{at or '.'}: {list(a)} -> {list(b)}"
+        for key in a:
+            found = _order(a[key], b[key], f"{at}.{key}")
+            if found:
+                return found
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = _order(x, y, f"{at}[{i}]")
+            if found:
+                return found
+    return ""
 
 
 def compare(before: Path, after: Path) -> int:

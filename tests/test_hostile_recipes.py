@@ -243,7 +243,9 @@ def test_recover_steps_past_64_bits_in_a_recipe_is_refused_as_the_flag_is(tiny, 
     with pytest.raises(HeadcutValueError, match="recover_steps .* integers here fit in 64 bits"):
         headcut.prune(tiny["bert"], recipe=raw, keep=4, data=tiny["train"])
     schedule = dict(
-        raw, stages=raw["stages"][:2], schedule=[{"rounds": [{"keep": 6, "recover_steps": huge}, {"keep": "budget"}]}]
+        raw,
+        stages=[*raw["stages"][:2], {"recover": {"recover_steps": 2}}],
+        schedule=[{"rounds": [{"keep": 6, "recover_steps": huge}, {"keep": "budget"}]}],
     )
     with pytest.raises(HeadcutValueError, match="recover_steps .* integers here fit in 64 bits"):
         check_recipe(from_dict(schedule, "r"))

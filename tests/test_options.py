@@ -52,11 +52,13 @@ def test_every_option_reaches_the_cli_and_the_api_with_the_same_default(name, mo
         assert spec.flag in shown, spec.flag
     seen = {}
 
-    def fake_prune(model, method, **kwargs):
-        seen.update(kwargs)
+    def fake_request(source, **kwargs):
+        seen.update(kwargs["given"])  # the options the command line gives the request
         raise HeadcutError("stopped before any work")
 
-    monkeypatch.setattr(headcut.api, "prune", fake_prune)
+    import headcut.jobs.prune.request
+
+    monkeypatch.setattr(headcut.jobs.prune.request, "prune_request", fake_request)
     args = []
     expected = {}
     for spec in declared:
@@ -291,6 +293,7 @@ def _offered():
     from headcut.cli.output import Reporting
     from headcut.config import (
         BenchConfig,
+        Budget,
         CardOptions,
         DataSources,
         EvalOptions,
@@ -301,28 +304,38 @@ def _offered():
         ModelSource,
         OutputSettings,
         PlotOptions,
-        PruneConfig,
         RecipeChoice,
-        RecoveryConfig,
         RunSettings,
+        ScheduleOptions,
         ScoreConfig,
         TrajectoryOptions,
     )
     from headcut.data.config import DataConfig
+    from headcut.jobs.prune.stages.cut import Cut
+    from headcut.jobs.prune.stages.recover import Recover
+    from headcut.jobs.prune.stages.refit import Refit
 
     shared = [Reporting, ModelSource]
-    data_only = (DataSources, ("eval_data", "eval_split"))
+    data_only = (DataSources, ("eval_data", "eval_split", "recover_data"))
     seed_only = (RunSettings, ("device", "resume"))
     return {
         "info": shared,
         "score": [ScoreConfig, PlotOptions, DataConfig, data_only, seed_only, *shared],
-        "prune": [PruneConfig, RecipeChoice, RecoveryConfig, LayerwiseConfig, TrajectoryOptions, DataConfig]
-        + [DataSources]
+        "prune": [Budget, ScheduleOptions, RecipeChoice, LayerwiseConfig, TrajectoryOptions, DataConfig]
+        + [Cut, Refit, Recover, DataSources]
         + [OutputSettings, RunSettings, *shared],
-        "finetune": [FinetuneConfig, FinetuneInputs, DataConfig, DataSources, OutputSettings, RunSettings, *shared],
+        "finetune": [
+            FinetuneConfig,
+            FinetuneInputs,
+            DataConfig,
+            (DataSources, ("recover_data",)),
+            OutputSettings,
+            RunSettings,
+            *shared,
+        ],
         "export": [
             MaskSource,
-            (PruneConfig, tuple(s.name for s in specs(PruneConfig) if s.name != "gqa")),
+            (Cut, tuple(s.name for s in specs(Cut) if s.name != "gqa")),
             OutputSettings,
         ]
         + shared,  # prune's --gqa

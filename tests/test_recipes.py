@@ -14,7 +14,7 @@ from helpers import cls_rows, digest, one_line_error, run, save_tiny, sentence, 
 import headcut
 from headcut.errors import HeadcutError, HeadcutValueError
 from headcut.recipes import RECIPE_FILE, builtin_recipes, default_recipe, from_dict, read_recipe, recipe_yaml
-from headcut.recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, RECOVER_FIELDS
+from headcut.recipes.recipe import BUDGET_FIELDS, DATA_FIELDS, option_owners, stage_options
 
 #: the README main job's recipe before recipes existed (scripts/demo.sh), at 8 heads of 2 x 4 (a budget under a
 #: third of the heads: two rounds, to ceil(8/3) = 3 heads first), with 2 recovery steps per round instead of 500
@@ -39,7 +39,7 @@ def tiny(tmp_path_factory):
 
 
 def test_the_builtin_recipes_read_back_and_every_option_is_declared():
-    from headcut.config import PruneConfig, RecoveryConfig
+    from headcut.config import Budget
     from headcut.data.config import DataConfig
     from headcut.options import specs
 
@@ -47,13 +47,16 @@ def test_the_builtin_recipes_read_back_and_every_option_is_declared():
     encoder = default_recipe("sequence-classification")
     assert encoder == found["encoder"]
     assert encoder is not None and encoder.name == "encoder"
-    assert (encoder.method, encoder.refit) == ("fluctuation", True)
-    assert encoder.recover == {"recover_steps": 500, "recover_hidden_weight": 2, "recover_average": 0.5}
+    assert (encoder.method, encoder.stage("refit") is not None) == ("fluctuation", True)
+    assert encoder.options_of("recover") == {"recover_steps": 500, "recover_hidden_weight": 2, "recover_average": 0.5}
     assert dict(encoder.data) == {"batch_size": 8, "max_examples": 4000}
     assert len(encoder.measured) == 8  # the page's "Targets on every task" rows
-    for names, cls in ((CUT_FIELDS + BUDGET_FIELDS, PruneConfig), (RECOVER_FIELDS, RecoveryConfig)):
-        assert set(names) <= {s.name for s in specs(cls)}
+    assert set(BUDGET_FIELDS) == {s.name for s in specs(Budget)}
+    assert set(DATA_FIELDS) == {"max_examples", "seq_len", "batch_size", "mlm_probability"}
     assert set(DATA_FIELDS) <= {s.name for s in specs(DataConfig)}
+    owners = option_owners()  # every stage option belongs to one kind
+    assert {owners[s.name] for s in stage_options("recover")} == {"recover"}
+    assert [s.name for s in stage_options("cut")] == ["uniform", "gqa", "min_heads_per_block", "allocation"]
     for recipe in found.values():  # YAML and back, unchanged
         assert from_dict(yaml.safe_load(recipe_yaml(recipe)), "again") == recipe
 
@@ -63,9 +66,9 @@ def test_the_encoder_schedule_picks_its_rounds_by_the_budget():
     assert encoder.case(72, 24) is None and encoder.case(72, 30) is None  # one round
     at16 = encoder.case(72, 16)
     assert at16 is not None and [r.keep for r in at16.rounds] == [Fraction(1, 3), None]
-    assert all(not r.recovery for r in at16.rounds)  # the recover stage's 500 steps in both
+    assert all(not r.options for r in at16.rounds)  # the recover stage's 500 steps in both
     at8 = encoder.case(72, 8)
-    assert at8 is not None and [dict(r.recovery) for r in at8.rounds] == [
+    assert at8 is not None and [dict(r.options) for r in at8.rounds] == [
         {"recover_steps": 250},
         {"recover_steps": 750},
     ]
@@ -89,7 +92,7 @@ def test_the_encoder_schedule_picks_its_rounds_by_the_budget():
         ({"stages": [{"choose": {"method": "fluctuation"}}, {"cut": {"gqa": "all"}}]}, "unknown gqa 'all'"),
         ({"data": {"batch_size": 0}}, "batch_size must be an integer >= 1"),
         ({"data": {"text_col": "x"}}, "unknown option 'text_col'"),
-        ({"budget": {"keep": 3, "sparsity": 0.5}}, "give keep or sparsity, not both"),
+        ({"budget": {"keep": 3, "sparsity": 0.5}}, "give one budget: keep or sparsity, not both"),
         ({"schedule": [{"rounds": [{"keep": "1/3"}]}]}, "the last round, and only it, keeps the budget"),
         ({"schedule": [{"rounds": [{"keep": "4/3"}, {"keep": "budget"}]}]}, "a share of the model's heads"),
         ({"schedule": [{"rounds": [{"keep": "budget", "refit": True}]}]}, "unknown option 'refit'"),
@@ -140,7 +143,7 @@ def test_the_default_recipe_is_the_main_jobs_flags(tiny):
     recipe = by_recipe.report["recipe"]
     assert recipe["name"] == "encoder" and recipe["budget"] == {"keep": 2} and recipe["seed"] == 0
     # its rules (3 heads first here), the rounds' own steps dropped: recover_steps was given, for every round
-    changed = builtin_recipes()["encoder"].changed(recover={"recover_steps": 2})
+    changed = builtin_recipes()["encoder"].changed(options={"recover_steps": 2})
     assert recipe["schedule"] == changed.to_dict()["schedule"]
     assert recipe["schedule"][0]["rounds"] == [{"keep": "1/3"}, {"keep": "budget"}]
     # the method's run records itself as a recipe of the same stages, under the method's name
@@ -252,7 +255,7 @@ def test_a_causal_lm_runs_the_decoder_recipe(tiny_lm, tmp_path):
     src, text = tiny_lm["src"], tiny_lm["text"]
     decoder = default_recipe("causal-lm")
     assert decoder is not None and decoder == builtin_recipes()["decoder"]
-    assert decoder.cut.get("gqa") == "group" and decoder.measured
+    assert decoder.options_of("cut").get("gqa") == "group" and decoder.measured
     by_recipe = headcut.prune(src, keep=12, data=text, out=tmp_path / "a")
     assert by_recipe.report["recipe"]["name"] == "decoder"
     assert by_recipe.report["heads"]["after"] == 12
@@ -269,7 +272,7 @@ def test_a_causal_lm_runs_the_decoder_recipe(tiny_lm, tmp_path):
         data=text,
         data_options={**decoder.data, "seq_len": 64},
         out=tmp_path / "b",
-        **decoder.cut,
+        **decoder.options_of("cut"),
         **decoder.method_options,
     )
     assert by_hand.report["mask"] == by_recipe.report["mask"]

@@ -31,11 +31,11 @@ def is_default(row: dict[str, Any], recipe: Recipe) -> bool:
     """Whether ``row`` ran ``recipe`` (its method, method options, cut and data options; no refit, no recovery).
     The batch size is not compared: the recipe's method takes its gradients per example, so its scores do not
     depend on it (the study's 2,048-token quarter rows at batch 1 and 4 cut the same heads)."""
-    if row.get("method") != recipe.method or recipe.refit or recipe.recover:
+    if row.get("method") != recipe.method or recipe.stage("refit") or recipe.stage("recover"):
         return False
     keywords = dict(row.get("keywords") or {})
     cut = {k: keywords.pop(k) for k in ("uniform", "min_heads_per_block") if k in keywords}
-    wanted_cut = {k: v for k, v in recipe.cut.items() if k != "gqa"}  # the study cuts every row by groups
+    wanted_cut = {k: v for k, v in recipe.options_of("cut").items() if k != "gqa"}  # the study cuts every row by groups
     data = {k: v for k, v in (row.get("data_options") or {}).items() if k != "batch_size"}
     wanted_data = {k: v for k, v in recipe.data.items() if k != "batch_size"}
     return keywords == recipe.method_options and cut == wanted_cut and data == wanted_data

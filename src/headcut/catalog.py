@@ -346,6 +346,64 @@ METHODS: dict[str, MethodEntry] = {
 }
 
 
+@dataclass(frozen=True)
+class StageEntry:
+    """A kind of stage a recipe's rounds run (:mod:`headcut.jobs.prune.stages`): ``name`` (its key in a recipe),
+    ``target`` (``module:Class`` of a built-in kind, read without importing it; or the class of a kind registered
+    at run time), a one-line ``summary``, the kinds it runs ``after`` when the recipe has them, and its
+    ``switch``: the option that, given false or 0, drops the stage from a recipe (None: none does)."""
+
+    name: str
+    target: str | type
+    summary: str
+    after: tuple[str, ...] = ()
+    switch: str | None = None
+
+
+#: the stage kinds, by name (built in; :func:`headcut.jobs.prune.stages.register` adds more): a recipe's rounds run
+#: the stages it lists, in its order
+STAGES: dict[str, StageEntry] = {
+    entry.name: entry
+    for entry in (
+        StageEntry(
+            "choose",
+            "headcut.jobs.prune.stages.choose:Choose",
+            "the method chooses the heads to keep (scoring them, or training gates)",
+        ),
+        StageEntry(
+            "cut",
+            "headcut.jobs.prune.stages.cut:Cut",
+            "the chosen heads removed from the weights (FLAP's bias compensation when the method asks)",
+            after=("choose",),
+        ),
+        StageEntry(
+            "refit",
+            "headcut.jobs.prune.stages.refit:Refit",
+            "the kept heads' output projections refitted by least squares to the uncut model's outputs",
+            after=("cut",),
+            switch="refit",
+        ),
+        StageEntry(
+            "recover",
+            "headcut.jobs.prune.stages.recover:Recover",
+            "recovery fine-tuning of the cut model, distilled from the unpruned one",
+            after=("cut", "refit"),
+            switch="recover_steps",
+        ),
+    )
+}
+#: the stage kinds every recipe has
+REQUIRED_STAGES = ("choose", "cut")
+
+
+def stage_entry(name: str) -> StageEntry:
+    """The registry entry of stage kind ``name``, or a one-line error listing the kinds."""
+    entry = STAGES.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise HeadcutError(f"unknown stage {name!r}; the stages: {', '.join(STAGES)}")
+    return entry
+
+
 def method_entry(name: str) -> MethodEntry:
     """The registry entry of method ``name``, or a one-line error listing the available methods."""
     entry = METHODS.get(name)

@@ -45,7 +45,10 @@ class Option:
     ``choices``; the range ``low``/``high`` (inclusive unless ``low_open``/``high_open``); ``panel``: the
     ``--help`` section; ``cli``: False for a field only the Python API sets; ``short``: a one-letter flag beside
     ``flag`` (``-q``); ``complete``: what the shell completes besides ``choices``: ``"folders"``, or a tuple of
-    suggested values (``("cpu", "cuda")``: a value outside them is still taken)."""
+    suggested values (``("cpu", "cuda")``: a value outside them is still taken); ``recipe``: a recipe holds it (a
+    data option that says how data is read, not where it is); ``methods``: the kind of method it applies to
+    (``"score"``: the score-based ones; None: every method), so that a method's ``--help`` lists only what it
+    takes."""
 
     help: str
     flag: str | None = None
@@ -59,6 +62,8 @@ class Option:
     cli: bool = True
     short: str | None = None
     complete: str | tuple[str, ...] | None = None
+    recipe: bool = False
+    methods: str | None = None
 
     def __post_init__(self) -> None:
         # a list, or a dict's keys (read from the source too), as a tuple: the same Option either way
@@ -83,6 +88,8 @@ def option(
     cli: bool = True,
     short: str | None = None,
     complete: str | tuple[str, ...] | dict[str, Any] | None = None,
+    recipe: bool = False,
+    methods: str | None = None,
 ) -> Any:
     """A dataclass field declaring an option (see the module's doc). Its arguments must be literals, or names
     of module-level literals, so that :func:`static_specs` can read them without importing the module."""
@@ -99,6 +106,8 @@ def option(
         cli=cli,
         short=short,
         complete=tuple(complete) if isinstance(complete, dict) else complete,
+        recipe=recipe,
+        methods=methods,
     )
     return field(default=default, metadata={KEY: meta})
 
@@ -195,7 +204,9 @@ def specs(cls: type) -> list[OptionSpec]:
     return out
 
 
-def _check_value(spec: OptionSpec, value: Any) -> None:
+def check_value(spec: OptionSpec, value: Any) -> None:
+    """Refuse ``value`` for the option ``spec`` declares (type, None, choices, range): an :class:`OptionError`
+    naming the option (its keyword; its flag on the command line)."""
     meta, name = spec.meta, spec.name
     if value is None:
         if spec.optional:
@@ -244,9 +255,16 @@ def _rule(spec: OptionSpec) -> str:
     return "a finite number"
 
 
-def check_fields(obj: Any, names: tuple[str, ...] | None = None) -> None:
+def check_fields(obj: Any, names: tuple[str, ...] | None = None, by: type | list[OptionSpec] | None = None) -> None:
     """Refuse a field value of ``obj`` its declaration rules out (type, None, choices, range): an
-    :class:`OptionError` naming the field. ``names``: only these fields."""
+    :class:`OptionError` naming the field. ``names``: only these fields. ``by``: the declarations of another class
+    (or a list of specs, e.g. :func:`static_specs`'s), checked against ``obj``'s attributes of the same names."""
+    if by is not None:
+        declared = by if isinstance(by, list) else specs(by)
+        for spec in declared:
+            if (names is None or spec.name in names) and hasattr(obj, spec.name):
+                check_value(spec, getattr(obj, spec.name))
+        return
     cls = type(obj)
     for f in fields(cls):
         if names is not None and f.name not in names:
@@ -255,7 +273,7 @@ def check_fields(obj: Any, names: tuple[str, ...] | None = None) -> None:
         if meta is None:
             continue
         kind, optional = _kind(f.type)
-        _check_value(OptionSpec(f.name, kind, optional, f.default, meta), getattr(obj, f.name))
+        check_value(OptionSpec(f.name, kind, optional, f.default, meta), getattr(obj, f.name))
 
 
 # ---- the same specs, read from the source -----------------------------------------------------------------

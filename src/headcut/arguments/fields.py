@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import BenchConfig
 from ..data.config import DataConfig
-from ..options import specs
+from ..options import OptionSpec, specs
 from .kinds import Rule, boolean, integer, mapping, number, optional, text, wrong
 
 #: the rule of each kind a declaration (:attr:`headcut.options.OptionSpec.kind`) or an annotation states
@@ -51,6 +51,11 @@ def field_rules(cls: type) -> dict[str, Rule]:
         if kind is not None:
             rules[f.name] = optional(_BY_KIND[kind[0]]) if kind[1] else _BY_KIND[kind[0]]
     return rules
+
+
+def spec_rules(declared: list[OptionSpec]) -> dict[str, Rule]:
+    """Option name -> rule of declared options given as specs (a stage kind's, read from its source)."""
+    return {s.name: optional(_BY_KIND[s.kind]) if s.optional else _BY_KIND[s.kind] for s in declared}
 
 
 def check_given(cls: type, given: Mapping[str, Any], label: Callable[[str], str]) -> None:

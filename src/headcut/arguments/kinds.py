@@ -363,3 +363,14 @@ def values() -> Iterator[None]:
         if type(exc) is not HeadcutError:
             raise
         raise HeadcutValueError(Exception.__str__(exc)) from None
+
+
+def head_counts(name: str, value: Any) -> None:
+    """Heads counts of a schedule: ``"48,24"`` or a list or tuple of integers (their values are the request's
+    check)."""
+    if isinstance(value, str):
+        return text(name, value)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise wrong(name, "heads counts: a string K1,K2,... or a list of integers", value)
+    for i, count in enumerate(value):
+        integer(f"{name}[{i}]", count)

@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 
 from .. import catalog
 from ..catalog import method_entry, scorer_entry
-from ..config import BenchConfig, FinetuneConfig, LayerwiseConfig, PruneConfig, RecoveryConfig, ScoreConfig
+from ..config import BenchConfig, FinetuneConfig, LayerwiseConfig, PruneConfig, ScoreConfig
+from ..config.prune import Budget, ScheduleOptions
 from ..data.config import DataConfig
 from ..errors import HeadcutTypeError, HeadcutValueError
 from ..files.space import file_error
-from .fields import bench_config, check_given, data_options, field_rules
+from .fields import bench_config, check_given, data_options, field_rules, spec_rules
 from .kinds import (
     Rule,
     a_dict,
@@ -45,6 +46,7 @@ from .kinds import (
     dtype,
     formats,
     function,
+    head_counts,
     mask,
     model,
     model_list,
@@ -86,7 +88,7 @@ def _scorer(value: str) -> Any:
 #: function -> the configurations it builds from its keywords: a keyword that names a field of one of them (the
 #: first that has it) is checked by the field's declaration
 BUILDS: dict[str, tuple[type, ...]] = {
-    "prune": (PruneConfig, RecoveryConfig, LayerwiseConfig, DataConfig),
+    "prune": (Budget, ScheduleOptions, LayerwiseConfig, DataConfig),
     "score": (ScoreConfig, DataConfig),
     "finetune": (FinetuneConfig, DataConfig),
     "evaluate": (DataConfig,),
@@ -126,8 +128,8 @@ _TRAINS = {
 
 #: the keywords that name a field of a configuration the function builds but take more than the field: a method
 #: or scorer name the registry knows, a trajectory that may be a .csv path, recovery data that may be rows or a
-#: DataConfig, a memory size that may be a number of bytes
-WIDER = ("method", "scorer", "trajectory", "recover_data", "max_memory")
+#: DataConfig, a memory size that may be a number of bytes, a schedule that may be a list of heads counts
+WIDER = ("method", "scorer", "trajectory", "recover_data", "max_memory", "schedule")
 
 #: function -> argument -> rule, for the arguments that are no field of a configuration in :data:`BUILDS`
 #: (and :data:`WIDER`); tests/test_hostile_api.py checks every parameter is covered
@@ -140,6 +142,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "trajectory": bool_or_path,
         "recover_data": optional(data),
         "max_memory": optional(size),
+        "schedule": optional(head_counts),
         "out": optional(output),
         "force": boolean,
         **_MODEL_IN,
@@ -220,14 +223,26 @@ AFTER: dict[str, list[Callable[[Mapping[str, Any]], None]]] = {
 }
 
 
-@functools.cache
 def declared(function: str) -> dict[str, Rule]:
     """The rules of ``function``'s keywords that name a field of a configuration it builds (:data:`BUILDS`; the
-    first configuration that has the field), but for those :data:`RULES` has."""
+    first configuration that has the field) or, for ``prune``, an option of a stage kind (every kind registered
+    now, :data:`headcut.catalog.STAGES`), but for those :data:`RULES` has."""
+    rules: dict[str, Rule] = {}
+    if function == "prune":
+        from ..recipes.recipe import stage_options
+
+        for kind in catalog.STAGES:
+            rules.update(spec_rules(stage_options(kind)))
+    rules.update(_built(function))
+    return {name: rule for name, rule in rules.items() if name not in RULES[function]}
+
+
+@functools.cache
+def _built(function: str) -> dict[str, Rule]:
     rules: dict[str, Rule] = {}
     for cls in reversed(BUILDS.get(function, ())):
         rules.update(field_rules(cls))
-    return {name: rule for name, rule in rules.items() if name not in RULES[function]}
+    return rules
 
 
 def check(function: str, given: Mapping[str, Any]) -> None:

@@ -86,14 +86,16 @@ def _required(params: list[inspect.Parameter], required: tuple[str, ...]) -> lis
     return out
 
 
-def with_specs(cls: type, name: str, skip: tuple[str, ...] = (), required: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Give a command the declared options of ``cls`` (:func:`spec_parameters`), handed to it as keyword
-    ``name``: a dict of the options given on the command line. Where the command's signature has a parameter
-    ``name``, the options stand there in ``--help`` (else at the end); ``skip``: fields the command does not
-    offer; ``required``: options the command cannot run without."""
+def with_specs(
+    cls: type | list[OptionSpec], name: str, skip: tuple[str, ...] = (), required: tuple[str, ...] = ()
+) -> Callable[[F], F]:
+    """Give a command the declared options of ``cls`` (:func:`spec_parameters`; or the specs given, e.g. a stage
+    kind's read from its source), handed to it as keyword ``name``: a dict of the options given on the command
+    line. Where the command's signature has a parameter ``name``, the options stand there in ``--help`` (else at
+    the end); ``skip``: fields the command does not offer; ``required``: options the command cannot run without."""
 
     def decorate(fn: F) -> F:
-        params = _required(spec_parameters(specs(cls), skip=skip), required)
+        params = _required(spec_parameters(cls if isinstance(cls, list) else specs(cls), skip=skip), required)
         names = [p.name for p in params]
 
         @functools.wraps(fn)
@@ -143,3 +145,18 @@ def data_options_for_api(options: dict[str, Any]) -> dict[str, Any]:
     """The data options as :mod:`headcut.api` functions take them (``data_options``): :func:`data_values` but
     ``split``, None left out."""
     return {k: v for k, v in data_values(options).items() if k != "split" and v is not None}
+
+
+def report_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """A command's arguments as its report records them: flag names as parameters (the few reports have always
+    named otherwise renamed), paths as text, values of other kinds left out."""
+    from pathlib import Path
+
+    renamed = {"teacher": "distill_from", "formats": "output_format"}  # the names reports have always used
+    out: dict[str, Any] = {}
+    for key, value in ((renamed.get(k, k), v) for k, v in values.items()):
+        if isinstance(value, Path):
+            out[key] = str(value)
+        elif isinstance(value, (str, int, float, bool)) or value is None:
+            out[key] = value
+    return out

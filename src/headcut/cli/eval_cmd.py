@@ -55,7 +55,7 @@ EVAL_HELP = "\n\n".join(
 @handle_errors
 @with_specs(DataConfig, "data_options")
 @with_specs(EvalOptions, "options")
-@with_settings(DataSources, "sources", skip=("eval_data", "eval_split"))
+@with_settings(DataSources, "sources", skip=("eval_data", "eval_split", "recover_data"))
 @with_settings(RunSettings, "run", skip=("device", "resume"))
 @with_settings(Reporting, "reporting")
 @with_settings(ModelSource, "source")

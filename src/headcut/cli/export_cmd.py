@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import MaskSource, PruneConfig
+from ..config import MaskSource
 from ..config.run import ModelSource, OutputSettings
 from ..files.plan import plan_outputs
-from ..options import specs
+from ..recipes.recipe import stage_options
 from .app import app
 from .declared import with_settings, with_specs
 from .failures import handle_errors
@@ -26,7 +26,7 @@ from .render.checkpoint import checkpoint_lines, formats_lines
     ),
 )
 @handle_errors
-@with_specs(PruneConfig, "cut", skip=tuple(s.name for s in specs(PruneConfig) if s.name != "gqa"))  # prune's --gqa
+@with_specs([s for s in stage_options("cut") if s.name == "gqa"], "cut")  # prune's --gqa (the cut stage's)
 @with_settings(MaskSource, "inputs", required=("mask",))
 @with_settings(OutputSettings, "output", required=("out",))
 @with_settings(Reporting, "reporting")
@@ -43,7 +43,7 @@ def export(
     out, force, output_format, gguf_type = Path(str(output.out)), output.force, output.formats, output.gguf_type
     json_out, task = reporting.json_out, source.task
     mask = Path(str(inputs.mask))
-    gqa = PruneConfig(**(cut or {})).gqa
+    gqa = (cut or {}).get("gqa", "auto")
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
     from .. import api
     from ..outputs.formats import parse_formats

@@ -12,12 +12,11 @@ from ..errors import HeadcutError
 from ..files.plan import plan_outputs
 from ..outputs.reports import FINETUNE_REPORT
 from .app import app
-from .declared import data_options_for_api, data_spec, data_values, with_settings, with_specs
+from .declared import data_options_for_api, data_spec, data_values, report_arguments, with_settings, with_specs
 from .failures import handle_errors
 from .help import TidyCommand, examples
 from .output import Out, Reporting
 from .params import ModelArg
-from .prune_cmd import _arguments
 
 FINETUNE_HELP = "\n\n".join(
     [
@@ -47,7 +46,7 @@ FINETUNE_HELP = "\n\n".join(
 @with_specs(DataConfig, "data_options")
 @with_specs(FinetuneConfig, "settings")
 @with_specs(FinetuneInputs, "inputs")
-@with_settings(DataSources, "sources", required=("data",))
+@with_settings(DataSources, "sources", skip=("recover_data",), required=("data",))
 @with_settings(OutputSettings, "output")
 @with_settings(RunSettings, "run")
 @with_settings(Reporting, "reporting")
@@ -95,7 +94,7 @@ def finetune_cmd(
         "trust_remote_code": source.trust_remote_code,
         **data_values(data_options),
     }
-    arguments = _arguments({**values, **settings})
+    arguments = report_arguments({**values, **settings})
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the fine-tuned model in")
     data_cfg = data_spec(data, data_options, seed)

@@ -12,22 +12,21 @@ from typing import Any
 
 import typer
 
-from ..catalog import METHODS
-from ..config import LayerwiseConfig, PruneConfig, RecipeChoice, RecoveryConfig, TrajectoryOptions
+from ..catalog import METHODS, STAGES
+from ..config import Budget, LayerwiseConfig, PruneConfig, RecipeChoice, ScheduleOptions, TrajectoryOptions
 from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
 from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
-from ..options import specs, static_specs
+from ..options import static_specs
 from ..outputs.reports import PRUNE_REPORT
-from ..recipes.files import RECIPE_FILE
-from ..recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, RECOVER_FIELDS
+from ..recipes.files import RECIPE_FILE, recipe_path
+from ..recipes.recipe import stage_options
 from .app import app
 from .declared import (
     click_params,
-    data_options_for_api,
-    data_spec,
     data_values,
+    report_arguments,
     spec_parameters,
     with_settings,
     with_specs,
@@ -90,9 +89,12 @@ def _peek(args: list[str]) -> str | None:
 
 
 class MethodCommand(TidyCommand):
-    """``headcut prune``: its common options, plus the options of the method ``--method`` names (parsed,
-    shown in ``--help`` and completed), plus every other method's options hidden, so that one given to the
-    wrong method reaches the library's refusal ("--lambda does not apply to gnorm (its options: ...)")."""
+    """``headcut prune``: its common options; the options of every kind of stage (:data:`headcut.catalog.STAGES`,
+    a kind registered at run time too); the options of the method ``--method`` names (parsed, shown in ``--help``
+    and completed), plus every other method's options hidden, so that one given to the wrong method reaches the
+    library's refusal ("--lambda does not apply to gnorm (its options: ...)"); and with ``--method``, the options
+    declared for another kind of method (``methods="score"``) hidden from its ``--help`` (still parsed: the
+    library refuses them with the reason)."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         name = _peek(args)
@@ -113,21 +115,29 @@ class MethodCommand(TidyCommand):
             return cached
         common = {p.name for p in super().get_params(ctx)}
         chosen = ctx.meta.get("headcut.method")
-        shown = spec_parameters(static_specs(METHODS[chosen].options), skip=tuple(common)) if chosen else []
-        names = {p.name for p in shown} | common
+        staged = [spec for kind in STAGES if kind != "choose" for spec in stage_options(kind)]
+        stage_params = spec_parameters(staged, skip=tuple(common))
+        names = {p.name for p in stage_params} | common
+        shown = spec_parameters(static_specs(METHODS[chosen].options), skip=tuple(names)) if chosen else []
+        names |= {p.name for p in shown}
         hidden: list[Any] = []
         for entry in () if ctx.resilient_parsing else METHODS.values():  # completion needs none of them
             for p in spec_parameters(static_specs(entry.options), hidden=True, skip=tuple(names)):
                 hidden.append(p)
                 names.add(p.name)
-        params = click_params(shown) + click_params(hidden)
+        params = click_params(stage_params) + click_params(shown) + click_params(hidden)
         ctx.meta["headcut.method_params"] = params
         return params
 
     def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        at = len(params) - 1 if params and params[-1].name == "help" else len(params)
-        return params[:at] + self._method_params(ctx) + params[at:]
+        params = super().get_params(ctx) + self._method_params(ctx)
+        chosen = ctx.meta.get("headcut.method")
+        if chosen is not None:  # the options of another kind of method: parsed, not listed
+            scope = _method_scope()
+            kind = METHODS[chosen].kind
+            params = [_hidden(p) if scope.get(p.name) not in (None, kind) else p for p in params]
+        at = next((i for i, p in enumerate(params) if p.name == "help"), len(params))
+        return params[:at] + params[at + 1 :] + params[at : at + 1]
 
     def invoke(self, ctx: Any) -> Any:
         names = [p.name for p in self._method_params(ctx)]
@@ -135,6 +145,22 @@ class MethodCommand(TidyCommand):
         for n in names:
             ctx.params.pop(n, None)
         return super().invoke(ctx)
+
+
+def _method_scope() -> dict[str, str]:
+    """Option name -> the kind of method it applies to, for the options that say (``methods``)."""
+    declared = [*static_specs("headcut.config.prune:Budget"), *static_specs("headcut.config.prune:ScheduleOptions")]
+    declared += [spec for kind in STAGES if kind != "choose" for spec in stage_options(kind)]
+    return {spec.name: spec.meta.methods for spec in declared if spec.meta.methods}
+
+
+def _hidden(param: Any) -> Any:
+    """``param`` not listed in ``--help`` (a copy: the command's own stays as it is)."""
+    import copy
+
+    hidden = copy.copy(param)
+    hidden.hidden = True
+    return hidden
 
 
 @app.command(
@@ -155,10 +181,10 @@ class MethodCommand(TidyCommand):
 )
 @handle_errors
 @with_specs(DataConfig, "data_options")
-@with_specs(PruneConfig, "budget")
+@with_specs(Budget, "budget")
+@with_specs(ScheduleOptions, "schedule")
 @with_specs(RecipeChoice, "recipe_choice")
 @with_specs(LayerwiseConfig, "layerwise_options")
-@with_specs(RecoveryConfig, "recovery")
 @with_specs(TrajectoryOptions, "traced")
 @with_settings(DataSources, "sources")
 @with_settings(OutputSettings, "output")
@@ -176,114 +202,87 @@ def prune_cmd(
     run: RunSettings = RunSettings(),
     reporting: Reporting = Reporting(),
     source: ModelSource = ModelSource(),
-    recovery: dict | None = None,
     layerwise_options: dict | None = None,
     budget: dict | None = None,
+    schedule: dict | None = None,
     data_options: dict | None = None,
 ) -> None:
-    """Prune heads (see PRUNE_HELP)."""
+    """Prune heads (see PRUNE_HELP): the request made of the flags given (every one changes its option, also to
+    its default), run, and its summary."""
     log = Out(reporting.json_out, reporting.quiet)  # first: the log's 30 s clock starts with the command
     # imported here, not at the top: torch loads only when a command runs (fast --help, completion)
-    from .. import api
+    from ..jobs.prune.job import run_request
+    from ..jobs.prune.request import prune_request
 
-    options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))
-    budget, recovery, layerwise_options = budget or {}, recovery or {}, layerwise_options or {}
-    data_options = data_options or {}
+    options: dict[str, Any] = dict(ctx.meta.get(GIVEN, {}))  # the stages' and the method's options given
+    budget, schedule, layerwise_options = budget or {}, schedule or {}, layerwise_options or {}
     trajectory = TrajectoryOptions(**(traced or {})).trajectory
     data, eval_data, eval_split = sources.data, sources.eval_data, sources.eval_split
     out = Path(output.out) if output.out is not None else None
-    force, seed, json_out = output.force, run.seed, reporting.json_out
-    given = {  # the report's arguments, in the order it has always listed them
-        "model": model,
-        "method": method,
-        "recipe": (recipe_choice or {}).get("recipe"),
-        "data": data,
-        "eval_data": eval_data,
-        "eval_split": eval_split,
-        "out": out,
-        "formats": output.formats,
-        "gguf_type": output.gguf_type,
-        "trajectory": trajectory,
-        "force": force,
-        "seed": seed,
-        "resume": run.resume,
-        "device": run.device,
-        "json_out": json_out,
-        "task": source.task,
-        "quiet": reporting.quiet,
-        "allow_pickle": source.allow_pickle,
-        "trust_remote_code": source.trust_remote_code,
-        **data_values(data_options),
-    }
-    arguments = _arguments(
-        {
-            **_after_out(given, _declared(RecoveryConfig, recovery), _declared(LayerwiseConfig, layerwise_options)),
-            **budget,
-            **options,
-        }
-    )
+    force, json_out = output.force, reporting.json_out
+    recipe = (recipe_choice or {}).get("recipe")
     if out is None:
         raise HeadcutError("--out DIR is required: the folder to save the pruned model in")
-    recipe = (recipe_choice or {}).get("recipe")
-    book = None
-    if method is None or recipe is not None:
-        if method is not None:
-            raise HeadcutError("give --method (the method alone, with its paper's defaults) or --recipe, not both")
-        book = api.recipe_for(
-            model,
-            recipe,
-            task=source.task,
-            allow_pickle=source.allow_pickle,
-            trust_remote_code=source.trust_remote_code,
-        )
-        seed_given = ctx.params.get("seed") is not None  # a declared flag not given is None
-        book, budget, recovery = _on_recipe(book, budget, recovery, options, seed if seed_given else None)
-        from ..jobs.prune import recipe_data
-
-        data_options = recipe_data(
-            book, data_options, model, source.task, source.allow_pickle, source.trust_remote_code
-        )[0]
-        options, seed = {}, book.seed if book.seed is not None else seed
-    entry = METHODS.get(book.method if book is not None else str(method))
-    use_data = data is not None and (entry is None or entry.data != "none")
-    data_cfg = data_spec(data, data_options, seed) if use_data else data
-    eval_cfg = data_spec(eval_data, data_options, seed, split=eval_split) if eval_data is not None else None
+    reads = {  # every input: --json never writes over one, --out never holds one
+        "MODEL": model,
+        "--data": data,
+        "--eval-data": eval_data,
+        "--recover-data": sources.recover_data,
+        "--recipe": recipe_path(recipe) if recipe is not None else None,
+    }
+    seed_given = ctx.params.get("seed") is not None  # a declared flag not given is None
     try:
-        reads = {  # every input: --json never writes over one, --out never holds one
-            "MODEL": model,
-            "--data": data,
-            "--eval-data": eval_data,
-            "--recover-data": recovery.get("recover_data"),
-            "--recipe": book.source if book is not None else None,
-        }
         plan_outputs(reads=reads, files={"--json": json_out}, out=out, force=force)  # --json vs --out
-        pruned = api.prune(
-            model,
-            method,
-            recipe=book,
-            data=data_cfg,
-            eval_data=eval_cfg,
-            seed=seed,
-            trajectory=trajectory or False,
-            task=source.task,
-            split=data_values(data_options)["split"],
-            eval_split=eval_split,
-            data_options=data_options_for_api(data_options),
-            device=run.device,
-            resume=run.resume,
-            restart=force,
-            progress=log.progress,
-            allow_pickle=source.allow_pickle,
-            trust_remote_code=source.trust_remote_code,
-            formats=output.formats,
-            gguf_type=output.gguf_type,
-            out=out,
-            force=force,
-            arguments=arguments,
+        given_flags = {**options, **schedule, "recover_data": sources.recover_data}
+        recovery = {n: default if given_flags.get(n) is None else given_flags[n] for n, default in RECOVERY_ARGUMENTS}
+        flags = {
+            "model": model,
+            "method": method,
+            "recipe": recipe,
+            "data": data,
+            "eval_data": eval_data,
+            "eval_split": eval_split,
+            "out": out,
             **recovery,
-            **layerwise_options,
-            **budget,
-            **options,
+            "layerwise": layerwise_options.get("layerwise", False),
+            "max_memory": layerwise_options.get("max_memory"),
+            "formats": output.formats,
+            "gguf_type": output.gguf_type,
+            "trajectory": trajectory,
+            "force": force,
+            "seed": run.seed,
+            "resume": run.resume,
+            "device": run.device,
+            "json_out": json_out,
+            "task": source.task,
+            "quiet": reporting.quiet,
+            "allow_pickle": source.allow_pickle,
+            "trust_remote_code": source.trust_remote_code,
+            **data_values(data_options or {}),
+        }
+        tail = {k: v for k, v in {**budget, **schedule, **options}.items() if k not in dict(RECOVERY_ARGUMENTS)}
+        request, pruned = run_request(
+            lambda: prune_request(
+                ModelSource(
+                    task=source.task,
+                    allow_pickle=source.allow_pickle,
+                    trust_remote_code=source.trust_remote_code,
+                    model=model,
+                ),
+                method=method,
+                recipe=recipe,
+                given={**budget, **schedule, **options},
+                seed=run.seed if seed_given else None,
+                sources=sources,
+                data_options={"split": data_values(data_options or {})["split"], **(data_options or {})},
+                output=output,
+                trajectory=trajectory or False,
+                run=RunSettings(
+                    seed=run.seed, device=run.device, resume=run.resume, restart=force, progress=log.progress
+                ),
+                layerwise=LayerwiseConfig(**layerwise_options),
+            ),
+            _arguments(flags, tail),
         )
     finally:
         log.close()
@@ -294,7 +293,8 @@ def prune_cmd(
 
     for item in prune_summary(pruned.report, pruned.result, PRUNE_REPORT):
         log.show(item)
-    if book is not None:
+    if request.recipe_given:
+        book = request.recipe
         log.show(f"recipe {book.name}: {_recipe_line(book)}; the run's own: {Path(out) / RECIPE_FILE}")
     if pruned.written:
         log.log.print(
@@ -309,35 +309,35 @@ def prune_cmd(
     log.json(pruned.report)
 
 
-def _on_recipe(
-    book: Any,
-    budget: dict[str, Any],
-    recovery: dict[str, Any],
-    options: dict[str, Any],
-    seed: int | None,
-) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """The recipe with the flags given on top (each flag given changes its option, also to the flag's default),
-    and what is left for ``prune``'s keywords: the flags no recipe holds (``--via``, ``--via-steps``,
-    ``--recover-data``); ``seed``: ``--seed`` if given."""
-    book = book.changed(
-        method_options=options,
-        cut={k: v for k, v in budget.items() if k in CUT_FIELDS},
-        refit=bool(recovery.get("refit")),
-        recover={k: v for k, v in recovery.items() if k in RECOVER_FIELDS},
-        budget={k: v for k, v in budget.items() if k in BUDGET_FIELDS} or None,
-        seed=seed,
-    )
-    left_budget = {k: v for k, v in budget.items() if k not in CUT_FIELDS + BUDGET_FIELDS}
-    left_recovery = {k: v for k, v in recovery.items() if k not in RECOVER_FIELDS and k != "refit"}
-    return book, left_budget, left_recovery
+#: the report's ``arguments`` of the recovery, in the order (and with the defaults) reports have always listed them
+RECOVERY_ARGUMENTS = (
+    ("recover_steps", 0),
+    ("refit", False),
+    ("recover_data", None),
+    ("recover_hidden_weight", 0.0),
+    ("recover_average", 0.0),
+    ("via_steps", None),
+)
+
+
+def _arguments(flags: dict[str, Any], tail: dict[str, Any]) -> dict[str, Any]:
+    """The command's arguments as the report records them (flag names as parameters), in the order reports have
+    always listed them: ``flags`` (the command's own; the recovery's and the layer-wise options after ``out``),
+    then ``tail``: the budget, cut and schedule flags given in the order of the cut's fields (:class:`PruneConfig`),
+    then the method's options given."""
+    from dataclasses import fields
+
+    order = [f.name for f in fields(PruneConfig)]
+    ranked = sorted(tail, key=lambda k: order.index(k) if k in order else len(order))
+    return report_arguments({**flags, **{k: tail[k] for k in ranked}})
 
 
 def _recipe_line(book: Any) -> str:
     """One line of what a recipe ran (after the summary)."""
     parts = [book.method + "".join(f" {k}={v}" for k, v in book.method_options.items())]
-    parts += [f"{k}={v}" for k, v in book.cut.items()]
-    parts += ["refit"] if book.refit else []
-    recover = book.recover
+    parts += [f"{k}={v}" for k, v in book.options_of("cut").items()]
+    parts += ["refit"] if book.stage("refit") is not None else []
+    recover = book.options_of("recover")
     if recover.get("recover_steps"):
         parts.append("recovery " + ", ".join(f"{k.removeprefix('recover_')}={v}" for k, v in recover.items()))
     if book.data:
@@ -345,32 +345,3 @@ def _recipe_line(book: Any) -> str:
     if book.schedule:
         parts.append(f"{len(book.schedule)} schedule case(s) (headcut recipes {book.name})")
     return "; ".join(parts)
-
-
-def _declared(cls: type, given: dict[str, Any]) -> dict[str, Any]:
-    """Every declared option of ``cls`` (:func:`headcut.options.specs`): the value given, else its default."""
-
-    return {spec.name: given.get(spec.name, spec.default) for spec in specs(cls)}
-
-
-def _after_out(values: dict[str, Any], *groups: dict[str, Any]) -> dict[str, Any]:
-    """``values`` with ``groups`` after its ``out``: where the report's arguments have always listed them."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        out[key] = value
-        if key == "out":
-            for group in groups:
-                out.update(group)
-    return out
-
-
-def _arguments(values: dict[str, Any]) -> dict[str, Any]:
-    """The command's arguments as the report records them (flag names as parameters)."""
-    out: dict[str, Any] = {}
-    renamed = {"teacher": "distill_from", "formats": "output_format"}  # the names reports have always used
-    for key, value in ((renamed.get(k, k), v) for k, v in values.items()):
-        if isinstance(value, Path):
-            out[key] = str(value)
-        elif isinstance(value, (str, int, float, bool)) or value is None:
-            out[key] = value
-    return out

@@ -39,7 +39,7 @@ def _rounds(recipe: Recipe) -> list[str]:
         steps = []
         for r in case.rounds:
             keep = BUDGET if r.keep is None else str(r.keep)
-            own = ", ".join(f"{k}={v}" for k, v in r.recovery.items())
+            own = ", ".join(f"{k}={v}" for k, v in r.options.items())
             steps.append(keep + (f" ({own})" if own else ""))
         lines.append(f"{when}: {len(case.rounds)} rounds, to " + " -> ".join(steps))
     return lines or ["one round, to the budget"]

@@ -41,7 +41,7 @@ SCORE_HELP = "\n\n".join(
 @with_specs(ScoreConfig, "settings")
 @with_specs(PlotOptions, "plotting")
 @with_specs(DataConfig, "data_options")
-@with_settings(DataSources, "sources", skip=("eval_data", "eval_split"))
+@with_settings(DataSources, "sources", skip=("eval_data", "eval_split", "recover_data"))
 @with_settings(RunSettings, "run", skip=("device", "resume"))
 @with_settings(Reporting, "reporting")
 @with_settings(ModelSource, "source")

@@ -6,8 +6,9 @@ line reads its defaults from here without loading torch. Every ``validate`` rais
 
 * :class:`ScoreConfig`: how ``headcut score`` (and the score-based methods) score heads (:class:`PlotOptions`:
   its heatmap).
-* :class:`PruneConfig`: what every pruning method shares: the budget, units, GQA policy and seed.
-  Each method's own options are a dataclass in its module (``headcut.pruning.<method>``).
+* :class:`Budget` (a prune's budget), :class:`ScheduleOptions` (its rounds) and :class:`PruneConfig` (a method's cut
+  as the pruning layer reads it). Each method's own options are a dataclass in its module
+  (``headcut.pruning.<method>``), each stage's are its class's (:mod:`headcut.jobs.prune.stages`).
 * :class:`TrainConfig`: the one training configuration of ``finetune``, the learned-gate methods and
   every later training loop (:class:`FinetuneConfig` and the gate methods' options extend it;
   :class:`FinetuneInputs`: ``finetune``'s teacher and new labels).
@@ -22,7 +23,15 @@ from __future__ import annotations
 
 from .bench import BENCH_RUNTIMES, BenchConfig, CardOptions
 from .evaluation import LM_EVAL_DEFAULT, EvalOptions, eval_options
-from .prune import LayerwiseConfig, MaskSource, PruneConfig, RecipeChoice, RecoveryConfig, TrajectoryOptions
+from .prune import (
+    Budget,
+    LayerwiseConfig,
+    MaskSource,
+    PruneConfig,
+    RecipeChoice,
+    ScheduleOptions,
+    TrajectoryOptions,
+)
 from .run import DataSources, ModelSource, OutputSettings, RunSettings
 from .score import DEFAULT_EPSILON, PlotOptions, ScoreConfig
 from .train import DistillOptions, FinetuneConfig, FinetuneInputs, TrainConfig
@@ -30,6 +39,7 @@ from .train import DistillOptions, FinetuneConfig, FinetuneInputs, TrainConfig
 __all__ = [
     "BENCH_RUNTIMES",
     "BenchConfig",
+    "Budget",
     "CardOptions",
     "DEFAULT_EPSILON",
     "DataSources",
@@ -45,8 +55,8 @@ __all__ = [
     "OutputSettings",
     "PlotOptions",
     "PruneConfig",
-    "RecoveryConfig",
     "RunSettings",
+    "ScheduleOptions",
     "ScoreConfig",
     "TrainConfig",
     "TrajectoryOptions",

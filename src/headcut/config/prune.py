@@ -1,63 +1,45 @@
-"""What every pruning method shares (:class:`PruneConfig`: the budget, units, GQA policy and seed) and what
-follows each cut (:class:`RecoveryConfig`), how the checkpoint is read (:class:`LayerwiseConfig`) or where the
-per-step metric goes (:class:`TrajectoryOptions`). Each
-method's own options are a dataclass in its module (``headcut.pruning.<method>``)."""
+"""What a prune asks for besides its stages: the budget (:class:`Budget`), a schedule of rounds
+(:class:`ScheduleOptions`), the recipe it runs (:class:`RecipeChoice`), how the checkpoint is read
+(:class:`LayerwiseConfig`) and where the per-step metric goes (:class:`TrajectoryOptions`); and what a method's cut
+is as the pruning layer reads it (:class:`PruneConfig`, with the one check of a budget's combinations,
+:func:`check_budget_rules`, and of a cut in rounds, :func:`check_rounds`). Each stage's options are declared by the
+stage (:mod:`headcut.jobs.prune.stages`), each method's by its options dataclass (``headcut.pruning.<method>``)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..catalog import ALLOCATIONS, GQA_POLICIES, method_entry
-from ..options import OptionError, check_fields, option
+from ..catalog import METHODS, STAGES, MethodEntry, method_entry
+from ..options import OptionError, OptionSpec, check_fields, option, specs, static_specs
 
 #: the --help section of the budget and cut options
 B = "Budget and cut"
 
 
 @dataclass
-class PruneConfig:
-    """What every pruning method shares.
+class Budget:
+    """How much a cut leaves (``prune``'s budget; a recipe's ``budget``), declared once: exactly one of ``keep``
+    (heads left) and ``sparsity`` (fraction removed: keep = floor((1 - s) * heads)), or ``max_drop`` (stop before
+    the metric drops by more than this, in the metric's own units; score-based methods) with ``keep``/``sparsity``
+    optional as a floor, or ``kv_budget`` (the fraction of the KV-cache bytes kept at ``context`` tokens, the
+    heads placed by the cut's ``allocation``: :mod:`headcut.pruning.costs`), or ``target_speedup`` (the least such
+    cut whose decoding at ``context`` tokens is that much faster, timed on the run's device:
+    :mod:`headcut.jobs.prune.speed_target`). A method that decides the count itself (``auber``) needs none, and
+    takes ``keep``/``sparsity`` as an upper bound on the heads kept. Their combinations are checked by
+    :meth:`PruneConfig.validate`."""
 
-    ``method``: a name in :data:`headcut.catalog.METHODS`. Budget: exactly one of ``keep`` (heads
-    left) and ``sparsity`` (fraction removed: keep = floor((1 - s) * heads)), or ``max_drop`` (stop
-    before the metric drops by more than this, in the metric's own units; score-based methods) with
-    ``keep``/``sparsity`` optional as a floor, or ``kv_budget`` (the fraction of the KV-cache bytes kept at
-    ``context`` tokens, the heads placed by ``allocation``: :mod:`headcut.pruning.costs`), or ``target_speedup``
-    (the least such cut whose decoding at ``context`` tokens is that much faster, timed on the run's device:
-    :mod:`headcut.jobs.prune.speed_target`). A method that decides the count itself (``auber``)
-    needs none, and takes ``keep``/``sparsity`` as an upper bound on the heads kept. ``uniform``: the same
-    number of heads in every block. ``min_heads_per_block``: never take a block below this. ``gqa``: the
-    grouped-query policy (units and slimming). ``via``: cut in two rounds, to ``via`` heads and then to the
-    budget, each round scored on the model the one before left (score-based methods). ``seed``: every random
-    choice of the method. ``trajectory``: measure the metric after every step (score-based methods; needs
-    evaluation data)."""
-
-    method: str = "gradient"
     keep: int | None = option(None, low=0, metavar="K", panel=B, help="Heads to keep (exactly; auber: at most).")
     sparsity: float | None = option(
         None, low=0, high=1, metavar="S", panel=B, help="Fraction of heads to remove: K = floor((1 - S) x heads)."
     )
     max_drop: float | None = option(
-        None, low=0, metavar="D", panel=B, help="Score-based: remove heads while the --eval-data metric stays within D."
-    )
-    uniform: bool = option(
-        False,
+        None,
+        low=0,
+        metavar="D",
         panel=B,
-        help="Keep the same number of heads in every block (most decoders: a stock "
-        "transformers checkpoint, no remote code).",
-    )
-    min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
-    gqa: str = option(
-        "auto",
-        choices=GQA_POLICIES,
-        metavar="POLICY",
-        panel=B,
-        help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
-        "remaining group), duplicate (any query head; KV heads copied).",
-    )
-    via: int | None = option(
-        None, low=1, metavar="K", panel=B, help="Score-based: cut to K first (refit, recovery), then to the budget."
+        methods="score",
+        help="Score-based: remove heads while the --eval-data metric stays within D.",
     )
     kv_budget: float | None = option(
         None,
@@ -66,6 +48,7 @@ class PruneConfig:
         low_open=True,
         metavar="F",
         panel=B,
+        methods="score",
         help="Keep at most fraction F of the KV-cache bytes at --context tokens.",
     )
     context: int | None = option(
@@ -73,6 +56,7 @@ class PruneConfig:
         low=1,
         metavar="N",
         panel=B,
+        methods="score",
         help="Tokens --kv-budget/--target-speedup count at; default: the model's maximum.",
     )
     target_speedup: float | None = option(
@@ -81,53 +65,72 @@ class PruneConfig:
         low_open=True,
         metavar="X",
         panel=B,
+        methods="score",
         help="Cut until decoding at --context on --device is X times faster, timed.",
     )
-    allocation: str = option(
-        "cost",
-        choices=ALLOCATIONS,
+
+
+@dataclass
+class ScheduleOptions:
+    """A cut in rounds, each scored on the model the round before left (score-based methods): ``via`` K (two
+    rounds: to K heads, then to the budget) or ``schedule`` (``K1,K2,...``: to K1 heads, then K2, ..., then the
+    budget; a recipe's ``schedule`` in one flag), and ``via_steps``: the recovery steps of every round before the
+    last (None: the recovery's own). (``rounds`` is a score-based method's own option: the steps of one round.)"""
+
+    via: int | None = option(
+        None,
+        low=1,
+        metavar="K",
         panel=B,
-        help="--kv-budget: by score per byte saved (cost) or by score (count).",
+        methods="score",
+        help="Score-based: cut to K first (refit, recovery), then to the budget.",
     )
+    schedule: str | None = option(
+        None,
+        metavar="K1,K2,...",
+        panel=B,
+        methods="score",
+        help="Score-based: cut in rounds, to K1 heads, then K2, ..., then the budget (--via K: --schedule K).",
+    )
+    via_steps: int | None = option(
+        None,
+        low=0,
+        metavar="M",
+        panel="Options",
+        methods="score",
+        help="Recovery steps of each round before the last (--via, --schedule; default: --recover-steps).",
+    )
+
+
+@dataclass
+class PruneConfig:
+    """What a method's cut is, as the pruning layer reads it: ``method`` (a name in
+    :data:`headcut.catalog.METHODS`), the budget (:class:`Budget`'s fields), the cut's options (``uniform``,
+    ``min_heads_per_block``, ``gqa``, ``allocation``: the cut stage's, :mod:`headcut.jobs.prune.stages.cut`),
+    ``via`` (:class:`ScheduleOptions`), ``seed`` (every random choice of the method) and ``trajectory`` (measure
+    the metric after every step: score-based methods, with evaluation data). Every field is declared where it is
+    offered; :meth:`validate` checks them by those declarations and their combinations."""
+
+    method: str = "gradient"
+    keep: int | None = None
+    sparsity: float | None = None
+    max_drop: float | None = None
+    uniform: bool = False
+    min_heads_per_block: int = 0
+    gqa: str = "auto"
+    via: int | None = None
+    kv_budget: float | None = None
+    context: int | None = None
+    target_speedup: float | None = None
+    allocation: str = "cost"
     seed: int = 0
     trajectory: bool = False
 
     def validate(self) -> None:
-        """One-line errors for values that cannot work (the method name is checked by the registry)."""
+        """One-line errors for values that cannot work (the method name is checked by the registry): the budget's
+        combinations (:func:`check_budget_rules`), ``via``'s, then every field by its declaration."""
 
-        entry = method_entry(self.method)
-        if self.keep is not None and self.sparsity is not None:
-            raise OptionError("give one budget: {keep} or {sparsity}, not both")
-        if self.kv_budget is not None:
-            if entry.kind != "score":
-                raise OptionError(
-                    "{kv_budget} places the heads by their scores (a score-based method: headcut methods lists "
-                    "them); %s keeps its own budget in heads ({keep} or {sparsity})" % self.method
-                )
-            if self.keep is not None or self.sparsity is not None or self.max_drop is not None:
-                raise OptionError("give one budget: {kv_budget} (bytes) or {keep}, {sparsity} or {max_drop} (heads)")
-            if self.via is not None or self.trajectory:
-                raise OptionError("{kv_budget} cuts in one round: no {via} or {trajectory}")
-        if self.target_speedup is not None:
-            if entry.kind != "score":
-                raise OptionError(
-                    "{target_speedup} times cuts placed by their scores (a one-shot score-based method); %s keeps "
-                    "its own budget in heads ({keep} or {sparsity})" % self.method
-                )
-            if any(v is not None for v in (self.keep, self.sparsity, self.max_drop, self.kv_budget)):
-                raise OptionError(
-                    "give one budget: {target_speedup} (speed) or {kv_budget}, {keep}, {sparsity} or {max_drop}"
-                )
-            if self.via is not None or self.trajectory:
-                raise OptionError("{target_speedup} cuts in one round: no {via} or {trajectory}")
-        if self.context is not None and self.kv_budget is None and self.target_speedup is None:
-            raise OptionError(
-                "{context} is the length {kv_budget} or {target_speedup} is counted at: give one of them too"
-            )
-        budget_given = self.keep is not None or self.sparsity is not None or self.max_drop is not None
-        budget_given = budget_given or self.kv_budget is not None or self.target_speedup is not None
-        if not budget_given and entry.budget == "required":
-            raise OptionError("no budget: give {keep}, {sparsity} or {max_drop}")
+        check_budget_rules(self, method_entry(self.method))
         if self.via is not None and (self.max_drop is not None or self.trajectory):
             raise OptionError(
                 "{via} cuts to a number of heads in two rounds: give {keep} or {sparsity}, not "
@@ -135,46 +138,75 @@ class PruneConfig:
             )
         if self.via is not None and self.keep is None and self.sparsity is None:
             raise OptionError("{via} needs the final budget: {keep} or {sparsity}")
-        check_fields(self)
+        declared = {s.name: s for s in [*specs(Budget), *specs(ScheduleOptions), *cut_specs()]}
+        check_fields(self, by=[declared[f.name] for f in fields(self) if f.name in declared])
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-#: the --help section the recovery and layer-wise options share with the command's own
+def cut_specs() -> list[OptionSpec]:
+    """The options of the cut stage (read from its module's source: no import)."""
+    target = STAGES["cut"].target
+    return static_specs(target) if isinstance(target, str) else specs(target)
+
+
+def check_budget_rules(budget: Any, entry: MethodEntry, where: str = "", required: bool = True) -> None:
+    """The budget's combinations, the one check of every budget (flags, keywords, a recipe's ``budget``): ``budget``
+    has :class:`Budget`'s fields as attributes (a :class:`PruneConfig`, or a recipe's budget as a
+    :class:`Budget`), ``entry`` the method's registry entry, ``where`` a prefix naming a recipe; ``required``: a
+    method that needs a budget is refused without one (a recipe may leave the budget to the command)."""
+
+    def no(message: str) -> OptionError:
+        return OptionError(where + message)
+
+    keep, sparsity, max_drop = budget.keep, budget.sparsity, budget.max_drop
+    kv_budget, target_speedup, context = budget.kv_budget, budget.target_speedup, budget.context
+    via, trajectory = getattr(budget, "via", None), getattr(budget, "trajectory", False)
+    method = entry.name
+    if keep is not None and sparsity is not None:
+        raise no("give one budget: {keep} or {sparsity}, not both")
+    if kv_budget is not None:
+        if entry.kind != "score":
+            raise no(
+                "{kv_budget} places the heads by their scores (a score-based method: headcut methods lists "
+                "them); %s keeps its own budget in heads ({keep} or {sparsity})" % method
+            )
+        if keep is not None or sparsity is not None or max_drop is not None:
+            raise no("give one budget: {kv_budget} (bytes) or {keep}, {sparsity} or {max_drop} (heads)")
+        if via is not None or trajectory:
+            raise no("{kv_budget} cuts in one round: no {via} or {trajectory}")
+    if target_speedup is not None:
+        if entry.kind != "score":
+            raise no(
+                "{target_speedup} times cuts placed by their scores (a one-shot score-based method); %s keeps "
+                "its own budget in heads ({keep} or {sparsity})" % method
+            )
+        if any(v is not None for v in (keep, sparsity, max_drop, kv_budget)):
+            raise no("give one budget: {target_speedup} (speed) or {kv_budget}, {keep}, {sparsity} or {max_drop}")
+        if via is not None or trajectory:
+            raise no("{target_speedup} cuts in one round: no {via} or {trajectory}")
+    if context is not None and kv_budget is None and target_speedup is None:
+        raise no("{context} is the length {kv_budget} or {target_speedup} is counted at: give one of them too")
+    budget_given = keep is not None or sparsity is not None or max_drop is not None
+    budget_given = budget_given or kv_budget is not None or target_speedup is not None
+    if not budget_given and entry.budget == "required" and required:
+        raise no("no budget: give {keep}, {sparsity} or {max_drop}")
+
+
+def check_rounds(entry: MethodEntry, what: str) -> None:
+    """A cut in rounds (``what`` says which: ``via``, ``schedule``, a recipe's schedule) is made by the score-based
+    methods only: each round is scored on the model the round before left."""
+    if entry.kind != "score":
+        scored = ", ".join(m.name for m in METHODS.values() if m.kind == "score")
+        raise OptionError(
+            f"{what}, each scored on the model the one before left: it applies to the score-based methods "
+            f"({scored}), not to {entry.name}"
+        )
+
+
+#: the --help section the layer-wise and trajectory options share with the command's own
 R = "Options"
-
-
-@dataclass
-class RecoveryConfig:
-    """What follows each round's cut (``prune``'s keywords of the same names): ``refit`` the kept heads' output
-    projections by least squares to the unpruned model's outputs, then ``recover_steps`` steps of recovery
-    fine-tuning distilled from the unpruned model (``finetune``'s loss and defaults), with ``recover_data``
-    (unlabelled inputs: alpha 1; the API also takes rows or a :class:`~headcut.data.DataConfig`),
-    ``recover_hidden_weight`` (hidden-state matching) and ``recover_average`` (stochastic weight averaging over
-    that fraction of the last steps, at a constant learning rate). ``via_steps``: the recovery steps of every
-    round before the last of a ``via`` schedule (None: ``recover_steps``). Their checks, in the order their
-    messages are given, are :func:`headcut.jobs.prune.request.prune_request`'s."""
-
-    recover_steps: int = option(
-        0, low=0, metavar="N", panel=R, help="N distilled recovery steps on --data after the cut."
-    )
-    refit: bool = option(False, panel=R, help="Refit the output projections on --data after the cut.")
-    recover_data: str | None = option(
-        None, metavar="FILE|NAME[:CONFIG]", panel=R, help="Unlabelled text for --recover-steps (alpha 1)."
-    )
-    recover_hidden_weight: float = option(
-        0.0, low=0, metavar="W", panel=R, help="Hidden-state matching weight in --recover-steps (0: off)."
-    )
-    recover_average: float = option(
-        0.0, low=0, high=1, metavar="F", panel=R, help="SWA in --recover-steps: last F averaged, constant LR; 0: off."
-    )
-    via_steps: int | None = option(
-        None, low=0, metavar="M", panel=R, help="--via's first-round recovery steps (default: --recover-steps)."
-    )
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

@@ -8,6 +8,7 @@ Standard library only: the command line builds its flags and help from this modu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..catalog import GGUF_TYPES, OUTPUT_FORMATS, TASKS
 from ..options import TRAINING_PANEL, option
@@ -42,12 +43,18 @@ class ModelSource:
     trust_remote_code: bool = option(
         False, panel=OPTIONS_PANEL, help="Allow checkpoints that ship their own model code."
     )
+    #: the model itself (the command line's MODEL): a checkpoint folder, a Hub id or a loaded model
+    model: Any = None
+    #: a tokenizer to read the data with (the Python API's; the command line reads the checkpoint's)
+    tokenizer: Any = None
 
 
 @dataclass
 class DataSources:
-    """What a run reads: ``data`` (training or calibration data), ``eval_data`` (held-out data) and the split of
-    an ``eval_data`` datasets name (``data``'s split is a data option: :class:`headcut.data.DataConfig`)."""
+    """What a run reads: ``data`` (training or calibration data), ``eval_data`` (held-out data), the split of an
+    ``eval_data`` datasets name (``data``'s split is a data option: :class:`headcut.data.DataConfig`), and
+    ``recover_data`` (unlabelled inputs a prune's recovery also learns from, alpha 1; the API also takes rows or a
+    :class:`~headcut.data.DataConfig`; commands without a recovery do not offer it)."""
 
     data: str | None = option(None, metavar=DATA_METAVAR, panel=OPTIONS_PANEL, help=DATA_HELP)
     eval_data: str | None = option(
@@ -59,6 +66,9 @@ class DataSources:
     )
     eval_split: str = option(
         "validation", metavar="SPLIT", panel=OPTIONS_PANEL, help="Split of an --eval-data datasets name."
+    )
+    recover_data: str | None = option(
+        None, metavar=DATA_METAVAR, panel=OPTIONS_PANEL, help="Unlabelled text for --recover-steps (alpha 1)."
     )
 
 
@@ -119,3 +129,9 @@ class RunSettings:
         help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps may "
         "grow).",
     )
+    #: a training run's resume checkpoint folder (None: OUT.headcut-checkpoint; the Python API's)
+    checkpoint_dir: Any = None
+    #: discard a stale resume checkpoint (the command line's --force does)
+    restart: bool = False
+    #: the progress reporter (:class:`headcut.progress.Reporter`; None: silent)
+    progress: Any = None

@@ -194,6 +194,7 @@ class DataConfig:
         low=1,
         metavar="N",
         panel=DATA_PANEL,
+        recipe=True,
         help="Use at most this many examples (after shuffling with --seed); default: all.",
     )
     seq_len: int = option(
@@ -201,9 +202,10 @@ class DataConfig:
         low=2,
         metavar="N",
         panel=DATA_PANEL,
+        recipe=True,
         help="Tokens per example: truncation length, or causal-LM block size.",
     )
-    batch_size: int = option(16, low=1, metavar="N", panel=DATA_PANEL, help="Examples per forward.")
+    batch_size: int = option(16, low=1, metavar="N", panel=DATA_PANEL, recipe=True, help="Examples per forward.")
     seed: int = 0
     mlm_probability: float = option(
         0.15,
@@ -211,6 +213,7 @@ class DataConfig:
         low_open=True,
         high=1,
         cli=False,
+        recipe=True,
         help="Masked LM: the share of tokens masked (BERT masking).",
     )
     data_format: str | None = option(

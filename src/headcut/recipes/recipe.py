@@ -1,12 +1,13 @@
 """A recipe: a prune job's stages as data, with the schedule of its rounds.
 
-A recipe names the stages every round runs, in their order (``choose`` the heads with a method and its options,
-``cut`` them with the cut's options, ``refit`` the kept heads' output projections, ``recover`` by distilled
-fine-tuning with its options), how the data is read, and its schedule: the rounds a cut runs in, each with the
-heads it leaves and its own recovery options. Every option is a declared option of the configuration that owns
-it (a method's options, :class:`~headcut.config.PruneConfig`, :class:`~headcut.config.RecoveryConfig`,
-:class:`~headcut.data.DataConfig`) under the Python keyword of ``headcut.prune``; a recipe is written as YAML or
-JSON (:meth:`Recipe.to_dict`, :func:`headcut.recipes.files.read_recipe`)::
+A recipe names the stages every round runs, in their order (the kinds of :data:`headcut.catalog.STAGES`:
+``choose`` the heads with a method and its options, ``cut`` them with the cut's options, ``refit`` the kept heads'
+output projections, ``recover`` by distilled fine-tuning with its options, and any kind registered besides), its
+budget, how the data is read, and its schedule: the rounds a cut runs in, each with the heads it leaves and the
+stage options it sets for itself. Every option is one its owner declares (a stage kind, a method's options,
+:class:`~headcut.config.prune.Budget`, the data options a recipe holds of :class:`~headcut.data.DataConfig`) under
+the Python keyword of ``headcut.prune``; a recipe is written as YAML or JSON (:meth:`Recipe.to_dict`,
+:func:`headcut.recipes.files.read_recipe`)::
 
     name: encoder
     stages:
@@ -33,22 +34,16 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
-from ..catalog import METHODS
-from ..config import PruneConfig, RecoveryConfig
+from ..catalog import METHODS, REQUIRED_STAGES, STAGES, method_entry
+from ..config.prune import Budget, check_budget_rules, check_rounds
 from ..data.config import DataConfig
 from ..errors import HeadcutValueError
-from ..options import OptionError, check_fields, static_specs
+from ..options import OptionError, OptionSpec, check_value, specs, static_specs
 from .limits import check_size
 
-#: the stages of a round, in the order they run (:data:`headcut.jobs.prune.stages.STAGES`)
-STAGES = ("choose", "cut", "refit", "recover")
-#: the stages every recipe has
-REQUIRED = ("choose", "cut")
-#: each stage's options: declared fields of the configuration that owns them (``choose``: the method's)
-CUT_FIELDS = ("uniform", "gqa", "min_heads_per_block", "allocation")
-RECOVER_FIELDS = ("recover_steps", "recover_hidden_weight", "recover_average")
-BUDGET_FIELDS = ("keep", "sparsity", "max_drop", "kv_budget", "context", "target_speedup")
-DATA_FIELDS = ("max_examples", "seq_len", "batch_size", "mlm_probability")
+#: the budget's options (:class:`~headcut.config.prune.Budget`) and the data options a recipe holds
+BUDGET_FIELDS = tuple(s.name for s in specs(Budget))
+DATA_FIELDS = tuple(s.name for s in specs(DataConfig) if s.meta.recipe)
 #: a recipe's keys, in the order it is written
 KEYS = ("name", "about", "default_for", "stages", "data", "budget", "seed", "schedule", "measured")
 #: the models a built-in recipe is the default of (``default_for``): transformers' task of the model's class
@@ -68,10 +63,10 @@ class Stage:
 @dataclass(frozen=True)
 class RoundPlan:
     """One round of a schedule: ``keep`` the heads it leaves (a count, a share of the model's heads, or None: the
-    budget) and ``recovery`` its own recovery options (over the ``recover`` stage's)."""
+    budget) and the stage ``options`` it sets for itself (over the stages' own, e.g. its ``recover_steps``)."""
 
     keep: int | Fraction | None
-    recovery: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,19 +109,10 @@ class Recipe:
         choose = self.stage("choose")
         return {k: v for k, v in (choose.options if choose else {}).items() if k != "method"}
 
-    @property
-    def cut(self) -> dict[str, Any]:
-        cut = self.stage("cut")
-        return dict(cut.options) if cut else {}
-
-    @property
-    def refit(self) -> bool:
-        return self.stage("refit") is not None
-
-    @property
-    def recover(self) -> dict[str, Any]:
-        recover = self.stage("recover")
-        return dict(recover.options) if recover else {}
+    def options_of(self, kind: str) -> dict[str, Any]:
+        """The options the recipe gives stage ``kind`` ({} where it has no such stage)."""
+        stage = self.stage(kind)
+        return dict(stage.options) if stage else {}
 
     @property
     def rounds_vary(self) -> bool:
@@ -143,49 +129,39 @@ class Recipe:
     def changed(
         self,
         *,
-        method_options: Mapping[str, Any] | None = None,
-        cut: Mapping[str, Any] | None = None,
-        refit: bool = False,
-        recover: Mapping[str, Any] | None = None,
+        options: Mapping[str, Any] | None = None,
         data: Mapping[str, Any] | None = None,
         budget: Mapping[str, Any] | None = None,
         seed: int | None = None,
         schedule: Sequence[Case] | None = None,
     ) -> Recipe:
-        """This recipe with options given on top (a command's flags, ``prune``'s keywords): the method's options,
-        the cut's, the recovery's (a recovery option given holds in every round: the rounds' own values of it are
-        dropped; ``recover_steps`` 0 drops the recovery), the data options, a whole ``budget`` (replacing the
-        recipe's), the ``seed``, a ``schedule`` (replacing the recipe's); ``refit`` adds the refit stage."""
+        """This recipe with options given on top (a command's flags, ``prune``'s keywords): each of ``options`` goes
+        to the stage kind that declares it (:func:`option_owners`; any other is the method's, the ``choose``
+        stage's), adding that stage where the recipe has none (after the kinds it runs after), and holds in every
+        round (the rounds' own values of it are dropped); a stage's switch given false or 0 drops the stage and the
+        rounds' values of its options. Then the data options, a whole ``budget`` (replacing the recipe's), the
+        ``seed``, a ``schedule`` (replacing the recipe's)."""
+        owners = option_owners()
+        by_kind: dict[str, dict[str, Any]] = {}
+        for name, value in (options or {}).items():
+            by_kind.setdefault(owners.get(name, "choose"), {})[name] = value
         stages = list(self.stages)
-
-        def put(name: str, options: Mapping[str, Any]) -> None:
-            at = next((i for i, s in enumerate(stages) if s.name == name), None)
-            if at is None:
-                order = STAGES.index(name)
-                at = next((i for i, s in enumerate(stages) if STAGES.index(s.name) > order), len(stages))
-                stages.insert(at, Stage(name, dict(options)))
-            else:
-                stages[at] = Stage(name, {**stages[at].options, **options})
-
-        if method_options:
-            put("choose", method_options)
-        if cut:
-            put("cut", cut)
-        if refit:
-            put("refit", {})
         plan = tuple(schedule) if schedule is not None else self.schedule
-        if recover and recover.get("recover_steps") == 0:  # no recovery: the stage and its options go
-            stages = [s for s in stages if s.name != "recover"]
-            recover = {k: None for k in RECOVER_FIELDS}
-        elif recover:
-            put("recover", recover)
-        if recover:
+        for kind, given in by_kind.items():
+            switch = STAGES[kind].switch
+            if switch is not None and switch in given and not given[switch]:  # the stage and its options go
+                stages = [s for s in stages if s.name != kind]
+                gone = {spec.name for spec in stage_options(kind)}
+            else:
+                defaults = {spec.name: spec.default for spec in stage_options(kind)}
+                kept = {k: v for k, v in given.items() if not (k == switch and v == defaults.get(k))}
+                stages = _put(stages, kind, kept)
+                gone = set(given)
             plan = tuple(
                 replace(
                     case,
                     rounds=tuple(
-                        replace(r, recovery={k: v for k, v in r.recovery.items() if k not in recover})
-                        for r in case.rounds
+                        replace(r, options={k: v for k, v in r.options.items() if k not in gone}) for r in case.rounds
                     ),
                 )
                 for case in plan
@@ -216,7 +192,7 @@ class Recipe:
             out["schedule"] = [
                 {
                     **({"below": _share_text(case.below)} if case.below is not None else {}),
-                    "rounds": [{"keep": _keep_text(r.keep), **r.recovery} for r in case.rounds],
+                    "rounds": [{"keep": _keep_text(r.keep), **r.options} for r in case.rounds],
                 }
                 for case in self.schedule
             ]
@@ -248,17 +224,14 @@ def from_dict(raw: Any, where: str) -> Recipe:
         raise HeadcutValueError(f"{where}: 'default_for' must be one of {', '.join(KINDS)}")
     stages = _stages(mapping.get("stages"), where)
     data = _options(mapping.get("data", {}), DATA_FIELDS, f"{where}, data")
-    _check(DataConfig(path="-", **data), data, f"{where}, data")
+    _check(specs(DataConfig), data, f"{where}, data")
     budget = _options(mapping.get("budget", {}), BUDGET_FIELDS, f"{where}, budget")
     if budget:
-        _check(PruneConfig(**budget), budget, f"{where}, budget")
-        if "keep" in budget and "sparsity" in budget:
-            raise HeadcutValueError(f"{where}, budget: give keep or sparsity, not both")
-        given = [k for k in ("keep", "sparsity", "max_drop", "kv_budget", "target_speedup") if k in budget]
-        if len(given) > 1 and given != ["keep", "max_drop"] and given != ["sparsity", "max_drop"]:
-            raise HeadcutValueError(f"{where}, budget: give one of {', '.join(given)}")
-        if "context" in budget and not {"kv_budget", "target_speedup"} & set(budget):
-            raise HeadcutValueError(f"{where}, budget: context is where kv_budget or target_speedup is counted")
+        _check(specs(Budget), budget, f"{where}, budget")
+        try:
+            check_budget_rules(Budget(**budget), method_entry(_method(stages)), required=False)
+        except OptionError as exc:
+            raise HeadcutValueError(f"{where}, budget: {exc}") from None
     seed = mapping.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
         raise HeadcutValueError(f"{where}: 'seed' must be an integer >= 0")
@@ -277,12 +250,12 @@ def from_dict(raw: Any, where: str) -> Recipe:
         schedule=schedule,
         measured=tuple(measured),
     )
-    if recipe.rounds_vary and METHODS[recipe.method].kind != "score":
-        scored = ", ".join(m.name for m in METHODS.values() if m.kind == "score")
-        raise HeadcutValueError(
-            f"{where}: its schedule cuts in rounds, each scored on the model the one before left: the score-based "
-            f"methods ({scored}) do that, not {recipe.method}"
-        )
+    if recipe.rounds_vary:
+        try:
+            check_rounds(METHODS[recipe.method], "its schedule cuts in rounds")
+        except OptionError as exc:
+            raise HeadcutValueError(f"{where}: {exc}") from None
+    _round_options(recipe, where)
     return recipe
 
 
@@ -304,34 +277,88 @@ def _options(raw: Any, allowed: Sequence[str], where: str) -> dict[str, Any]:
     return options
 
 
-def _check(obj: Any, given: Mapping[str, Any], where: str) -> None:
-    """The declarations' checks (kind, choices, range) of the fields ``given`` on ``obj``."""
+def _check(declared: Sequence[OptionSpec], given: Mapping[str, Any], where: str) -> None:
+    """The declarations' checks (kind, choices, range) of the values ``given`` (names among ``declared``)."""
+    by_name = {spec.name: spec for spec in declared}
     try:
-        check_fields(obj, tuple(given))
+        for name, value in given.items():
+            check_value(by_name[name], value)
     except OptionError as exc:
         raise HeadcutValueError(f"{where}: {exc.render()}") from None
 
 
+def stage_options(kind: str) -> list[OptionSpec]:
+    """The declared options of stage kind ``kind`` (a built-in kind's read from its source, without importing it;
+    the ``choose`` stage's ``method`` included: the method's own options are its options class's)."""
+    target = STAGES[kind].target
+    return static_specs(target) if isinstance(target, str) else specs(target)
+
+
+def recipe_options(kind: str) -> list[OptionSpec]:
+    """The options a recipe gives stage ``kind``: its declared ones but a boolean switch (a stage a recipe lists is
+    on: the switch is how a flag or keyword adds it)."""
+    switch = STAGES[kind].switch
+    return [s for s in stage_options(kind) if not (s.name == switch and s.kind == "bool")]
+
+
+def _round_options(recipe: Recipe, where: str) -> None:
+    """A schedule's rounds set options of the recipe's own stages only."""
+    owners = option_owners()
+    for i, case in enumerate(recipe.schedule):
+        for j, plan in enumerate(case.rounds):
+            for name in plan.options:
+                if recipe.stage(owners[name]) is None:
+                    raise HeadcutValueError(
+                        f"{where}, schedule case {i + 1}, round {j + 1}: {name} is an option of stage "
+                        f"{owners[name]}, which this recipe does not have"
+                    )
+
+
+def option_owners() -> dict[str, str]:
+    """Option name -> the stage kind that declares it (the ``choose`` stage's ``method`` aside)."""
+    return {spec.name: kind for kind in STAGES if kind != "choose" for spec in stage_options(kind)}
+
+
+def _method(stages: Sequence[Stage]) -> str:
+    return str(next(s for s in stages if s.name == "choose").options["method"])
+
+
+def _put(stages: list[Stage], kind: str, options: Mapping[str, Any]) -> list[Stage]:
+    """``stages`` with ``options`` given to stage ``kind``, which is added where missing: before the first stage
+    that runs after it, and after every stage it runs after."""
+    at = next((i for i, s in enumerate(stages) if s.name == kind), None)
+    if at is not None:
+        stages[at] = Stage(kind, {**stages[at].options, **options})
+        return stages
+    after = STAGES[kind].after
+    behind = [i + 1 for i, s in enumerate(stages) if s.name in after]
+    followers = [i for i, s in enumerate(stages) if kind in STAGES[s.name].after]
+    at = max(behind) if behind else min(followers) if followers else len(stages)
+    stages.insert(at, Stage(kind, dict(options)))
+    return stages
+
+
 def _stages(raw: Any, where: str) -> tuple[Stage, ...]:
     if not isinstance(raw, list) or not raw:
-        raise HeadcutValueError(f"{where}: 'stages' must be a list of stages ({', '.join(STAGES)}), in that order")
+        raise HeadcutValueError(f"{where}: 'stages' must be a list of stages ({', '.join(STAGES)}), in their order")
     stages: list[Stage] = []
     for item in raw:
         entry = {item: {}} if isinstance(item, str) else item
         if not isinstance(entry, Mapping) or len(entry) != 1:
             raise HeadcutValueError(f"{where}: each stage is one name with its options, e.g. '- recover: {{...}}'")
         ((name, options),) = entry.items()
-        if name not in STAGES:
+        if not isinstance(name, str) or name not in STAGES:
             raise HeadcutValueError(f"{where}: unknown stage {name!r}; the stages: {', '.join(STAGES)}")
         if any(s.name == name for s in stages):
             raise HeadcutValueError(f"{where}: stage {name} is given twice")
-        if stages and STAGES.index(name) < STAGES.index(stages[-1].name):
-            raise HeadcutValueError(f"{where}: the stages run in the order {', '.join(STAGES)}; {name} is out of it")
+        before = next((s.name for s in stages if name in STAGES[s.name].after), None)
+        if before is not None:
+            raise HeadcutValueError(f"{where}: stage {before} runs after {name}; {name} is out of it")
         stages.append(Stage(name, _stage_options(name, options, f"{where}, stage {name}")))
-    missing = [n for n in REQUIRED if all(s.name != n for s in stages)]
+    missing = [n for n in REQUIRED_STAGES if all(s.name != n for s in stages)]
     if missing:
         raise HeadcutValueError(
-            f"{where}: every recipe has the stages {' and '.join(REQUIRED)}; {missing[0]} is missing"
+            f"{where}: every recipe has the stages {' and '.join(REQUIRED_STAGES)}; {missing[0]} is missing"
         )
     return tuple(stages)
 
@@ -345,12 +372,9 @@ def _stage_options(name: str, raw: Any, where: str) -> dict[str, Any]:
         declared = {s.name: s for s in static_specs(METHODS[method].options)}
         _options({k: v for k, v in options.items() if k != "method"}, tuple(declared), f"{where} ({method})")
         return options  # the values: the method's own check (make_options), when the recipe runs
-    allowed = {"cut": CUT_FIELDS, "recover": RECOVER_FIELDS, "refit": ()}[name]
-    options = _options(raw, allowed, where)
-    if name == "cut":
-        _check(PruneConfig(**options), options, where)
-    if name == "recover":
-        _check(RecoveryConfig(**options), options, where)
+    declared_options = recipe_options(name)
+    options = _options(raw, tuple(s.name for s in declared_options), where)
+    _check(declared_options, options, where)
     return options
 
 
@@ -376,6 +400,8 @@ def _keep(raw: Any, where: str) -> int | Fraction | None:
 
 
 def _schedule(raw: Any, where: str) -> tuple[Case, ...]:
+    """A recipe's schedule: its cases, each round's ``keep`` and the stage options it sets (checked against the
+    recipe's stages by :func:`_round_options`)."""
     if not isinstance(raw, list):
         raise HeadcutValueError(f"{where}: 'schedule' must be a list of cases (each: below, rounds)")
     cases = []
@@ -389,12 +415,13 @@ def _schedule(raw: Any, where: str) -> tuple[Case, ...]:
         rounds = []
         for j, r in enumerate(rounds_raw):
             rat = f"{at}, round {j + 1}"
-            options = _options(r, ("keep", *RECOVER_FIELDS), rat)
+            declared = [spec for kind in STAGES if kind != "choose" for spec in recipe_options(kind)]
+            options = _options(r, ("keep", *(spec.name for spec in declared)), rat)
             if "keep" not in options:
                 raise HeadcutValueError(f"{rat}: 'keep' is missing (heads, a share a/b, or {BUDGET})")
-            recovery = {k: v for k, v in options.items() if k != "keep"}
-            _check(RecoveryConfig(**recovery), recovery, rat)
-            rounds.append(RoundPlan(_keep(options["keep"], rat), recovery))
+            own = {k: v for k, v in options.items() if k != "keep"}
+            _check(declared, own, rat)
+            rounds.append(RoundPlan(_keep(options["keep"], rat), own))
         if rounds[-1].keep is not None or any(r.keep is None for r in rounds[:-1]):
             raise HeadcutValueError(f"{at}: the last round, and only it, keeps the budget (keep: {BUDGET})")
         cases.append(Case(tuple(rounds), below))

@@ -1,20 +1,19 @@
-"""``headcut.prune``: check the request (:func:`headcut.jobs.prune.request.prune_request`, the one check the command
-line makes too), then run the rounds of its schedule (:mod:`headcut.pruning.schedule`), each through the stages of
-:mod:`headcut.jobs.prune.stages` (choose, cut, refit, recover), report and save (``headcut prune``)."""
+"""``headcut.prune``: make the request (:func:`headcut.jobs.prune.request.prune_request`, the one check the command
+line makes too), then run the rounds of its schedule (:mod:`headcut.pruning.schedule`), each through the stages its
+recipe lists (:mod:`headcut.jobs.prune.stages`), report and save (``headcut prune``)."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, is_dataclass, replace
 from typing import Any
 
-from ...arguments.kinds import values
 from ...arguments.table import checked
-from ...config import LayerwiseConfig, PruneConfig, RecoveryConfig
+from ...config import LayerwiseConfig
+from ...config.run import DataSources, ModelSource, OutputSettings, RunSettings
 from ...data import Calibration
-from ...errors import HeadcutError, label
 from ...files.names import real_path
 from ...model import compensation
 from ...model.evaluation import PRIMARY
@@ -23,7 +22,7 @@ from ...model.surgery import model_blocks
 from ...outputs.formats import check_formats
 from ...outputs.reports import prune_report, weights_bytes
 from ...progress import Reporter, quiet
-from ...pruning.schedule import schedule
+from ...pruning.schedule import schedule as schedule_rounds
 from ...recipes import Recipe
 from ...training.checkpoint import clear_checkpoint_dir
 from ...training.finetuning import frozen_teacher
@@ -33,10 +32,11 @@ from ..base import ModelLike, calibration, load_model, move, plain_arguments
 from ..results import Pruned
 from ..saving import local_reads
 from .layerwise import prune_layerwise
-from .recipes import keyword_changes, recipe_data, recipe_for, resolved_recipe
-from .request import DataRequest, PruneRequest, RunSettings, Source, prune_request
+from .recipes import resolved_recipe
+from .request import PruneRequest, prune_request
+from .rounds import as_one_cut, in_input_numbering, round_record
 from .speed_target import check_speed_memory, find_speed_budget
-from .stages import STAGES, PruneState, RoundRun, as_one_cut, in_input_numbering, round_record
+from .stages.base import PruneState, RoundRun
 
 
 @checked("prune")
@@ -58,6 +58,7 @@ def prune(
     min_heads_per_block: int = 0,
     gqa: str = "auto",
     via: int | None = None,
+    schedule: str | Sequence[int] | None = None,
     seed: int = 0,
     trajectory: bool = False,
     tokenizer: Any = None,
@@ -92,9 +93,10 @@ def prune(
     ``encoder``, a YAML or JSON file, a prune's ``headcut-report.json`` to replay it, a mapping or a
     :class:`~headcut.recipes.Recipe`), by default the default recipe of the model's kind (``headcut recipes``
     lists them); the keywords below given a value other than their default change the recipe's options (a
-    budget replaces its budget, ``data_options`` go over its data options, ``via`` replaces its schedule), and
-    the report's ``recipe`` is the run resolved (replayable). ``method`` alone is that method with its paper's
-    defaults (a recipe of one stage). Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
+    budget replaces its budget, ``data_options`` go over its data options, ``via`` or ``schedule`` (``K1,K2,...``) replace its
+    schedule), and the report's ``recipe`` is the run resolved (replayable). ``method`` alone is that method with
+    its paper's defaults (a recipe of the stages choose and cut). ``options``: the method's own options and any
+    stage's, by name (a kind registered with :func:`headcut.jobs.prune.stages.register` too). Budget: ``keep`` K heads, or ``sparsity`` S (K = floor((1 - S) heads)), or ``max_drop`` D (remove
     while the eval metric stays within D; score-based methods), met exactly in whole units or refused
     with the nearest valid budgets before any data is read; or ``kv_budget`` F, the fraction of the KV-cache bytes
     of one sequence of ``context`` tokens kept (default: the model's maximum length; decoders, score-based
@@ -131,125 +133,98 @@ def prune(
     save the result there (atomically; ``force`` replaces only a folder headcut wrote): the output paths are
     checked and locked before any work, and a learned method's resume checkpoint is ``OUT.headcut-checkpoint``
     unless ``checkpoint_dir`` says otherwise (``headcut prune --out``)."""
-    agreement = Agreement()  # several processes: they agree before the work, or all stop with one line
-    with agreement.guard():
-        book, data_note = None, None
-        if method is None or recipe is not None:
-            given = dict(
-                keep=keep,
-                sparsity=sparsity,
-                max_drop=max_drop,
-                kv_budget=kv_budget,
-                context=context,
-                target_speedup=target_speedup,
-                allocation=allocation,
-                uniform=uniform,
-                gqa=gqa,
-                min_heads_per_block=min_heads_per_block,
-                refit=refit,
-                recover_steps=recover_steps,
-                recover_hidden_weight=recover_hidden_weight,
-                recover_average=recover_average,
+    stage_keywords = dict(
+        keep=keep,
+        sparsity=sparsity,
+        max_drop=max_drop,
+        kv_budget=kv_budget,
+        context=context,
+        target_speedup=target_speedup,
+        allocation=allocation,
+        uniform=uniform,
+        gqa=gqa,
+        min_heads_per_block=min_heads_per_block,
+        refit=refit,
+        recover_steps=recover_steps,
+        recover_hidden_weight=recover_hidden_weight,
+        recover_average=recover_average,
+        via=via,
+        schedule=schedule,
+        via_steps=via_steps,
+    )
+    defaults = _keyword_defaults()
+    given = {k: v for k, v in stage_keywords.items() if v != defaults[k]}  # a keyword given a value of its own
+    return run_request(
+        lambda: prune_request(
+            ModelSource(
+                task=task,
+                allow_pickle=allow_pickle,
+                trust_remote_code=trust_remote_code,
+                model=model,
+                tokenizer=tokenizer,
+            ),
+            method=method,
+            recipe=recipe,
+            given={**given, **options},
+            seed=seed or None,
+            sources=DataSources(data=data, eval_data=eval_data, eval_split=eval_split, recover_data=recover_data),
+            data_options={**(data_options or {}), "split": split},
+            output=OutputSettings(out=out, force=force, formats=formats, gguf_type=gguf_type),  # type: ignore[arg-type]
+            trajectory=trajectory,
+            run=RunSettings(
                 seed=seed,
-            )
-            book = _recipe(model, method, recipe, given, options, task, allow_pickle, trust_remote_code)
-            method, options = book.method, book.method_options
-            budget, cut, recover = book.budget, book.cut, book.recover
-            keep, sparsity, max_drop = (budget.get(k) for k in ("keep", "sparsity", "max_drop"))
-            kv_budget, context = budget.get("kv_budget"), budget.get("context")
-            target_speedup = budget.get("target_speedup")
-            uniform = cut.get("uniform", uniform)
-            allocation = cut.get("allocation", allocation)
-            gqa = cut.get("gqa", gqa)
-            min_heads_per_block = cut.get("min_heads_per_block", min_heads_per_block)
-            refit = book.refit
-            ran = RecoveryConfig(**recover)  # the recipe's recovery options, the declared defaults for the others
-            recover_steps, recover_hidden_weight = ran.recover_steps, ran.recover_hidden_weight
-            recover_average = ran.recover_average
-            data_options, data_note = recipe_data(book, data_options, model, task, allow_pickle, trust_remote_code)
-            seed = book.seed if book.seed is not None else seed
-        request = prune_request(
-            Source(
-                model, task=task, tokenizer=tokenizer, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code
-            ),
-            PruneConfig(
-                method=method,
-                keep=keep,
-                sparsity=sparsity,
-                max_drop=max_drop,
-                kv_budget=kv_budget,
-                context=context,
-                target_speedup=target_speedup,
-                allocation=allocation,
-                uniform=uniform,
-                min_heads_per_block=min_heads_per_block,
-                gqa=gqa,
-                via=via,
-                seed=seed,
-                trajectory=trajectory is not False and trajectory is not None,
-            ),
-            options,
-            DataRequest(data=data, eval_data=eval_data, split=split, eval_split=eval_split, data_options=data_options),
-            RecoveryConfig(
-                recover_steps=recover_steps,
-                refit=refit,
-                recover_data=recover_data,
-                recover_hidden_weight=recover_hidden_weight,
-                recover_average=recover_average,
-                via_steps=via_steps,
-            ),
-            RunSettings(
                 device=device,
-                checkpoint_dir=checkpoint_dir,
                 resume=resume,
+                checkpoint_dir=checkpoint_dir,
                 restart=restart,
                 progress=progress,
-                formats=formats,
-                gguf_type=gguf_type,
-                out=out,
-                force=force,
-                trajectory=trajectory,
-                # max_memory: a size string, or bytes as an int (parse_size reads both)
-                layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory),  # type: ignore[arg-type]
             ),
-            book,
-        )
-        if data_note is not None:
-            request.notes.append(data_note)
-        with request.lock():
-            if request.path.layerwise:  # one process only
-                pruned: Pruned = prune_layerwise(request, arguments, request.path)
-            else:
-                pruned = _prune(request, arguments, agreement)
-            if request.target is not None and request.dist.main:
-                pruned.save(request.target)
-                if request.checkpoint_dir is not None and request.own_checkpoint:
-                    import shutil
+            # max_memory: a size string, or bytes as an int (parse_size reads both)
+            layerwise=LayerwiseConfig(layerwise=layerwise, max_memory=max_memory),  # type: ignore[arg-type]
+        ),
+        arguments,
+    )[1]
 
-                    shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
-                if request.trajectory_file is not None:
-                    pruned.written = pruned.write_trajectory(request.trajectory_file)
+
+def run_request(
+    build: Callable[[], PruneRequest], arguments: dict[str, Any] | None = None
+) -> tuple[PruneRequest, Pruned]:
+    """Make the request (``build``: :func:`headcut.jobs.prune.request.prune_request` with what was asked; the
+    command line calls it with its flags) and run it: layer-wise or in memory, then save it to its ``out``. Several
+    processes (torchrun, accelerate) agree on the request and stop together with one line
+    (:class:`~headcut.jobs.agreement.Agreement`). ``arguments``: the report's record of what was asked (default:
+    the request's, as the Python API names them)."""
+    agreement = Agreement()  # several processes: they agree before the work, or all stop with one line
+    with agreement.guard():
+        request = build()
+        return request, _run(request, arguments, agreement)
+
+
+def _run(request: PruneRequest, arguments: dict[str, Any] | None, agreement: Agreement) -> Pruned:
+    if request.data_note is not None:
+        request.notes.append(request.data_note)
+    with request.lock():
+        if request.path.layerwise:  # one process only
+            pruned: Pruned = prune_layerwise(request, arguments, request.path)
+        else:
+            pruned = _prune(request, arguments, agreement)
+        if request.target is not None and request.dist.main:
+            pruned.save(request.target)
+            if request.checkpoint_dir is not None and request.own_checkpoint:
+                import shutil
+
+                shutil.rmtree(request.checkpoint_dir, ignore_errors=True)
+            if request.trajectory_file is not None:
+                pruned.written = pruned.write_trajectory(request.trajectory_file)
     return pruned
 
 
-def _recipe(
-    model: Any,
-    method: str | None,
-    recipe: Any,
-    given: Mapping[str, Any],
-    options: Mapping[str, Any],
-    task: str | None,
-    allow_pickle: bool,
-    trust_remote_code: bool,
-) -> Recipe:
-    """The recipe a prune without ``method`` (or with ``recipe``) runs, with the keywords ``given`` on top."""
-    with values():
-        if method is not None:
-            raise HeadcutError(
-                f"give {label('method')} (the method alone, with its paper's defaults) or {label('recipe')}, not both"
-            )
-        book = recipe_for(model, recipe, task=task, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code)
-    return book.changed(method_options=options, **keyword_changes(given))
+def _keyword_defaults() -> dict[str, Any]:
+    """The defaults of ``prune``'s keywords that are options of the recipe (budget, schedule, stages)."""
+    import inspect
+
+    parameters = inspect.signature(prune.__wrapped__).parameters  # type: ignore[attr-defined]
+    return {name: p.default for name, p in parameters.items()}
 
 
 #: fewer labelled examples than this: the recovery suggests ``--recover-data`` (issue 33: on 900 rows it closed
@@ -261,10 +236,11 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     """The work of :func:`prune` on a checked request: load and read, the rounds' stages, the report.
     ``agreement``: that of the run's processes, reached once the model and the data are read
     (:class:`headcut.jobs.agreement.Agreement`)."""
-    src, config, data, rec, run = request.source, request.config, request.data, request.recovery, request.run
+    src, config, sources, run = request.source, request.config, request.sources, request.run
     method, seed, opts, notes = config.method, config.seed, request.options, request.notes
     dist, torch_device, checkpoint_dir = request.dist, request.device, request.checkpoint_dir
-    split, data_options = data.split, data.data_options
+    split = request.data_options.get("split", "train")
+    data_options = {k: v for k, v in request.data_options.items() if k != "split"}
     training = request.entry.resumable
 
     start = time.perf_counter()
@@ -282,18 +258,18 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
                 context=config.context,
                 target_speedup=config.target_speedup,
                 allocation=config.allocation,
-                data=data.data,
-                eval_data=data.eval_data,
+                data=sources.data,
+                eval_data=sources.eval_data,
                 uniform=config.uniform,
                 min_heads_per_block=config.min_heads_per_block,
                 gqa=config.gqa,
                 via=config.via,
                 seed=seed,
-                trajectory=run.trajectory,
+                trajectory=request.trajectory,
                 task=src.task,
                 split=split,
-                eval_split=data.eval_split,
-                data_options=data_options,
+                eval_split=sources.eval_split,
+                data_options=data_options if request.recipe_given else data_options or None,
                 device=run.device,
                 **request.method_options,
             )
@@ -301,10 +277,12 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     )
     progress = run.progress or quiet()
     loaded = load_model(src.model, src.task, src.allow_pickle, src.trust_remote_code, notes, progress, seed=seed)
-    check_formats(loaded.module, request.formats, run.gguf_type, cut="uniform" if config.uniform else "any")
+    check_formats(loaded.module, request.formats, request.output.gguf_type, cut="uniform" if config.uniform else "any")
     # every round's budget, refused before reading data
-    plan = request.recipe.schedule if request.recipe is not None else ()
-    rounds = schedule(loaded.module, config, opts, rec, plan, checked=True)
+    plan = () if request.through else request.recipe.schedule
+    rounds = schedule_rounds(
+        loaded.module, config, opts, plan, rounds=request.through, via_steps=request.schedule.via_steps, checked=True
+    )
     if getattr(opts, "bias_compensation", False):
         compensation.bias_field(loaded.module, model_blocks(loaded.module))  # refused before any work
     if config.target_speedup is not None:  # its timing's caches fit the device, before any data is read
@@ -316,7 +294,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         request.eval_spec,
         loaded,
         src.tokenizer,
-        data.eval_split,
+        sources.eval_split,
         data_options,
         seed,
         src.trust_remote_code,
@@ -325,7 +303,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     )
     # every row of the unlabelled inputs (--max-examples caps --data and --eval-data)
     extra = calibration(
-        rec.recover_data,
+        sources.recover_data,
         loaded,
         src.tokenizer,
         split,
@@ -339,8 +317,10 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     for c, what in ((cal, "data"), (eval_cal, "eval data"), (extra, "recover data")):
         if c is not None:
             notes += [f"{what}: {n}" for n in c.notes]
+    recover = request.stage("recover")
     if (
-        rec.recover_steps
+        recover is not None
+        and recover.active()
         and extra is None
         and cal is not None
         and cal.task == "classification"
@@ -364,14 +344,13 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
                 **asdict(config),
                 **(asdict(opts) if is_dataclass(opts) and not isinstance(opts, type) else {}),
                 "engine": engine,
-                "recover_steps": rec.recover_steps,
-                "refit": rec.refit,
-                "recover_hidden_weight": float(rec.recover_hidden_weight),
-                "recover_average": float(rec.recover_average),
-                "via_steps": rec.via_steps,
+                "stages": [
+                    (s.kind, sorted(s.options().items(), key=str)) for s in request.stages if s.kind != "choose"
+                ],
+                "schedule": (config.via, request.through, request.schedule.via_steps),
                 "task": src.task,
                 "resume": run.resume,
-                "eval_split": data.eval_split if request.eval_spec is not None else None,
+                "eval_split": sources.eval_split if request.eval_spec is not None else None,
                 **data_settings(request.data_spec, split, data_options, seed),
             },
             {"model": loaded.module},
@@ -395,11 +374,11 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
             f"that fast ({len(speed.tried)} budgets timed at {speed.context:,} tokens on {speed.device})"
         )
     identity = {"model": str(real_path(loaded.folder)) if loaded.folder is not None else loaded.name}
+    stages = request.stages
     state = PruneState(
         model=loaded.module,
         config=config,
         options=opts,
-        recovery=rec,
         cal=cal,
         eval_cal=eval_cal,
         extra=extra,
@@ -407,7 +386,7 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         metric=PRIMARY[eval_cal.task][0] if eval_cal is not None else None,
         device=torch_device,
         dist=dist,
-        unpruned=frozen_teacher(loaded.module) if rec.refit or any(r.recover_steps for r in rounds) else None,
+        unpruned=frozen_teacher(loaded.module) if any(s.keeps_unpruned(rounds) for s in stages) else None,
         notes=notes,
         training=dict(
             checkpoint_dir=checkpoint_dir if training else None,
@@ -422,24 +401,20 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
     mask: HeadMask | None = None  # the rounds' cut so far, in the input model's numbering
     for i, planned in enumerate(rounds):
         step = RoundRun(planned, i, len(rounds))
-        for stage in STAGES:
-            stage(state, step)
+        running = [s for s in (stage.in_round(planned.options) for stage in stages) if s.active()]
+        for stage in running:
+            stage.prepare(state, step)
+        for stage in running:
+            stage.run(state, step)
         runs.append(step)
         mask = in_input_numbering(mask, step.result.mask)
         if not step.last:
-            records.append(round_record(step, mask))
+            records.append(round_record(step, mask, running))
     assert mask is not None
     state.unpruned = None
     last = runs[-1]
     result, slimmed = as_one_cut(runs, mask, config)
-    pruned_metric = result.metric_after
-    result.metric_after = (
-        last.recovered.metric_after
-        if last.recovered is not None
-        else last.refit_metric
-        if last.refitted is not None
-        else result.metric_after
-    )
+    result.metric_after = last.metric
     notes += _majority_note(eval_cal, result.metric_before, result.metric_after)
     report = prune_report(
         model=loaded.name,
@@ -452,18 +427,22 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         seconds=time.perf_counter() - start,
         notes=notes,
     )
-    _add_rounds(report, last, records, pruned_metric, extra, loaded.module)
+    for stage in running:  # the last round's stages
+        stage.report(state, last, report)
+    if records:  # the rounds before the last, before the entries of the stages that trained
+        report = _before(report, "recovery", "rounds", records)
     if speed is not None:
         report["speed_target"] = speed.to_json()
     report["recipe"] = resolved_recipe(
-        request.recipe, opts, config, rec, request.data_spec, data_options, rounds
+        request.recipe, stages, config, request.data_spec, data_options, rounds, scheduled=_scheduled(request)
     ).to_dict()
     reads = local_reads(
         **{
             "MODEL": loaded.folder,
             "--data": request.data_spec,
             "--eval-data": request.eval_spec,
-            "--recover-data": rec.recover_data,
+            "--recover-data": sources.recover_data,
+            "--recipe": request.recipe.source,
         }
     )
     return Pruned(
@@ -476,45 +455,26 @@ def _prune(request: PruneRequest, arguments: dict[str, Any] | None, agreement: A
         reads=reads,
         trust_remote_code=src.trust_remote_code,
         formats=request.formats,
-        gguf_type=run.gguf_type,
+        gguf_type=request.output.gguf_type,
     )
 
 
-def _add_rounds(
-    report: dict[str, Any],
-    last: RoundRun,
-    records: list[dict[str, Any]],
-    pruned_metric: float | None,
-    extra: Calibration | None,
-    model: Any,
-) -> None:
-    """The report's entries of the stages: ``uniform_budgets``, ``bias_compensation``, ``refit``, ``rounds`` (the
-    rounds before the last) and ``recovery`` (the last round's), and the metric after each stage."""
-    if last.near_uniform and len({(b.heads, b.kv_heads) for b in model_blocks(model)}) > 1:
-        report["uniform_budgets"] = last.near_uniform
-    if last.compensated is not None:
-        report["bias_compensation"] = last.compensated
-    if last.refitted is not None:
-        report["refit"] = last.refitted.to_json()
-        if report.get("metric") is not None:
-            report["metric"]["after_pruning"] = pruned_metric
-            report["metric"]["after_refit"] = last.refit_metric
-    if records:
-        report["rounds"] = records
-    recovery = last.recovered
-    if recovery is not None:
-        report["recovery"] = {
-            "steps": recovery.steps,
-            "distilled_from": "the unpruned model",
-            "config": recovery.config.to_json(),
-            "seconds": recovery.seconds,
-            "history_summary": recovery.summary(),
-            "curve": recovery.history,
-        }
-        if extra is not None:
-            report["recovery"]["recover_data"] = extra.to_json()
-        if report.get("metric") is not None:
-            report["metric"]["after_pruning"] = pruned_metric
+def _scheduled(request: PruneRequest) -> bool:
+    """Whether the request's rounds are ``via``'s or ``schedule``'s (not its recipe's schedule)."""
+    return request.config.via is not None or bool(request.through)
+
+
+def _before(report: dict[str, Any], key: str, new: str, value: Any) -> dict[str, Any]:
+    """``report`` with ``new``: ``value`` placed before ``key`` (at the end where there is none)."""
+    if key not in report:
+        report[new] = value
+        return report
+    out: dict[str, Any] = {}
+    for k, v in report.items():
+        if k == key:
+            out[new] = value
+        out[k] = v
+    return out
 
 
 def _majority_note(eval_cal: Calibration | None, before: float | None, after: float | None) -> list[str]:

@@ -149,7 +149,9 @@ class LayerwisePruned(Pruned):
 def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, choice: Choice) -> LayerwisePruned:
     """The work of :func:`headcut.prune` on a checked request that runs layer-wise."""
 
-    src, data, config = request.source, request.data, request.config
+    src, sources, config = request.source, request.sources, request.config
+    split = request.data_options.get("split", "train")
+    data_options = {k: v for k, v in request.data_options.items() if k != "split"}
     progress = request.run.progress or quiet()
     notes = list(request.notes)
     start = time.perf_counter()
@@ -171,8 +173,8 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
         request.data_spec,
         loaded,
         src.tokenizer,
-        data.split,
-        data.data_options,
+        split,
+        data_options,
         config.seed,
         src.trust_remote_code,
         progress,
@@ -239,14 +241,14 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
                 kv_budget=config.kv_budget,
                 context=config.context,
                 allocation=config.allocation,
-                data=data.data,
+                data=sources.data,
                 uniform=config.uniform,
                 min_heads_per_block=config.min_heads_per_block,
                 gqa=config.gqa,
                 seed=config.seed,
                 task=src.task,
-                split=data.split,
-                data_options=data.data_options,
+                split=split,
+                data_options=data_options,
                 layerwise=True,
                 **request.method_options,
             )
@@ -265,15 +267,9 @@ def prune_layerwise(request: PruneRequest, arguments: dict[str, Any] | None, cho
     )
     report["layerwise"] = stats.to_json()
     report["recipe"] = resolved_recipe(
-        request.recipe,
-        request.options,
-        config,
-        request.recovery,
-        request.data_spec,
-        data.data_options,
-        [Round(config, request.recovery)],
+        request.recipe, request.stages, config, request.data_spec, data_options, [Round(config)]
     ).to_dict()
-    reads = local_reads(**{"MODEL": folder, "--data": request.data_spec})
+    reads = local_reads(**{"MODEL": folder, "--data": request.data_spec, "--recipe": request.recipe.source})
     return LayerwisePruned(
         model=streamed.model,
         mask=result.mask,

@@ -21,12 +21,12 @@ def refusal(
     method: str,
     config: Any,
     eval_data: Any,
-    refit: bool,
-    recover_steps: int,
+    staged: Any,
     formats: Any,
     rounds: bool = False,
 ) -> str | None:
-    """Why a prune request cannot run layer-wise (None: it can; ``rounds``: a recipe may cut it in rounds).
+    """Why a prune request cannot run layer-wise (None: it can; ``staged``: the switches (or kinds) of the stages
+    after the cut that run, each of which needs the whole model; ``rounds``: a recipe may cut it in rounds).
     Messages name keywords (:func:`label`)."""
 
     L = label
@@ -45,8 +45,7 @@ def refusal(
         (config.via is not None, "via"),
         (rounds, "recipe"),
         (eval_data is not None, "eval_data"),
-        (refit, "refit"),
-        (bool(recover_steps), "recover_steps"),
+        *((True, name) for name in staged),
     ):
         if given:
             return (

@@ -1,17 +1,18 @@
 """Which recipe a prune runs and what it resolved to: :func:`recipe_for` (a name, a file, or the default recipe of
-the model's kind), :func:`keyword_changes` (``prune``'s keywords given on top of it) and :func:`resolved_recipe`
-(the run as a recipe of whole numbers: the report's ``recipe``, which replays it)."""
+the model's kind), :func:`method_recipe` (a method alone: its stages choose and cut), :func:`check_recipe` (every
+value in it checked as its flag is) and :func:`resolved_recipe` (the run as a recipe of whole numbers: the report's
+``recipe``, which replays it)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import is_dataclass
 from typing import Any
 
 from ...arguments.table import check
-from ...catalog import METHODS
-from ...config import PruneConfig, RecoveryConfig
+from ...catalog import METHODS, STAGES
+from ...config import PruneConfig
+from ...config.prune import Budget, check_budget_rules
 from ...data import DataConfig
 from ...data.tasks import max_positions
 from ...errors import HeadcutError, HeadcutValueError, label
@@ -20,7 +21,8 @@ from ...options import specs
 from ...pruning import get_method, make_options
 from ...pruning.schedule import Round
 from ...recipes import Case, Recipe, RoundPlan, Stage, builtin_recipes, default_recipe, read_recipe
-from ...recipes.recipe import BUDGET_FIELDS, CUT_FIELDS, DATA_FIELDS, RECOVER_FIELDS
+from ...recipes.recipe import BUDGET_FIELDS, DATA_FIELDS
+from .stages.base import PruneStage
 
 #: the recipe name that means the default recipe of the model's kind
 DEFAULT = "default"
@@ -98,19 +100,30 @@ def recipe_for(
     )
 
 
+def method_recipe(method: str) -> Recipe:
+    """``method`` alone, with its paper's defaults: a recipe of the stages choose and cut (a flag or keyword of
+    another stage adds that stage)."""
+    return Recipe(
+        name=method,
+        stages=(Stage("choose", {"method": method}), Stage("cut", {})),
+        about=f"the method {method} alone, with its options",
+    )
+
+
 def check_recipe(recipe: Recipe) -> Recipe:
     """``recipe`` (returned as it is) once every value in it passed the checks ``prune``'s keywords of the same
     names pass (:func:`headcut.arguments.table.check`: the kind of each, integers of 64 bits; the declarations'
     choices and ranges; the method's options by the method, :func:`headcut.pruning.make_options`; the budget's
-    combinations, :meth:`headcut.config.PruneConfig.validate`), so that a recipe file takes exactly the values the
-    flags take: what ``headcut prune --recipe`` and ``headcut recipes`` make of a file, before anything is built.
-    The refusal names the recipe and its key (the Python keyword, as the file writes it)."""
+    combinations, :func:`headcut.config.prune.check_budget_rules`, and the method's own), so that a recipe file
+    takes exactly the values the flags take: what ``headcut prune --recipe`` and ``headcut recipes`` make of a
+    file, before anything is built. The refusal names the recipe and its key (the Python keyword, as the file
+    writes it)."""
     where = f"recipe {recipe.name}" + (f" ({recipe.source})" if recipe.source else "")
+    stage_values = {k: v for s in recipe.stages if s.name != "choose" for k, v in s.options.items()}
     given: dict[str, Any] = {
         "method": recipe.method,
-        **recipe.cut,
+        **stage_values,
         **recipe.budget,
-        **recipe.recover,
         "data_options": dict(recipe.data),
         "options": recipe.method_options,
     }
@@ -120,11 +133,13 @@ def check_recipe(recipe: Recipe) -> Recipe:
         check("prune", given)
         for case in recipe.schedule:
             for plan in case.rounds:
-                check("prune", {**({"keep": plan.keep} if isinstance(plan.keep, int) else {}), **plan.recovery})
+                check("prune", {**({"keep": plan.keep} if isinstance(plan.keep, int) else {}), **plan.options})
         method = get_method(recipe.method)
         options = make_options(method, dict(recipe.method_options))
         if recipe.budget:
-            config = PruneConfig(method=recipe.method, **recipe.cut, **recipe.budget)
+            budget = Budget(**recipe.budget)
+            check_budget_rules(budget, METHODS[recipe.method])
+            config = PruneConfig(method=recipe.method, **recipe.options_of("cut"), **recipe.budget)
             config.validate()
             method.check(config, options)
     except HeadcutError as exc:
@@ -132,73 +147,48 @@ def check_recipe(recipe: Recipe) -> Recipe:
     return recipe
 
 
-def keyword_changes(values: Mapping[str, Any]) -> dict[str, Any]:
-    """:meth:`Recipe.changed`'s keywords from ``prune``'s ``values``: every recipe option given a value other than
-    its declared default (a budget given replaces the recipe's; ``refit`` True adds the refit stage)."""
-    prune_defaults = {s.name: s.default for s in specs(PruneConfig)}
-    recovery_defaults = {s.name: s.default for s in specs(RecoveryConfig)}
-    budget = {k: values[k] for k in BUDGET_FIELDS if values.get(k) is not None}
-    return {
-        "cut": {k: values[k] for k in CUT_FIELDS if k in values and values[k] != prune_defaults[k]},
-        "recover": {k: values[k] for k in RECOVER_FIELDS if k in values and values[k] != recovery_defaults[k]},
-        "refit": bool(values.get("refit")),
-        "budget": budget or None,
-        "seed": values["seed"] if values.get("seed") else None,
-    }
-
-
 def resolved_recipe(
-    source: Recipe | None,
-    options: Any,
+    source: Recipe,
+    stages: Sequence[PruneStage],
     config: PruneConfig,
-    recovery: RecoveryConfig,
     data_spec: Any,
     data_options: Mapping[str, Any] | None,
     rounds: Sequence[Round],
+    scheduled: bool = False,
 ) -> Recipe:
-    """The run as a recipe: the method and every one of its options, the cut's, refit and the recovery's
-    options as they ran, the data options, the budget, the seed and the schedule (``source``: the recipe the run
-    started from, whose name, description and schedule it keeps, which gives the same rounds for the same budget
-    and its own rounds for another; ``via``'s two rounds in whole heads; None: ``method`` alone). Read back
-    (:func:`headcut.recipes.read_recipe`) it replays the run: the same heads and the same weights, given the same
-    model and data."""
-    method_values = (
-        {s.name: getattr(options, s.name) for s in specs(type(options))}
-        if is_dataclass(options) and not isinstance(options, type)
-        else {}
-    )
-    stages = [
-        Stage("choose", {"method": config.method, **method_values}),
-        Stage("cut", {k: getattr(config, k) for k in CUT_FIELDS}),
-    ]
-    if recovery.refit:
-        stages.append(Stage("refit"))
-    recovers = any(r.recover_steps for r in rounds) or bool(recovery.recover_steps)
-    if recovers:
-        stages.append(Stage("recover", {k: getattr(recovery, k) for k in RECOVER_FIELDS}))
+    """The run as a recipe: each stage that ran with every one of its options (the method's too), the data
+    options, the budget, the seed and the schedule (``source``: the recipe the run started from, whose name,
+    description and schedule it keeps, which gives the same rounds for the same budget and its own rounds for
+    another; ``scheduled``: ``via``'s or ``rounds``' rounds instead, in whole heads, each with the options of the
+    stages after the cut).
+    Read back (:func:`headcut.recipes.read_recipe`) it replays the run: the same heads and the same weights, given
+    the same model and data."""
+    ran = [s for s in stages if any(s.in_round(r.options).active() for r in rounds)]
     if isinstance(data_spec, DataConfig):
         data = {k: getattr(data_spec, k) for k in DATA_FIELDS}
-    else:
-        data = {k: v for k, v in (data_options or {}).items() if k in DATA_FIELDS}
+    else:  # no data read: the options a run would read it with (the declared defaults where none is given)
+        defaults = {s.name: s.default for s in specs(DataConfig) if s.meta.recipe and s.meta.cli}
+        data = {k: v for k, v in {**defaults, **(data_options or {})}.items() if k in DATA_FIELDS and v is not None}
     plan: tuple[Case, ...] = ()
-    if source is not None and config.via is None:  # the recipe's schedule: the same rounds for the same budget
-        plan = source.schedule
-    elif len(rounds) > 1:  # via's two rounds
+    if scheduled and len(rounds) > 1:  # via's or the schedule flag's rounds
+        after_cut = [s for s in ran if "cut" in STAGES[s.kind].after and s.kind != "cut"]
         plan = (
             Case(
                 tuple(
                     RoundPlan(
                         None if i == len(rounds) - 1 else r.config.keep,
-                        {k: getattr(r.recovery, k) for k in RECOVER_FIELDS} if recovers else {},
+                        {k: v for s in after_cut for k, v in s.in_round(r.options).options().items()},
                     )
                     for i, r in enumerate(rounds)
                 )
             ),
         )
+    elif not scheduled:  # the recipe's schedule: the same rounds for the same budget
+        plan = source.schedule
     return Recipe(
-        name=source.name if source is not None else config.method,
-        stages=tuple(stages),
-        about=source.about if source is not None else f"the method {config.method} alone, with its options",
+        name=source.name,
+        stages=tuple(Stage(s.kind, s.options()) for s in ran),
+        about=source.about,
         data=data,
         budget={k: getattr(config, k) for k in BUDGET_FIELDS if getattr(config, k) is not None},
         seed=config.seed,
@@ -206,16 +196,16 @@ def resolved_recipe(
     )
 
 
-def check_recipe_run(recipe: Recipe, method_options: Mapping[str, Any], data: Any) -> None:
-    """A recipe's refusals before the keywords' own: the data it reads (``data``: ``prune``'s), and FLAP's bias
-    compensation with a schedule of rounds (it compensates a one-round cut)."""
+def check_recipe_run(recipe: Recipe, compensated: bool, data: Any) -> None:
+    """A recipe's refusals before the keywords' own: the data it reads (``data``: ``prune``'s; a recipe reads data
+    when its method does, or a stage after the cut runs), and FLAP's bias compensation with a schedule of rounds
+    (it compensates a one-round cut)."""
     entry = METHODS[recipe.method]
-    if data is None and (recipe.refit or recipe.recover.get("recover_steps") or entry.data != "none"):
-        what = (
-            "training data with labels" if recipe.recover.get("recover_steps") or entry.data == "training" else "data"
-        )
+    recovers = bool(recipe.options_of("recover").get("recover_steps"))
+    if data is None and (recipe.stage("refit") is not None or recovers or entry.data != "none"):
+        what = "training data with labels" if recovers or entry.data == "training" else "data"
         raise HeadcutValueError(f"recipe {recipe.name} reads {what}: give it as {label('data')}")
-    if recipe.rounds_vary and method_options.get("bias_compensation"):
+    if recipe.rounds_vary and compensated:
         raise HeadcutValueError(
             f"recipe {recipe.name} cuts some budgets in rounds; bias_compensation compensates a one-round cut: "
             "give a recipe of one round"
