@@ -357,3 +357,42 @@ def test_every_kind_of_method_replays_from_its_saved_recipe(tiny, tmp_path, meth
     assert again.report["mask"] == first.report["mask"]
     assert again.report["recipe"] == first.report["recipe"]
     assert digest(tmp_path / "a")["model.safetensors"] == digest(tmp_path / "b")["model.safetensors"]
+
+
+def test_schedule_flag_keyword_and_recipe_file_cut_in_the_same_rounds(tiny, tmp_path):
+    """--schedule K1,K2 (issue 69): rounds to K1 then K2 heads, then the budget; the keyword and a recipe file's
+    schedule run the same rounds, and --via K is --schedule K."""
+    cli = tmp_path / "cli"
+    done = run("prune", tiny["src"], "--method", "magnitude", "--keep", 5, "--schedule", "7,6", "--out", cli, "-q")
+    assert done.exit_code == 0, done.output
+    report = json.loads((cli / "headcut-report.json").read_text())
+    assert [r["keep"] for r in report["rounds"]] == [7, 6]
+    assert report["heads"]["after"] == 5
+    assert report["recipe"]["schedule"] == [{"rounds": [{"keep": 7}, {"keep": 6}, {"keep": "budget"}]}]
+    api = headcut.prune(str(tiny["src"]), method="magnitude", keep=5, schedule="7,6", out=str(tmp_path / "api"))
+    path = tmp_path / "three.yaml"
+    path.write_text(
+        "name: three\nstages: [{choose: {method: magnitude}}, cut]\n"
+        "schedule:\n  - rounds: [{keep: 7}, {keep: 6}, {keep: budget}]\n",
+        encoding="utf-8",
+    )
+    file = tmp_path / "file"
+    assert run("prune", tiny["src"], "--recipe", path, "--keep", 5, "--out", file, "-q").exit_code == 0
+    replayed = json.loads((file / "headcut-report.json").read_text())
+    assert api.report["mask"] == report["mask"] == replayed["mask"]
+    assert [r["mask"] for r in api.report["rounds"]] == [r["mask"] for r in report["rounds"]]
+    assert [r["mask"] for r in replayed["rounds"]] == [r["mask"] for r in report["rounds"]]
+
+    def weights(folder):
+        return {k: v for k, v in digest(folder).items() if k.endswith(".safetensors")}
+
+    assert weights(cli) == weights(tmp_path / "api") == weights(file) != {}
+    via, schedule = tmp_path / "via", tmp_path / "schedule"
+    assert run("prune", tiny["src"], "--method", "magnitude", "--keep", 5, "--via", 6, "--out", via).exit_code == 0
+    args = ("--method", "magnitude", "--keep", 5, "--schedule", "6", "--out", schedule)
+    assert run("prune", tiny["src"], *args).exit_code == 0
+    assert weights(via) == weights(schedule)
+    for bad, words in (("6,7", "fewer heads each round"), ("7,x", "heads counts K1,K2,..."), ("4", "keeps 4 heads")):
+        args = ("--method", "magnitude", "--keep", 5, "--schedule", bad, "--out", tmp_path / "bad")
+        one_line_error(run("prune", tiny["src"], *args), words)
+    assert not (tmp_path / "bad").exists()

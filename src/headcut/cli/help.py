@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,10 +28,11 @@ def _tidy(params: list[Any]) -> list[Any]:
 
 
 def _help_width() -> None:
-    """Outside a terminal (``--help | less``, a CI log) lay the help out 120 columns wide, not rich's 80."""
+    """Outside a terminal (``--help | less``, a CI log) lay the help out 120 columns wide, not rich's 80, unless
+    ``COLUMNS`` says the width."""
     import typer.rich_utils as rich_utils
 
-    if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
+    if rich_utils.MAX_WIDTH is None and not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
         rich_utils.MAX_WIDTH = 120
 
 

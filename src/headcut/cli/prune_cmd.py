@@ -18,7 +18,7 @@ from ..config.run import DataSources, ModelSource, OutputSettings, RunSettings
 from ..data.config import DataConfig
 from ..errors import HeadcutError
 from ..files.plan import plan_outputs
-from ..options import static_specs
+from ..options import specs, static_specs
 from ..outputs.reports import PRUNE_REPORT
 from ..recipes.files import RECIPE_FILE, recipe_path
 from ..recipes.recipe import stage_options
@@ -64,16 +64,14 @@ PRUNE_HELP = "\n\n".join(
 def _method_help(name: str) -> str:
     entry = METHODS[name]
     data = {
-        "training": "Trains on --data (labelled training data), keeps a resume checkpoint in OUT.headcut-checkpoint/ "
-        "(--resume continues an interrupted run) and runs under accelerate launch / torchrun.",
+        "training": "Trains on --data (labelled), resumable (--resume), under accelerate launch / torchrun too.",
         "calibration": "Scores on --data (calibration data).",
         "none": "Reads no data.",
     }[entry.data]
     return "\n\n".join(
         [
-            f"Prune MODEL with {name}: {entry.summary} [{entry.citation}]. The slimmed model goes to --out with "
-            f"{PRUNE_REPORT} inside it.",
-            f"{data} headcut methods {name} describes it; headcut prune --help lists every method.",
+            f"Prune MODEL with {name}: {entry.summary}. The slimmed model goes to --out with {PRUNE_REPORT} inside it.",
+            f"{data} headcut methods {name} cites its paper; headcut prune --help lists every method.",
         ]
     )
 
@@ -135,9 +133,26 @@ class MethodCommand(TidyCommand):
         if chosen is not None:  # the options of another kind of method: parsed, not listed
             scope = _method_scope()
             kind = METHODS[chosen].kind
-            params = [_hidden(p) if scope.get(p.name) not in (None, kind) else p for p in params]
+            # and --recipe, which --method replaces
+            params = [_hidden(p) if scope.get(p.name) not in (None, kind) or p.name == "recipe" else p for p in params]
+            if ctx.meta.get("headcut.help"):  # the flags every command shares: listed by name (format_help)
+                shared = _shared_names()
+                ctx.meta["headcut.shared"] = [p.opts[0] for p in params if p.name in shared and not p.hidden]
+                params = [_hidden(p) if p.name in shared else p for p in params]
         at = next((i for i, p in enumerate(params) if p.name == "help"), len(params))
         return params[:at] + params[at + 1 :] + params[at : at + 1]
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        ctx.meta["headcut.help"] = True
+        self.get_params(ctx)  # which flags are listed by name only (ctx.meta)
+        shared = ctx.meta.get("headcut.shared")
+        if shared:
+            self.epilog = (
+                f"Also the options every command shares (headcut prune --help): {', '.join(shared)}."
+                + "\n\n"
+                + (self.epilog or "")
+            )
+        super().format_help(ctx, formatter)
 
     def invoke(self, ctx: Any) -> Any:
         names = [p.name for p in self._method_params(ctx)]
@@ -149,9 +164,19 @@ class MethodCommand(TidyCommand):
 
 def _method_scope() -> dict[str, str]:
     """Option name -> the kind of method it applies to, for the options that say (``methods``)."""
-    declared = [*static_specs("headcut.config.prune:Budget"), *static_specs("headcut.config.prune:ScheduleOptions")]
+    names = ("Budget", "ScheduleOptions", "LayerwiseConfig")
+    declared = [spec for name in names for spec in static_specs(f"headcut.config.prune:{name}")]
     declared += [spec for kind in STAGES if kind != "choose" for spec in stage_options(kind)]
     return {spec.name: spec.meta.methods for spec in declared if spec.meta.methods}
+
+
+def _shared_names() -> set[str]:
+    """The options of reading data and the model, writing and reporting, shared by every command: a method's
+    ``--help`` lists them by name only (its options described in full)."""
+    shared = [*specs(DataConfig), *specs(ModelSource), *specs(Reporting), *specs(OutputSettings)]
+    shared += [s for s in specs(DataSources) if s.name == "eval_split"]
+    shared += [s for s in specs(RunSettings) if s.name == "seed"]
+    return {s.name for s in shared} - {"out"}
 
 
 def _hidden(param: Any) -> Any:

@@ -7,11 +7,12 @@ from typing import Annotated, Any
 
 import typer
 
+from ..catalog import STAGES
 from ..files.plan import plan_outputs
 from ..formatting import visible
 from ..recipes import builtin_recipes, read_recipe, recipe_yaml
 from ..recipes.files import recipe_path
-from ..recipes.recipe import BUDGET, Recipe
+from ..recipes.recipe import BUDGET, Recipe, recipe_options
 from .app import app
 from .declared import with_settings
 from .failures import handle_errors
@@ -60,6 +61,24 @@ def _measured(recipe: Recipe) -> Any:
     return table
 
 
+def _stage_kinds() -> Any:
+    """The kinds of stage a recipe may list (:data:`headcut.catalog.STAGES`, a kind registered at run time too),
+    each with what it runs after and its options (a recipe's keys, headcut prune's flags) with their defaults."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, title="stage kinds (a recipe lists them in order; options: prune's flags)")
+    for column in ("stage", "runs after", "options (default)", "what it does"):
+        table.add_column(column, overflow="fold")
+    for kind, entry in STAGES.items():
+        if kind == "choose":
+            options = "method, and the method's options (headcut methods NAME)"
+        else:
+            options = ", ".join(f"{s.name}={s.default}" for s in recipe_options(kind)) or "-"
+        table.add_row(_text(kind), _text(", ".join(entry.after) or "-"), _text(options), _text(entry.summary))
+    return table
+
+
 @app.command(
     cls=TidyCommand,
     name="recipes",
@@ -83,8 +102,8 @@ def recipes_cmd(
     ] = None,
     reporting: Reporting = Reporting(),
 ) -> None:
-    """List the built-in recipes (the models each is the default of, what it runs, the measurements behind it),
-    or show one recipe in full (checked as headcut prune --recipe reads it): its stages with their options, data
+    """List the built-in recipes (the models each is the default of, what it runs, the measurements behind it)
+    and the kinds of stage a recipe may list with their options, or show one recipe in full (checked as headcut prune --recipe reads it): its stages with their options, data
     options, schedule of rounds and measurements, then the recipe as YAML."""
     from rich import box
     from rich.table import Table
@@ -108,6 +127,7 @@ def recipes_cmd(
                 f"{len(recipe.measured)} run{'s' if len(recipe.measured) != 1 else ''}" if recipe.measured else "-",
             )
         log.show(table)
+        log.show(_stage_kinds())
         log.json([r.to_dict() for r in found.values()])
         return
     recipe = read_recipe(name)

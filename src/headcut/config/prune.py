@@ -229,9 +229,15 @@ class LayerwiseConfig:
     asks for it; it is also chosen when the checkpoint would not fit ``max_memory`` (``12GB``, ``12GiB``, bytes;
     None: the machine's available memory)."""
 
-    layerwise: bool = option(False, panel=R, help="Score and cut one layer at a time; automatic past --max-memory.")
+    layerwise: bool = option(
+        False, panel=R, methods="score", help="Score and cut one layer at a time; automatic past --max-memory."
+    )
     max_memory: str | None = option(
-        None, metavar="SIZE", panel=R, help="Memory headcut may use, e.g. 12GB (default: what is available)."
+        None,
+        metavar="SIZE",
+        panel=R,
+        methods="score",
+        help="Memory headcut may use, e.g. 12GB (default: what is available).",
     )
 
 

@@ -20,8 +20,8 @@ from ...bars import Bars
 from ...base import move
 from .base import PruneStage, PruneState, RoundRun
 
-#: the --help section of the recovery's options (the command's own)
-R = "Options"
+#: the --help section of the recovery's options
+R = "Recovery"
 
 
 @dataclass
@@ -35,14 +35,12 @@ class Recover(PruneStage):
     after: ClassVar[tuple[str, ...]] = ("cut", "refit")
     switch: ClassVar[str | None] = "recover_steps"
 
-    recover_steps: int = option(
-        0, low=0, metavar="N", panel=R, help="N distilled recovery steps on --data after the cut."
-    )
+    recover_steps: int = option(0, low=0, metavar="N", panel=R, help="Distilled recovery steps after the cut.")
     recover_hidden_weight: float = option(
-        0.0, low=0, metavar="W", panel=R, help="Hidden-state matching weight in --recover-steps (0: off)."
+        0.0, low=0, metavar="W", panel=R, help="Hidden-state matching weight (0: off)."
     )
     recover_average: float = option(
-        0.0, low=0, high=1, metavar="F", panel=R, help="SWA in --recover-steps: last F averaged, constant LR; 0: off."
+        0.0, low=0, high=1, metavar="F", panel=R, help="SWA: last F averaged, constant LR (0: off)."
     )
 
     def check(self, request: Any) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ....config.prune import B
 from ....errors import HeadcutError, label
 from ....model.masks import HeadMask
 from ....model.surgery import model_blocks
@@ -30,7 +31,7 @@ class Refit(PruneStage):
     after: ClassVar[tuple[str, ...]] = ("cut",)
     switch: ClassVar[str | None] = "refit"
 
-    refit: bool = option(True, panel="Options", help="Refit the output projections on --data after the cut.")
+    refit: bool = option(True, panel=B, help="Refit the output projections on --data after the cut.")
 
     def options(self) -> dict[str, Any]:
         return {}  # a recipe lists the stage, which is its one option
