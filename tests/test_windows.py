@@ -52,24 +52,32 @@ def lm(tmp_path_factory):
     return folder, book
 
 
-def by_hand(model, ids: list[int], window: int, first: int | None = None) -> tuple[float, int, int]:
-    """(perplexity, windows, scored tokens) of ``ids`` cut into non-overlapping windows, one forward each, the
-    loss the model itself computes (its mean over the window's N - 1 predictions)."""
+def by_hand(
+    model, ids: list[int], window: int, first: int | None = None, prefix: tuple[int, ...] = (1,)
+) -> tuple[float, int, int]:
+    """(perplexity, windows, scored tokens) of the text's tokens ``ids`` (no special tokens) cut into
+    non-overlapping windows, one forward each, every window read after ``prefix`` (the tokenizer's [CLS], the
+    BOS: every token of the window predicted) or, without one, its first token context only; the loss the model
+    itself computes (its mean over the window's predictions)."""
     count = len(ids) // window if first is None else first
+    predicted = window if prefix else window - 1
     total = 0.0
     with torch.no_grad():
         for k in range(count):
-            x = torch.tensor([ids[k * window : (k + 1) * window]])
-            total += float(model(input_ids=x, labels=x).loss) * (window - 1)
-    return math.exp(total / (count * (window - 1))), count, count * (window - 1)
+            x = torch.tensor([[*prefix, *ids[k * window : (k + 1) * window]]])
+            labels = x.clone()
+            labels[:, : len(prefix)] = -100
+            total += float(model(input_ids=x, labels=labels).loss) * predicted
+    return math.exp(total / (count * predicted)), count, count * predicted
 
 
 def test_perplexity_at_each_window_is_exp_of_the_mean_nll_over_its_windows(lm):
     folder, book = lm
     model = headcut.load(folder)
     tok = line_tokenizer()
-    ids = tok(book.read_text().removesuffix("\n"))["input_ids"]  # the whole text, tokenized once
-    assert ids[0] == 1 and ids[-1] == 2 and ids.count(3) == 39  # [CLS] ... [SEP], a [UNK] per line break
+    ids = tok(book.read_text().removesuffix("\n"), add_special_tokens=False)["input_ids"]  # the whole text, once
+    assert 1 not in ids and 2 not in ids and ids.count(3) == 39  # a [UNK] per line break
+    assert tok("x")["input_ids"][0] == 1  # the tokenizer starts every text with [CLS]: every window read after it
     ev = headcut.evaluate(folder, str(book), windows="16,48", data_options={"batch_size": 3, "seq_len": 16})
     assert list(ev.windows) == [16, 48] and ev.result is ev.windows[16]
     for window in (16, 48):
@@ -82,6 +90,7 @@ def test_perplexity_at_each_window_is_exp_of_the_mean_nll_over_its_windows(lm):
         assert ev.report["data"]["windows"][str(window)]["windows"] == count
     assert [w["window"] for w in ev.report["windows"]] == [16, 48]
     assert ev.report["data"]["text_tokens"] == len(ids) and ev.report["data"]["rows_joined"] is None
+    assert ev.report["data"]["window_prefix"] == [1]
     # the batches only size the forwards: 3 x 16 tokens per forward, or everything at once
     assert ev.report["data"]["windows"]["16"]["windows_per_batch"] == 3
     assert ev.report["data"]["windows"]["48"]["windows_per_batch"] == 1
@@ -100,7 +109,7 @@ def test_perplexity_at_each_window_is_exp_of_the_mean_nll_over_its_windows(lm):
 def test_max_examples_takes_the_first_windows_of_each_length(lm):
     folder, book = lm
     model = headcut.load(folder)
-    ids = line_tokenizer()(book.read_text().removesuffix("\n"))["input_ids"]
+    ids = line_tokenizer()(book.read_text().removesuffix("\n"), add_special_tokens=False)["input_ids"]
     ev = headcut.evaluate(folder, str(book), windows=(8, 24), data_options={"max_examples": 2})
     for window in (8, 24):
         ppl, count, scored = by_hand(model, ids, window, first=2)
@@ -132,8 +141,8 @@ def test_a_datasets_name_is_joined_as_the_papers_join_wikitext(lm, monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
     model = headcut.load(folder)
     tok = line_tokenizer()
-    ids = tok("\n\n".join(r["text"] for r in rows))["input_ids"]
-    assert ids != tok(" ".join(r["text"] for r in rows))["input_ids"]  # the line breaks are tokens
+    ids = tok("\n\n".join(r["text"] for r in rows), add_special_tokens=False)["input_ids"]
+    assert ids != tok(" ".join(r["text"] for r in rows), add_special_tokens=False)["input_ids"]  # line breaks
     result = run(
         "eval", folder, "--data", "wikitext:wikitext-2-raw-v1", "--split", "test", "--windows", "16,32", "--json", "-"
     )
@@ -244,7 +253,16 @@ def test_windows_need_data_and_a_causal_lm(lm, tmp_path):
     short.write_text("the movie was good\n")
     one_line_error(
         run("eval", folder, "--data", short, "--windows", "4,32"),
-        "has 6 tokens, shorter than one window of 32 (--windows)",
+        "has 4 tokens, shorter than one window of 32 (--windows)",
+    )
+    # a window is read after the tokenizer's BOS: one position more than the window (the tiny Llama has 64)
+    one_line_error(
+        run("eval", folder, "--data", book, "--windows", "64"),
+        "--windows 64: each window is read after the 1 token the tokenizer puts before a text (its BOS), 65 "
+        "positions, longer than the model's 64; give at most 63",
+    )
+    assert headcut.evaluate(str(folder), str(book), windows=63).windows[63].metrics["tokens"] == 63 * (
+        len(line_tokenizer()(book.read_text().removesuffix("\n"), add_special_tokens=False)["input_ids"]) // 63
     )
     model = make_model("llama", "LlamaForCausalLM")  # a module: the tokenizer comes from tokenizer=
     ev = headcut.evaluate(model, str(book), tokenizer=line_tokenizer(), windows=16)
@@ -266,3 +284,20 @@ def test_lm_eval_without_the_harness_installed_is_a_one_line_refusal(lm, monkeyp
     )
     with pytest.raises(HeadcutError, match=r"lm_eval needs lm-evaluation-harness.*pip install 'headcut\[lm-eval\]'"):
         headcut.evaluate(str(folder), str(book), lm_eval="boolq,piqa")
+
+
+def test_the_benchmark_page_reads_its_windows_as_the_command_does(lm):
+    """Issue 70: the page's perplexity (benchmarks/harness/perplexity.py) and headcut eval --windows read every
+    window after the tokenizer's BOS, with one function (headcut.data.windows.window_tensors): the same numbers."""
+    from benchmarks.harness.perplexity import perplexity
+
+    folder, book = lm
+    model = headcut.load(folder)
+    ids = line_tokenizer()(book.read_text().removesuffix("\n"), add_special_tokens=False)["input_ids"]
+    ev = headcut.evaluate(folder, str(book), windows="16,48")
+    for window in (16, 48):
+        page = perplexity(model, torch.tensor(ids), window, tokens_per_batch=32, bos=1)
+        assert page == pytest.approx(ev.windows[window].value, rel=1e-5)
+        assert page == pytest.approx(by_hand(model, ids, window)[0], rel=1e-5)
+        # without the BOS, every window measures its absence: another number
+        assert perplexity(model, torch.tensor(ids), window) != pytest.approx(page, rel=1e-3)

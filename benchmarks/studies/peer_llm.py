@@ -563,7 +563,10 @@ def run_cut(python: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
     (work / "spec.json").write_text(json.dumps(spec))
     start = time.perf_counter()
     root = Path(__file__).resolve().parents[2]  # the repository: -m finds benchmarks.harness from there
-    subprocess.run([python, "-m", "benchmarks.studies.peer_llm", "cut", str(work / "spec.json")], cwd=root, check=True)
+    # headcut's src/ on its path: the perplexity windows are read with headcut's own rule (not installed there)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")]))}
+    command = [python, "-m", "benchmarks.studies.peer_llm", "cut", str(work / "spec.json")]
+    subprocess.run(command, cwd=root, check=True, env=env)
     row = json.loads((work / "row.json").read_text())
     row["wall_seconds"] = time.perf_counter() - start
     return row

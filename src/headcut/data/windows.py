@@ -7,13 +7,16 @@ tokens, the rest dropped; each window is a forward of its own. :func:`load_windo
 * **The text**: a ``.txt`` file (or pipe) as it is; the text column of a table file, a ``datasets`` split or
   rows given in memory, its rows in order (never shuffled) joined by a blank line, empty rows kept as the
   papers keep them (a row without a value is skipped, with a note).
-* **Tokens**: the tokenizer's own special tokens once around the whole text (Llama's BOS at its start, as
-  ``tokenizer(text)`` gives it), the text tokenized piece by piece (:func:`headcut.data.text.pieces_of`: never
-  one huge tokenizer call).
-* **Windows** of N tokens: tokens ``[k N, (k + 1) N)`` for ``k = 0 .. tokens // N - 1``. In a window the first
-  token is context only and every later one is predicted from the window's tokens before it: N - 1 scored
-  tokens per window, and perplexity = exp(mean negative log-likelihood of all of them), which is the papers'
-  exp(sum over windows of the window's mean loss x N / (windows x N)).
+* **Tokens**: the text tokenized piece by piece (:func:`headcut.data.text.pieces_of`: never one huge tokenizer
+  call), without special tokens.
+* **Windows** of N tokens of the text: tokens ``[k N, (k + 1) N)`` for ``k = 0 .. tokens // N - 1``, each read as
+  the model reads a text (:func:`window_tensors`): after the special tokens its tokenizer puts before every text
+  (Gemma's and Llama's BOS: without it Gemma 3 270M's perplexity over the first 32 windows of 128 tokens of
+  hamlet.txt is 506.8 instead of 83.7), so every
+  one of the window's N tokens is predicted, the first from the BOS alone; a tokenizer that puts nothing before a
+  text (GPT-2's, SmolLM2's) leaves the window's first token as context only, N - 1 predicted. Perplexity =
+  exp(mean negative log-likelihood of every predicted token). The benchmark page's rows read their windows with
+  the same function (``benchmarks/harness/perplexity.py``).
 * ``max_examples``: the first ``max_examples`` windows of each length (the text is read only as far as the
   longest needs). ``seq_len`` and ``batch_size`` only size the batches: a forward holds
   max(1, ``batch_size`` x ``seq_len`` // N) windows, the tokens of ``batch_size`` blocks of ``seq_len`` (no
@@ -37,7 +40,7 @@ from .config import TEXT_COLUMNS, DataConfig
 from .tasks import Calibration, _pad_id, detect_task, max_positions, open_rows
 from .text import pieces_of
 
-__all__ = ["TextStream", "load_windows"]
+__all__ = ["TextStream", "load_windows", "window_tensors"]
 
 #: what joins the rows of a table into one text (the papers' wikitext-2 reading)
 ROW_SEPARATOR = "\n\n"
@@ -45,11 +48,35 @@ ROW_SEPARATOR = "\n\n"
 ROWS_AT_ONCE = 1000
 
 
+def window_tensors(ids: torch.Tensor, window: int, prefix: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, labels)`` of the non-overlapping windows of ``window`` tokens of ``ids`` (1-D, the text's
+    tokens without special tokens; the rest after the last whole window dropped), each window read after
+    ``prefix`` (the tokens the model's tokenizer puts before every text: Gemma's, Llama's BOS): the labels are
+    -100 on the prefix, so with a prefix every token of the window is predicted (its first from the prefix), and
+    without one all but the first. One rule for ``headcut eval --windows``, :func:`headcut.evaluate` and the
+    benchmark page (torch only, so the page's peers' environments import it too)."""
+    count = ids.numel() // window
+    text = ids[: count * window].reshape(count, window)
+    if not prefix:
+        return text, text.clone()
+    head = torch.tensor(list(prefix), dtype=ids.dtype).expand(count, len(prefix))
+    inputs = torch.cat([head, text], dim=1)
+    labels = inputs.clone()
+    labels[:, : len(prefix)] = -100
+    return inputs, labels
+
+
+def scored_per_window(window: int, prefix: Sequence[int]) -> int:
+    """The tokens a window of ``window`` text tokens predicts (:func:`window_tensors`)."""
+    return window if prefix else window - 1
+
+
 @dataclass
 class TextStream:
-    """The token ids of the whole text (``ids``: the tokenizer's special tokens included), where they came
-    from (``source``, ``columns``), how many rows were joined (``rows``; None for a text file), whether the
-    text was read to its end (``complete``: False when ``max_examples`` stopped it early), and ``notes``."""
+    """The token ids of the whole text (``ids``: without special tokens), the tokens every window is read after
+    (``prefix``: the tokenizer's, e.g. BOS), where they came from (``source``, ``columns``), how many rows were
+    joined (``rows``; None for a text file), whether the text was read to its end (``complete``: False when
+    ``max_examples`` stopped it early), and ``notes``."""
 
     ids: array
     source: str
@@ -57,6 +84,7 @@ class TextStream:
     rows: int | None
     complete: bool
     notes: list[str] = field(default_factory=list)
+    prefix: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """What a report records of the text."""
@@ -67,6 +95,7 @@ class TextStream:
             "rows_joined": self.rows,
             "joined_with": ROW_SEPARATOR if self.rows is not None else None,
             "complete": self.complete,
+            "window_prefix": list(self.prefix),
             "layout": "windows",
             "notes": list(self.notes),
         }
@@ -99,8 +128,8 @@ def _stream(ds: Any, source: str, is_txt: bool, tokenizer: Any, config: DataConf
         column = pick(list(ds.column_names), config.text_col, TEXT_COLUMNS, "text", "--text-col", source)
         assert column is not None
         columns, pieces = {"text": column}, pieces_of(_row_chunks(ds, column, source, counts))
-    prefix, suffix = affixes(tokenizer)
-    limit = None if config.max_examples is None else max(config.max_examples * longest - len(prefix), 1)
+    prefix = affixes(tokenizer)[0]
+    limit = None if config.max_examples is None else config.max_examples * longest
     ids, stopped = token_ids(pieces, tokenizer, limit)
     if not is_txt and counts["joined"] == 0:
         raise HeadcutError(f"{source} has no text: every row misses a value in {columns['text']!r}")
@@ -109,16 +138,12 @@ def _stream(ds: Any, source: str, is_txt: bool, tokenizer: Any, config: DataConf
             f"skipped {counts['skipped']} row{'s' if counts['skipped'] != 1 else ''} without a value in "
             f"{columns['text']!r}"
         )
-    stream = array("q", prefix)
-    stream.extend(ids)
     if stopped:
         notes.append(
-            f"read the first {len(stream)} tokens of {source}: enough for --max-examples "
+            f"read the first {len(ids)} tokens of {source}: enough for --max-examples "
             f"{config.max_examples} windows of {longest} tokens (the rest of the text was not read)"
         )
-    else:
-        stream.extend(suffix)
-    return TextStream(stream, source, columns, None if is_txt else counts["joined"], not stopped, notes)
+    return TextStream(ids, source, columns, None if is_txt else counts["joined"], not stopped, notes, list(prefix))
 
 
 def _window_calibration(
@@ -130,11 +155,14 @@ def _window_calibration(
     if stream.complete and len(stream.ids) % window:
         notes.append(f"window {window}: dropped the last {len(stream.ids) % window} tokens (less than one window)")
     per_batch = max(1, config.batch_size * config.seq_len // window)
-    ids = torch.frombuffer(stream.ids, dtype=torch.int64)[: count * window].view(count, window)
+    text = torch.frombuffer(stream.ids, dtype=torch.int64)[: count * window]
+    inputs, labels = window_tensors(text, window, stream.prefix)
     batches = []
     for start in range(0, count, per_batch):
-        part = ids[start : start + per_batch].clone()
-        batches.append({"input_ids": part, "attention_mask": torch.ones_like(part), "labels": part.clone()})
+        part = inputs[start : start + per_batch].clone()
+        batches.append(
+            {"input_ids": part, "attention_mask": torch.ones_like(part), "labels": labels[start : start + per_batch]}
+        )
     return Calibration(
         task="causal-lm",
         batches=batches,
@@ -144,8 +172,8 @@ def _window_calibration(
         seq_len=window,
         batch_size=per_batch,
         seed=config.seed,
-        tokens=count * window,
-        scored_tokens=count * (window - 1),
+        tokens=count * (window + len(stream.prefix)),
+        scored_tokens=count * scored_per_window(window, stream.prefix),
         notes=notes,
         layout="windows",
         tokenizer=tokenizer,
@@ -174,6 +202,14 @@ def load_windows(
             raise HeadcutError(f"{label('windows')} {size}: a window needs at least 2 tokens")
         if limit is not None and size > limit:
             raise HeadcutError(f"{label('windows')} {size} is longer than the model's {limit} positions")
+    prefix = affixes(tokenizer)[0]
+    for size in sizes:
+        if limit is not None and size + len(prefix) > limit:
+            raise HeadcutError(
+                f"{label('windows')} {size}: each window is read after the {len(prefix)} token"
+                f"{'s' if len(prefix) != 1 else ''} the tokenizer puts before a text (its BOS), "
+                f"{size + len(prefix)} positions, longer than the model's {limit}; give at most {limit - len(prefix)}"
+            )
     with open_rows(config, dataset) as (ds, source, is_txt):
         stream = _stream(ds, source, is_txt, tokenizer, config, max(sizes))
     if not stream.ids:
@@ -188,7 +224,7 @@ def load_windows(
         rows = model.get_input_embeddings().num_embeddings
     except (AttributeError, NotImplementedError):
         rows = None
-    top = max(stream.ids)
+    top = max(max(stream.ids), max(stream.prefix, default=0))
     if rows is not None and top >= rows:
         raise HeadcutError(
             f"the tokenizer gives token id {top} but the model has {rows} token embeddings: the "
