@@ -306,6 +306,7 @@ def _assert_from_declaration(spec, param, where):
 def _offered():
     """Which config classes each command offers on its command line (a method's options: with --method), each
     a class (every declared option) or (class, the fields it leaves out)."""
+    from headcut.catalog import STAGES
     from headcut.cli.output import Reporting
     from headcut.config import (
         BenchConfig,
@@ -327,9 +328,10 @@ def _offered():
         TrajectoryOptions,
     )
     from headcut.data.config import DataConfig
-    from headcut.jobs.prune.stages.cut import Cut
-    from headcut.jobs.prune.stages.recover import Recover
-    from headcut.jobs.prune.stages.refit import Refit
+    from headcut.jobs.prune.stages import stage_class
+
+    stages = [stage_class(kind) for kind in STAGES if kind != "choose"]  # every stage kind's options: prune's flags
+    cut = stage_class("cut")
 
     shared = [Reporting, ModelSource]
     data_only = (DataSources, ("eval_data", "eval_split", "recover_data"))
@@ -338,7 +340,7 @@ def _offered():
         "info": shared,
         "score": [ScoreConfig, PlotOptions, DataConfig, data_only, seed_only, *shared],
         "prune": [Budget, ScheduleOptions, RecipeChoice, LayerwiseConfig, TrajectoryOptions, DataConfig]
-        + [Cut, Refit, Recover, DataSources]
+        + [*stages, DataSources]
         + [OutputSettings, RunSettings, *shared],
         "finetune": [
             FinetuneConfig,
@@ -351,7 +353,7 @@ def _offered():
         ],
         "export": [
             MaskSource,
-            (Cut, tuple(s.name for s in specs(Cut) if s.name != "gqa")),
+            (cut, tuple(s.name for s in specs(cut) if s.name != "gqa")),
             OutputSettings,
         ]
         + shared,  # prune's --gqa

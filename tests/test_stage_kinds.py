@@ -25,7 +25,7 @@ class Scale(PruneStage):
     """Multiplies every floating-point weight of the cut model by ``gain`` (observable in the written weights)."""
 
     kind: ClassVar[str] = "scale"
-    summary: ClassVar[str] = "every weight of the cut model multiplied by a gain (a test's stage)"
+    summary: ClassVar[str] = "weights times a gain"
     after: ClassVar[tuple[str, ...]] = ("cut",)
 
     gain: float = option(1.0, low=0.0, high=4.0, metavar="G", panel="Scale", help="The factor of every weight.")
@@ -73,7 +73,7 @@ def _weights(folder) -> dict[str, torch.Tensor]:
 def test_a_registered_stage_kind_is_listed_with_its_options(scale_stage):
     listed = run("recipes")
     assert listed.exit_code == 0, listed.output
-    assert "scale" in listed.stdout and "gain=1.0" in listed.stdout and "a test's stage" in listed.stdout
+    assert "scale" in listed.stdout and "gain=1.0" in listed.stdout and "weights times a gain" in listed.stdout
     helped = run("prune", "--help")
     assert "--gain" in helped.stdout and "The factor of every weight" in helped.stdout
 

@@ -384,10 +384,17 @@ STAGES: dict[str, StageEntry] = {
             switch="refit",
         ),
         StageEntry(
+            "distill",
+            "headcut.jobs.prune.stages.distill:Distill",
+            "each changed attention block trained alone to reproduce the unpruned model's block",
+            after=("cut", "refit"),
+            switch="distill_steps",
+        ),
+        StageEntry(
             "recover",
             "headcut.jobs.prune.stages.recover:Recover",
             "recovery fine-tuning of the cut model, distilled from the unpruned one",
-            after=("cut", "refit"),
+            after=("cut", "refit", "distill"),
             switch="recover_steps",
         ),
     )

@@ -250,7 +250,7 @@ class TrajectoryOptions:
         None,
         metavar="FILE.csv",
         panel=R,
-        help="Per-step metric to FILE.csv and a PNG (needs --eval-data).",
+        help="Per-step metric: FILE.csv and a PNG (--eval-data).",
     )
 
 

@@ -61,8 +61,8 @@ class DataSources:
         None,
         metavar=DATA_METAVAR,
         panel=OPTIONS_PANEL,
-        help="Held-out data, in the formats of --data (and differing from it): the metric before/after, every "
-        "--eval-every steps, and prune's --max-drop and --trajectory.",
+        help="Held-out data (the formats of --data, other rows): the metric before/after, every --eval-every "
+        "steps, prune's --max-drop and --trajectory.",
     )
     eval_split: str = option(
         "validation", metavar="SPLIT", panel=OPTIONS_PANEL, help="Split of an --eval-data datasets name."
@@ -126,8 +126,7 @@ class RunSettings:
     resume: bool = option(
         False,
         panel=TRAINING_PANEL,
-        help="Continue an interrupted run from OUT.headcut-checkpoint/ (the same settings; --epochs/--max-steps may "
-        "grow).",
+        help="Continue an interrupted run from OUT.headcut-checkpoint/ (--epochs/--max-steps may grow).",
     )
     #: a training run's resume checkpoint folder (None: OUT.headcut-checkpoint; the Python API's)
     checkpoint_dir: Any = None

@@ -44,16 +44,14 @@ class Cut(PruneStage):
     uniform: bool = option(
         False,
         panel=B,
-        help="Keep the same number of heads in every block (most decoders: a stock "
-        "transformers checkpoint, no remote code).",
+        help="The same number of heads in every block (a stock checkpoint for most decoders).",
     )
     gqa: str = option(
         "auto",
         choices=GQA_POLICIES,
         metavar="POLICY",
         panel=B,
-        help="Grouped-query attention: group/auto (remove whole KV groups), uniform (equal query heads in every "
-        "remaining group), duplicate (any query head; KV heads copied).",
+        help="GQA: group/auto (whole KV groups), uniform (equal query heads per group), duplicate (KV heads copied).",
     )
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
     allocation: str = option(
