@@ -193,7 +193,7 @@ def distill_blocks(
     calibration: Calibration,
     *,
     steps: int,
-    lr: float = 1e-4,
+    lr: float = 1e-3,
     train: str = "attention",
     inputs: str = "unpruned",
     seed: int = 0,

@@ -35,7 +35,7 @@ class Distill(PruneStage):
     switch: ClassVar[str | None] = "distill_steps"
 
     distill_steps: int = option(0, low=0, metavar="N", panel=R, help="Per-block distillation steps (0: off).")
-    distill_lr: float = option(1e-4, low=0, metavar="LR", panel=R, help="Per-block distillation learning rate.")
+    distill_lr: float = option(1e-3, low=0, metavar="LR", panel=R, help="Per-block distillation learning rate.")
     distill_train: str = option(
         "attention",
         choices=TRAINED,
