@@ -330,6 +330,36 @@ def test_a_signal_stops_bench_and_its_worker_at_once(llama, tmp_path, signum):
     assert_gone(pids)
 
 
+def _started(python: Path, pids: Path) -> vllm_rows.VllmEngine:
+    engine = vllm_rows.VllmEngine(str(python), "test")
+    deadline = time.monotonic() + 30
+    while not (pids / "child").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return engine
+
+
+def test_an_interrupted_engine_is_stopped_at_once_without_quit(tmp_path):
+    """An interruption that lands while the engine is being made (the signal held while the worker starts, raised
+    as the constructor ends: its owner never holds it) leaves it to the exit hook, and a Ctrl-C being handled
+    closes it: both stop the worker's group at once, without the polite ``quit`` an interrupted worker never answers
+    (it waited 20 s for the answer and 20 s more for the exit: bench outlived Ctrl-C by a minute under load)."""
+    python, pids = fake_python(tmp_path, "sleepy")
+    _started(python, pids)  # left open, as by the interruption
+    start = time.monotonic()
+    vllm_rows._close_open()
+    assert time.monotonic() - start < PROMPT_S and not vllm_rows._OPEN
+    assert_gone(pids)
+    python, pids = fake_python(tmp_path / "again", "sleepy")
+    engine = _started(python, pids)
+    start = time.monotonic()
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        engine.close()
+    assert time.monotonic() - start < PROMPT_S
+    assert_gone(pids)
+
+
 # ---- what the worker reports, and what is refused before it starts ---------------------------------------------------
 
 #: pydantic's text of a validator's failure (vLLM's ModelConfig over a prompt longer than the model's positions)

@@ -54,6 +54,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -186,12 +187,14 @@ class VllmEngine:
     def close(self) -> None:
         """Stop the worker (``quit`` when it is idle, then its process group, see the module) and remove its log;
         never waits more than about ``QUIT_S * 2 + TERM_S * 2`` seconds, and only an idle worker that answers
-        ``quit`` that long."""
+        ``quit`` that long. Called while an interruption (Ctrl-C, SIGTERM) is being handled, it stops the group at
+        once."""
         if self._stopped:
             return
         grace = 0.0
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)  # Ctrl-C, SIGTERM: stop now, no quit
         try:
-            if self._pending is None and not wait_exit(self.proc):
+            if not interrupted and self._pending is None and not wait_exit(self.proc):
                 try:
                     self.call(cmd="quit")
                     grace = QUIT_S
@@ -320,10 +323,12 @@ class VllmEngine:
 
 @atexit.register
 def _close_open() -> None:
-    """Close the engines still open when the interpreter exits (a path that missed :meth:`VllmEngine.close`)."""
+    """Stop the engines still open when the interpreter exits, at once (no ``quit``: only a path that missed
+    :meth:`VllmEngine.close` leaves one, such as an interruption while the engine was being made, before its owner
+    held it)."""
     for engine in list(_OPEN):
         try:
-            engine.close()
+            engine._stop()
         except (HeadcutError, OSError):
             pass
 
