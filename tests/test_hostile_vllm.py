@@ -293,6 +293,47 @@ def test_a_worker_that_beats_but_never_answers_meets_the_total_deadline(llama, t
 # ---- signals ---------------------------------------------------------------------------------------------------
 
 
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def test_an_ignored_hangup_is_left_ignored(llama, tmp_path):
+    """``nohup headcut ...``: SIGHUP ignored by the caller stays ignored (closing the terminal does not stop the
+    run); SIGTERM still stops it, with its worker."""
+    python, pids = fake_python(tmp_path, "sleepy")
+
+    def nohup() -> None:
+        _default_signals()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headcut", "bench", str(llama), *SMALL, "--vllm-python", str(python)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        preexec_fn=nohup,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (pids / "child").is_file() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (pids / "child").is_file(), proc.communicate(timeout=30)
+        os.kill(proc.pid, signal.SIGHUP)
+        time.sleep(2)
+        assert proc.poll() is None  # still running
+        os.kill(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert_gone(pids)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_bench_and_its_worker_at_once(llama, tmp_path, signum):
     """``headcut bench --runtime vllm`` waiting for a worker that never answers: SIGTERM (to headcut) or Ctrl-C (SIGINT
@@ -306,6 +347,8 @@ def test_a_signal_stops_bench_and_its_worker_at_once(llama, tmp_path, signum):
         text=True,
         start_new_session=True,
         env=dict(os.environ, OMP_NUM_THREADS="1"),
+        # as a terminal's foreground job has them: a shell's background job (CI started with &) ignores SIGINT
+        preexec_fn=_default_signals,
     )
     try:
         deadline = time.monotonic() + 90

@@ -46,14 +46,19 @@ def stop_on_signals(stop: bool = True) -> None:
     """Make SIGTERM (a cancelled CI job, a pre-empted node) and SIGHUP (a closed terminal) stop a run the
     way Ctrl-C does: temporary outputs removed, resume checkpoints kept. ``stop=False``: their default action
     again (once a command has ended: a signal then ends the exiting process, with no exception raised into the
-    interpreter's shutdown)."""
+    interpreter's shutdown). A signal the caller ignores (``nohup`` ignores SIGHUP; a shell's background job,
+    SIGINT) stays ignored, as Python leaves an ignored SIGINT: closing the terminal of a ``nohup headcut ...`` run
+    must not stop it."""
 
     def handler(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
     for name in ("SIGTERM", "SIGHUP"):
         if hasattr(signal, name):
-            signal.signal(getattr(signal, name), handler if stop else signal.SIG_DFL)
+            number = getattr(signal, name)
+            if signal.getsignal(number) == signal.SIG_IGN:
+                continue
+            signal.signal(number, handler if stop else signal.SIG_DFL)
 
 
 #: the loggers whose records a command holds (besides the root logger, which the others propagate to)
