@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import one_line_error, run, save_tiny
@@ -293,6 +294,27 @@ def test_a_worker_that_beats_but_never_answers_meets_the_total_deadline(llama, t
 # ---- signals ---------------------------------------------------------------------------------------------------
 
 
+def _bench_waiting(llama: Path, python: Path, pids: Path, preexec: Any) -> subprocess.Popen:
+    """``headcut bench --runtime vllm`` with the fake ``python``, once its worker and the worker's child run
+    (headcut then waits for the answer to load); ``preexec``: the signal dispositions it starts with."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "headcut", "bench", str(llama), *SMALL, "--vllm-python", str(python)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        preexec_fn=preexec,
+    )
+    deadline = time.monotonic() + 90
+    while not (pids / "child").is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not (pids / "child").is_file():
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the worker never started: {proc.communicate(timeout=30)}")
+    return proc
+
+
 def _default_signals() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, signal.SIG_DFL)
@@ -307,20 +329,8 @@ def test_an_ignored_hangup_is_left_ignored(llama, tmp_path):
         _default_signals()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "headcut", "bench", str(llama), *SMALL, "--vllm-python", str(python)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        preexec_fn=nohup,
-    )
+    proc = _bench_waiting(llama, python, pids, nohup)
     try:
-        deadline = time.monotonic() + 90
-        while not (pids / "child").is_file() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (pids / "child").is_file(), proc.communicate(timeout=30)
         os.kill(proc.pid, signal.SIGHUP)
         time.sleep(2)
         assert proc.poll() is None  # still running
@@ -340,21 +350,9 @@ def test_a_signal_stops_bench_and_its_worker_at_once(llama, tmp_path, signum):
     to headcut's process group, as a terminal sends it; the worker has a session of its own) ends it within seconds
     with 128 + the signal, the worker and its child gone."""
     python, pids = fake_python(tmp_path, "sleepy")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "headcut", "bench", str(llama), *SMALL, "--vllm-python", str(python)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        # as a terminal's foreground job has them: a shell's background job (CI started with &) ignores SIGINT
-        preexec_fn=_default_signals,
-    )
+    # as a terminal's foreground job has them: a shell's background job (CI started with &) ignores SIGINT
+    proc = _bench_waiting(llama, python, pids, _default_signals)
     try:
-        deadline = time.monotonic() + 90
-        while not (pids / "child").is_file() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert (pids / "child").is_file(), proc.communicate(timeout=30)
         time.sleep(0.2)  # headcut is waiting for the answer to load
         if signum == signal.SIGINT:
             os.killpg(proc.pid, signum)

@@ -1,7 +1,7 @@
 """Block-local distillation after a cut: each attention block the cut changed is trained alone to reproduce the
 unpruned model's block on cached calibration inputs.
 
-NVIDIA's Puzzle (Bercovich et al. 2024, "Puzzle: Distillation-Based NAS for Inference-Optimized LLMs", §3: "blockwise
+NVIDIA's Puzzle (Bercovich et al. 2024, "Puzzle: Distillation-Based NAS for Inference-Optimized LLMs": "blockwise
 local distillation") trains every replacement block on its own, against the parent's block, with the parent's
 activations as its input; the blocks are independent, so only one is in memory and trained at a time. Here, for
 each block of the cut model with fewer query or KV heads than the unpruned model's block of the same name, in the
