@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+#: PYTHONFAULTHANDLER: a worker that crashes prints where (a crash in a rank otherwise shows only its signal)
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
 
 
 def launch(*args: str, cwd: Path, fsdp_config: bool = False) -> subprocess.CompletedProcess:
@@ -80,6 +83,11 @@ def torchrun(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess
         *args,
     ]
     return subprocess.run(cmd, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+
+
+def crashed(res: subprocess.CompletedProcess) -> bool:
+    """Whether a rank of a ``torchrun`` died of a signal a Python program cannot raise (a crash in native code)."""
+    return res.returncode != 0 and re.search(r"exitcode\s*:\s*-(11|7|6)\b", res.stderr) is not None
 
 
 def one_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -336,7 +344,15 @@ def test_resume_under_engine(tiny, tmp_path, first, then):
     """Interrupted under ``first``, resumed under ``then`` (the checkpoint layout is the same)."""
     script = tmp_path / "resume.py"
     script.write_text(RESUME)
-    res = torchrun(script, first, then, str(tiny / "model"), str(tiny / "train.csv"), str(tmp_path), cwd=tmp_path)
+    for attempt in range(2):
+        work = tmp_path / f"attempt{attempt}"
+        work.mkdir()
+        res = torchrun(script, first, then, str(tiny / "model"), str(tiny / "train.csv"), str(work), cwd=tmp_path)
+        if not (attempt == 0 and crashed(res)):
+            break
+        # once in some hundred runs under CI's load a gloo rank died of SIGSEGV inside torch (the other rank then
+        # saw "Connection reset by peer"); a crash is run again once, in a fresh folder, and shown in the summary
+        warnings.warn(f"a torchrun rank crashed; run again once:\n{res.stderr[-3000:]}", stacklevel=1)
     assert res.returncode == 0, res.stderr[-3000:]
     worst = float(res.stdout.split("WORST")[1].split()[0])
     # a run resumed under its own engine ends exactly where an uninterrupted one ends; under the other

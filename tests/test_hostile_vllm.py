@@ -38,17 +38,17 @@ WATCHDOG_S = 120
 #: what each fake does once it runs as the worker (``$PIDS``: the folder of its process id files)
 BEHAVIOURS = {
     # reads its commands and never answers
-    "silent": 'echo $$ > "$PIDS/worker"\nwhile read -r line; do :; done\n',
+    "silent": "note worker $$\nwhile read -r line; do :; done\n",
     # never answers, and waits for a child process of its own
-    "sleepy": 'echo $$ > "$PIDS/worker"\nsleep 1000 &\necho $! > "$PIDS/child"\nwait\n',
+    "sleepy": "note worker $$\nsleep 1000 &\nnote child $!\nwait\n",
     # answers a line that is not JSON (with escape bytes) and waits for a child
-    "junk": 'echo $$ > "$PIDS/worker"\nsleep 1000 &\necho $! > "$PIDS/child"\nread -r line\n'
+    "junk": "note worker $$\nsleep 1000 &\nnote child $!\nread -r line\n"
     "printf 'Loading \\033[31mweights\\033[0m\\007 ... done\\n'\nwait\n",
     # exits at once with status 3, leaving a child behind (its output elsewhere, so the pipe closes)
-    "exits": 'echo $$ > "$PIDS/worker"\nsleep 1000 >/dev/null 2>&1 &\necho $! > "$PIDS/child"\n'
+    "exits": "note worker $$\nsleep 1000 >/dev/null 2>&1 &\nnote child $!\n"
     'echo "worker: cannot start: no \\033[1mGPU\\033[0m" >&2\nexit 3\n',
     # answers every command with an error that holds escape bytes (JSON-escaped), quit with ok
-    "failing": 'echo $$ > "$PIDS/worker"\nprintf "\\033]0;pwned\\007\\033[2J log line\\n" >&2\n'
+    "failing": 'note worker $$\nprintf "\\033]0;pwned\\007\\033[2J log line\\n" >&2\n'
     "while read -r line; do\n"
     '  case "$line" in\n'
     "    *quit*) echo '{\"ok\": true}'; exit 0;;\n"
@@ -56,7 +56,7 @@ BEHAVIOURS = {
     "  esac\n"
     "done\n",
     # answers load with JSON that is not the facts of an engine, quit with ok
-    "odd": 'echo $$ > "$PIDS/worker"\n'
+    "odd": "note worker $$\n"
     "while read -r line; do\n"
     '  case "$line" in\n'
     "    *quit*) echo '{\"ok\": true}'; exit 0;;\n"
@@ -75,6 +75,8 @@ def fake_python(folder: Path, behaviour: str) -> tuple[Path, Path]:
     script.write_text(
         "#!/bin/sh\n"
         f"PIDS='{pids}'\n"
+        # a process id file appears whole (written aside, then renamed): the test may stop the fake between the two
+        'note() { echo "$2" > "$PIDS/.$1"; mv "$PIDS/.$1" "$PIDS/$1"; }\n'
         'if [ "$1" = "-c" ]; then\n  echo "headcut-vllm-probe 0.0-fake"\n  exit 0\nfi\n' + BEHAVIOURS[behaviour]
     )
     script.chmod(0o755)
@@ -227,7 +229,10 @@ def test_a_probe_that_sleeps_is_stopped_with_its_children(llama, tmp_path, monke
     pids = tmp_path / "pids"
     pids.mkdir()
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\necho $$ > {pids}/worker\nsleep 1000 &\necho $! > {pids}/child\nwait\n")
+    python.write_text(
+        f"#!/bin/sh\necho $$ > {pids}/.w; mv {pids}/.w {pids}/worker\nsleep 1000 &\n"
+        f"echo $! > {pids}/.c; mv {pids}/.c {pids}/child\nwait\n"
+    )
     python.chmod(0o755)
     start = time.monotonic()
     result = bench(llama, python)
@@ -261,9 +266,14 @@ def fake_vllm(folder: Path, import_s: float) -> Path:
     pids.mkdir()
     (site / "vllm" / "__init__.py").write_text(
         "import os, subprocess, time\n"
-        f"open({str(pids / 'worker')!r}, 'w').write(str(os.getpid()))\n"
+        "def note(name, pid):\n"
+        f"    aside = os.path.join({str(pids)!r}, '.' + name)\n"
+        "    with open(aside, 'w') as f:\n"
+        "        f.write(str(pid))\n"
+        f"    os.replace(aside, os.path.join({str(pids)!r}, name))\n"
+        "note('worker', os.getpid())\n"
         "child = subprocess.Popen(['sleep', '1000'])\n"
-        f"open({str(pids / 'child')!r}, 'w').write(str(child.pid))\n"
+        "note('child', child.pid)\n"
         f"time.sleep({import_s})\n"
         "__version__ = '0.0-fake'\n"
     )
