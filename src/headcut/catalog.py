@@ -384,17 +384,24 @@ STAGES: dict[str, StageEntry] = {
             switch="refit",
         ),
         StageEntry(
+            "merge",
+            "headcut.jobs.prune.stages.merge:Merge",
+            "the KV heads of the blocks measured cheapest merged into fewer, every query head kept",
+            after=("cut", "refit"),
+            switch="merge_layers",
+        ),
+        StageEntry(
             "distill",
             "headcut.jobs.prune.stages.distill:Distill",
             "each changed attention block trained alone to reproduce the unpruned model's block",
-            after=("cut", "refit"),
+            after=("cut", "refit", "merge"),
             switch="distill_steps",
         ),
         StageEntry(
             "recover",
             "headcut.jobs.prune.stages.recover:Recover",
             "recovery fine-tuning of the cut model, distilled from the unpruned one",
-            after=("cut", "refit", "distill"),
+            after=("cut", "refit", "merge", "distill"),
             switch="recover_steps",
         ),
     )

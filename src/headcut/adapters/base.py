@@ -92,11 +92,14 @@ class BlockCut:
     """What to keep in one block, in the block's *current* head numbering.
 
     ``q``: kept query heads, in order. ``kv``: the KV head serving each kept KV slot (repeats mean
-    duplication). ``groups``: query heads per KV slot after the cut."""
+    duplication). ``groups``: query heads per KV slot after the cut. ``merged``: for a block whose KV heads were
+    merged (:mod:`headcut.model.kv_merge`), the KV heads behind each slot (the first is ``kv``'s); its query heads
+    then come from any of them."""
 
     q: tuple[int, ...]
     kv: tuple[int, ...]
     groups: int = 1
+    merged: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclass
@@ -408,6 +411,18 @@ class Adapter:
 
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(cache=block.kind in self.cached_kinds)
+
+    #: why the family's KV heads cannot be merged (:mod:`headcut.model.kv_merge`); a family that can overrides
+    #: :meth:`kv_merge_refusal`
+    no_kv_merge: ClassVar[str] = (
+        "merging KV heads is exact for grouped-query attention with separate q/k/v projections, a full rotary "
+        "embedding in transformers' rotate_half layout and no norm on the keys"
+    )
+
+    def kv_merge_refusal(self, config: Any) -> str | None:
+        """Why this model's KV heads cannot be merged (its ``config``), or None where they can: the merge aligns
+        keys by complex scalars on RoPE's ``(j, j + head_dim/2)`` pairs (see :mod:`headcut.model.kv_merge`)."""
+        return self.no_kv_merge
 
     def cache_costs(self, base: nn.Module, blocks: list[Block]) -> dict[str, CacheCost]:
         """What each block of a generating model holds in its cache (:class:`CacheCost`), by the layer kinds

@@ -53,6 +53,21 @@ class LlamaAdapter(Adapter):
     def empty_style(self, block: Block) -> EmptyStyle:
         return EmptyStyle(o="o_proj", cache=True)
 
+    #: the model types whose KV heads :mod:`headcut.model.kv_merge` merges exactly
+    kv_merge_types: ClassVar[tuple[str, ...]] = ("llama", "mistral", "qwen2")
+
+    def kv_merge_refusal(self, config: Any) -> str | None:
+        # Llama, Qwen2 and Mistral rotate whole heads in the rotate_half layout and do not normalise keys; a family
+        # subclassing this adapter (SmolLM3: layers without RoPE; Qwen3, Gemma 3, OLMo 2: normed keys) is refused
+        # unless listed
+        if getattr(config, "model_type", None) not in self.kv_merge_types:
+            return self.no_kv_merge
+        rope = getattr(config, "rope_parameters", None) or {}
+        partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+        if partial is not None and float(partial) != 1.0:
+            return f"partial_rotary_factor {partial}: the merge aligns keys on whole rotated heads"
+        return None
+
     #: why another family built on this adapter is not written as DeciLM (each sets its own reason)
     no_decilm = "its blocks are not Llama's"
     #: the model types whose blocks vLLM's DeciLM (Llama attention and MLP, ``nemotron_nas.py`` over

@@ -33,8 +33,7 @@ class TrainConfig:
         None,
         low=1,
         panel=T,
-        help="Passes over --data (default: finetune 3; learned gates "
-        "3 joint, 1 pipelined; auber's final fine-tune at most 2).",
+        help="Passes over --data (default: finetune 3; learned gates 3 joint, 1 pipelined; auber at most 2).",
     )
     max_steps: int | None = option(
         None,
@@ -86,7 +85,7 @@ class TrainConfig:
         100,
         low=1,
         panel=T,
-        help="Write the resume checkpoint every N steps (lottery writes one after every iteration instead).",
+        help="Write the resume checkpoint every N steps (lottery: after every iteration).",
     )
     seed: int = 0
     shuffle: bool = option(True, cli=False, help="Shuffle the batches every epoch.")

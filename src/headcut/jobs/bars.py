@@ -17,6 +17,7 @@ class Bars:
         "score": "batches",
         "eval": "batches",
         "refit": "batches",
+        "merge": "blocks",
         "train": "steps",
         "agent": "episodes",
     }
@@ -28,6 +29,7 @@ class Bars:
             "score": "scoring",
             "eval": "evaluating",
             "refit": "refitting the output projections (least squares)",
+            "merge": "merging KV heads (each block's cost alone)",
             "train": train or f"training gates ({method})",
             "agent": f"training the {method} agent",
         }

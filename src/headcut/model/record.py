@@ -81,8 +81,11 @@ def _check_shape(record: Any, where: str) -> dict[str, Any]:
     if not isinstance(record["blocks"], dict) or not isinstance(record["ops"], list):
         raise _damaged(where, "blocks must be an object and ops a list")
     for name, entry in record["blocks"].items():
-        if not isinstance(entry, dict) or set(entry) != ENTRY_KEYS:
-            raise _damaged(where, f"block {name!r} needs exactly the keys {', '.join(sorted(ENTRY_KEYS))}")
+        if not isinstance(entry, dict) or not ENTRY_KEYS <= set(entry) <= ENTRY_KEYS | {"merged"}:
+            raise _damaged(where, f"block {name!r} needs exactly the keys {', '.join(sorted(ENTRY_KEYS))} (and merged)")
+        merged = entry.get("merged")
+        if merged is not None and not (isinstance(merged, list) and all(_int_list(c) and c for c in merged)):
+            raise _damaged(where, f"block {name!r}: merged must be a list of lists of KV head indices")
         if not (_int_list(entry["q"]) and _int_list(entry["kv"])):
             raise _damaged(where, f"block {name!r}: q and kv must be lists of head indices")
         for key in ("groups", "heads", "kv_heads"):
@@ -110,9 +113,17 @@ def _check_entry(where: str, name: str, entry: dict[str, Any], heads: int, kv_he
     if not 1 <= groups <= heads or len(q) != len(kv) * groups:
         raise _damaged(where, f"block {name}: {len(q)} query heads do not fill {len(kv)} KV slots of {groups}")
     full_group = heads // kv_heads if kv_heads else 1
-    if any(q[i] // full_group != kv[i // groups] for i in range(len(q))):
+    merged = entry.get("merged")
+    if merged is not None:  # a merged block: each slot's KV head is the first of the heads merged into it
+        flat = [k for cluster in merged for k in cluster]
+        if len(merged) != len(kv) or any(c[0] != k for c, k in zip(merged, kv)):
+            raise _damaged(where, f"block {name}: merged does not list each KV slot's heads, its own first")
+        if len(set(flat)) != len(flat) or any(not 0 <= k < kv_heads for k in flat):
+            raise _damaged(where, f"block {name}: merged names a KV head twice or out of range")
+    slots = merged if merged is not None else [[k] for k in kv]
+    if any(q[i] // full_group not in slots[i // groups] for i in range(len(q))):
         raise _damaged(where, f"block {name}: a query head is paired with another group's KV head")
-    return BlockCut(tuple(q), tuple(kv), groups)
+    return BlockCut(tuple(q), tuple(kv), groups, None if merged is None else tuple(tuple(c) for c in merged))
 
 
 def _plain(value: Any) -> Any:

@@ -132,6 +132,11 @@ def _compose(previous: dict[str, Any] | None, blocks: list[Block], cuts: dict[st
             entry = dict(
                 prior, q=[prior["q"][i] for i in cut.q], kv=[prior["kv"][j] for j in cut.kv], groups=cut.groups
             )
+            behind = prior.get("merged") or [[k] for k in prior["kv"]]  # the original KV heads behind each slot
+            if cut.merged is not None:
+                entry["merged"] = [[k for slot in cluster for k in behind[slot]] for cluster in cut.merged]
+            elif "merged" in prior:
+                entry["merged"] = [behind[j] for j in cut.kv]
         full_groups = entry["heads"] // entry["kv_heads"] if entry["kv_heads"] else 1
         unchanged = (
             entry["q"] == list(range(entry["heads"]))
@@ -167,10 +172,16 @@ def slim(model: nn.Module, mask: HeadMask | dict[str, Any], gqa: str = "auto") -
     model's current head numbering. Refuses (HeadcutError) masks that name unknown blocks or heads,
     or that the GQA policy cannot realise, before changing anything.
     """
+    blocks = adapter_for(model).blocks(model.base_model)
+    return reshape(model, plan_cuts(resolve_mask(mask, blocks), blocks, gqa))
+
+
+def reshape(model: nn.Module, cuts: dict[str, BlockCut]) -> SlimResult:
+    """Realise ``cuts`` (per block, in its current numbering) on ``model`` in place and record them in
+    ``config.headcut``: what :func:`slim` does once the mask is planned (a merge of KV heads plans its own cuts)."""
     adapter = adapter_for(model)
     base = model.base_model
     blocks = adapter.blocks(base)
-    cuts = plan_cuts(resolve_mask(mask, blocks), blocks, gqa)
     before = count_params(model)
     heads_before = {b.name: b.heads for b in blocks}
     facts = adapter.prepare(model, cuts)

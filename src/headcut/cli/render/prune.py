@@ -202,6 +202,9 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         if metric is not None and metric.get("after_refit") is not None:
             line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after the refit {_fmt(metric['after_refit'])}"
         out.append(line)
+    merge = report.get("merge")
+    if merge is not None:
+        out += merge_lines(merge, metric)
     recovery = report.get("recovery")
     if recovery is not None:
         summary_ = recovery.get("history_summary") or {}
@@ -225,3 +228,35 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
             line += f"; {metric['name']} after {start_name} {_fmt(start)}, after recovery {_fmt(metric['after'])}"
         out.append(line)
     return out + checkpoint_lines(report) + formats_lines(report)
+
+
+def merge_lines(merge: dict[str, Any], metric: dict[str, Any] | None) -> list[Any]:
+    """The ``merge`` stage: the blocks merged, the KV heads and bytes before and after, each candidate's cost."""
+    merged = [row for row in merge["layers"] if row["merged"]]
+    to = merged[0]["to"] if merged else None
+    line = (
+        f"merge: the KV heads of {len(merged)} block{'s' if len(merged) != 1 else ''} merged into {to} each "
+        f"(every query head kept): KV heads {merge['kv_heads']['before']} -> {merge['kv_heads']['after']}"
+    )
+    kv = merge.get("kv_bytes")
+    if kv and kv.get("after") is not None:
+        line += f", KV cache at {kv['context']:,} tokens {kv['before']:,} -> {kv['after']:,} bytes"
+    line += (
+        f"; calibration {merge['metric']} {_fmt(merge['metric_before'])} -> {_fmt(merge['metric_after'])} "
+        f"(blocks kept whole above {merge['max_cost']:.1%} alone)"
+    )
+    if metric is not None and metric.get("after_merge") is not None:
+        line += f"; {metric['name']} after the merge {_fmt(metric['after_merge'])}"
+    table = Table(title="merge: each block's cost alone", box=box.SIMPLE_HEAD)
+    for col in ("block", "KV heads", "cost", "key error", "value error", "merged"):
+        table.add_column(col, justify="left" if col == "block" else "right")
+    for row in sorted(merge["layers"], key=lambda r: r["cost"]):
+        table.add_row(
+            row["block"],
+            f"{row['kv_heads']} -> {row['to']}",
+            f"{row['cost']:+.2%}",
+            f"{row['key_error']:.3f}",
+            f"{row['value_error']:.3f}",
+            "yes" if row["merged"] else ("no (over)" if row["over_threshold"] else "no"),
+        )
+    return [line, table]

@@ -44,14 +44,14 @@ class Cut(PruneStage):
     uniform: bool = option(
         False,
         panel=B,
-        help="The same number of heads in every block (a stock checkpoint for most decoders).",
+        help="The same heads in every block (a stock checkpoint).",
     )
     gqa: str = option(
         "auto",
         choices=GQA_POLICIES,
         metavar="POLICY",
         panel=B,
-        help="GQA: group/auto (whole KV groups), uniform (equal query heads per group), duplicate (KV heads copied).",
+        help="GQA: group/auto (whole KV groups), uniform (equal query heads a group), duplicate (KV copied).",
     )
     min_heads_per_block: int = option(0, low=0, metavar="M", panel=B, help="Never take a block below M heads.")
     allocation: str = option(

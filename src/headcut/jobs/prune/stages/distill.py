@@ -31,7 +31,7 @@ class Distill(PruneStage):
 
     kind: ClassVar[str] = "distill"
     summary: ClassVar[str] = "each changed attention block trained alone to reproduce the unpruned model's block"
-    after: ClassVar[tuple[str, ...]] = ("cut", "refit")
+    after: ClassVar[tuple[str, ...]] = ("cut", "refit", "merge")
     switch: ClassVar[str | None] = "distill_steps"
 
     distill_steps: int = option(0, low=0, metavar="N", panel=R, help="Per-block distillation steps (0: off).")

@@ -32,7 +32,7 @@ class Recover(PruneStage):
 
     kind: ClassVar[str] = "recover"
     summary: ClassVar[str] = "recovery fine-tuning of the cut model, distilled from the unpruned one"
-    after: ClassVar[tuple[str, ...]] = ("cut", "refit", "distill")
+    after: ClassVar[tuple[str, ...]] = ("cut", "refit", "merge", "distill")
     switch: ClassVar[str | None] = "recover_steps"
 
     recover_steps: int = option(0, low=0, metavar="N", panel=R, help="Distilled recovery steps after the cut.")
