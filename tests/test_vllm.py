@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers import DECILM_FAMILIES, GENERATORS, LLAMA3_ROPE, YARN_ROPE, run, save_tiny, vllm_python
+from helpers import DECILM_FAMILIES, GENERATORS, LLAMA3_ROPE, YARN_ROPE, run, save_tiny, sentence, vllm_python
 
 import headcut
 import headcut_offline as offline
@@ -254,6 +254,33 @@ def test_vllm_serves_every_family_decilm_writes(tmp_path, family):
     written = res.report["formats"]["decilm"]
     facts = _served_as_headcut_loads(tmp_path / "cut", written, TINY_PROMPTS)
     assert {(a["heads"], a["head_size"]) for a in facts["attention"]} == {(written["query_heads"], 32)}
+
+
+@needs_vllm
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_vllm_serves_merged_kv_heads_written_as_decilm(tmp_path, family):
+    """``--merge-layers`` (issue 70): two layers' KV heads merged into one, every query head kept (Qwen2: with its
+    key biases merged too), written with --format decilm: vLLM builds 1 KV head in those layers and 2 elsewhere,
+    with no padding, and serves headcut.load's log-probabilities and greedy tokens."""
+    settings, _ = TINY_DECILM[family]
+    folder = save_tiny(tmp_path / family, family, GENERATORS[family], **settings)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(1)
+    text.write_text("\n".join(sentence(g, 12) for _ in range(60)) + "\n")
+    res = headcut.prune(
+        str(folder),
+        method="magnitude",
+        keep=18,
+        data=str(text),
+        data_options={"seq_len": 32},
+        merge_layers=2,
+        formats="safetensors,decilm",
+        out=str(tmp_path / "cut"),
+    )
+    written = res.report["formats"]["decilm"]
+    assert sorted(written["kv_heads"]) == [1, 1, 2] and written["padding"]["query_heads_added"] == 0
+    facts = _served_as_headcut_loads(tmp_path / "cut", written, TINY_PROMPTS)
+    assert {a["heads"] for a in facts["attention"]} == {6}
 
 
 def test_runtime_vllm_without_vllm_says_how_to_install_it(tmp_path):
