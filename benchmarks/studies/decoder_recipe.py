@@ -90,6 +90,8 @@ RECOVER_BASES: dict[str, tuple[str, dict[str, Any]]] = {
     "gradient": ("gradient", {}),
     "michel": ("michel", {"rounds": 3, "normalize": "none"}),
 }
+#: block-local distillation after a merge: the steps and learning rate the distill stage was measured best with
+MERGE_DISTILL: dict[str, Any] = {"distill_steps": 150, "distill_lr": 1e-3}
 #: Gemma 3's calibration (and recovery) blocks: 16 of 256 tokens in batches of 2 (its 262,144-token vocabulary
 #: makes a batch of 16's logits and their gradients some 9 GB; the page's Gemma 3 KV study reads 8 blocks in 2s)
 GEMMA_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 16, "batch_size": 2}
@@ -174,6 +176,17 @@ def candidates(model: str) -> list[Candidate]:
     rows.append(Candidate("flap+recovery-probe", flap_method, third, {**flap_kw, **_recovery(2)}, RECOVER_OPTIONS))
     uniform = {**flap_kw, "uniform": True, **_recovery(RECOVER_STEPS)}
     rows.append(Candidate("flap-uniform+recovery-third", flap_method, third, uniform, RECOVER_OPTIONS))
+    # issue 70: KV heads merged (every query head kept), the layers measured cheapest, with and without FLAP's bias
+    # compensation and block-local distillation; alone (12 layers of 3 KV heads into 1: 24 groups' bytes, a quarter;
+    # 15: 30, a third) and after a cut of whole groups (11 removed + 6 layers merged: 23 groups' bytes)
+    for name, removed, kw in (
+        ("merge12-quarter", 0, {"merge_layers": 12}),
+        ("merge12+bias-quarter", 0, {"merge_layers": 12, "merge_bias": True}),
+        ("merge12+distill-quarter", 0, {"merge_layers": 12, **MERGE_DISTILL}),
+        ("gradient+merge6+distill-quarter", 11, {"merge_layers": 6, **MERGE_DISTILL}),
+        ("merge15+distill-third", 0, {"merge_layers": 15, **MERGE_DISTILL}),
+    ):
+        rows.append(Candidate(name, "gradient", removed, kw))
     for tag, (method, base) in RECOVER_BASES.items():
         for average in (0.0, 0.5):
             for label, n in SMOLLM_BUDGETS.items():
@@ -276,6 +289,15 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
                 row["recovery"] = {k: recovery.get(k) for k in ("steps", "seconds", "history_summary")}
                 if recovery.get("steps"):
                     row["recovery"]["seconds_per_step"] = recovery["seconds"] / recovery["steps"]
+            merged = pruned.report.get("merge")
+            if merged:
+                row["merge"] = {
+                    k: merged[k] for k in ("blocks", "kv_heads", "kv_bytes", "metric_before", "metric_after")
+                }
+                row["merge"]["costs"] = {r["block"]: r["cost"] for r in merged["layers"]}
+            distilled = pruned.report.get("distill")
+            if distilled:
+                row["distill"] = {k: distilled.get(k) for k in ("steps", "lr", "seconds")}
             for key in ("uniform_budgets", "layerwise"):
                 if pruned.report.get(key) is not None:
                     row[key] = pruned.report[key]
