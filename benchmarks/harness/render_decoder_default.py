@@ -41,9 +41,21 @@ def is_default(row: dict[str, Any], recipe: Recipe) -> bool:
     return keywords == recipe.method_options and cut == wanted_cut and data == wanted_data
 
 
+def _saved(row: dict[str, Any]) -> int:
+    """The KV heads a row's cut left out of the cache: the groups its cut removed and those its merge folded into
+    others (``kv_heads_kept`` counts what is left; rows from before merging have only ``kv_removed``)."""
+    kept = row.get("kv_heads_kept")
+    return int(row["kv_groups"] - kept) if kept is not None else int(row["kv_removed"])
+
+
+def _removed(row: dict[str, Any]) -> str:
+    saved, merged = _saved(row), _saved(row) - int(row["kv_removed"])
+    return f"{saved} of {row['kv_groups']}" + (f" ({merged} by merging)" if merged else "")
+
+
 def _target(row: dict[str, Any], base: dict[str, float]) -> str:
-    """Which target the row is judged by (its share of the KV groups removed) and whether it holds."""
-    share = row["kv_removed"] / row["kv_groups"]
+    """Which target the row is judged by (its share of the KV heads left out of the cache) and whether it holds."""
+    share = _saved(row) / row["kv_groups"]
     for wanted, name, limit in TARGETS:
         if abs(share - wanted) < 0.03:
             worst = max(row["perplexity"][w] / base[w] - 1 for w in base)
@@ -98,13 +110,13 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
             "",
             f"### {title}",
             "",
-            "| candidate | method | KV groups removed | ppl@128 | ppl@2048 | target | stock | prune s | load |",
+            "| candidate | method | KV heads removed | ppl@128 | ppl@2048 | target | stock | prune s | load |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in mine:
             if r.get("refused"):
                 lines.append(
-                    f"| {r['name']} | {_what(r)} | {r['kv_removed']} of {r['kv_groups']} | refused: {r['refused']} "
+                    f"| {r['name']} | {_what(r)} | {_removed(r)} | refused: {r['refused']} "
                     "| | | | | |"
                 )
                 continue
@@ -114,7 +126,7 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
             stock = r.get("stock") or {}
             name = f"**{r['name']}** (default)" if recipe is not None and is_default(r, recipe) else r["name"]
             lines.append(
-                f"| {name} | {_what(r)} | {r['kv_removed']} of {r['kv_groups']} | "
+                f"| {name} | {_what(r)} | {_removed(r)} | "
                 f"{_rise(ppl['128'], base['128'])} | {_rise(ppl['2048'], base['2048'])} | "
                 f"{_target(r, base) if r.get('method') else ''} | "
                 f"{('yes' if stock.get('ok') else 'no') if stock else ''} | "
@@ -125,7 +137,7 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
             judged = [
                 r
                 for r in mine
-                if r.get("perplexity") and r.get("method") and abs(r["kv_removed"] / r["kv_groups"] - wanted) < 0.03
+                if r.get("perplexity") and r.get("method") and abs(_saved(r) / r["kv_groups"] - wanted) < 0.03
             ]
             if not judged:
                 continue

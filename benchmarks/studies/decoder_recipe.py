@@ -176,10 +176,11 @@ def candidates(model: str) -> list[Candidate]:
     rows.append(Candidate("flap+recovery-probe", flap_method, third, {**flap_kw, **_recovery(2)}, RECOVER_OPTIONS))
     uniform = {**flap_kw, "uniform": True, **_recovery(RECOVER_STEPS)}
     rows.append(Candidate("flap-uniform+recovery-third", flap_method, third, uniform, RECOVER_OPTIONS))
-    # issue 70: KV heads merged (every query head kept), the layers measured cheapest, with and without FLAP's bias
-    # compensation and block-local distillation; alone (12 layers of 3 KV heads into 1: 24 groups' bytes, a quarter;
+    # issue 70: the default's cut with block-local distillation; KV heads merged (every query head kept), the layers
+    # measured cheapest, with and without FLAP's bias compensation and block-local distillation; alone (12 layers of 3 KV heads into 1: 24 groups' bytes, a quarter;
     # 15: 30, a third) and after a cut of whole groups (11 removed + 6 layers merged: 23 groups' bytes)
     for name, removed, kw in (
+        ("gradient+distill-quarter", 23, dict(MERGE_DISTILL)),
         ("merge12-quarter", 0, {"merge_layers": 12}),
         ("merge12+bias-quarter", 0, {"merge_layers": 12, "merge_bias": True}),
         ("merge12+distill-quarter", 0, {"merge_layers": 12, **MERGE_DISTILL}),

@@ -371,10 +371,17 @@ STAGES: dict[str, StageEntry] = {
             "the method chooses the heads to keep (scoring them, or training gates)",
         ),
         StageEntry(
+            "protect",
+            "headcut.jobs.prune.stages.protect:Protect",
+            "each block's cut measured alone; a block costing more kept whole, the heads chosen again",
+            after=("choose",),
+            switch="protect",
+        ),
+        StageEntry(
             "cut",
             "headcut.jobs.prune.stages.cut:Cut",
             "the chosen heads removed from the weights (FLAP's bias compensation when the method asks)",
-            after=("choose",),
+            after=("choose", "protect"),
         ),
         StageEntry(
             "refit",

@@ -18,6 +18,7 @@ class Bars:
         "eval": "batches",
         "refit": "batches",
         "merge": "blocks",
+        "protect": "blocks",
         "train": "steps",
         "agent": "episodes",
     }
@@ -30,6 +31,7 @@ class Bars:
             "eval": "evaluating",
             "refit": "refitting the output projections (least squares)",
             "merge": "merging KV heads (each block's cost alone)",
+            "protect": "measuring each block's cut alone",
             "train": train or f"training gates ({method})",
             "agent": f"training the {method} agent",
         }

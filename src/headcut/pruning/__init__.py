@@ -20,6 +20,7 @@ The command-level job (loading, data, report, saving) is :func:`headcut.api.prun
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,7 @@ def plan_prune(
     identity: dict[str, Any] | None = None,
     device: Any = None,
     checked: bool = False,
+    protected: Mapping[str, float] | None = None,
 ) -> PruneResult:
     """Decide which heads to keep with ``config.method``; the heads are not removed (see :func:`prune`).
 
@@ -108,7 +110,8 @@ def plan_prune(
     ``--max-drop``/``trajectory`` and the metric before/after (:func:`eval_metric`); ``metric``
     replaces it with any :class:`Metric`. ``progress(phase, done, total)`` (phases ``prune``, ``score``,
     ``eval``, ``train``), ``on_step`` (training steps), ``checkpoint_dir``/``resume``/``dist``/
-    ``identity``/``device`` (training runs): see :class:`headcut.pruning.method.Problem`. Refusals
+    ``identity``/``device`` (training runs), ``protected`` (score-based methods): see
+    :class:`headcut.pruning.method.Problem`. Refusals
     (HeadcutError) come before any scoring or training; ``checked``: see :func:`check_budget`."""
     if config.target_speedup is not None:
         raise HeadcutError(
@@ -139,6 +142,7 @@ def plan_prune(
         dist=dist,
         identity=identity,
         device=device,
+        protected=dict(protected or {}),
     )
     result = method.run(problem, options)
     result.options = options

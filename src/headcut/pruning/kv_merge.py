@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,11 +43,9 @@ from ..scoring.attention_maps import real_queries
 from ..scoring.base import calibration as calibration_batches
 from ..scoring.base import model_device, scoring_mode
 from .base import eval_metric
+from .layer_costs import relative
 
 Progress = Callable[[str, int, int | None], None]
-
-#: calibration tokens each block's cost is measured on (the first batches holding them)
-PROBE_TOKENS = 8192
 
 
 @dataclass
@@ -240,7 +238,7 @@ def merge_kv_heads(
                 value = metric.measure(HeadMask.full(model_blocks(model)))
         finally:
             write_block(base, block, original)
-        change = _relative(before, value, metric.higher_is_better)
+        change = relative(before, value, metric.higher_is_better)
         merged[block.name] = result
         costs.append(
             LayerCost(block.name, block.kv_heads, to, change, result.error["keys"], result.error["values"], clusters)
@@ -281,25 +279,6 @@ def merge_kv_heads(
     return out
 
 
-def _relative(before: float, value: float, higher_is_better: bool) -> float:
-    """How much worse ``value`` is than ``before``, relative (0: the same; 0.1: 10 % worse)."""
-    scale = abs(before) if before else 1.0
-    return (before - value) / scale if higher_is_better else (value - before) / scale
-
-
 def metric_for(model: nn.Module, probe: Calibration) -> float:
     """The probe's metric of ``model`` as it is."""
     return eval_metric(model, probe).measure(HeadMask.full(model_blocks(model)))
-
-
-def probe_of(cal: Calibration, tokens: int) -> Calibration:
-    """The first batches of ``cal`` holding about ``tokens`` real tokens (at least one batch): where each block's
-    cost is measured."""
-    kept, seen = [], 0
-    for batch in cal.batches:
-        kept.append(batch)
-        mask = batch.get("attention_mask")
-        seen += int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
-        if seen >= tokens:
-            break
-    return replace(cal, batches=kept, examples=sum(int(b["input_ids"].shape[0]) for b in kept))

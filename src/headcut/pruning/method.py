@@ -20,8 +20,8 @@ Adding a method is one module defining such an object plus one entry in the cata
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -54,7 +54,9 @@ class Problem:
     done, total)``; ``on_step``: each training step's history entry; ``checkpoint_dir``/``resume``/
     ``dist``/``identity``: the training engine's checkpoints, data-parallel place and run identity;
     ``device``: where the training steps run (None: where the model is; with ``--engine fsdp`` the model stays
-    whole in CPU memory and its shards train there)."""
+    whole in CPU memory and its shards train there); ``protected``: blocks (with their measured cost) a score-based
+    method removes heads from only when the budget cannot be met otherwise (their heads rank above every other
+    head, the block of least cost lowest)."""
 
     model: nn.Module
     config: PruneConfig
@@ -71,6 +73,7 @@ class Problem:
     dist: Dist | None = None
     identity: dict[str, Any] | None = None
     device: Any = None
+    protected: Mapping[str, float] = field(default_factory=dict)
 
 
 class Method(Protocol):

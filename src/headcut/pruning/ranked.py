@@ -21,7 +21,7 @@ The methods themselves are instances of :class:`ScoreMethod`, one module each: :
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -123,13 +123,34 @@ def oriented(importance: dict[str, list[float]], inverse: bool) -> dict[str, lis
     return {name: [-v for v in values] for name, values in importance.items()}
 
 
+def protect(importance: dict[str, list[float]], protected: Mapping[str, float]) -> dict[str, list[float]]:
+    """``importance`` with every head of the ``protected`` blocks (name -> measured cost) ranked above every other
+    head, the block of least cost lowest (finite values, so that sums and ratios stay numbers): they go only when
+    the budget cannot be met otherwise, the cheapest first."""
+    if not protected:
+        return importance
+    top = max((abs(v) for values in importance.values() for v in values), default=1.0)
+    above = 1e6 * max(top, 1.0)
+    return {
+        name: [above * (1 + max(protected[name], 0.0)) + abs(v) for v in values] if name in protected else values
+        for name, values in importance.items()
+    }
+
+
 class Ranker:
     """Scores the heads with the method's scorer: again before every step (``rescoring``), or once
     on the input model and then from memory."""
 
-    def __init__(self, method: ScoreMethod, config: ScoreConfig, batches: Sequence[Batch] | None) -> None:
+    def __init__(
+        self,
+        method: ScoreMethod,
+        config: ScoreConfig,
+        batches: Sequence[Batch] | None,
+        protected: Mapping[str, float] | None = None,
+    ) -> None:
         self.rescoring = method.rescoring
         self.inverse = method.inverse
+        self.protected = dict(protected or {})
         self.score_config = config
         self.batches = batches
         self.scorings = 0
@@ -139,7 +160,7 @@ class Ranker:
         if self.rescoring or self._importance is None:
             scores = score_masked(model, mask, self.batches, self.score_config, progress)
             self.scorings += 1
-            self._importance = oriented(scores.importance(), self.inverse)
+            self._importance = protect(oriented(scores.importance(), self.inverse), self.protected)
         return self._importance
 
 
@@ -190,7 +211,7 @@ class ScoreMethod(MethodBase):
         if self.entry.data != "none" and not batches:
             raise HeadcutError(f"method {self.name} needs calibration data (its scorer is {self.scorer})")
         score_config = self.score_config(problem.config, options)
-        ranker = Ranker(self, score_config, batches if self.entry.data != "none" else None)
+        ranker = Ranker(self, score_config, batches if self.entry.data != "none" else None, problem.protected)
         budget = problem.budget if options.rounds is None else replace(problem.budget, rounds=options.rounds)
         result = run_search(
             problem.model,

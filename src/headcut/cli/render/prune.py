@@ -202,6 +202,9 @@ def prune_summary(report: dict[str, Any], result: Any, report_name: str) -> list
         if metric is not None and metric.get("after_refit") is not None:
             line += f"; {metric['name']} after the cut {_fmt(metric['after_pruning'])}, after the refit {_fmt(metric['after_refit'])}"
         out.append(line)
+    protected = report.get("protect")
+    if protected is not None:
+        out.append(protect_line(protected))
     merge = report.get("merge")
     if merge is not None:
         out += merge_lines(merge, metric)
@@ -260,3 +263,23 @@ def merge_lines(merge: dict[str, Any], metric: dict[str, Any] | None) -> list[An
             "yes" if row["merged"] else ("no (over)" if row["over_threshold"] else "no"),
         )
     return [line, table]
+
+
+def protect_line(protected: dict[str, Any]) -> str:
+    """The ``protect`` stage: the blocks whose cut alone cost more than the threshold, kept whole or cut anyway."""
+    costs: dict[str, float] = {}
+    for measured in protected["measured"]:
+        costs.update(measured)
+    whole = [b for b in protected["protected"] if b not in protected["cut_anyway"]]
+    line = (
+        f"protect: each block's cut measured alone ({len(costs)} block{'s' if len(costs) != 1 else ''}, calibration "
+        f"{protected['metric']} {_fmt(protected['metric_before'])} uncut); over {protected['threshold']:.1%}: "
+    )
+    if not protected["protected"]:
+        return line + "none"
+    line += ", ".join(f"{b} ({costs[b]:+.1%})" for b in protected["protected"])
+    if whole:
+        line += f"; kept whole: {', '.join(whole)}"
+    if protected["cut_anyway"]:
+        line += f"; cut anyway (the budget needs them): {', '.join(protected['cut_anyway'])}"
+    return line

@@ -253,7 +253,7 @@ def _checked(
             check_recipe_run(book, not scheduled and compensating, sources.data)
         if getattr(opts, "eval_every", None) is not None and eval_data is None:
             raise HeadcutError(f"{L('eval_every')} needs {L('eval_data')}")
-        request_view = _StageView(sources)
+        request_view = _StageView(sources, config.method, entry.kind)
         for stage in stages:
             stage.check(request_view)
         recover = next((s for s in stages if s.kind == "recover"), None)
@@ -394,9 +394,12 @@ def _checked(
 
 @dataclass
 class _StageView:
-    """What a stage's :meth:`~headcut.jobs.prune.stages.PruneStage.check` reads of a request being checked."""
+    """What a stage's :meth:`~headcut.jobs.prune.stages.PruneStage.check` reads of a request being checked: its data,
+    and its method's name and kind (``score``, ``learned``, ...)."""
 
     sources: DataSources
+    method: str = ""
+    method_kind: str = ""
 
 
 def check_fields_of(obj: Any, name: str) -> None:

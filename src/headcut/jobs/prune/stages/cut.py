@@ -39,7 +39,7 @@ class Cut(PruneStage):
 
     kind: ClassVar[str] = "cut"
     summary: ClassVar[str] = "the chosen heads removed from the weights (FLAP's bias compensation when asked)"
-    after: ClassVar[tuple[str, ...]] = ("choose",)
+    after: ClassVar[tuple[str, ...]] = ("choose", "protect")
 
     uniform: bool = option(
         False,

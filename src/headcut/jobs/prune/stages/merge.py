@@ -16,7 +16,8 @@ from ....model.masks import HeadMask
 from ....model.surgery import count_params, model_blocks
 from ....options import option
 from ....pruning import eval_metric
-from ....pruning.kv_merge import PROBE_TOKENS, merge_kv_heads, probe_of
+from ....pruning.kv_merge import merge_kv_heads
+from ....pruning.layer_costs import probe_of
 from ....pruning.schedule import Round
 from ...bars import Bars
 from ...base import move
@@ -64,7 +65,7 @@ class Merge(PruneStage):
             done = merge_kv_heads(
                 state.model,
                 cal,
-                probe_of(cal, PROBE_TOKENS),
+                probe_of(cal),
                 layers=self.merge_layers,
                 to=self.merge_to,
                 max_cost=self.merge_max_cost,
