@@ -306,3 +306,19 @@ def test_a_merged_record_that_pairs_a_query_head_outside_its_cluster_is_refused(
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(HeadcutError, match="merged does not list each KV slot's heads"):
         headcut.load(out)
+
+
+def test_a_merged_record_is_format_2_and_a_plain_one_stays_format_1(lm, tmp_path):
+    """A headcut that predates merging refuses a merged model as newer than itself (format 2), while every other
+    cut keeps format 1, which every headcut reads; format 1 cannot hold merged heads."""
+    folder, text = lm
+    args = ["--method", "magnitude", "--data", text, "--seq-len", 32, "-q"]
+    assert run("prune", folder, "--keep", 24, *args, "--merge-layers", 1, "--out", tmp_path / "m").exit_code == 0
+    assert run("prune", folder, "--keep", 20, *args, "--out", tmp_path / "p").exit_code == 0
+    merged = json.loads((tmp_path / "m" / "config.json").read_text())
+    plain = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert merged["headcut"]["format"] == 2 and plain["headcut"]["format"] == 1
+    merged["headcut"]["format"] = 1
+    (tmp_path / "m" / "config.json").write_text(json.dumps(merged))
+    with pytest.raises(HeadcutError, match="merged KV heads in a format 1 record"):
+        headcut.load(tmp_path / "m")

@@ -33,7 +33,7 @@ from ..adapters import adapter_for_config, runtime_mixins
 from ..adapters.base import BlockCut
 from ..adapters.runtime import RUNTIME_FORMAT, apply_ops
 from ..errors import HeadcutError
-from .surgery import RECORD_FORMAT, block_ops, count_params
+from .surgery import PLAIN_RECORD_FORMAT, RECORD_FORMAT, block_ops, count_params
 
 RECORD_KEYS = {"format", "runtime_format", "headcut_version", "family", "blocks", "ops"}
 ENTRY_KEYS = {"q", "kv", "groups", "heads", "kv_heads"}
@@ -66,7 +66,7 @@ def _check_shape(record: Any, where: str) -> dict[str, Any]:
             f"{where} was saved by headcut {by} (record format {fmt}), newer than this headcut "
             f"{__version__} (format {RECORD_FORMAT}): upgrade headcut to load it"
         )
-    if fmt != RECORD_FORMAT:
+    if fmt not in (PLAIN_RECORD_FORMAT, RECORD_FORMAT):
         raise _damaged(where, f"unknown format {fmt}")
     unknown = sorted(set(record) - RECORD_KEYS)
     if unknown:
@@ -84,6 +84,8 @@ def _check_shape(record: Any, where: str) -> dict[str, Any]:
         if not isinstance(entry, dict) or not ENTRY_KEYS <= set(entry) <= ENTRY_KEYS | {"merged"}:
             raise _damaged(where, f"block {name!r} needs exactly the keys {', '.join(sorted(ENTRY_KEYS))} (and merged)")
         merged = entry.get("merged")
+        if merged is not None and fmt < RECORD_FORMAT:
+            raise _damaged(where, f"block {name!r}: merged KV heads in a format {fmt} record")
         if merged is not None and not (isinstance(merged, list) and all(_int_list(c) and c for c in merged)):
             raise _damaged(where, f"block {name!r}: merged must be a list of lists of KV head indices")
         if not (_int_list(entry["q"]) and _int_list(entry["kv"])):

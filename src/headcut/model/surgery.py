@@ -19,7 +19,11 @@ from ..adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
 from ..adapters.runtime import RUNTIME_FORMAT, apply_ops
 from .masks import HeadMask, plan_cuts, resolve_mask
 
-RECORD_FORMAT = 1
+#: the newest ``config.headcut`` record this headcut writes and reads: 2 where a block's KV heads were merged (its
+#: ``merged`` entry, which a headcut reading format 1 would not know), 1 otherwise (every headcut reads it)
+RECORD_FORMAT = 2
+#: the format of a record without merged blocks
+PLAIN_RECORD_FORMAT = 1
 
 
 class HeadTotals:
@@ -156,7 +160,7 @@ def build_record(model: nn.Module, adapter: Adapter, blocks_record: dict[str, An
         name: BlockCut(tuple(entry["q"]), tuple(entry["kv"]), entry["groups"]) for name, entry in blocks_record.items()
     }
     return {
-        "format": RECORD_FORMAT,
+        "format": RECORD_FORMAT if any("merged" in e for e in blocks_record.values()) else PLAIN_RECORD_FORMAT,
         "runtime_format": RUNTIME_FORMAT,
         "headcut_version": __version__,
         "family": adapter.family,
