@@ -467,6 +467,16 @@ def save_tiny(folder: Path, family: str, cls_name: str, tokenizer: bool = True, 
     return folder
 
 
+def tiny_lm(root: Path, text_seed: int = 1, seed: int = 0, **config: Any) -> tuple[Path, Path]:
+    """A tiny Llama causal LM (``config``: its fields changed) and a text file of 80 lines of 12 tiny-vocabulary
+    words drawn with ``text_seed``: calibration data for the decoder stages' tests."""
+    folder = save_tiny(root / "llama", "llama", "LlamaForCausalLM", seed=seed, **config)
+    g = torch.Generator().manual_seed(text_seed)
+    text = root / "text.txt"
+    text.write_text("\n".join(sentence(g, 12) for _ in range(80)) + "\n")
+    return folder, text
+
+
 def sentence(rng: torch.Generator, n: int) -> str:
     return " ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (n,), generator=rng))
 

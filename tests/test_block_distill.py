@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from helpers import make_batch, make_model, one_line_error, output_tensor, run, save_tiny, sentence
+from helpers import make_batch, make_model, one_line_error, output_tensor, run, tiny_lm
 
 import headcut
 from headcut.data.tasks import Calibration
@@ -108,12 +108,7 @@ def test_the_same_seed_gives_the_same_weights_and_bad_settings_are_refused():
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("distill")
-    folder = save_tiny(root / "llama", "llama", "LlamaForCausalLM")
-    g = torch.Generator().manual_seed(1)
-    text = root / "text.txt"
-    text.write_text("\n".join(sentence(g, 12) for _ in range(80)) + "\n")
-    return folder, text
+    return tiny_lm(tmp_path_factory.mktemp("distill"))
 
 
 def test_the_distill_stage_from_flags_keywords_and_a_recipe_file(lm, tmp_path):

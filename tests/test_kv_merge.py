@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from helpers import make_model, one_line_error, run, save_tiny, sentence
+from helpers import make_model, one_line_error, run, save_tiny, tiny_lm
 
 import headcut
 from headcut.errors import HeadcutError
@@ -170,12 +170,7 @@ def test_aligned_least_squares_merge_beats_the_plain_mean(merge_to):
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("merge")
-    folder = save_tiny(root / "llama", "llama", "LlamaForCausalLM", num_attention_heads=8, num_key_value_heads=4)
-    g = torch.Generator().manual_seed(1)
-    text = root / "text.txt"
-    text.write_text("\n".join(sentence(g, 12) for _ in range(80)) + "\n")
-    return folder, text
+    return tiny_lm(tmp_path_factory.mktemp("merge"), num_attention_heads=8, num_key_value_heads=4)
 
 
 def _calibration(folder, text):

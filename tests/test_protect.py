@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from helpers import one_line_error, run, save_tiny, sentence
+from helpers import one_line_error, run, tiny_lm
 
 import headcut
 from headcut.errors import HeadcutError
@@ -19,12 +18,7 @@ DATA = ["--seq-len", 32, "--max-examples", 16]
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    root = tmp_path_factory.mktemp("protect")
-    folder = save_tiny(root / "llama", "llama", "LlamaForCausalLM", num_hidden_layers=4, seed=1)
-    g = torch.Generator().manual_seed(2)
-    text = root / "text.txt"
-    text.write_text("\n".join(sentence(g, 12) for _ in range(80)) + "\n")
-    return folder, text
+    return tiny_lm(tmp_path_factory.mktemp("protect"), text_seed=2, seed=1, num_hidden_layers=4)
 
 
 def _prune(folder, text, tmp_path, name, *extra, keep=12):
