@@ -182,6 +182,22 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
         "cut exists only for budgets of whole groups in every layer (not a quarter of SmolLM2's 90), so the default "
         "stays non-uniform and every budget runs; where the budget allows it, add `--uniform`. "
         "Every candidate loses far more at 2,048 tokens than at 128.",
+        "",
+        "Issue 70 (written by hand from the rows above, 2026-11-29): merging KV heads instead of removing them. "
+        "`merge12-quarter` (`--merge-layers 12`: the 12 layers whose merge alone cost least, each layer's 3 KV heads "
+        "merged into 1 in closed form, every query head kept; 24 of the 90 KV heads' bytes) costs +38 % / +49 %, "
+        "against the default's +29 % / +61 % with 23 groups removed: worse at 128 tokens, better at 2,048. Each "
+        "layer's merge alone cost at most +4.6 % of calibration perplexity (layer 1; the cheapest +0.2 %), but the 12 "
+        "together +19 %: costs compound. 150 steps of block-local distillation per changed block (`--distill-steps "
+        "150`) after the merge give +22 % / +29 % (`merge12+distill-quarter`, 13 minutes on 2 cores); removing 11 "
+        "groups by the default's gradient cut and merging 6 layers (23 KV heads' bytes), then distilling, gives "
+        "+13 % / +27 % (`gradient+merge6+distill-quarter`, 12 minutes): the closest any candidate has come to the "
+        "quarter target, 17 points short at 2,048 tokens. Not measured yet: a third of the bytes with merging; Gemma "
+        "3 (one KV head per layer: nothing to merge), with `--protect`, which measures each layer's cut alone and "
+        "is meant for its first layer's case; and one "
+        "allocation over keep, merge and remove by measured loss per byte (the rows fix the split by hand). FLAP's "
+        "bias compensation of the merge (`--merge-bias`) was worse in a trial run outside the study (the same 12 "
+        "layers: 104.22 / 59.92 against 86.09 / 49.70).",
     ]
     return lines
 
