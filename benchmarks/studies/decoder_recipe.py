@@ -47,7 +47,9 @@ rows of ``benchmarks/results/decoder_recipe.json`` (``table`` prints them), 20 o
 Gemma 3's. ``list`` names every candidate; those not measured (most recovery and refit rows, FLAP in long blocks,
 Gemma 3 at 6 but the default's) did not fit the session; ``run --only NAME ...`` measures them. The page's section
 on the decoder default (``benchmarks/harness/render_decoder_default.py``) marks the rows that ran the built-in
-``decoder`` recipe.
+``decoder`` recipe. Measured on 2026-11-29 (issue 70): ``merge12-quarter``, ``merge12+distill-quarter`` and
+``gradient+merge6+distill-quarter``; ``merge12+bias-quarter``, ``merge15+distill-third`` and
+``gradient+distill-quarter`` did not fit the session.
 """
 
 from __future__ import annotations
