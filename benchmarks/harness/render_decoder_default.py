@@ -115,10 +115,7 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
         ]
         for r in mine:
             if r.get("refused"):
-                lines.append(
-                    f"| {r['name']} | {_what(r)} | {_removed(r)} | refused: {r['refused']} "
-                    "| | | | | |"
-                )
+                lines.append(f"| {r['name']} | {_what(r)} | {_removed(r)} | refused: {r['refused']} | | | | | |")
                 continue
             if not r.get("perplexity"):
                 continue
