@@ -7,10 +7,9 @@ factor (``C = L L^T``), ``d`` the head size. A *cluster* is a set of ``m`` KV gr
 
 Keys, aligned in a way that commutes with the rotary embedding. RoPE (transformers' ``rotate_half`` layout) turns
 the pair of features ``(j, j + d/2)`` of a head into the complex number ``z_j = k_j + i k_{j+d/2}`` and multiplies
-it by ``e^{i w_j t}`` at position ``t``; a score is ``Re sum_j q_j conj(k_j) e^{i w_j (t_q - t_k)}``. Multiplying a
-pair of the keys by a complex scalar ``a`` and the same pair of the queries by ``conj(1/a)`` ... more generally
-replacing ``k_j`` by ``a k_j`` and ``q_j`` by ``q_j conj(a)^-1``, commutes with every rotation, so such an
-alignment is exact. "Align Attention Heads Before Merging Them" aligns heads by an orthogonal transform of this
+it by ``e^{i w_j t}`` at position ``t``; a score is ``Re sum_j q_j conj(k_j) e^{i w_j (t_q - t_k)}``. Replacing
+``k_j`` by ``a k_j`` and ``q_j`` by ``q_j conj(a)^-1`` (``a`` a complex scalar per pair) commutes with every
+rotation and leaves every score as it was, so such an alignment is exact. "Align Attention Heads Before Merging Them" aligns heads by an orthogonal transform of this
 kind (Procrustes on rotation planes) and then averages them; here, per pair ``j``, the cluster's key functionals
 ``a_g`` (complex rows, ``g`` in the cluster) are replaced by ``alpha_g b``, one shared functional ``b`` and a
 complex scalar per group, minimising the error of the scores the group's queries see::
@@ -44,7 +43,6 @@ cluster and every query head, ordered cluster by cluster, which computes the sam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import combinations
 
 import torch
 from torch import nn
@@ -56,8 +54,6 @@ from .projections import weight_out_in
 #: the relative ridge added to a second-moment matrix before its Cholesky factor (a direction the calibration
 #: inputs never take still gets a finite weight)
 RIDGE = 1e-6
-#: partitions of a block's KV groups into equal clusters tried exhaustively up to this many (more: greedy)
-MAX_PARTITIONS = 2000
 
 
 @dataclass
@@ -282,6 +278,7 @@ def merge_block(
     )
     q_aug = _augment(w.q, w.q_bias, key_bias)
     delta = torch.zeros(w.o.shape[0], dtype=torch.float64) if centered else None
+    mu = moments.mean()
     key_err: list[float] = []
     value_err: list[float] = []
     for cluster in clusters:
@@ -307,33 +304,10 @@ def merge_block(
                     out.q_bias[heads] = scaled[:, -1]
                 out.o[:, heads] = columns[h]
                 if delta is not None:
-                    mu = moments.mean()
                     before = w.o[:, heads] @ (w.v[rows] @ mu + (0 if w.v_bias is None else w.v_bias[rows]))
                     delta += before - columns[h] @ (out.v[rows] @ mu)
     error = {"keys": max(key_err, default=0.0), "values": max(value_err, default=0.0)}
     return MergedBlock(out, [list(c) for c in clusters], delta, error)
-
-
-def equal_partitions(groups: int, heads: int) -> list[list[list[int]]]:
-    """Every partition of ``range(groups)`` into ``heads`` clusters of equal size (up to MAX_PARTITIONS)."""
-    if heads <= 0 or groups % heads:
-        raise HeadcutError(f"{groups} KV groups cannot be merged into {heads} equal KV heads")
-    size = groups // heads
-    found: list[list[list[int]]] = []
-
-    def extend(rest: list[int], done: list[list[int]]) -> None:
-        if len(found) >= MAX_PARTITIONS:
-            return
-        if not rest:
-            found.append(done)
-            return
-        first = rest[0]
-        for others in combinations(rest[1:], size - 1):
-            cluster = [first, *others]
-            extend([g for g in rest if g not in cluster], [*done, cluster])
-
-    extend(list(range(groups)), [])
-    return found
 
 
 def merge_cut(block: Block, clusters: list[list[int]]) -> BlockCut:

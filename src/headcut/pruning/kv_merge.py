@@ -38,7 +38,7 @@ from ..model.kv_merge import (
     write_block,
 )
 from ..model.masks import HeadMask
-from ..model.surgery import SlimResult, model_blocks, reshape
+from ..model.surgery import model_blocks, reshape
 from ..scoring.attention_maps import real_queries
 from ..scoring.base import calibration as calibration_batches
 from ..scoring.base import model_device, scoring_mode
@@ -91,7 +91,6 @@ class MergeResult:
     kv_heads_before: int = 0
     kv_heads_after: int = 0
     notes: list[str] = field(default_factory=list)
-    slim: SlimResult | None = None
     #: the KV cache of one sequence before and after the merge (the job fills it in): context, before, after
     kv_bytes: dict[str, int | None] | None = None
 
@@ -273,7 +272,7 @@ def merge_kv_heads(
             compensation.apply(
                 model, model_blocks(model), {k: v for k, v in deltas.items() if v is not None}, field_name
             )
-    out.slim = reshape(model, {c.block: merge_cut(by_name[c.block], c.clusters) for c in chosen})
+    reshape(model, {c.block: merge_cut(by_name[c.block], c.clusters) for c in chosen})
     out.kv_heads_after = sum(b.kv_heads for b in model_blocks(model))
     out.metric_after = metric_for(model, probe)
     return out

@@ -82,7 +82,8 @@ class Merge(PruneStage):
             after = _kv_bytes(state.model, kv_before[1])
             done.kv_bytes = {"context": kv_before[1], "before": kv_before[0], "after": after[0] if after else None}
         run.outputs[self.kind] = (done, metric)
-        run.pruned_metric = run.metric = metric if state.eval_cal else run.metric
+        if state.eval_cal is not None:  # the cut's own metric stays the round's "after pruning"
+            run.metric = metric
 
     def report(self, state: PruneState, run: RoundRun, report: dict[str, Any]) -> None:
         if self.kind not in run.outputs:

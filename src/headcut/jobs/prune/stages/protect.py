@@ -5,7 +5,7 @@ only that block's heads gated off, relative to the uncut model's); a block whose
 (:attr:`headcut.pruning.method.Problem.protected`), so they go only when the budget cannot be met otherwise (the
 report and a note then name them with their cost). The newly cut blocks are measured in turn, up to
 :data:`ROUNDS` times. Score-based methods; the first layers of a decoder are where a first-order score misleads
-most (Gemma 3's first layer's attention, rated cheap by the gradient, broke the model when removed)."""
+most (a first layer's attention rated cheap by the gradient broke a model when removed: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
