@@ -283,6 +283,59 @@ def test_vllm_serves_merged_kv_heads_written_as_decilm(tmp_path, family):
     assert {a["heads"] for a in facts["attention"]} == {6}
 
 
+@needs_vllm
+def test_vllm_serves_an_allocated_cut_written_as_decilm(tmp_path):
+    """``--allocate`` (issue 70's one allocation, the decoder default's cut): layers kept, merged and cut in one
+    model, written with --format decilm: vLLM builds each layer's KV heads and serves headcut.load's log-probabilities
+    and greedy tokens."""
+    settings, _ = TINY_DECILM["llama"]
+    folder = save_tiny(tmp_path / "llama", "llama", GENERATORS["llama"], **settings)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(1)
+    text.write_text("\n".join(sentence(g, 12) for _ in range(60)) + "\n")
+    res = headcut.prune(
+        str(folder),
+        method="gradient",
+        kv_budget=0.5,
+        context=64,
+        allocate=True,
+        data=str(text),
+        data_options={"seq_len": 32},
+        formats="safetensors,decilm",
+        out=str(tmp_path / "cut"),
+    )
+    assert res.report["allocate"]["chosen"]
+    written = res.report["formats"]["decilm"]
+    assert sum(written["kv_heads"]) < 2 * len(written["kv_heads"])
+    _served_as_headcut_loads(tmp_path / "cut", written, TINY_PROMPTS)
+
+
+@needs_vllm
+def test_bench_times_a_model_with_each_kv_cache_dtype(uniform_cuts, tmp_path):
+    """``--kv-cache-dtype auto,fp8``: one vLLM row per dtype, interleaved; the fp8 row's KV cache is one byte a
+    value (a quarter of float32's) and it still decodes."""
+    src, _ = uniform_cuts["smollm2"]
+    report = tmp_path / "bench.json"
+    result = run(
+        "bench", src, "--runtime", "vllm", "--vllm-python", PYTHON, "--kv-cache-dtype", "auto,fp8",
+        "--batch-size", "1", "--seq-len", "64", "--gen-tokens", "4", "--runs", "1", "--gen-runs", "1",
+        "--warmup", "1", "--dtype", "float32", "--json", str(report),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    base, eight = json.loads(report.read_text())["models"]
+    assert base["name"].endswith("[kv auto]") and eight["name"].endswith("[kv fp8]")
+    assert base["generation"]["kv_bytes_per_token"] == 30 * 3 * 2 * 64 * 4
+    assert eight["generation"]["kv_bytes_per_token"] == 30 * 3 * 2 * 64 * 1
+    assert eight["generation"]["new_tokens"] == 4
+
+
+def test_a_kv_cache_dtype_outside_vllm_is_refused(tmp_path):
+    done = run("bench", tmp_path, "--kv-cache-dtype", "fp8")
+    assert done.exit_code == 2 and "--kv-cache-dtype fp8 sets vLLM's KV cache: it needs --runtime vllm" in done.output
+    done = run("bench", tmp_path, "--runtime", "vllm", "--kv-cache-dtype", "int4")
+    assert done.exit_code == 2 and "unknown --kv-cache-dtype 'int4'" in done.output
+
+
 def test_runtime_vllm_without_vllm_says_how_to_install_it(tmp_path):
     """Before any model is read: a --vllm-python that is not there, or one without vLLM, is a one-line error that
     says how to install vLLM in its own environment."""

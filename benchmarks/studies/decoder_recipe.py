@@ -119,6 +119,9 @@ class Candidate:
     removed: int
     keywords: dict[str, Any] = field(default_factory=dict)
     data_options: dict[str, Any] = field(default_factory=lambda: dict(CAL_OPTIONS))
+    #: a budget in KV bytes instead of ``removed`` groups: ``kv_budget`` at ``context`` tokens
+    kv_budget: float | None = None
+    context: int | None = None
 
 
 def _recovery(steps: int, average: float = 0.0) -> dict[str, Any]:
@@ -190,6 +193,15 @@ def candidates(model: str) -> list[Candidate]:
         ("merge15+distill-third", 0, {"merge_layers": 15, **MERGE_DISTILL}),
     ):
         rows.append(Candidate(name, "gradient", removed, kw))
+    # issue 70, point 4: one allocation over keep, merge and remove by measured cost per byte, under --kv-budget at
+    # 2,048 tokens (a quarter and a third of the bytes), alone, in two measured steps, and with distillation
+    for name, budget, kw in (
+        ("alloc-quarter", 0.75, {}),
+        ("alloc+distill-quarter", 0.75, dict(MERGE_DISTILL)),
+        ("alloc2+distill-quarter", 0.75, {"allocate_rounds": 2, **MERGE_DISTILL}),
+        ("alloc+distill-third", 2 / 3, dict(MERGE_DISTILL)),
+    ):
+        rows.append(Candidate(name, "gradient", 0, {"allocate": True, **kw}, kv_budget=budget, context=2048))
     for tag, (method, base) in RECOVER_BASES.items():
         for average in (0.0, 0.5):
             for label, n in SMOLLM_BUDGETS.items():
@@ -271,10 +283,15 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
         else:
             start = time.perf_counter()
             try:
+                budget = (
+                    {"keep": row["keep"]}
+                    if cand.kv_budget is None
+                    else {"kv_budget": cand.kv_budget, "context": cand.context}
+                )
                 pruned = headcut.prune(
                     src,
                     cand.method,
-                    keep=row["keep"],
+                    **budget,
                     gqa="group",
                     data=str(speeches_file()),
                     data_options=cand.data_options,
@@ -298,6 +315,14 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
                     k: merged[k] for k in ("blocks", "kv_heads", "kv_bytes", "metric_before", "metric_after")
                 }
                 row["merge"]["costs"] = {r["block"]: r["cost"] for r in merged["layers"]}
+            allocated = pruned.report.get("allocate")
+            if allocated:
+                row["allocate"] = {k: v for k, v in allocated.items() if k != "measured"}
+                row["allocate"]["costs"] = [
+                    [a["block"], a["action"], a["kv_heads_after"], a["cost"]] for a in allocated["measured"]
+                ]
+            if pruned.report.get("kv_budget"):
+                row["kv_budget"] = {k: v for k, v in pruned.report["kv_budget"].items() if k != "candidates"}
             distilled = pruned.report.get("distill")
             if distilled:
                 row["distill"] = {k: distilled.get(k) for k in ("steps", "lr", "seconds")}
@@ -313,6 +338,9 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
             model = headcut.load(folder)
             row["stock"] = stock_loadable(folder, model, check)
         row["query_heads_kept"], row["kv_heads_kept"] = _heads(model)
+        if cand.kv_budget is not None:  # the groups whose bytes the cut saved (merged or removed)
+            row["kv_removed"] = groups - row["kv_heads_kept"]
+            row["keep"] = row["query_heads_kept"]
         start = time.perf_counter()
         row["perplexity"] = {str(w): perplexity(model, ids, w, bos=bos) for w in WINDOWS}
         row["eval_seconds"] = time.perf_counter() - start

@@ -378,10 +378,17 @@ STAGES: dict[str, StageEntry] = {
             switch="protect",
         ),
         StageEntry(
+            "allocate",
+            "headcut.jobs.prune.stages.allocate:Allocate",
+            "per block, keep, merge KV heads or remove KV groups, by measured cost per byte saved",
+            after=("choose", "protect"),
+            switch="allocate",
+        ),
+        StageEntry(
             "cut",
             "headcut.jobs.prune.stages.cut:Cut",
             "the chosen heads removed from the weights (FLAP's bias compensation when the method asks)",
-            after=("choose", "protect"),
+            after=("choose", "protect", "allocate"),
         ),
         StageEntry(
             "refit",

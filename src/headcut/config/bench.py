@@ -14,6 +14,8 @@ from ..options import OptionError, check_fields, option, specs
 
 #: ``headcut bench --runtime`` values (comma-separated: ``torch,onnxruntime`` times both)
 BENCH_RUNTIMES = ("torch", "onnxruntime", "vllm")
+#: ``headcut bench --kv-cache-dtype`` values: vLLM's ``kv_cache_dtype`` (auto: the model's dtype; fp8: 8 bits)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 #: the --help section of bench's options
 P = "Options"
 #: the largest count torch takes (it unpacks them into a C ``long long``)
@@ -111,6 +113,14 @@ class BenchConfig:
         "or decode) before it is stopped; a worker that sends nothing for 90 s, not even its heartbeat, is stopped "
         "as hung sooner.",
     )
+    kv_cache_dtype: str = option(
+        "auto",
+        metavar="DTYPES",
+        panel=P,
+        complete=KV_CACHE_DTYPES + ("auto,fp8",),
+        help="The KV cache's dtype in vLLM (--runtime vllm): auto (the model's), fp8 (8 bits: half of 16-bit "
+        "bytes), fp8_e4m3, fp8_e5m2, or several comma-separated: one row per MODEL and cache dtype.",
+    )
     interleave: bool = option(
         True,
         flag="--interleave/--no-interleave",
@@ -133,6 +143,17 @@ class BenchConfig:
             )
         return tuple(r for r in BENCH_RUNTIMES if r in parts)
 
+    def cache_dtypes(self) -> tuple[str, ...]:
+        """The cache dtypes of ``kv_cache_dtype``, in the order given, each once; one-line errors."""
+        parts = [p.strip().lower() for p in str(self.kv_cache_dtype).split(",") if p.strip()]
+        unknown = [p for p in parts if p not in KV_CACHE_DTYPES]
+        if not parts or unknown:
+            raise HeadcutValueError(
+                f"unknown --kv-cache-dtype {(unknown or [self.kv_cache_dtype])[0]!r}; choose "
+                f"{', '.join(KV_CACHE_DTYPES)} or several comma-separated (auto,fp8)"
+            )
+        return tuple(dict.fromkeys(parts))
+
     def validate(self) -> list[str]:
         """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
         check_fields(self)  # types, choices and ranges, as declared
@@ -151,6 +172,10 @@ class BenchConfig:
         check_device(self.device, auto=False)
         if "onnxruntime" in self.runtimes():
             self._check_onnxruntime()
+        if self.cache_dtypes() != ("auto",) and "vllm" not in self.runtimes():
+            raise HeadcutValueError(
+                f"--kv-cache-dtype {self.kv_cache_dtype} sets vLLM's KV cache: it needs --runtime vllm"
+            )
         if "vllm" in self.runtimes():
             check_vllm_python(self.vllm_python)
         notes = []

@@ -19,6 +19,7 @@ class Bars:
         "refit": "batches",
         "merge": "blocks",
         "protect": "blocks",
+        "allocate": "actions",
         "train": "steps",
         "agent": "episodes",
     }
@@ -32,6 +33,7 @@ class Bars:
             "refit": "refitting the output projections (least squares)",
             "merge": "merging KV heads (each block's cost alone)",
             "protect": "measuring each block's cut alone",
+            "allocate": "measuring each action alone (keep, merge, remove)",
             "train": train or f"training gates ({method})",
             "agent": f"training the {method} agent",
         }

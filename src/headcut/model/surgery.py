@@ -17,6 +17,7 @@ from torch import nn
 from .. import __version__
 from ..adapters import Adapter, Block, BlockCut, adapter_for, runtime_mixins
 from ..adapters.runtime import RUNTIME_FORMAT, apply_ops
+from ..errors import HeadcutError
 from .masks import HeadMask, plan_cuts, resolve_mask
 
 #: the newest ``config.headcut`` record this headcut writes and reads: 2 where a block's KV heads were merged (its
@@ -169,15 +170,26 @@ def build_record(model: nn.Module, adapter: Adapter, blocks_record: dict[str, An
     }
 
 
-def slim(model: nn.Module, mask: HeadMask | dict[str, Any], gqa: str = "auto") -> SlimResult:
+def slim(
+    model: nn.Module,
+    mask: HeadMask | dict[str, Any],
+    gqa: str = "auto",
+    planned: dict[str, BlockCut] | None = None,
+) -> SlimResult:
     """Physically remove the heads that ``mask`` does not keep, in place.
 
     ``mask`` is a :class:`HeadMask` or mask-file JSON (``{"keep": ...}`` / ``{"drop": ...}``) in the
     model's current head numbering. Refuses (HeadcutError) masks that name unknown blocks or heads,
-    or that the GQA policy cannot realise, before changing anything.
+    or that the GQA policy cannot realise, before changing anything. ``planned``: the cuts of blocks ``mask``
+    keeps whole that another step planned (a merge of KV heads), realised in the same reshape.
     """
     blocks = adapter_for(model).blocks(model.base_model)
-    return reshape(model, plan_cuts(resolve_mask(mask, blocks), blocks, gqa))
+    cuts = plan_cuts(resolve_mask(mask, blocks), blocks, gqa)
+    heads = {b.name: b.heads for b in blocks}
+    for name in planned or {}:
+        if name not in heads or len(cuts[name].q) != heads[name]:
+            raise HeadcutError(f"internal: block {name} is both cut by the mask and given a planned cut")
+    return reshape(model, {**cuts, **(planned or {})})
 
 
 def reshape(model: nn.Module, cuts: dict[str, BlockCut]) -> SlimResult:

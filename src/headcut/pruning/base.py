@@ -87,6 +87,9 @@ class PruneResult(HeadTotals):
     details: Any = None
     #: a byte budget's record (:class:`headcut.pruning.costs.KvRecord`), None for a budget in heads
     kv: Any = None
+    #: a score-based method's importance of every head on the input model (higher: more important; None for
+    #: other methods): what the ``allocate`` stage ranks a block's KV groups by
+    importance: dict[str, list[float]] | None = None
 
     def section(self) -> dict[str, Any]:
         """The method's own part of the report: the scorer options of a score-based method, the training

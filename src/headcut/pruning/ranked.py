@@ -155,12 +155,17 @@ class Ranker:
         self.batches = batches
         self.scorings = 0
         self._importance: dict[str, list[float]] | None = None
+        #: the importance on the input model (oriented, before any protection): what a later stage ranks by
+        self.first: dict[str, list[float]] | None = None
 
     def importance(self, model: nn.Module, mask: HeadMask, progress: PruneProgress | None) -> dict[str, list[float]]:
         if self.rescoring or self._importance is None:
             scores = score_masked(model, mask, self.batches, self.score_config, progress)
             self.scorings += 1
-            self._importance = protect(oriented(scores.importance(), self.inverse), self.protected)
+            own = oriented(scores.importance(), self.inverse)
+            if self.first is None:
+                self.first = own
+            self._importance = protect(own, self.protected)
         return self._importance
 
 
@@ -225,6 +230,7 @@ class ScoreMethod(MethodBase):
             judge=calibration_judge(problem, budget),
         )
         result.score_config = score_config
+        result.importance = ranker.first
         return result
 
     def check_units(self, sets: list[BlockSet], budget: Budget, config: PruneConfig, options: Any) -> None:

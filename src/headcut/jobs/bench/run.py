@@ -217,13 +217,24 @@ def timed(
                 if "vllm" in runtimes:
                     if isinstance(item, nn.Module):
                         raise HeadcutError(f"{name}: --runtime vllm serves checkpoint folders, not a loaded model")
-                    engines = len(models) if config.interleave else 1
-                    row = VllmRow(item, config, name, step, engines=engines, trust_remote_code=trust_remote_code)
-                    keep.callback(row.close)
-                    rows.append(row)
-                    if not config.interleave:
-                        results += measure(rows, config)
-                        rows.clear()
+                    caches = config.cache_dtypes()
+                    engines = len(models) * len(caches) if config.interleave else 1
+                    for cache in caches:
+                        label = name if caches == ("auto",) else f"{name} [kv {cache}]"
+                        row = VllmRow(
+                            item,
+                            config,
+                            label,
+                            step,
+                            engines=engines,
+                            trust_remote_code=trust_remote_code,
+                            cache_dtype=cache,
+                        )
+                        keep.callback(row.close)
+                        rows.append(row)
+                        if not config.interleave:
+                            results += measure(rows, config)
+                            rows.clear()
             del torch_row, model
             if not config.interleave and not isinstance(item, nn.Module):
                 gc.collect()

@@ -80,7 +80,7 @@ from .rows import Row, StageFn, latency
 #: the worker script (run by path with vLLM's interpreter)
 WORKER = Path(__file__).with_name("vllm_worker.py")
 #: bytes per value of vLLM's dtypes
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 #: seconds between the worker's heartbeats while it runs a command (given to it as ``$HEADCUT_VLLM_HEARTBEAT_S``)
 HEARTBEAT_S = 10.0
 #: seconds without a line from the worker (an answer or a heartbeat) after which it is taken as hung: nine beats
@@ -500,6 +500,7 @@ class VllmRow(Row):
         *,
         engines: int = 1,
         trust_remote_code: bool = False,
+        cache_dtype: str = "auto",
     ) -> None:
         super().__init__()
         self.config, self.label = config, label
@@ -532,6 +533,7 @@ class VllmRow(Row):
                 seed=config.seed,
                 trust_remote_code=trust_remote_code,
                 gpu_memory_utilization=round(0.85 / max(engines, 1), 3),
+                kv_cache_dtype=cache_dtype,
             )
             self.facts = read_facts(answer, f"{label}: {engine.who}")
             self.report("load", 1, 1)

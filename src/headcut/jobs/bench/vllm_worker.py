@@ -204,9 +204,11 @@ class Worker:
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         from vllm import LLM
 
-        extra = {}
+        extra: dict[str, Any] = {}
         if msg.get("gpu_memory_utilization"):
             extra["gpu_memory_utilization"] = float(msg["gpu_memory_utilization"])
+        if msg.get("kv_cache_dtype") not in (None, "auto"):
+            extra["kv_cache_dtype"] = str(msg["kv_cache_dtype"])
         self.llm = LLM(
             model=msg["model"],
             tokenizer=msg.get("tokenizer") or msg["model"],

@@ -253,7 +253,8 @@ def _checked(
             check_recipe_run(book, not scheduled and compensating, sources.data)
         if getattr(opts, "eval_every", None) is not None and eval_data is None:
             raise HeadcutError(f"{L('eval_every')} needs {L('eval_data')}")
-        request_view = _StageView(sources, config.method, entry.kind)
+        stage_options = {name: value for stage in stages for name, value in stage.options().items()}
+        request_view = _StageView(sources, config.method, entry.kind, config, scheduled, stage_options)
         for stage in stages:
             stage.check(request_view)
         recover = next((s for s in stages if s.kind == "recover"), None)
@@ -395,11 +396,16 @@ def _checked(
 @dataclass
 class _StageView:
     """What a stage's :meth:`~headcut.jobs.prune.stages.PruneStage.check` reads of a request being checked: its data,
-    and its method's name and kind (``score``, ``learned``, ...)."""
+    its method's name and kind (``score``, ``learned``, ...), its config, whether it runs in rounds, and every
+    stage's options."""
 
     sources: DataSources
     method: str = ""
     method_kind: str = ""
+    #: the request's budget and cut settings, whether it runs in rounds, and every stage's options by name
+    config: Any = None
+    scheduled: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def check_fields_of(obj: Any, name: str) -> None:

@@ -62,7 +62,7 @@ class RoundRun:
     """One round as the stages run it: its ``round`` of the schedule, where it stands, and what each stage left:
     ``result`` (the method's :class:`~headcut.pruning.PruneResult`), ``slimmed`` (the cut), ``pruned_metric`` (the
     eval metric of the cut model), ``metric`` (the eval metric after the last stage that measured it), ``teacher`` (the model this round cuts, for a stage that fits
-    to it) and ``outputs`` (each stage kind's own record, by kind)."""
+    to it), ``outputs`` (each stage kind's own record, by kind) and ``planned_cuts``."""
 
     round: Round
     index: int
@@ -73,6 +73,9 @@ class RoundRun:
     metric: float | None = None
     teacher: nn.Module | None = None
     outputs: dict[str, Any] = field(default_factory=dict)
+    #: cuts of blocks the chosen heads keep whole, planned by a stage before the cut (a merge of KV heads, by
+    #: block): the ``cut`` stage realises them with the chosen heads
+    planned_cuts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def last(self) -> bool:

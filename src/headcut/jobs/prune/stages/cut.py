@@ -39,7 +39,7 @@ class Cut(PruneStage):
 
     kind: ClassVar[str] = "cut"
     summary: ClassVar[str] = "the chosen heads removed from the weights (FLAP's bias compensation when asked)"
-    after: ClassVar[tuple[str, ...]] = ("choose", "protect")
+    after: ClassVar[tuple[str, ...]] = ("choose", "protect", "allocate")
 
     uniform: bool = option(
         False,
@@ -72,7 +72,7 @@ class Cut(PruneStage):
         if compensate:
             bias_field = compensation.bias_field(state.model, model_blocks(state.model))
             added = _compensation(state.model, result.mask, state.cal, state.progress, state.device)
-        slimmed = slim(state.model, result.mask, gqa=state.config.gqa)
+        slimmed = slim(state.model, result.mask, gqa=state.config.gqa, planned=run.planned_cuts)
         result.slim = run.slimmed = slimmed
         state.notes += slimmed.notes
         if compensate:
