@@ -148,9 +148,12 @@ def test_allocation_refusals_read_alike(lm, tmp_path):
     for extra, words in (
         (["--method", "pass", "--keep", 12, "--data", text, "--allocate"], "score-based"),
         (["--method", "gradient", "--keep", 12, "--allocate"], "calibration data"),
-        (["--method", "gradient", "--keep", 12, "--data", text, "--allocate", "--uniform"], "--uniform"),
         (["--method", "gradient", "--keep", 12, "--data", text, "--allocate", "--merge-layers", 1], "--merge-layers"),
     ):
         one_line_error(run("prune", folder, *extra, "--out", tmp_path / "x"), words)
-    with pytest.raises(HeadcutError, match="allocate chooses per block: not with uniform"):
-        headcut.prune(folder, "gradient", keep=12, data=str(text), allocate=True, uniform=True)
+    with pytest.raises(HeadcutError, match="allocate measures and chooses every block's merge and removal"):
+        headcut.prune(folder, "gradient", keep=12, data=str(text), allocate=True, protect=0.1)
+    uniform = headcut.prune(
+        folder, "gradient", keep=12, data=str(text), data_options={"seq_len": 32}, allocate=True, uniform=True
+    )
+    assert "allocate" not in uniform.report and any("allocation" in n and "did not run" in n for n in uniform.notes)

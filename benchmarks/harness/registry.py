@@ -73,6 +73,12 @@ STUDIES: tuple[Study, ...] = (
         listed=False,
     ),
     Study(
+        "kv8",
+        "python -m benchmarks.studies.kv8 run --vllm-python V/bin/python",
+        "Decoders: the default's cut against an 8-bit KV cache",
+        listed=False,
+    ),
+    Study(
         "decoder_recipe",
         "python -m benchmarks.studies.decoder_recipe run",
         "Decoders: the default recipe and its candidates",

@@ -23,6 +23,7 @@ from benchmarks.harness.curves import (
     training_free_curves,
 )
 from benchmarks.harness.formatting import fmt, pyplot
+from benchmarks.harness.kv8 import render_markdown as kv8_markdown
 from benchmarks.harness.kv_budget import render_markdown as kv_budget_markdown
 from benchmarks.harness.levers import LEVERS, RECOVERY_LOSSES
 from benchmarks.harness.long_context import render_markdown as long_context_markdown
@@ -625,6 +626,8 @@ def page(data: dict[str, dict[str, Any]], img: Path | None = None) -> str:
         lines += peer_llm_section(data["peer_llm"], data)
     if data.get("decoder_recipe", {}).get("rows"):
         lines += decoder_default_section(data["decoder_recipe"])
+    if data.get("kv8", {}).get("rows"):
+        lines += kv8_markdown(data["kv8"])
     if data.get("layerwise_memory", {}).get("rows"):
         lines += layerwise_section(data["layerwise_memory"])
     lines += _long_context(data)

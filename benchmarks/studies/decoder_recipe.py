@@ -149,6 +149,10 @@ def candidates(model: str) -> list[Candidate]:
             rows.append(Candidate(f"michel-{label}", "michel", n, {"rounds": 3, "normalize": "none"}, gemma))
         for label, n in GEMMA_BUDGETS.items():
             rows.append(Candidate(f"gradient+recovery-{label}", "gradient", n, _recovery(RECOVER_STEPS), gemma))
+        # issue 70: the allocation (every layer's removal measured; one KV head a layer leaves nothing to merge) at a
+        # quarter of the KV bytes at 8,192 tokens, the default recipe's calibration
+        cal64 = dict(GEMMA_CAL64_OPTIONS)
+        rows.append(Candidate("alloc-quarter-8k", "gradient", 0, {"allocate": True}, cal64, 0.75, 8192))
         return rows
     flap = {"bias_compensation": True}
     for label, n in SMOLLM_BUDGETS.items():

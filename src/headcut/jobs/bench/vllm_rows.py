@@ -646,14 +646,16 @@ def serve(
     trust_remote_code: bool = False,
     max_model_len: int | None = None,
     timeout: float = VLLM_TIMEOUT_S,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
     """Serve ``folder`` in a vLLM engine (``python``: the interpreter vLLM is installed in) and decode ``prompts``
     (token ids) greedily for ``max_tokens`` tokens: ``{"tokens": [...], "logprobs": [...], "prompt_logprobs":
     [...], "facts": {...}}``, the log-probabilities as ``{token id: logprob}`` per position (the top ``logprobs``
     / ``prompt_logprobs`` and the chosen token). What headcut's serving checks compare with transformers and
     :func:`headcut.load`. ``timeout``: seconds the worker may take for one answer (loading, generating; see the
-    module for its other deadlines); a one-line HeadcutError naming the interpreter on any failure, with the worker
-    and everything it started stopped. Prompts longer than the model's positions are refused before vLLM starts."""
+    module for its other deadlines); ``kv_cache_dtype``: vLLM's (``fp8``: an 8-bit cache); a one-line HeadcutError
+    naming the interpreter on any failure, with the worker and everything it started stopped. Prompts longer than the
+    model's positions are refused before vLLM starts."""
     path = servable_folder(folder)
     longest_prompt = max((len(p) for p in prompts), default=0)
     longest = longest_prompt + max_tokens + 1
@@ -680,6 +682,7 @@ def serve(
                 max_model_len=length,
                 max_num_seqs=max(len(prompts), 1),
                 trust_remote_code=trust_remote_code,
+                kv_cache_dtype=kv_cache_dtype,
             ),
             who,
         )

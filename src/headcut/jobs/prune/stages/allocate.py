@@ -56,9 +56,7 @@ class Allocate(PruneStage):
                 f"{what} ranks each block's KV groups by the method's scores: it applies to score-based methods, not "
                 f"{request.method} ({request.method_kind})"
             )
-        config, given = request.config, request.options
-        if config is not None and config.uniform:
-            raise HeadcutError(f"{what} chooses per block: not with {label('uniform')}")
+        given = request.options
         if request.scheduled:
             raise HeadcutError(f"{what} cuts in one round: not with {label('via')} or {label('schedule')}")
         for other in ("merge_layers", "protect"):
@@ -70,6 +68,11 @@ class Allocate(PruneStage):
     def run(self, state: PruneState, run: RoundRun) -> None:
         if run.rounds > 1:
             raise HeadcutError(f"{label('allocate')} cuts in one round; this recipe's schedule has {run.rounds}")
+        if state.config.uniform:  # the default recipe's allocation, asked for a stock checkpoint
+            state.notes.append(
+                f"{label('uniform')} cuts every block alike: the allocation (keep, merge or remove per block) did not run"
+            )
+            return
         result, cal = run.result, state.cal
         if cal is None:
             raise HeadcutError(f"{label('allocate')} needs calibration data ({label('data')})")
