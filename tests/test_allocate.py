@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from helpers import one_line_error, run, tiny_lm
+from helpers import one_line_error, run, save_tiny, sentence, tiny_lm
 
 import headcut
 from headcut.errors import HeadcutError
@@ -157,3 +157,25 @@ def test_allocation_refusals_read_alike(lm, tmp_path):
         folder, "gradient", keep=12, data=str(text), data_options={"seq_len": 32}, allocate=True, uniform=True
     )
     assert "allocate" not in uniform.report and any("allocation" in n and "did not run" in n for n in uniform.notes)
+
+
+def test_a_family_without_merges_allocates_removals_by_bytes_with_its_sliding_layers(tmp_path):
+    """Gemma 3 (sliding and full layers, merging refused): only removals are offered and a note says why; a sliding
+    layer's groups save its window's bytes only; the layers are replayed exactly; the written model holds the
+    bytes the report says."""
+    folder = save_tiny(tmp_path / "gemma3", "gemma3", "Gemma3ForCausalLM", seed=3)
+    text = tmp_path / "text.txt"
+    g = torch.Generator().manual_seed(5)
+    text.write_text("\n".join(sentence(g, 12) for _ in range(80)) + "\n")
+    done = headcut.prune(
+        folder, "gradient", kv_budget=0.5, context=64, data=str(text), data_options={"seq_len": 32}, allocate=True
+    )
+    report = done.report["allocate"]
+    assert report["replayed"] and any("no merges offered" in n for n in report["notes"])
+    assert {a["action"] for a in report["measured"]} == {"remove"}
+    saved = {(a["block"], a["kv_heads_after"]): a["bytes_saved"] for a in report["measured"]}
+    assert saved[("self.1", 1)] < saved[("self.0", 1)]  # the sliding layer holds 4 positions, not 64
+    done.save(tmp_path / "o")
+    back = headcut.load(tmp_path / "o")
+    account = cache_account(back, 64)
+    assert account.bytes(account.current()) == report["bytes_after"] <= report["bytes_before"] // 2

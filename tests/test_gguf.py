@@ -771,6 +771,22 @@ def test_llama_cpp_runs_the_slimmed_model(family, cut, tmp_path, tokenizer_dir):
     compare_in_llama_cpp(model, tmp_path, tokenizer_dir, 1e-4)
 
 
+def test_llama_cpp_runs_merged_kv_heads_beside_a_cut(tmp_path, tokenizer_dir):
+    """Issue 70's cuts in llama.cpp: a layer whose two KV heads were merged into one (all six query heads kept,
+    written as ``deci`` with per-layer KV counts) beside a layer that lost a KV group, then llama.cpp gives torch's
+    logits as for any cut."""
+    pytest.importorskip("llama_cpp", reason="pip install llama-cpp-python")
+    from headcut.model.kv_merge import merge_cut
+    from headcut.model.surgery import model_blocks, reshape
+
+    model = tiny_lm("llama")
+    blocks = model_blocks(model)
+    headcut.slim(model, {"keep": {"self.2": [0, 1, 2]}}, gqa="group")
+    reshape(model, {"self.1": merge_cut(blocks[1], [[0, 1]])})
+    assert [(b.heads, b.kv_heads) for b in model_blocks(model)] == [(6, 2), (6, 1), (3, 1), (6, 2)]
+    compare_in_llama_cpp(model, tmp_path, tokenizer_dir, 1e-4)
+
+
 def compare_in_llama_cpp(model, tmp_path, tokenizer_dir, f32_tolerance: float) -> None:
     """llama.cpp's logits from ``model``'s f32 file (also decoding through the KV cache) within
     ``f32_tolerance`` of the largest torch logit, and from its f16 file within 3e-2."""

@@ -8,8 +8,11 @@ from typing import Any
 
 from headcut.recipes import Recipe, default_recipe
 
-#: issue 57's targets: (share of the KV groups removed, its name, the most perplexity may rise at both windows)
+#: issue 57's targets: (share of the KV heads removed, its name, the most perplexity may rise at both windows)
 TARGETS = ((1 / 4, "a quarter", 0.10), (1 / 3, "a third", 0.20))
+#: issue 70's targets in bytes, per model whose bytes are not its KV heads' (Gemma 3 at 8,192 tokens: its sliding
+#: layers hold 512 positions), judged on the rows cut under a byte budget
+BYTE_TARGETS = {"gemma3": ((1 / 4, "a quarter of the bytes at 8,192 tokens", 0.20),)}
 #: the page's names of the studied models
 MODELS = {"smollm": "SmolLM2-135M-Instruct", "gemma3": "Gemma 3 270M"}
 
@@ -27,18 +30,39 @@ def _rise(value: float, base: float) -> str:
     return f"{value:.2f} ({(value / base - 1) * 100:+.0f} %)"
 
 
+#: the stage options a study row's keywords may set (with the method's own options)
+STAGED = ("allocate", "distill", "merge", "protect")
+
+
+def _staged(recipe: Recipe) -> dict[str, Any]:
+    """The keywords a row gives to run ``recipe``'s stages after the choice (a stage whose switch is a flag, as
+    ``allocate``, is the keyword ``allocate=True`` with its options)."""
+    out: dict[str, Any] = {}
+    for kind in STAGED:
+        if recipe.stage(kind) is None:
+            continue
+        if kind == "allocate":
+            out["allocate"] = True
+        out.update(recipe.options_of(kind))
+    return out
+
+
 def is_default(row: dict[str, Any], recipe: Recipe) -> bool:
-    """Whether ``row`` ran ``recipe`` (its method, method options, cut and data options; no refit, no recovery).
-    The batch size is not compared: the recipe's method takes its gradients per example, so its scores do not
-    depend on it (the study's 2,048-token quarter rows at batch 1 and 4 cut the same heads)."""
+    """Whether ``row`` ran ``recipe`` (its method, method options, cut, later stages' and data options; no refit, no
+    recovery). The batch size is not compared: the recipe's method takes its gradients per example, so its scores
+    do not depend on it (the study's 2,048-token quarter rows at batch 1 and 4 cut the same heads). A stage option
+    the row leaves at its default counts as given (``allocate_rounds`` 1)."""
     if row.get("method") != recipe.method or recipe.stage("refit") or recipe.stage("recover"):
         return False
     keywords = dict(row.get("keywords") or {})
     cut = {k: keywords.pop(k) for k in ("uniform", "min_heads_per_block") if k in keywords}
     wanted_cut = {k: v for k, v in recipe.options_of("cut").items() if k != "gqa"}  # the study cuts every row by groups
+    wanted = {**recipe.method_options, **_staged(recipe)}
+    defaults = {"allocate_rounds": 1}
+    given = {**{k: v for k, v in defaults.items() if k in wanted and "allocate" in keywords}, **keywords}
     data = {k: v for k, v in (row.get("data_options") or {}).items() if k != "batch_size"}
     wanted_data = {k: v for k, v in recipe.data.items() if k != "batch_size"}
-    return keywords == recipe.method_options and cut == wanted_cut and data == wanted_data
+    return given == wanted and cut == wanted_cut and data == wanted_data
 
 
 def _saved(row: dict[str, Any]) -> int:
@@ -53,10 +77,24 @@ def _removed(row: dict[str, Any]) -> str:
     return f"{saved} of {row['kv_groups']}" + (f" ({merged} by merging)" if merged else "")
 
 
+def _share(row: dict[str, Any]) -> float:
+    """The share of the KV cache a row's cut removed: of the bytes where it ran under a byte budget (Gemma 3's at
+    8,192 tokens), else of the KV heads (SmolLM2: the same)."""
+    budget = row.get("kv_budget")
+    if budget and budget.get("reached") is not None:
+        return 1.0 - float(budget["reached"])
+    return _saved(row) / row["kv_groups"]
+
+
+def _targets(row: dict[str, Any]) -> tuple[tuple[float, str, float], ...]:
+    """The targets ``row`` is judged by: in bytes where its model has them and it ran under a byte budget."""
+    return BYTE_TARGETS[row["model"]] if row["model"] in BYTE_TARGETS and row.get("kv_budget") else TARGETS
+
+
 def _target(row: dict[str, Any], base: dict[str, float]) -> str:
-    """Which target the row is judged by (its share of the KV heads left out of the cache) and whether it holds."""
-    share = _saved(row) / row["kv_groups"]
-    for wanted, name, limit in TARGETS:
+    """Which target the row is judged by (its share of the KV cache removed) and whether it holds."""
+    share = _share(row)
+    for wanted, name, limit in _targets(row):
         if abs(share - wanted) < 0.03:
             worst = max(row["perplexity"][w] / base[w] - 1 for w in base)
             verdict = "holds" if worst <= limit else f"missed by {(worst - limit) * 100:.0f} points"
@@ -130,11 +168,14 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
                 f"{'' if r.get('prune_seconds') is None else round(r['prune_seconds'])} | "
                 f"{r['load_before'][0]:.1f} |"
             )
-        for wanted, name, limit in TARGETS:
+        for wanted, name, limit in (*TARGETS, *BYTE_TARGETS.get(model, ())):
             judged = [
                 r
                 for r in mine
-                if r.get("perplexity") and r.get("method") and abs(_saved(r) / r["kv_groups"] - wanted) < 0.03
+                if r.get("perplexity")
+                and r.get("method")
+                and (wanted, name, limit) in _targets(r)
+                and abs(_share(r) - wanted) < 0.03
             ]
             if not judged:
                 continue
@@ -149,7 +190,7 @@ def decoder_default_section(study: dict[str, Any], recipe: Recipe | None = None)
             )
             lines += [
                 "",
-                f"{name.capitalize()} of the KV groups removed, within {limit * 100:.0f} %: the closest candidate is "
+                f"{name.capitalize()} of the KV cache removed, within {limit * 100:.0f} %: the closest candidate is "
                 f"{best['name']}{' (the default)' if mark is best else ''} at {worst * 100:+.0f} % (its worse "
                 "window); " + ("the target holds." if worst <= limit else "the target is not met.") + own,
             ]
