@@ -94,6 +94,9 @@ RECOVER_BASES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: block-local distillation after a merge: the steps and learning rate the distill stage was measured best with
 MERGE_DISTILL: dict[str, Any] = {"distill_steps": 150, "distill_lr": 1e-3}
+#: the keywords of issue 70's default recipe (``decoder``): the allocation, then 150 steps of block-local
+#: distillation per changed block
+DEFAULT_70: dict[str, Any] = {"allocate": True, **MERGE_DISTILL}
 #: Gemma 3's calibration (and recovery) blocks: 16 of 256 tokens in batches of 2 (its 262,144-token vocabulary
 #: makes a batch of 16's logits and their gradients some 9 GB; the page's Gemma 3 KV study reads 8 blocks in 2s)
 GEMMA_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 16, "batch_size": 2}
@@ -153,6 +156,7 @@ def candidates(model: str) -> list[Candidate]:
         # quarter of the KV bytes at 8,192 tokens, the default recipe's calibration
         cal64 = dict(GEMMA_CAL64_OPTIONS)
         rows.append(Candidate("alloc-quarter-8k", "gradient", 0, {"allocate": True}, cal64, 0.75, 8192))
+        rows.append(Candidate("default-quarter-8k", "gradient", 0, dict(DEFAULT_70), cal64, 0.75, 8192))
         return rows
     flap = {"bias_compensation": True}
     for label, n in SMOLLM_BUDGETS.items():
@@ -206,6 +210,10 @@ def candidates(model: str) -> list[Candidate]:
         ("alloc+distill-third", 2 / 3, dict(MERGE_DISTILL)),
     ):
         rows.append(Candidate(name, "gradient", 0, {"allocate": True, **kw}, kv_budget=budget, context=2048))
+    # the default recipe of issue 70 as a user runs it (``headcut prune SRC --kv-budget F --context 2048 --data
+    # speeches.txt``, the folder measured with ``one NAME --cut FOLDER``: benchmarks/studies/kv8.py writes them)
+    for name, budget in (("default-quarter", 0.75), ("default-half", 0.5)):
+        rows.append(Candidate(name, "gradient", 0, dict(DEFAULT_70), dict(GEMMA_CAL64_OPTIONS), budget, 2048))
     for tag, (method, base) in RECOVER_BASES.items():
         for average in (0.0, 0.5):
             for label, n in SMOLLM_BUDGETS.items():
@@ -248,8 +256,37 @@ def _heads(model: torch.nn.Module) -> tuple[int, int]:
     return sum(b.heads for b in blocks), sum(b.kv_heads for b in blocks)
 
 
-def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
-    """One candidate's row (see the module's doc)."""
+def _report_facts(row: dict[str, Any], report: dict[str, Any]) -> None:
+    """What a row keeps of the prune's report: recovery, merge, allocation, byte budget, distillation, mask."""
+    recovery = report.get("recovery")
+    if recovery:
+        row["recovery"] = {k: recovery.get(k) for k in ("steps", "seconds", "history_summary")}
+        if recovery.get("steps"):
+            row["recovery"]["seconds_per_step"] = recovery["seconds"] / recovery["steps"]
+    merged = report.get("merge")
+    if merged:
+        row["merge"] = {k: merged[k] for k in ("blocks", "kv_heads", "kv_bytes", "metric_before", "metric_after")}
+        row["merge"]["costs"] = {r["block"]: r["cost"] for r in merged["layers"]}
+    allocated = report.get("allocate")
+    if allocated:
+        row["allocate"] = {k: v for k, v in allocated.items() if k != "measured"}
+        row["allocate"]["costs"] = [
+            [a["block"], a["action"], a["kv_heads_after"], a["cost"]] for a in allocated["measured"]
+        ]
+    if report.get("kv_budget"):
+        row["kv_budget"] = {k: v for k, v in report["kv_budget"].items() if k != "candidates"}
+    distilled = report.get("distill")
+    if distilled:
+        row["distill"] = {k: distilled.get(k) for k in ("steps", "lr", "seconds")}
+    for key in ("uniform_budgets", "layerwise"):
+        if report.get(key) is not None:
+            row[key] = report[key]
+    row["mask"] = report.get("mask")
+
+
+def measure(model_name: str, cand: Candidate, cut: Path | None = None) -> dict[str, Any]:
+    """One candidate's row (see the module's doc); ``cut``: the folder the command line wrote for it (measured as
+    it is, not cut again)."""
     import transformers
 
     import headcut
@@ -285,60 +322,43 @@ def measure(model_name: str, cand: Candidate) -> dict[str, Any]:
             model = headcut.load(src)
             row["prune_seconds"] = None
         else:
-            start = time.perf_counter()
-            try:
-                budget = (
-                    {"keep": row["keep"]}
-                    if cand.kv_budget is None
-                    else {"kv_budget": cand.kv_budget, "context": cand.context}
-                )
-                pruned = headcut.prune(
-                    src,
-                    cand.method,
-                    **budget,
-                    gqa="group",
-                    data=str(speeches_file()),
-                    data_options=cand.data_options,
-                    seed=0,
-                    **cand.keywords,
-                )
-            except Exception as error:
-                row["refused"] = _first_line(error)
+            if cut is None:
+                start = time.perf_counter()
+                try:
+                    budget = (
+                        {"keep": row["keep"]}
+                        if cand.kv_budget is None
+                        else {"kv_budget": cand.kv_budget, "context": cand.context}
+                    )
+                    pruned = headcut.prune(
+                        src,
+                        cand.method,
+                        **budget,
+                        gqa="group",
+                        data=str(speeches_file()),
+                        data_options=cand.data_options,
+                        seed=0,
+                        **cand.keywords,
+                    )
+                except Exception as error:
+                    row["refused"] = _first_line(error)
+                    row["prune_seconds"] = time.perf_counter() - start
+                    row["load_after"] = list(os.getloadavg())
+                    return row
                 row["prune_seconds"] = time.perf_counter() - start
-                row["load_after"] = list(os.getloadavg())
-                return row
-            row["prune_seconds"] = time.perf_counter() - start
-            recovery = pruned.report.get("recovery")
-            if recovery:
-                row["recovery"] = {k: recovery.get(k) for k in ("steps", "seconds", "history_summary")}
-                if recovery.get("steps"):
-                    row["recovery"]["seconds_per_step"] = recovery["seconds"] / recovery["steps"]
-            merged = pruned.report.get("merge")
-            if merged:
-                row["merge"] = {
-                    k: merged[k] for k in ("blocks", "kv_heads", "kv_bytes", "metric_before", "metric_after")
-                }
-                row["merge"]["costs"] = {r["block"]: r["cost"] for r in merged["layers"]}
-            allocated = pruned.report.get("allocate")
-            if allocated:
-                row["allocate"] = {k: v for k, v in allocated.items() if k != "measured"}
-                row["allocate"]["costs"] = [
-                    [a["block"], a["action"], a["kv_heads_after"], a["cost"]] for a in allocated["measured"]
-                ]
-            if pruned.report.get("kv_budget"):
-                row["kv_budget"] = {k: v for k, v in pruned.report["kv_budget"].items() if k != "candidates"}
-            distilled = pruned.report.get("distill")
-            if distilled:
-                row["distill"] = {k: distilled.get(k) for k in ("steps", "lr", "seconds")}
-            for key in ("uniform_budgets", "layerwise"):
-                if pruned.report.get(key) is not None:
-                    row[key] = pruned.report[key]
-            row["mask"] = pruned.mask.to_json()
-            folder = Path(tmp) / "cut"
-            start = time.perf_counter()
-            pruned.save(folder)
-            row["save_seconds"] = time.perf_counter() - start
-            del pruned
+                folder = Path(tmp) / "cut"
+                start = time.perf_counter()
+                pruned.save(folder)
+                row["save_seconds"] = time.perf_counter() - start
+                report = pruned.report
+                del pruned
+            else:  # a cut the command line wrote (its wall time beside it, in prune-seconds.txt)
+                folder = cut
+                report = json.loads((cut / "headcut-report.json").read_text())
+                timed = cut / "prune-seconds.txt"
+                row["prune_seconds"] = float(timed.read_text()) if timed.is_file() else None
+                row["from_folder"] = str(cut)
+            _report_facts(row, report)
             model = headcut.load(folder)
             row["stock"] = stock_loadable(folder, model, check)
         row["query_heads_kept"], row["kv_heads_kept"] = _heads(model)
@@ -364,11 +384,12 @@ def merge(row: dict[str, Any], path: Path = RESULTS) -> None:
     tmp.replace(path)
 
 
-def one(model_name: str, name: str) -> None:
-    """Measure one candidate in this process and merge its row."""
+def one(model_name: str, name: str, cut: Path | None = None) -> None:
+    """Measure one candidate in this process (``cut``: the folder the command line wrote for it) and merge its
+    row."""
     cand = {c.name: c for c in candidates(model_name)}[name]
     try:
-        row = measure(model_name, cand)
+        row = measure(model_name, cand, cut)
     except Exception as error:
         traceback.print_exc()
         row = {"model": model_name, "name": name, "keywords": cand.keywords, "error": _first_line(error)}
@@ -443,6 +464,7 @@ def main() -> None:
     o = sub.add_parser("one", help="measure one candidate in this process")
     o.add_argument("model", choices=["smollm", "gemma3"])
     o.add_argument("name")
+    o.add_argument("--cut", type=Path, help="the folder headcut prune wrote for this candidate: measure it as it is")
     sub.add_parser("table", help="the measured rows as a markdown table")
     x = sub.add_parser("list", help="the candidates, in the order they run")
     x.add_argument("--model", choices=["smollm", "gemma3"], default="smollm")
@@ -450,7 +472,7 @@ def main() -> None:
     if args.command == "run":
         run(args.model, args.only)
     elif args.command == "one":
-        one(args.model, args.name)
+        one(args.model, args.name, args.cut)
     elif args.command == "table":
         print(table())
     else:

@@ -360,8 +360,14 @@ def _arguments(flags: dict[str, Any], tail: dict[str, Any]) -> dict[str, Any]:
 def _recipe_line(book: Any) -> str:
     """One line of what a recipe ran (after the summary)."""
     parts = [book.method + "".join(f" {k}={v}" for k, v in book.method_options.items())]
+    for kind in ("protect", "allocate"):
+        if book.stage(kind) is not None:
+            parts.append(" ".join([kind, *(f"{k}={v}" for k, v in book.options_of(kind).items())]))
     parts += [f"{k}={v}" for k, v in book.options_of("cut").items()]
     parts += ["refit"] if book.stage("refit") is not None else []
+    for kind in ("merge", "distill"):
+        if book.stage(kind) is not None:
+            parts.append(", ".join(f"{k}={v}" for k, v in book.options_of(kind).items()))
     recover = book.options_of("recover")
     if recover.get("recover_steps"):
         parts.append("recovery " + ", ".join(f"{k.removeprefix('recover_')}={v}" for k, v in recover.items()))

@@ -120,7 +120,9 @@ class Allocate(PruneStage):
 
 
 def _restate(record: Any, account: Any, kept: dict[str, tuple[int, int]]) -> None:
-    """The byte budget's record with the allocation's cut: bytes and heads after, per block and in all."""
+    """The byte budget's record with the allocation's cut: bytes and heads after, per block and in all (the
+    method's own placements of the heads, which the allocation replaced, left out)."""
+    record.allocation, record.candidates, record.chosen = "allocate", [], None
     record.after = account.bytes(kept)
     record.heads_after = sum(h for h, _ in kept.values())
     for row in record.blocks:
