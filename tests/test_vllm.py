@@ -284,10 +284,10 @@ def test_vllm_serves_merged_kv_heads_written_as_decilm(tmp_path, family):
 
 
 @needs_vllm
-def test_vllm_serves_an_allocated_cut_written_as_decilm(tmp_path):
-    """``--allocate`` (issue 70's one allocation, the decoder default's cut): layers kept, merged and cut in one
-    model, written with --format decilm: vLLM builds each layer's KV heads and serves headcut.load's log-probabilities
-    and greedy tokens."""
+def test_vllm_serves_the_decoder_defaults_cut_written_as_decilm(tmp_path):
+    """The decoder default (issue 70: the allocation over keep, merge and remove, then block-local distillation):
+    layers kept, merged and cut in one model, written with --format decilm: vLLM builds each layer's KV heads and
+    serves headcut.load's log-probabilities and greedy tokens."""
     settings, _ = TINY_DECILM["llama"]
     folder = save_tiny(tmp_path / "llama", "llama", GENERATORS["llama"], **settings)
     text = tmp_path / "text.txt"
@@ -295,16 +295,14 @@ def test_vllm_serves_an_allocated_cut_written_as_decilm(tmp_path):
     text.write_text("\n".join(sentence(g, 12) for _ in range(60)) + "\n")
     res = headcut.prune(
         str(folder),
-        method="gradient",
         kv_budget=0.5,
         context=64,
-        allocate=True,
         data=str(text),
         data_options={"seq_len": 32},
         formats="safetensors,decilm",
         out=str(tmp_path / "cut"),
     )
-    assert res.report["allocate"]["chosen"]
+    assert res.report["allocate"]["chosen"] and res.report["distill"] and res.report["recipe"]["name"] == "decoder"
     written = res.report["formats"]["decilm"]
     assert sum(written["kv_heads"]) < 2 * len(written["kv_heads"])
     _served_as_headcut_loads(tmp_path / "cut", written, TINY_PROMPTS)
