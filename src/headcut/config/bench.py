@@ -134,25 +134,12 @@ class BenchConfig:
 
     def runtimes(self) -> tuple[str, ...]:
         """The runtimes of ``runtime`` in a stable order (torch first); one-line errors."""
-        parts = [p.strip().lower() for p in str(self.runtime).split(",") if p.strip()]
-        unknown = [p for p in parts if p not in BENCH_RUNTIMES]
-        if not parts or unknown:
-            raise HeadcutValueError(
-                f"unknown --runtime {(unknown or [self.runtime])[0]!r}; choose "
-                f"{', '.join(BENCH_RUNTIMES)} or several comma-separated (torch,onnxruntime)"
-            )
+        parts = _listed(self.runtime, BENCH_RUNTIMES, "--runtime", "torch,onnxruntime")
         return tuple(r for r in BENCH_RUNTIMES if r in parts)
 
     def cache_dtypes(self) -> tuple[str, ...]:
         """The cache dtypes of ``kv_cache_dtype``, in the order given, each once; one-line errors."""
-        parts = [p.strip().lower() for p in str(self.kv_cache_dtype).split(",") if p.strip()]
-        unknown = [p for p in parts if p not in KV_CACHE_DTYPES]
-        if not parts or unknown:
-            raise HeadcutValueError(
-                f"unknown --kv-cache-dtype {(unknown or [self.kv_cache_dtype])[0]!r}; choose "
-                f"{', '.join(KV_CACHE_DTYPES)} or several comma-separated (auto,fp8)"
-            )
-        return tuple(dict.fromkeys(parts))
+        return tuple(dict.fromkeys(_listed(self.kv_cache_dtype, KV_CACHE_DTYPES, "--kv-cache-dtype", "auto,fp8")))
 
     def validate(self) -> list[str]:
         """Refuse impossible settings (one-line HeadcutError); return warnings for doubtful ones."""
@@ -202,6 +189,19 @@ class BenchConfig:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _listed(value: str, allowed: tuple[str, ...], flag: str, example: str) -> list[str]:
+    """The comma-separated names of ``value`` (lower case), each one of ``allowed``; a one-line error naming
+    ``flag`` otherwise."""
+    parts = [p.strip().lower() for p in str(value).split(",") if p.strip()]
+    unknown = [p for p in parts if p not in allowed]
+    if not parts or unknown:
+        raise HeadcutValueError(
+            f"unknown {flag} {(unknown or [value])[0]!r}; choose {', '.join(allowed)} or several comma-separated "
+            f"({example})"
+        )
+    return parts
 
 
 @dataclass
