@@ -214,6 +214,9 @@ def candidates(model: str) -> list[Candidate]:
     # speeches.txt``, the folder measured with ``one NAME --cut FOLDER``: benchmarks/studies/kv8.py writes them)
     for name, budget in (("default-quarter", 0.75), ("default-half", 0.5)):
         rows.append(Candidate(name, "gradient", 0, dict(DEFAULT_70), dict(GEMMA_CAL64_OPTIONS), budget, 2048))
+    # the same in 2,048-token calibration blocks (the context the budget counts at): 8 of them, one a batch
+    for name, budget in (("default-long-quarter", 0.75), ("default-long-half", 0.5)):
+        rows.append(Candidate(name, "gradient", 0, dict(DEFAULT_70), dict(LONG1_OPTIONS), budget, 2048))
     for tag, (method, base) in RECOVER_BASES.items():
         for average in (0.0, 0.5):
             for label, n in SMOLLM_BUDGETS.items():
