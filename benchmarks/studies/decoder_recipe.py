@@ -97,6 +97,8 @@ MERGE_DISTILL: dict[str, Any] = {"distill_steps": 150, "distill_lr": 1e-3}
 #: the keywords of issue 70's default recipe (``decoder``): the allocation, then 150 steps of block-local
 #: distillation per changed block
 DEFAULT_70: dict[str, Any] = {"allocate": True, **MERGE_DISTILL}
+#: the same in 2,048-token blocks, each action measured on the first 4,096 calibration tokens (two blocks)
+DEFAULT_70_LONG: dict[str, Any] = {"allocate": True, "allocate_tokens": 4096, **MERGE_DISTILL}
 #: Gemma 3's calibration (and recovery) blocks: 16 of 256 tokens in batches of 2 (its 262,144-token vocabulary
 #: makes a batch of 16's logits and their gradients some 9 GB; the page's Gemma 3 KV study reads 8 blocks in 2s)
 GEMMA_OPTIONS: dict[str, Any] = {"seq_len": 256, "max_examples": 16, "batch_size": 2}
@@ -156,7 +158,8 @@ def candidates(model: str) -> list[Candidate]:
         # quarter of the KV bytes at 8,192 tokens, the default recipe's calibration
         cal64 = dict(GEMMA_CAL64_OPTIONS)
         rows.append(Candidate("alloc-quarter-8k", "gradient", 0, {"allocate": True}, cal64, 0.75, 8192))
-        rows.append(Candidate("default-quarter-8k", "gradient", 0, dict(DEFAULT_70), cal64, 0.75, 8192))
+        long8 = dict(GEMMA_LONG8_OPTIONS)
+        rows.append(Candidate("default-quarter-8k", "gradient", 0, dict(DEFAULT_70_LONG), long8, 0.75, 8192))
         return rows
     flap = {"bias_compensation": True}
     for label, n in SMOLLM_BUDGETS.items():
@@ -216,7 +219,7 @@ def candidates(model: str) -> list[Candidate]:
         rows.append(Candidate(name, "gradient", 0, dict(DEFAULT_70), dict(GEMMA_CAL64_OPTIONS), budget, 2048))
     # the same in 2,048-token calibration blocks (the context the budget counts at): 8 of them, one a batch
     for name, budget in (("default-long-quarter", 0.75), ("default-long-half", 0.5)):
-        rows.append(Candidate(name, "gradient", 0, dict(DEFAULT_70), dict(LONG1_OPTIONS), budget, 2048))
+        rows.append(Candidate(name, "gradient", 0, dict(DEFAULT_70_LONG), dict(LONG1_OPTIONS), budget, 2048))
     for tag, (method, base) in RECOVER_BASES.items():
         for average in (0.0, 0.5):
             for label, n in SMOLLM_BUDGETS.items():

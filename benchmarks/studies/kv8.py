@@ -57,14 +57,17 @@ def _source() -> str:
     return str(smollm_dir())
 
 
-def prepare() -> dict[str, str]:
-    """The folders vLLM serves: the unpruned model's and each cut's DeciLM (made once, with ``headcut prune``)."""
+def prepare(cuts: list[str] | None = None) -> dict[str, str]:
+    """The folders vLLM serves: the unpruned model's and each cut's DeciLM (made once, with ``headcut prune``);
+    ``cuts``: those of :data:`CUTS` to make (all by default)."""
     from benchmarks.harness.speeches import speeches_file
 
     src = _source()
     folders = {"unpruned": src}
     CACHE.mkdir(parents=True, exist_ok=True)
     for name, budget in CUTS.items():
+        if cuts is not None and name not in cuts:
+            continue
         out = CACHE / name
         if not (out / "headcut-report.json").is_file():
             cmd = [
@@ -128,11 +131,13 @@ def run(args: argparse.Namespace) -> None:
 
     import headcut
 
-    folders = prepare()
+    folders = prepare(args.cuts.split(",") if args.cuts else None)
     data: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     started = time.time()
     rows = data.setdefault("rows", {})
     for model, cache in ROWS:
+        if model not in folders:
+            continue
         key = f"{model}/{cache}"
         if key in rows and "perplexity" in rows[key] and not args.rerun:
             continue
@@ -178,15 +183,17 @@ def run(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.studies.kv8")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("prepare")
+    p = sub.add_parser("prepare")
+    p.add_argument("--cuts", default=None, help="comma-separated names of CUTS (default: all)")
     r = sub.add_parser("run")
+    r.add_argument("--cuts", default=None, help="comma-separated names of CUTS (default: all)")
     r.add_argument("--vllm-python", default=None)
     r.add_argument("--runs", type=int, default=3)
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--rerun", action="store_true")
     args = ap.parse_args()
     if args.cmd == "prepare":
-        print(json.dumps(prepare(), indent=1))
+        print(json.dumps(prepare(args.cuts.split(",") if args.cuts else None), indent=1))
     else:
         run(args)
 

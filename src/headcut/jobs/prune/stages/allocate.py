@@ -17,7 +17,7 @@ from ....model.surgery import model_blocks
 from ....options import option
 from ....pruning import eval_metric
 from ....pruning.allocate import Allocation, allocate, kept_after, merge_cuts
-from ....pruning.layer_costs import probe_of
+from ....pruning.layer_costs import PROBE_TOKENS, probe_of
 from ...bars import Bars
 from ...base import move
 from .base import PruneStage, PruneState, RoundRun
@@ -29,7 +29,8 @@ B = "Budget and cut"
 @dataclass
 class Allocate(PruneStage):
     """``allocate``: True runs the stage (``--allocate`` adds it to a recipe; a recipe lists it as
-    ``- allocate: {}``); ``allocate_rounds``: in how many measured steps the bytes are reached."""
+    ``- allocate: {}``); ``allocate_rounds``: in how many measured steps the bytes are reached; ``allocate_tokens``:
+    the calibration tokens (the first blocks of ``--data`` holding them) each action is measured on."""
 
     kind: ClassVar[str] = "allocate"
     summary: ClassVar[str] = "per block, keep, merge KV heads or remove KV groups, by measured cost per byte saved"
@@ -40,9 +41,17 @@ class Allocate(PruneStage):
         True, panel=B, methods="score", help="Choose keep, merge or remove per block by measured cost."
     )
     allocate_rounds: int = option(1, low=1, metavar="R", panel=B, methods="score", help="Allocate in R measured steps.")
+    allocate_tokens: int = option(
+        PROBE_TOKENS,
+        low=1,
+        metavar="N",
+        panel=B,
+        methods="score",
+        help="Calibration tokens each action is measured on.",
+    )
 
-    def options(self) -> dict[str, Any]:
-        return {"allocate_rounds": self.allocate_rounds}  # a recipe lists the stage: that is its switch
+    def options(self) -> dict[str, Any]:  # a recipe lists the stage: that is its switch
+        return {"allocate_rounds": self.allocate_rounds, "allocate_tokens": self.allocate_tokens}
 
     def check(self, request: Any) -> None:
         super().check(request)
@@ -92,7 +101,7 @@ class Allocate(PruneStage):
             done = allocate(
                 state.model,
                 cal,
-                probe_of(cal),
+                probe_of(cal, self.allocate_tokens),
                 result.importance,
                 account,
                 need,
