@@ -40,6 +40,7 @@ def test_the_choice_is_the_cheapest_set_of_actions_that_saves_the_bytes():
             f"b{i}": [_action(f"b{i}", rng.randint(1, 6), rng.uniform(-0.05, 1.0)) for _ in range(rng.randint(1, 3))]
             for i in range(rng.randint(1, 5))
         }
+        assert choose(options, 0) == []  # nothing left to save: nothing chosen
         need = rng.randint(1, 14)
         picked = choose(options, need)
         best = None

@@ -313,7 +313,7 @@ def allocate(
                 done += 1
                 if progress is not None:
                     progress("allocate", done, total)
-        picked = choose(options, goal - saved)
+        picked = choose(options, max(goal - saved, 0))  # an earlier round may have saved this round's share
         if picked is None:
             most = saved + sum(max((a.saved for a in acts), default=0) for acts in options.values())
             raise HeadcutError(
