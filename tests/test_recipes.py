@@ -250,15 +250,19 @@ def tiny_lm(tmp_path_factory):
 
 
 def test_a_causal_lm_runs_the_decoder_recipe(tiny_lm, tmp_path):
-    """No method: a causal LM runs the built-in ``decoder`` recipe, the same heads and bytes as its method and
-    options given by hand; its blocks, longer than the tiny model's 64 positions, are read at 64, with a note."""
+    """No method: a causal LM runs the built-in ``decoder`` recipe (the allocation over keep, merge and remove, the
+    cut, block-local distillation), the same heads and bytes as its method and stages' options given by hand; its
+    blocks, longer than the tiny model's 64 positions, are read at 64, with a note."""
     src, text = tiny_lm["src"], tiny_lm["text"]
     decoder = default_recipe("causal-lm")
     assert decoder is not None and decoder == builtin_recipes()["decoder"]
     assert decoder.options_of("cut").get("gqa") == "group" and decoder.measured
     by_recipe = headcut.prune(src, keep=12, data=text, out=tmp_path / "a")
     assert by_recipe.report["recipe"]["name"] == "decoder"
-    assert by_recipe.report["heads"]["after"] == 12
+    assert by_recipe.report["allocate"]["chosen"] and by_recipe.report["distill"]
+    # the allocation saves at least the KV bytes the method's own cut to 12 heads would (merges keep query heads)
+    allocated = by_recipe.report["allocate"]
+    assert allocated["bytes_after"] <= allocated["bytes_before"] - allocated["bytes_needed"]
     wanted = decoder.data["seq_len"]
     assert wanted > 64
     assert any(
@@ -272,7 +276,10 @@ def test_a_causal_lm_runs_the_decoder_recipe(tiny_lm, tmp_path):
         data=text,
         data_options={**decoder.data, "seq_len": 64},
         out=tmp_path / "b",
+        allocate=True,
+        **decoder.options_of("allocate"),
         **decoder.options_of("cut"),
+        **decoder.options_of("distill"),
         **decoder.method_options,
     )
     assert by_hand.report["mask"] == by_recipe.report["mask"]

@@ -37,8 +37,15 @@ def render_markdown(data: dict[str, Any]) -> list[str]:
         "first 16,384 tokens (no calibration reads it) in vLLM (its prompt log-probabilities), in windows of 128 and "
         "2,048 tokens. Decode: 32 tokens after a prompt of 8,159 random tokens (the cache ends at 8,192 positions), "
         "batch 1, the six engines timed interleaved; speed-up over the unpruned 16-bit row, p25-p75 of the paired "
-        f"per-round ratios. {m.get('cpu')} ({m.get('cores')} cores, 2 threads), {m.get('date')}, headcut "
-        f"{m.get('headcut')}; measured by `{data.get('command')}` ({data.get('seconds', 0) / 60:.0f} min).",
+        "per-round ratios. "
+        + (
+            f"{m.get('cpu')} ({m.get('cores')} cores, 2 threads), {m.get('date')}, headcut {m.get('headcut')}; "
+            f"measured by `{data.get('command')}` ({data.get('seconds', 0) / 60:.0f} min)."
+            if m
+            else "The decode timing has not completed yet (its run was stopped): the perplexities only, measured by "
+            "`python -m benchmarks.studies.kv8 run --vllm-python V/bin/python --cuts quarter` on 2 CPU cores, "
+            "2026-11-29. The half cut (the 8-bit cache's bytes) was not made yet: no row at equal bytes."
+        ),
         "",
         "| model | KV cache | KV bytes | ppl 128 | ppl 2,048 | decode tok/s at 8k | speed-up |",
         "| --- | --- | --- | --- | --- | --- | --- |",
