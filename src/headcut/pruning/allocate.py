@@ -214,7 +214,8 @@ def block_actions(
 def choose(options: dict[str, list[Action]], need: int) -> list[Action] | None:
     """At most one action per block saving at least ``need`` bytes in all at the least summed cost (the
     multiple-choice knapsack, exactly: for each saving up to ``need``, the cheapest way to it); None where every
-    action together saves less."""
+    action together saves less. A negative cost (an action measured to help) counts as 0: noise does not buy a
+    deeper cut than asked."""
     # frontier: capped saving -> (cost, chosen actions as a linked chain)
     frontier: dict[int, tuple[float, Any]] = {0: (0.0, None)}
     for actions in options.values():
@@ -222,7 +223,7 @@ def choose(options: dict[str, list[Action]], need: int) -> list[Action] | None:
         for saved, (cost, chain) in frontier.items():
             for a in actions:
                 key = min(saved + a.saved, need)
-                value = cost + a.cost
+                value = cost + max(a.cost, 0.0)  # measured better than before: free, not a gain to cut more for
                 if key not in step or value < step[key][0]:
                     step[key] = (value, (a, chain))
         frontier = step
