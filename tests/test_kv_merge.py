@@ -266,53 +266,23 @@ def test_merging_is_refused_where_it_cannot_be_exact_or_has_no_data(lm, tmp_path
         "cannot merge qwen3's KV heads",
     )
     one_line_error(
-        run(
-            "prune",
-            folder,
-            "--method",
-            "magnitude",
-            "--keep",
-            20,
-            "--data",
-            text,
-            "--seq-len",
-            32,
-            "--merge-layers",
-            1,
-            "--merge-to",
-            3,
-            "--out",
-            tmp_path / "c",
-        ),
+        _merge_one(folder, text, tmp_path / "c", keep=20, to=3),
         "no block of this model has more than 3 KV heads in a multiple of 3",
     )
+
+
+def _merge_one(folder, text, out, keep: int, to: int, *extra):
+    """``headcut prune`` (magnitude) to ``keep`` heads with one layer's KV heads merged into ``to``."""
+    return run(
+        "prune", folder, "--method", "magnitude", "--keep", keep, "--data", text, "--seq-len", 32,
+        "--merge-layers", 1, "--merge-to", to, "--out", out, *extra,
+    )  # fmt: skip
 
 
 def test_a_merged_record_that_pairs_a_query_head_outside_its_cluster_is_refused(lm, tmp_path):
     folder, text = lm
     out = tmp_path / "m"
-    assert (
-        run(
-            "prune",
-            folder,
-            "--method",
-            "magnitude",
-            "--keep",
-            24,
-            "--data",
-            text,
-            "--seq-len",
-            32,
-            "--merge-layers",
-            1,
-            "--merge-to",
-            2,
-            "--out",
-            out,
-            "-q",
-        ).exit_code
-        == 0
-    )
+    assert _merge_one(folder, text, out, 24, 2, "-q").exit_code == 0
     config = json.loads((out / "config.json").read_text())
     name, entry = next(iter(config["headcut"]["blocks"].items()))
     assert entry["merged"] and len(entry["merged"]) == 2

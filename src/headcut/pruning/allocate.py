@@ -27,8 +27,7 @@ beside the sum of its actions' costs alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +43,7 @@ from ..model.masks import HeadMask
 from ..model.replay import LayerReplay
 from ..model.surgery import model_blocks
 from .base import eval_metric
-from .kv_merge import clusters_for, collect_moments, refusal
+from .kv_merge import clusters_for, collect_moments, merged_in, refusal
 from .layer_costs import relative
 
 #: a block with more KV groups than this is offered only the removals that leave a divisor of its group count
@@ -128,10 +127,6 @@ class Allocation:
     rounds: list[RoundCheck] = field(default_factory=list)
     replayed: bool = False
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def cost(self) -> float:
-        return self.rounds[-1].measured if self.rounds else 0.0
 
     def mask(self, blocks: list[Block]) -> HeadMask:
         """The heads kept: every block whole but those a removal takes groups from."""
@@ -236,17 +231,6 @@ def choose(options: dict[str, list[Action]], need: int) -> list[Action] | None:
     return picked[::-1]
 
 
-@contextmanager
-def _written(model: nn.Module, block: Block, merged: MergedBlock) -> Iterator[None]:
-    base = model.base_model
-    original = read_block(base, block)
-    write_block(base, block, merged.weights)
-    try:
-        yield
-    finally:
-        write_block(base, block, original)
-
-
 def allocate(
     model: nn.Module,
     cal: Calibration,
@@ -307,7 +291,7 @@ def allocate(
                             read_block(model.base_model, block), block, clusters, moments[name], False
                         )
                         a.groups = clusters
-                        with _written(model, block, a.merged):
+                        with merged_in(model, block, a.merged):
                             value = metric.measure(mask)
                 a.cost = relative(reference, value, metric.higher_is_better)
                 out.measured.append(a)

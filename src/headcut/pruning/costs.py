@@ -375,6 +375,17 @@ class KvRecord:
     def reached(self) -> float:
         return self.after / self.before if self.before else 1.0
 
+    def restate(self, account: CacheAccount, kept: dict[str, tuple[int, int]], allocation: str) -> None:
+        """The record of another cut of the same budget (``kept[block] = (query heads, KV heads)``, made by
+        ``allocation``): bytes and heads after, per block and in all; the placements it replaced left out."""
+        self.allocation, self.candidates, self.chosen = allocation, [], None
+        self.after = account.bytes(kept)
+        self.heads_after = sum(h for h, _ in kept.values())
+        for row in self.blocks:
+            heads, kv = kept[row["block"]]
+            row["heads"][1], row["kv_heads"][1] = heads, kv
+            row["bytes"][1] = account.block_values(row["block"], heads, kv) * account.element_bytes
+
     def to_json(self) -> dict[str, Any]:
         return {
             "context": self.context,

@@ -200,6 +200,20 @@ def _with_delta(model: nn.Module, block: Block, delta: torch.Tensor | None) -> I
         handle.remove()
 
 
+@contextmanager
+def merged_in(model: nn.Module, block: Block, merged: MergedBlock) -> Iterator[None]:
+    """Inside: ``block`` computes its ``merged`` form (written at its original shape, the bias compensation added to
+    its output where there is one); its own weights are written back on leaving."""
+    base = model.base_model
+    original = read_block(base, block)
+    write_block(base, block, merged.weights)
+    try:
+        with _with_delta(model, block, merged.o_bias_delta):
+            yield
+    finally:
+        write_block(base, block, original)
+
+
 def merge_kv_heads(
     model: nn.Module,
     cal: Calibration,
@@ -228,15 +242,10 @@ def merge_kv_heads(
     merged: dict[str, MergedBlock] = {}
     costs: list[LayerCost] = []
     for i, block in enumerate(blocks):
-        original = read_block(base, block)
         clusters = clusters_for(model, block, to, moments[block.name])
-        result = merge_block(original, block, clusters, moments[block.name], centered)
-        write_block(base, block, result.weights)
-        try:
-            with _with_delta(model, block, result.o_bias_delta):
-                value = metric.measure(HeadMask.full(model_blocks(model)))
-        finally:
-            write_block(base, block, original)
+        result = merge_block(read_block(base, block), block, clusters, moments[block.name], centered)
+        with merged_in(model, block, result):
+            value = metric.measure(HeadMask.full(model_blocks(model)))
         change = relative(before, value, metric.higher_is_better)
         merged[block.name] = result
         costs.append(

@@ -118,7 +118,7 @@ class Allocate(PruneStage):
         result.heads_after = {name: len(keep) for name, keep in mask.keep.items()}
         run.planned_cuts = merge_cuts(blocks, done)
         if result.kv is not None:
-            _restate(result.kv, account, kept_after(blocks, done))
+            result.kv.restate(account, kept_after(blocks, done), self.kind)
         result.metric_after = run.pruned_metric = run.metric = metric
         state.notes.append(_note(done))
         run.outputs[self.kind] = done
@@ -126,18 +126,6 @@ class Allocate(PruneStage):
     def report(self, state: PruneState, run: RoundRun, report: dict[str, Any]) -> None:
         if self.kind in run.outputs:
             report["allocate"] = run.outputs[self.kind].to_json()
-
-
-def _restate(record: Any, account: Any, kept: dict[str, tuple[int, int]]) -> None:
-    """The byte budget's record with the allocation's cut: bytes and heads after, per block and in all (the
-    method's own placements of the heads, which the allocation replaced, left out)."""
-    record.allocation, record.candidates, record.chosen = "allocate", [], None
-    record.after = account.bytes(kept)
-    record.heads_after = sum(h for h, _ in kept.values())
-    for row in record.blocks:
-        heads, kv = kept[row["block"]]
-        row["heads"][1], row["kv_heads"][1] = heads, kv
-        row["bytes"][1] = account.block_values(row["block"], heads, kv) * account.element_bytes
 
 
 def _note(done: Allocation) -> str:
